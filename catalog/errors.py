@@ -1,0 +1,42 @@
+"""The project's error hierarchy: every user-facing failure is one of these, with the numbers in it."""
+
+from __future__ import annotations
+
+from mechanisms.privacy import BudgetExceededError, MeasureMismatchError, PrivacyError
+
+
+class DprReleaseError(Exception):
+    """Base class of errors the CLI reports as a clear message (no traceback)."""
+
+
+class SpecError(DprReleaseError, ValueError):
+    """The release spec is invalid: the message names the field, the value and the rule."""
+
+
+class DataError(DprReleaseError, ValueError):
+    """The input data does not match the spec (missing column, wrong type, nulls, out of domain)."""
+
+
+class CatalogError(DprReleaseError):
+    """The catalog refuses an operation (unknown release, conflicting dataset registration, ...)."""
+
+
+class VerificationError(DprReleaseError):
+    """A release directory does not match its manifest, the ledger or its validation results."""
+
+
+class ValidationFailedError(DprReleaseError):
+    """A release's outputs failed validation; the budget stays spent, nothing is staged."""
+
+
+__all__ = [
+    "BudgetExceededError",
+    "CatalogError",
+    "DataError",
+    "DprReleaseError",
+    "MeasureMismatchError",
+    "PrivacyError",
+    "SpecError",
+    "ValidationFailedError",
+    "VerificationError",
+]

@@ -1,0 +1,238 @@
+"""From a spec to a workload, candidate strategies, their expected errors and the SVD lower bound.
+
+Planning is data-free: it reads only the spec (public) and spends nothing.  ``plan --json`` prints
+:meth:`Plan.to_json`.  ``rmse`` is √(mean per-query expected squared error) over all queries of all
+items, unweighted, at the spec's privacy level (noise calibrated exactly as a release would be,
+including OpenDP's discretisation slack); ``total_variance`` is the sum.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.errors import SpecError
+from catalog.spec import RUNNABLE_MECHANISMS, ReleaseSpec, WorkloadItemSpec
+from mechanisms.error import ErrorReport, expected_error, support_residual, svd_bound
+from mechanisms.noise import calibrate, noise_kind_for
+from mechanisms.operators import AllRanges, Factor, Identity, Prefix, Ranges, Total
+from mechanisms.privacy import PrivacyCost
+from mechanisms.strategies import FAMILIES, KronStrategy, build_kron_strategy
+from mechanisms.workload import Workload, WorkloadItem
+
+
+def build_workload(spec: ReleaseSpec) -> Workload:
+    """The spec's workload as Kronecker items over the spec's domain (attribute order = spec order)."""
+    return Workload(
+        domain_shape=spec.domain_shape,
+        items=tuple(_build_item(spec, item) for item in spec.workload),
+    )
+
+
+def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
+    factors: list[Factor] = []
+    for name, attribute in spec.domain.items():
+        n = attribute.size
+        factor: Factor = Total(n)
+        if item.marginal is not None and name in item.marginal:
+            factor = Identity(n)
+        elif item.prefix == name:
+            factor = Prefix(n)
+        elif item.all_ranges is not None and name in item.all_ranges:
+            factor = AllRanges(n)
+        elif item.ranges is not None and name in item.ranges:
+            pairs = item.ranges[name]
+            lo = [attribute.value_to_cell(pair[0], edge="low") for pair in pairs]
+            hi = [attribute.value_to_cell(pair[1], edge="high") for pair in pairs]
+            factor = Ranges(n, lo, hi)
+        factors.append(factor)
+    return WorkloadItem(name=item.name, factors=tuple(factors))
+
+
+def ordered_flags(spec: ReleaseSpec) -> tuple[bool, ...]:
+    return tuple(getattr(attribute, "ordered", True) for attribute in spec.domain.values())
+
+
+def strategy_for(
+    spec: ReleaseSpec, mechanism: str, workload: Workload | None = None
+) -> KronStrategy:
+    """The (deterministic, public) strategy of a data-independent mechanism for this spec."""
+    if mechanism not in FAMILIES:
+        raise SpecError(
+            f"mechanism {mechanism!r} cannot run in this version; available: {', '.join(RUNNABLE_MECHANISMS)}"
+        )
+    workload = workload or build_workload(spec)
+    return build_kron_strategy(
+        mechanism,
+        attribute_roles=workload.attribute_roles(ordered_flags(spec)),
+        branching=int(spec.mechanism_options.get("branching", 2)),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One candidate mechanism's expected error at the spec's privacy level."""
+
+    mechanism: str
+    rmse: float | None
+    total_variance: float | None
+    seconds: float
+    sensitivity: float | None = None
+    noise_scale: float | None = None
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mechanism": self.mechanism,
+            "rmse": self.rmse,
+            "total_variance": self.total_variance,
+            "seconds": round(self.seconds, 6),
+            "sensitivity": self.sensitivity,
+            "noise_scale": self.noise_scale,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The data-free plan of a release: candidates, the choice and why, and the lower bound."""
+
+    chosen: str
+    reason: str
+    candidates: tuple[Candidate, ...]
+    lower_bound_rmse: float | None
+    lower_bound_note: str
+    privacy: dict[str, float]
+    expected_cost: PrivacyCost
+    noise_kind: str
+    workload_fingerprint: str
+    num_queries: int
+    num_cells: int
+    item_queries: dict[str, int]
+
+    def candidate(self, mechanism: str) -> Candidate:
+        for candidate in self.candidates:
+            if candidate.mechanism == mechanism:
+                return candidate
+        raise KeyError(mechanism)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "chosen": self.chosen,
+            "reason": self.reason,
+            "lower_bound_rmse": self.lower_bound_rmse,
+            "lower_bound_note": self.lower_bound_note,
+            "privacy": dict(self.privacy),
+            "cost": self.expected_cost.as_dict(),
+            "noise": self.noise_kind,
+            "num_queries": self.num_queries,
+            "num_cells": self.num_cells,
+            "workload_fingerprint": self.workload_fingerprint,
+            "candidates": [candidate.to_json() for candidate in self.candidates],
+        }
+
+
+def evaluate(
+    spec: ReleaseSpec, strategy: KronStrategy, workload: Workload
+) -> tuple[ErrorReport, float, float, PrivacyCost]:
+    """Expected error, sensitivity, noise scale and exact cost of measuring ``strategy``."""
+    target = spec.privacy_target()
+    norm = 1 if noise_kind_for(target.measure) == "laplace" else 2
+    sensitivity = strategy.sensitivity(norm=norm) * spec.privacy_unit.contribution_bound
+    mechanism = calibrate(target=target, sensitivity=sensitivity, size=strategy.num_queries)
+    report = expected_error(workload, strategy, noise_variance=mechanism.variance)
+    return report, sensitivity, mechanism.scale, mechanism.cost
+
+
+def make_plan(spec: ReleaseSpec) -> Plan:
+    """Evaluate every runnable candidate and choose (auto: least expected total error)."""
+    if spec.mechanism not in RUNNABLE_MECHANISMS:
+        raise SpecError(
+            f"mechanism {spec.mechanism!r} cannot run in this version; available: "
+            f"{', '.join(RUNNABLE_MECHANISMS)}"
+        )
+    workload = build_workload(spec)
+    target = spec.privacy_target()
+    candidates: list[Candidate] = []
+    costs: dict[str, PrivacyCost] = {}
+    for family in FAMILIES:
+        started = time.perf_counter()
+        strategy = strategy_for(spec, family, workload)
+        residual = support_residual(workload, strategy)
+        if residual > 1e-6:
+            candidates.append(
+                Candidate(
+                    mechanism=family,
+                    rmse=None,
+                    total_variance=None,
+                    seconds=time.perf_counter() - started,
+                    note=f"does not support the workload (residual {residual:.2e})",
+                )
+            )
+            continue
+        report, sensitivity, scale, cost = evaluate(spec, strategy, workload)
+        costs[family] = cost
+        candidates.append(
+            Candidate(
+                mechanism=family,
+                rmse=report.rmse,
+                total_variance=report.total_variance,
+                seconds=time.perf_counter() - started,
+                sensitivity=sensitivity,
+                noise_scale=scale,
+            )
+        )
+    scored = [c for c in candidates if c.total_variance is not None]
+    if not scored:
+        raise SpecError("no candidate mechanism supports this workload")
+    best = min(scored, key=lambda c: c.total_variance or float("inf"))
+    if spec.mechanism == "auto":
+        chosen = best.mechanism
+        reason = f"auto: least expected total error among {', '.join(c.mechanism for c in scored)}"
+    else:
+        chosen = spec.mechanism
+        if chosen not in costs:
+            raise SpecError(f"mechanism {chosen!r} does not support this workload")
+        ratio = (spec_total := _total(candidates, chosen)) / (best.total_variance or spec_total)
+        reason = f"requested by the spec ({ratio:.3f}x the best candidate's expected error)"
+    lower_rmse, lower_note = _lower_bound(spec, workload)
+    return Plan(
+        chosen=chosen,
+        reason=reason,
+        candidates=tuple(candidates),
+        lower_bound_rmse=lower_rmse,
+        lower_bound_note=lower_note,
+        privacy=dict(spec.privacy),
+        expected_cost=costs[chosen],
+        noise_kind=noise_kind_for(target.measure),
+        workload_fingerprint=spec.workload_fingerprint(),
+        num_queries=workload.num_queries,
+        num_cells=workload.num_cells,
+        item_queries={item.name: item.num_queries for item in workload.items},
+    )
+
+
+def _total(candidates: list[Candidate], mechanism: str) -> float:
+    for candidate in candidates:
+        if candidate.mechanism == mechanism and candidate.total_variance is not None:
+            return candidate.total_variance
+    raise KeyError(mechanism)
+
+
+def _lower_bound(spec: ReleaseSpec, workload: Workload) -> tuple[float | None, str]:
+    """√(P·SVDB/m): P is the noise variance a sensitivity-1 strategy gets (× the contribution bound²)."""
+    bound = svd_bound(workload)
+    if bound is None:
+        return None, (
+            f"not computed: the exact SVD bound of a union of items needs at most "
+            f"4096 cells (this domain has {workload.num_cells})"
+        )
+    unit = calibrate(
+        target=spec.privacy_target(),
+        sensitivity=float(spec.privacy_unit.contribution_bound),
+        size=workload.num_cells,
+    )
+    return float((unit.variance * bound / workload.num_queries) ** 0.5), (
+        "SVD bound (Li thesis Thm 4.1): no matrix-mechanism strategy has lower total error"
+    )

@@ -1,0 +1,577 @@
+"""The release spec: pydantic models for the YAML a release engineer writes (DESIGN.md contract).
+
+Everything in a spec is public: the domain, bins and workload never come from the data.  Every
+invalid spec fails here, before any work, with a :class:`~catalog.errors.SpecError` whose message
+names the field, the value and the rule.
+
+Domain kinds, each turning raw column values into cell indices with vectorised numpy (applied to
+the *distinct* values of a column, never row by row):
+
+* integer range ``{min, max, width=1}``: cells ``[min + k·width, min + (k+1)·width − 1]``;
+* numeric bins ``{bins: [e0, e1, …, ek]}`` (edges; cell i is ``[e_i, e_{i+1})``, the last one closed)
+  or ``{bins: [[lo, hi], …]}`` (half-open ``[lo, hi)`` pairs, sorted and non-overlapping);
+* categorical ``{values: [...], ordered: false}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from catalog.errors import SpecError
+from mechanisms.privacy import PrivacyCost, cost_from_dict
+
+MECHANISMS = (
+    "auto",
+    "identity",
+    "hierarchical",
+    "wavelet",
+    "optimized",
+    "lrm",
+    "eigen",
+    "dawa",
+)
+# Mechanisms whose implementation is wired into the release flow today.
+RUNNABLE_MECHANISMS = ("auto", "identity", "hierarchical", "wavelet")
+
+_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- domain attributes ----------------------------------------------------------------------------
+
+
+class IntegerRange(_Strict):
+    """Integers ``min..max`` in cells of ``width`` values (the last cell may be narrower)."""
+
+    kind: Literal["integer"] = "integer"
+    min: int
+    max: int
+    width: int = 1
+
+    @model_validator(mode="after")
+    def _check(self) -> IntegerRange:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        if self.width < 1:
+            raise ValueError(f"width ({self.width}) must be >= 1")
+        if self.size > 10_000_000:
+            raise ValueError(f"{self.size} cells is more than the 10,000,000 allowed per attribute")
+        return self
+
+    @property
+    def size(self) -> int:
+        return (self.max - self.min) // self.width + 1
+
+    @property
+    def ordered(self) -> bool:
+        return True
+
+    def cell_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        lower = self.min + self.width * np.arange(self.size)
+        return lower, np.minimum(lower + self.width - 1, self.max)
+
+    def labels(self) -> list[Any]:
+        lower, upper = self.cell_bounds()
+        if self.width == 1:
+            return [int(v) for v in lower]
+        return [f"{lo}-{hi}" for lo, hi in zip(lower, upper, strict=True)]
+
+    def encode(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(cell index, in-domain mask) for an array of raw values. O(k) for k values."""
+        values = np.asarray(values, dtype=np.float64)
+        valid = (values >= self.min) & (values <= self.max) & (np.floor(values) == values)
+        index = np.where(valid, (np.where(valid, values, self.min) - self.min) // self.width, 0)
+        return index.astype(np.int64), valid
+
+    def value_to_cell(self, value: float, *, edge: Literal["low", "high"]) -> int:
+        index, valid = self.encode(np.array([value]))
+        if not valid[0]:
+            raise ValueError(f"{value} is outside [{self.min}, {self.max}]")
+        lower, upper = self.cell_bounds()
+        cell = int(index[0])
+        aligned = lower[cell] if edge == "low" else upper[cell]
+        if value != aligned:
+            raise ValueError(
+                f"{value} is not a cell {'start' if edge == 'low' else 'end'} "
+                f"(cells have width {self.width}; nearest is {aligned})"
+            )
+        return cell
+
+    def bound_labels(self) -> tuple[list[Any], list[Any]]:
+        lower, upper = self.cell_bounds()
+        return [int(v) for v in lower], [int(v) for v in upper]
+
+
+class NumericBins(_Strict):
+    """Explicit numeric bins: edges ``[e0, …, ek]`` or half-open pairs ``[[lo, hi), …]``."""
+
+    kind: Literal["bins"] = "bins"
+    bins: list[float] | list[list[float]]
+
+    @field_validator("bins")
+    @classmethod
+    def _check_bins(cls, bins: list[Any]) -> list[Any]:
+        if not bins:
+            raise ValueError("bins must not be empty")
+        if isinstance(bins[0], list):
+            for k, pair in enumerate(bins):
+                if len(pair) != 2:
+                    raise ValueError(f"bin {k} ({pair}) must be a [low, high) pair")
+                if not all(math.isfinite(v) for v in pair):
+                    raise ValueError(f"bin {k} ({pair}) must be finite")
+                if not pair[0] < pair[1]:
+                    raise ValueError(f"bin {k} ({pair}) is empty: low must be < high")
+                if k and pair[0] < bins[k - 1][1]:
+                    raise ValueError(
+                        f"bin {k} ({pair}) overlaps bin {k - 1} ({bins[k - 1]}): bins must be "
+                        "sorted and must not overlap"
+                    )
+            return bins
+        if len(bins) < 2:
+            raise ValueError(f"bin edges ({bins}) need at least two values")
+        if not all(math.isfinite(v) for v in bins):
+            raise ValueError(f"bin edges ({bins}) must be finite")
+        for k in range(1, len(bins)):
+            if not bins[k] > bins[k - 1]:
+                raise ValueError(
+                    f"bin edges must be strictly increasing: edge {k} ({bins[k]}) <= "
+                    f"edge {k - 1} ({bins[k - 1]}) makes an empty or overlapping bin"
+                )
+        return bins
+
+    def pairs(self) -> np.ndarray:
+        if isinstance(self.bins[0], list):
+            return np.asarray(self.bins, dtype=np.float64)
+        edges = np.asarray(self.bins, dtype=np.float64)
+        return np.column_stack([edges[:-1], edges[1:]])
+
+    @property
+    def size(self) -> int:
+        return len(self.pairs())
+
+    @property
+    def ordered(self) -> bool:
+        return True
+
+    def labels(self) -> list[Any]:
+        pairs = self.pairs()
+        last = len(pairs) - 1
+        closed_last = not isinstance(self.bins[0], list)
+        return [
+            f"[{_fmt(lo)}, {_fmt(hi)}{']' if closed_last and k == last else ')'}"
+            for k, (lo, hi) in enumerate(pairs)
+        ]
+
+    def encode(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        values = np.asarray(values, dtype=np.float64)
+        pairs = self.pairs()
+        index = np.searchsorted(pairs[:, 0], values, side="right") - 1
+        safe = np.clip(index, 0, len(pairs) - 1)
+        valid = (index >= 0) & (values < pairs[safe, 1])
+        if not isinstance(self.bins[0], list):  # edges: the last bin includes its upper edge
+            valid |= values == pairs[-1, 1]
+            safe = np.where(values == pairs[-1, 1], len(pairs) - 1, safe)
+        return safe.astype(np.int64), valid
+
+    def value_to_cell(self, value: float, *, edge: Literal["low", "high"]) -> int:
+        pairs = self.pairs()
+        column = pairs[:, 0] if edge == "low" else pairs[:, 1]
+        hits = np.flatnonzero(column == value)
+        if hits.size == 0:
+            raise ValueError(f"{value} is not a bin {'lower' if edge == 'low' else 'upper'} edge")
+        return int(hits[0])
+
+    def bound_labels(self) -> tuple[list[Any], list[Any]]:
+        pairs = self.pairs()
+        return [float(v) for v in pairs[:, 0]], [float(v) for v in pairs[:, 1]]
+
+
+class Categorical(_Strict):
+    """Categorical values; ``ordered: true`` allows prefix and range queries in list order."""
+
+    kind: Literal["categorical"] = "categorical"
+    values: list[Annotated[str, Field(strict=True)]] | list[Annotated[int, Field(strict=True)]]
+    ordered: bool = False
+
+    @field_validator("values")
+    @classmethod
+    def _check_values(cls, values: list[Any]) -> list[Any]:
+        if not values:
+            raise ValueError("values must not be empty")
+        seen: set[Any] = set()
+        for value in values:
+            if value in seen:
+                raise ValueError(f"value {value!r} is listed twice; categories must be distinct")
+            seen.add(value)
+        return values
+
+    @property
+    def size(self) -> int:
+        return len(self.values)
+
+    def labels(self) -> list[Any]:
+        return list(self.values)
+
+    def encode(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lookup = {value: k for k, value in enumerate(self.values)}
+        # a loop over the *distinct* values handed in (group keys), never over rows
+        index = np.array([lookup.get(_py(v), -1) for v in values], dtype=np.int64)
+        return np.clip(index, 0, None), index >= 0
+
+    def value_to_cell(self, value: Any, *, edge: Literal["low", "high"]) -> int:
+        if value not in self.values:
+            raise ValueError(f"{value!r} is not one of the values {self.values}")
+        return self.values.index(value)
+
+    def bound_labels(self) -> tuple[list[Any], list[Any]]:
+        return list(self.values), list(self.values)
+
+
+Attribute = IntegerRange | NumericBins | Categorical
+
+
+def _parse_attribute(name: str, raw: Any) -> Attribute:
+    if not isinstance(raw, dict):
+        raise ValueError(f"domain.{name} ({raw!r}) must be a mapping")
+    kind: type[Attribute] | None = None
+    if "values" in raw:
+        kind = Categorical
+    elif "bins" in raw:
+        kind = NumericBins
+    elif "min" in raw or "max" in raw:
+        kind = IntegerRange
+    if kind is not None:
+        try:
+            return kind(**raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors(include_url=False)
+            )
+            raise ValueError(f"domain.{name} ({raw!r}): {problems}") from None
+    raise ValueError(
+        f"domain.{name} ({raw!r}) must be an integer range {{min, max[, width]}}, "
+        "numeric bins {bins: [...]} or categorical {values: [...]}"
+    )
+
+
+# --- the rest of the spec -------------------------------------------------------------------------
+
+
+class DatasetSection(_Strict):
+    id: str = Field(pattern=_ID_PATTERN)
+    source: str | None = None
+    budget: dict[str, float]
+
+    @field_validator("budget")
+    @classmethod
+    def _check_budget(cls, budget: dict[str, float]) -> dict[str, float]:
+        return _check_privacy_dict(budget, field="budget")
+
+    def budget_cap(self) -> PrivacyCost:
+        return cost_from_dict(self.budget)
+
+
+class PrivacyUnit(_Strict):
+    """``{rows_per_person: 1}`` (each row is a person) or ``{person_column, max_rows}``."""
+
+    rows_per_person: int | None = None
+    person_column: str | None = None
+    max_rows: int | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PrivacyUnit:
+        if self.person_column is None:
+            if self.max_rows is not None:
+                raise ValueError("max_rows needs person_column")
+            if self.rows_per_person is None:
+                raise ValueError("give rows_per_person, or person_column with max_rows")
+            if self.rows_per_person < 1:
+                raise ValueError(f"rows_per_person ({self.rows_per_person}) must be >= 1")
+        else:
+            if self.rows_per_person is not None:
+                raise ValueError("give either rows_per_person or person_column/max_rows, not both")
+            if self.max_rows is None or self.max_rows < 1:
+                raise ValueError(f"max_rows ({self.max_rows}) must be an integer >= 1")
+        return self
+
+    @property
+    def contribution_bound(self) -> int:
+        return int(self.max_rows if self.person_column is not None else self.rows_per_person or 1)
+
+
+class WorkloadItemSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    marginal: list[str] | None = None
+    prefix: str | None = None
+    all_ranges: list[str] | None = None
+    ranges: dict[str, list[list[Any]]] | None = None
+    total: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> WorkloadItemSpec:
+        given = [
+            k
+            for k in ("marginal", "prefix", "all_ranges", "ranges", "total")
+            if getattr(self, k) is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                f"workload item {self.name!r} must have exactly one of marginal, prefix, "
+                f"all_ranges, ranges, total (got {given or 'none'})"
+            )
+        if self.marginal is not None and len(set(self.marginal)) != len(self.marginal):
+            raise ValueError(f"marginal {self.marginal} lists an attribute twice")
+        if self.all_ranges is not None and not 1 <= len(self.all_ranges) <= 2:
+            raise ValueError(f"all_ranges ({self.all_ranges}) takes one or two attributes")
+        if self.total is False:
+            raise ValueError("total must be true when given")
+        return self
+
+    @property
+    def kind(self) -> str:
+        for kind in ("marginal", "prefix", "all_ranges", "ranges", "total"):
+            if getattr(self, kind) is not None:
+                return kind
+        raise AssertionError("unreachable: validated to have one kind")  # pragma: no cover
+
+    def attributes(self) -> list[str]:
+        if self.marginal is not None:
+            return list(self.marginal)
+        if self.prefix is not None:
+            return [self.prefix]
+        if self.all_ranges is not None:
+            return list(self.all_ranges)
+        if self.ranges is not None:
+            return list(self.ranges)
+        return []
+
+
+class Postprocess(_Strict):
+    nonnegative: bool = False
+
+
+class ReleaseSpec(_Strict):
+    """A validated release spec.  Build it with :func:`load_spec` or :func:`parse_spec`."""
+
+    name: str = Field(pattern=_ID_PATTERN)
+    dataset: DatasetSection
+    privacy_unit: PrivacyUnit = PrivacyUnit(rows_per_person=1)
+    domain: dict[str, Attribute]
+    workload: list[WorkloadItemSpec]
+    mechanism: str = "auto"
+    mechanism_options: dict[str, Any] = Field(default_factory=dict)
+    privacy: dict[str, float]
+    on_out_of_domain: Literal["error", "drop"] = "error"
+    postprocess: Postprocess = Postprocess()
+    model: Literal["central"] = "central"
+
+    @field_validator("domain", mode="before")
+    @classmethod
+    def _parse_domain(cls, raw: Any) -> dict[str, Attribute]:
+        if not isinstance(raw, dict) or not raw:
+            raise ValueError("domain must be a non-empty mapping of attribute name to kind")
+        return {str(name): _parse_attribute(str(name), value) for name, value in raw.items()}
+
+    @field_validator("privacy")
+    @classmethod
+    def _check_privacy(cls, privacy: dict[str, float]) -> dict[str, float]:
+        return _check_privacy_dict(privacy, field="privacy")
+
+    @field_validator("mechanism")
+    @classmethod
+    def _check_mechanism(cls, mechanism: str) -> str:
+        if mechanism not in MECHANISMS:
+            raise ValueError(
+                f"unknown mechanism {mechanism!r}; choose one of {', '.join(MECHANISMS)}"
+            )
+        return mechanism
+
+    @field_validator("workload")
+    @classmethod
+    def _check_workload(cls, items: list[WorkloadItemSpec]) -> list[WorkloadItemSpec]:
+        if not items:
+            raise ValueError("workload must have at least one item")
+        names = [item.name for item in items]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"workload item names must be unique; repeated: {duplicates}")
+        return items
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ReleaseSpec:
+        for k, item in enumerate(self.workload):
+            where = f"workload[{k}] ({item.name!r})"
+            for attribute in item.attributes():
+                if attribute not in self.domain:
+                    raise ValueError(
+                        f"{where}: unknown attribute {attribute!r}; the domain has {sorted(self.domain)}"
+                    )
+            if item.kind in ("prefix", "all_ranges", "ranges"):
+                for attribute in item.attributes():
+                    if not _is_ordered(self.domain[attribute]):
+                        raise ValueError(
+                            f"{where}: {item.kind} needs an ordered attribute, but {attribute!r} is "
+                            "categorical (give it ordered: true, or use a marginal)"
+                        )
+            if item.ranges is not None:
+                for attribute, pairs in item.ranges.items():
+                    if not pairs:
+                        raise ValueError(f"{where}: ranges for {attribute!r} must not be empty")
+                    for pair in pairs:
+                        if len(pair) != 2:
+                            raise ValueError(f"{where}: range {pair} must be [low, high]")
+                        try:
+                            lo = self.domain[attribute].value_to_cell(pair[0], edge="low")
+                            hi = self.domain[attribute].value_to_cell(pair[1], edge="high")
+                        except ValueError as exc:
+                            raise ValueError(
+                                f"{where}: range {pair} on {attribute!r}: {exc}"
+                            ) from None
+                        if lo > hi:
+                            raise ValueError(
+                                f"{where}: range {pair} on {attribute!r} has low > high"
+                            )
+        if self.privacy_unit.person_column in self.domain:
+            raise ValueError(
+                f"privacy_unit.person_column ({self.privacy_unit.person_column!r}) must not be a domain attribute"
+            )
+        if self.mechanism_options:
+            allowed = {"branching"}
+            unknown = sorted(set(self.mechanism_options) - allowed)
+            if unknown:
+                raise ValueError(
+                    f"mechanism_options {unknown} are not known; allowed: {sorted(allowed)}"
+                )
+            branching = self.mechanism_options.get("branching", 2)
+            if not isinstance(branching, int) or branching < 2:
+                raise ValueError(
+                    f"mechanism_options.branching ({branching!r}) must be an integer >= 2"
+                )
+        if self.num_cells > 200_000_000:
+            raise ValueError(
+                f"the domain has {self.num_cells:,} cells; at most 200,000,000 fit a release on one machine"
+            )
+        return self
+
+    # --- derived, public -------------------------------------------------------------------------
+    @property
+    def attribute_names(self) -> list[str]:
+        return list(self.domain)
+
+    @property
+    def domain_shape(self) -> tuple[int, ...]:
+        return tuple(attribute.size for attribute in self.domain.values())
+
+    @property
+    def num_cells(self) -> int:
+        return math.prod(self.domain_shape)
+
+    def privacy_target(self) -> PrivacyCost:
+        return cost_from_dict(self.privacy)
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical spec (everything, including the dataset and privacy level)."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def workload_fingerprint(self) -> str:
+        """sha256 of what determines strategies: domain sizes and order, workload, noise kind, options."""
+        payload = {
+            "domain": {name: attr.model_dump(mode="json") for name, attr in self.domain.items()},
+            "workload": [item.model_dump(mode="json", exclude_none=True) for item in self.workload],
+            "noise": "laplace" if self.privacy_target().measure == "pure" else "gaussian",
+            "mechanism": self.mechanism,
+            "options": self.mechanism_options,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _is_ordered(attribute: Attribute) -> bool:
+    return attribute.ordered if isinstance(attribute, Categorical) else True
+
+
+def _check_privacy_dict(values: dict[str, float], *, field: str) -> dict[str, float]:
+    keys = set(values)
+    if keys not in ({"epsilon"}, {"rho"}, {"epsilon", "delta"}):
+        raise ValueError(
+            f"{field} keys {sorted(keys)} must be exactly one of {{epsilon}}, {{rho}}, {{epsilon, delta}}"
+        )
+    for key in ("epsilon", "rho"):
+        if key in values and not (math.isfinite(values[key]) and values[key] > 0):
+            raise ValueError(f"{field}.{key} ({values[key]}) must be a finite number > 0")
+    if "delta" in values and not 0 < values["delta"] < 1:
+        raise ValueError(f"{field}.delta ({values['delta']}) must be in the open interval (0, 1)")
+    return values
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _py(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def parse_spec(data: Any, *, source: str = "<spec>") -> ReleaseSpec:
+    """Validate a spec mapping; raise :class:`SpecError` naming field, value and rule."""
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"{source}: a release spec must be a YAML mapping, got {type(data).__name__}"
+        )
+    try:
+        return ReleaseSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(f"{source}: invalid release spec:\n" + _format_errors(exc)) from None
+
+
+def load_spec(path: str | Path) -> ReleaseSpec:
+    """Read and validate a YAML spec.  A relative ``dataset.source`` is resolved against the spec's folder."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"spec file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    spec = parse_spec(data, source=str(path))
+    source = spec.dataset.source
+    if source is not None and not Path(source).is_absolute():
+        resolved = str((path.parent / source).resolve())
+        spec = spec.model_copy(
+            update={"dataset": spec.dataset.model_copy(update={"source": resolved})}
+        )
+    return spec
+
+
+def _format_errors(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors(include_url=False):
+        location = ".".join(str(part) for part in error["loc"]) or "spec"
+        message = error["msg"].removeprefix("Value error, ")
+        value = error.get("input")
+        shown = (
+            "" if isinstance(value, dict | list) and len(repr(value)) > 120 else f" (got {value!r})"
+        )
+        lines.append(f"  - {location}: {message}{shown}")
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""Closed-form expected error of a workload under a strategy, and the SVD lower bound.
+
+For the matrix mechanism with i.i.d. noise of variance ``v`` on ``A·x`` (``v`` already includes the
+strategy's sensitivity), the least-squares answer to query ``w`` has variance
+``v · w (AᵀA)⁺ wᵀ`` (Li thesis Prop 3.4; ``seed-mm.md`` §3.2).  With ``A`` and every item
+Kronecker products, ``w (AᵀA)⁺ wᵀ`` over an item is the outer product of per-attribute terms
+``diag(W_i M_i W_iᵀ)`` with ``M_i = (A_iᵀA_i)⁺``, and its sum is ``Π_i tr(W_iᵀW_i M_i)``.
+
+The SVD bound (Li thesis Def 4.3, Prop 4.3; ``seed-eigen.md`` §1) is
+``SVDB(W) = (Σ √λ_i(WᵀW))² / N``: no matrix-mechanism strategy has total squared error below
+``P · SVDB(W)`` with ``P`` the noise variance per unit L2 sensitivity; it also bounds ε-DP
+strategies with the Laplace ``P`` (§1.5).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from mechanisms.operators import Identity, Total
+from mechanisms.strategies import KronStrategy
+from mechanisms.workload import Workload, WorkloadItem
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorReport:
+    """Expected squared error of every workload query (unbiased: error = variance)."""
+
+    total_variance: float
+    num_queries: int
+    item_total_variance: dict[str, float]
+
+    @property
+    def rmse(self) -> float:
+        """√(mean per-query variance) over all queries of all items, unweighted."""
+        return float(np.sqrt(self.total_variance / self.num_queries))
+
+
+def item_unit_variances(item: WorkloadItem, strategy: KronStrategy) -> np.ndarray:
+    """``diag(W (AᵀA)⁺ Wᵀ)`` for one item, flattened row-major. O(Σ n_i³ + m_item)."""
+    per_factor = [
+        factor.query_variances(pinv)
+        for factor, pinv in zip(item.factors, strategy.gram_pinvs(), strict=True)
+    ]
+    result = np.ones(1)
+    for values in per_factor:
+        result = np.multiply.outer(result, values).ravel()
+    return result
+
+
+def item_unit_total(item: WorkloadItem, strategy: KronStrategy) -> float:
+    """``tr(WᵀW (AᵀA)⁺) = Π_i tr(W_iᵀW_i M_i)``. O(Σ n_i²) after the Grams."""
+    total = 1.0
+    for factor, pinv in zip(item.factors, strategy.gram_pinvs(), strict=True):
+        total *= float(np.sum(factor.gram() * pinv))
+    return total
+
+
+def expected_error(
+    workload: Workload, strategy: KronStrategy, *, noise_variance: float
+) -> ErrorReport:
+    """Expected total and per-item error when each strategy answer gets noise of ``noise_variance``."""
+    if not noise_variance > 0:
+        raise ValueError(f"noise_variance ({noise_variance}) must be > 0")
+    per_item = {
+        item.name: noise_variance * item_unit_total(item, strategy) for item in workload.items
+    }
+    return ErrorReport(
+        total_variance=float(sum(per_item.values())),
+        num_queries=workload.num_queries,
+        item_total_variance=per_item,
+    )
+
+
+def support_residual(workload: Workload, strategy: KronStrategy) -> float:
+    """Largest ‖W_iᵀW_i (I − M_i A_iᵀA_i)‖ over items and attributes; ≈ 0 iff A supports W.
+
+    A strategy that does not support an item would answer it with bias (``seed-mm.md`` §8.5).
+    """
+    worst = 0.0
+    for item in workload.items:
+        for factor, a_factor, pinv in zip(
+            item.factors, strategy.factors, strategy.gram_pinvs(), strict=True
+        ):
+            gram_w = factor.gram()
+            projector = pinv @ a_factor.gram()
+            residual = gram_w - gram_w @ projector
+            scale = max(1.0, float(np.abs(gram_w).max()))
+            worst = max(worst, float(np.abs(residual).max()) / scale)
+    return worst
+
+
+DENSE_BOUND_LIMIT = 4096
+MAX_BLOCKS = 1 << 16
+
+
+def svd_bound(workload: Workload) -> float | None:
+    """``SVDB(W) = (Σ√λ(WᵀW))² / N`` exactly, or None when the domain is too large for the method.
+
+    ``WᵀW = Σ_items ⊗_i G_{item,i}``.  Attributes on which every item is ``Identity`` or ``Total``
+    (Grams ``I`` and ``J = 11ᵀ``) are split exactly into the span of ``1`` (where I→1, J→n) and its
+    complement (I→1, J→0, multiplicity n−1); the remaining ("dense") attributes keep their Grams.
+    The spectrum is then the union over the 2^k blocks of the eigenvalues of
+    ``Σ_items (Π scalars) ⊗_dense G``, which is exact.  Pure marginal workloads reduce to scalars;
+    a single Kronecker item uses the factor spectra directly.  Cost O(2^k · D³) with D the product
+    of the dense attributes' sizes (limited to ``DENSE_BOUND_LIMIT``).
+    """
+    terms = workload.gram_terms()
+    if len(terms) == 1:
+        root_sum = 1.0
+        for gram in terms[0]:
+            root_sum *= _root_eigen_sum(gram)
+        return root_sum**2 / workload.num_cells
+    shape = workload.domain_shape
+    identity_total = [
+        all(isinstance(item.factors[axis], Identity | Total) for item in workload.items)
+        for axis in range(len(shape))
+    ]
+    split_axes = [axis for axis, flag in enumerate(identity_total) if flag]
+    dense_axes = [axis for axis, flag in enumerate(identity_total) if not flag]
+    dense_size = int(np.prod([shape[axis] for axis in dense_axes], dtype=np.int64))
+    if dense_size > DENSE_BOUND_LIMIT or 2 ** len(split_axes) > MAX_BLOCKS:
+        return None
+    dense_grams = [[gram for axis, gram in enumerate(term) if axis in dense_axes] for term in terms]
+    root_sum = 0.0
+    for choice in itertools.product((0, 1), repeat=len(split_axes)):  # 0: span of 1; 1: complement
+        multiplicity = 1
+        scalars = np.ones(len(terms))
+        for axis, part in zip(split_axes, choice, strict=True):
+            n = shape[axis]
+            multiplicity *= 1 if part == 0 else n - 1
+            for t, item in enumerate(workload.items):
+                is_total = isinstance(item.factors[axis], Total)
+                scalars[t] *= (n if part == 0 else 0.0) if is_total else 1.0
+        if multiplicity == 0 or not scalars.any():
+            continue
+        block = np.zeros((dense_size, dense_size))
+        for t, grams in enumerate(dense_grams):
+            if scalars[t]:
+                product = np.ones((1, 1))
+                for gram in grams:
+                    product = np.kron(product, gram)
+                block += scalars[t] * product
+        root_sum += multiplicity * _root_eigen_sum(block)
+    return root_sum**2 / workload.num_cells
+
+
+def _root_eigen_sum(gram: np.ndarray) -> float:
+    eigenvalues = np.linalg.eigvalsh((gram + gram.T) / 2)
+    return float(np.sqrt(np.clip(eigenvalues, 0.0, None)).sum())

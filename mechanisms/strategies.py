@@ -1,0 +1,166 @@
+"""Data-independent measurement strategies: per-attribute factors and their Kronecker products.
+
+A strategy ``A`` is measured as ``A·x + noise`` and the workload is answered from the least-squares
+cell estimate ``x̂ = (AᵀA)⁺Aᵀŷ`` (matrix mechanism, Li thesis ch. 3; ``seed-mm.md``).  For a
+product domain the pipeline uses ``A = A_1 ⊗ … ⊗ A_d``, one factor per attribute, so sensitivity,
+Gram, pseudo-inverse and error all factor: ``Δ(A) = Π Δ(A_i)`` (column norms of a Kronecker
+product multiply) and ``(AᵀA)⁺ = ⊗ (A_iᵀA_i)⁺``.
+
+Per-attribute families: ``identity``, ``total`` (one query, for attributes every workload item sums
+out), ``hierarchical`` (b-ary tree over any n, Hay et al.) and ``wavelet`` (unnormalised Haar,
+Privelet; n that is not a power of two is padded with empty cells whose columns are dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+
+from mechanisms.operators import Factor, MatrixFactor, kron_apply, kron_apply_transpose
+
+
+def identity_strategy(n: int) -> MatrixFactor:
+    """``I_n``: one query per cell. L1 = L2 sensitivity = 1."""
+    return MatrixFactor(sp.identity(n, format="csr"))
+
+
+def total_strategy(n: int) -> MatrixFactor:
+    """The single total query (supports only workloads that sum the attribute out)."""
+    return MatrixFactor(sp.csr_array(np.ones((1, n))))
+
+
+def hierarchical_strategy(n: int, *, branching: int = 2) -> MatrixFactor:
+    """A ``branching``-ary tree of interval counts over ``n`` cells (any n, not only b^k).
+
+    Each node's interval is split into ``branching`` near-equal children (``numpy.array_split``)
+    down to single cells; rows are nodes in level order.  For n = b^k this is H_n of the thesis:
+    L1 sensitivity 1 + log_b n, L2 sensitivity √(1 + log_b n).  O(n log_b n) non-zeros.
+    """
+    if n < 1:
+        raise ValueError(f"n ({n}) must be >= 1")
+    if branching < 2:
+        raise ValueError(f"branching ({branching}) must be >= 2")
+    rows: list[tuple[int, int]] = []
+    level = [(0, n)]
+    while level:
+        rows.extend(level)
+        children: list[tuple[int, int]] = []
+        for start, stop in level:
+            if stop - start > 1:
+                for part in np.array_split(np.arange(start, stop), min(branching, stop - start)):
+                    children.append((int(part[0]), int(part[-1]) + 1))
+        level = children
+    lengths = np.array([stop - start for start, stop in rows])
+    row_index = np.repeat(np.arange(len(rows)), lengths)
+    col_index = np.concatenate([np.arange(start, stop) for start, stop in rows])
+    matrix = sp.csr_array((np.ones(col_index.size), (row_index, col_index)), shape=(len(rows), n))
+    return MatrixFactor(matrix)
+
+
+def wavelet_strategy(n: int) -> MatrixFactor:
+    """Unnormalised Haar wavelet ``Y`` (Privelet, Xiao et al.): total row plus left-minus-right rows.
+
+    Built by ``Y_1 = [1]``, ``Y_2k = [Y_k ⊗ [1 1]; I_k ⊗ [1 −1]]`` on the next power of two ≥ n; the
+    columns of the padding cells are dropped (full column rank is kept because Y is invertible) and
+    rows left empty are removed.  L1 sensitivity 1 + log₂ n for n = 2^k.
+    """
+    if n < 1:
+        raise ValueError(f"n ({n}) must be >= 1")
+    size = 1
+    matrix = sp.csr_array(np.ones((1, 1)))
+    while size < n:
+        matrix = sp.vstack(
+            [
+                sp.kron(matrix, sp.csr_array([[1.0, 1.0]])),
+                sp.kron(sp.identity(size), sp.csr_array([[1.0, -1.0]])),
+            ],
+            format="csr",
+        )
+        size *= 2
+    matrix = sp.csr_array(matrix[:, :n])
+    keep = np.flatnonzero(np.diff(matrix.indptr) > 0)
+    return MatrixFactor(matrix[keep])
+
+
+@dataclass(frozen=True, kw_only=True)
+class KronStrategy:
+    """``A = A_1 ⊗ … ⊗ A_d`` with cached per-factor ``(A_iᵀA_i)⁺``.
+
+    Public: built from the workload and domain only.
+    """
+
+    name: str
+    factors: tuple[Factor, ...]
+    parameters: dict[str, object] = field(default_factory=dict)
+    _gram_pinvs: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def domain_shape(self) -> tuple[int, ...]:
+        return tuple(f.n for f in self.factors)
+
+    @property
+    def num_queries(self) -> int:
+        return int(np.prod([f.m for f in self.factors], dtype=np.int64))
+
+    def sensitivity(self, *, norm: int) -> float:
+        """Δ(⊗A_i) = Π Δ(A_i) for both L1 and L2 (column norms of a Kronecker product multiply)."""
+        return float(np.prod([f.sensitivity(norm=norm) for f in self.factors]))
+
+    def gram_pinvs(self) -> list[np.ndarray]:
+        """Per-factor ``(A_iᵀA_i)⁺``: Cholesky inverse when full rank, else ``pinvh``. O(Σ n_i³)."""
+        if not self._gram_pinvs:
+            self._gram_pinvs.extend(_gram_pinv(f.gram()) for f in self.factors)
+        return self._gram_pinvs
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """A·x. O(N Σ nnz(A_i)/n_i)."""
+        return kron_apply(self.factors, x)
+
+    def least_squares(self, y: np.ndarray) -> np.ndarray:
+        """x̂ = (AᵀA)⁺Aᵀy = ⊗((A_iᵀA_i)⁺A_iᵀ) y, never forming a dense pseudo-inverse of A."""
+        back = kron_apply_transpose(self.factors, y)
+        return kron_apply([MatrixFactor(m) for m in self.gram_pinvs()], back)
+
+
+def _gram_pinv(gram: np.ndarray) -> np.ndarray:
+    try:
+        factor = scipy.linalg.cho_factor(gram, lower=True)
+    except np.linalg.LinAlgError:
+        return scipy.linalg.pinvh(gram)
+    inverse = scipy.linalg.cho_solve(factor, np.eye(gram.shape[0]))
+    return (inverse + inverse.T) / 2
+
+
+FAMILIES = ("identity", "hierarchical", "wavelet")
+
+
+def build_kron_strategy(
+    family: str,
+    *,
+    attribute_roles: Sequence[tuple[int, str]],
+    branching: int = 2,
+) -> KronStrategy:
+    """A product strategy for a workload, one factor per attribute.
+
+    ``attribute_roles`` gives, per attribute, its number of cells and its role in the workload:
+    ``"total"`` (every item sums it out: a single total query suffices), ``"categorical"``
+    (identity: no order to exploit) or ``"ordered"`` (the family's factor).
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"strategy family ({family!r}) must be one of {FAMILIES}")
+    factors: list[Factor] = []
+    for n, role in attribute_roles:
+        if role == "total":
+            factors.append(total_strategy(n))
+        elif role == "categorical" or family == "identity":
+            factors.append(identity_strategy(n))
+        elif family == "hierarchical":
+            factors.append(hierarchical_strategy(n, branching=branching))
+        else:
+            factors.append(wavelet_strategy(n))
+    parameters: dict[str, object] = {"branching": branching} if family == "hierarchical" else {}
+    return KronStrategy(name=family, factors=tuple(factors), parameters=parameters)

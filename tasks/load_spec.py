@@ -1,0 +1,13 @@
+"""Task: read and validate the release spec (public)."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from catalog.spec import ReleaseSpec, load_spec
+
+
+@task(name="load-spec", cache_policy=NO_CACHE, retries=0)
+def load_spec_task(spec_path: str) -> ReleaseSpec:
+    return load_spec(spec_path)

@@ -1,0 +1,17 @@
+"""Task: register the dataset, refuse an over-budget request before any data is read, record intent."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from catalog import release
+from catalog.ledger import Catalog
+from catalog.planning import Plan
+from catalog.spec import ReleaseSpec
+from mechanisms.privacy import PrivacyCost
+
+
+@task(name="check-budget", cache_policy=NO_CACHE, retries=0)
+def register_task(spec: ReleaseSpec, plan: Plan, catalog_url: str, release_id: str) -> PrivacyCost:
+    return release.register(spec, plan, Catalog(catalog_url), release_id=release_id)
