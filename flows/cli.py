@@ -24,8 +24,8 @@ from rich.table import Table
 from catalog.errors import DprReleaseError
 from mechanisms.privacy import PrivacyError
 
-console = Console(stderr=True)
-stdout = Console(width=None if sys.stdout.isatty() else 160)
+console = Console(stderr=True, soft_wrap=True)
+stdout = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 app = typer.Typer(

@@ -107,10 +107,9 @@ def svd_bound(workload: Workload) -> float | None:
     a single Kronecker item uses the factor spectra directly.  Cost O(2^k · D³) with D the product
     of the dense attributes' sizes (limited to ``DENSE_BOUND_LIMIT``).
     """
-    terms = workload.gram_terms()
-    if len(terms) == 1:
+    if len(workload.items) == 1:
         root_sum = 1.0
-        for gram in terms[0]:
+        for gram in workload.items[0].gram_factors():
             root_sum *= _root_eigen_sum(gram)
         return root_sum**2 / workload.num_cells
     shape = workload.domain_shape
@@ -123,6 +122,12 @@ def svd_bound(workload: Workload) -> float | None:
     dense_size = int(np.prod([shape[axis] for axis in dense_axes], dtype=np.int64))
     if dense_size > DENSE_BOUND_LIMIT or 2 ** len(split_axes) > MAX_BLOCKS:
         return None
+    terms = [
+        tuple(
+            item.factors[axis].gram() if axis in dense_axes else None for axis in range(len(shape))
+        )
+        for item in workload.items
+    ]
     dense_grams = [[gram for axis, gram in enumerate(term) if axis in dense_axes] for term in terms]
     root_sum = 0.0
     for choice in itertools.product((0, 1), repeat=len(split_axes)):  # 0: span of 1; 1: complement

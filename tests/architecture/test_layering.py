@@ -1,0 +1,120 @@
+"""Import layering and banned APIs, checked by reading the source (no convention is trusted).
+
+Layers point one way: flows -> tasks -> catalog -> mechanisms.  ``mechanisms`` is pure: no
+Prefect, pyarrow, pandas, catalog or I/O libraries; OpenDP only in ``mechanisms/noise.py``.
+Production code never calls ``numpy.random`` functions, ``RandomState`` or ``assert``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("mechanisms", "catalog", "tasks", "flows")
+FORBIDDEN = {
+    "mechanisms": {
+        "prefect",
+        "pyarrow",
+        "pandas",
+        "catalog",
+        "tasks",
+        "flows",
+        "great_expectations",
+        "sqlalchemy",
+        "duckdb",
+    },
+    "catalog": {"prefect", "tasks", "flows"},
+    "tasks": {"flows"},
+    "flows": set(),
+}
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _all_modules() -> list[tuple[str, Path]]:
+    return [(package, path) for package in PACKAGES for path in _modules(package)]
+
+
+@pytest.mark.parametrize(
+    ("package", "path"), _all_modules(), ids=[str(p.relative_to(ROOT)) for _, p in _all_modules()]
+)
+def test_layering(package: str, path: Path) -> None:
+    bad = _imports(path) & FORBIDDEN[package]
+    assert not bad, (
+        f"{path.relative_to(ROOT)} imports {sorted(bad)}, which {package}/ must not import"
+    )
+
+
+def test_opendp_only_in_the_noise_module() -> None:
+    users = [
+        str(path.relative_to(ROOT)) for _, path in _all_modules() if "opendp" in _imports(path)
+    ]
+    assert users == ["mechanisms/noise.py"]
+
+
+def test_the_layering_check_can_fail(tmp_path: Path) -> None:
+    module = tmp_path / "bad.py"
+    module.write_text("import prefect\nfrom pyarrow import compute\n")
+    assert _imports(module) & FORBIDDEN["mechanisms"] == {"prefect", "pyarrow"}
+
+
+def _banned_calls(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            found.append(f"line {node.lineno}: assert")
+        if isinstance(node, ast.Attribute):
+            text = ast.unparse(node)
+            if text.startswith(("np.random.", "numpy.random.")) and text.split(".")[-1] not in (
+                "Generator",
+                "default_rng",
+                "SeedSequence",
+            ):
+                found.append(f"line {node.lineno}: {text}")
+            if node.attr == "RandomState":
+                found.append(f"line {node.lineno}: RandomState")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("laplace", "normal")
+        ):
+            found.append(f"line {node.lineno}: .{node.func.attr}(")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("package", "path"), _all_modules(), ids=[str(p.relative_to(ROOT)) for _, p in _all_modules()]
+)
+def test_no_global_randomness_numpy_noise_or_asserts(package: str, path: Path) -> None:
+    found = _banned_calls(path)
+    assert not found, f"{path.relative_to(ROOT)}: {found}"
+
+
+def test_the_banned_api_check_can_fail(tmp_path: Path) -> None:
+    module = tmp_path / "bad.py"
+    module.write_text(
+        "import numpy as np\nassert True\nx = np.random.laplace(0, 1)\nrng.normal(0, 1)\n"
+    )
+    assert sorted(_banned_calls(module)) == [
+        "line 2: assert",
+        "line 3: .laplace(",
+        "line 3: np.random.laplace",
+        "line 4: .normal(",
+    ]

@@ -1,0 +1,54 @@
+"""Shared test configuration.
+
+Prefect and dprelease state go to a temporary home (set before Prefect is imported).  Tests that
+run flows use the session-scoped ``prefect_harness`` fixture (one temporary Prefect server for the
+whole session, generous start-up timeout); pure code is tested without Prefect.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+_HOME = tempfile.mkdtemp(prefix="dprelease-tests-")
+os.environ["DPRELEASE_HOME"] = os.path.join(_HOME, "dprelease")
+os.environ["PREFECT_HOME"] = os.path.join(_HOME, "prefect")
+os.environ.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", os.path.join(_HOME, "prefect-results"))
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "300"
+os.environ["PREFECT_UI_ENABLED"] = "false"
+os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)
+os.environ.pop("DPRELEASE_CATALOG_URL", None)
+os.environ.pop("PREFECT_API_URL", None)
+
+from collections.abc import Iterator  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=300):
+        yield
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """Public randomness for test data, from a fixed seed."""
+    return np.random.default_rng(20261122)
+
+
+@pytest.fixture
+def zero_noise(monkeypatch: pytest.MonkeyPatch):
+    """Replace the production sampler with the zero-noise oracle for this test only."""
+    from mechanisms import noise
+    from tests.samplers import ZeroNoise
+
+    sampler = ZeroNoise()
+    monkeypatch.setattr(noise, "production_sampler", lambda: sampler)
+    return sampler
