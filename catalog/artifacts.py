@@ -74,7 +74,7 @@ def artifact_hashes(directory: Path) -> dict[str, str]:
     return {
         str(path.relative_to(directory)): sha256_file(path)
         for path in sorted(directory.rglob("*"))
-        if path.is_file() and path.name != MANIFEST
+        if path.is_file() and path != directory / MANIFEST
     }
 
 
@@ -92,9 +92,12 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise VerificationError(f"{directory} has no {MANIFEST}")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise VerificationError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise VerificationError(f"{path} must hold a JSON object, not {type(manifest).__name__}")
+    return manifest
 
 
 def update_review(directory: Path, review: dict[str, Any], *, status: str) -> str:
@@ -162,9 +165,13 @@ def verify(directory: Path, catalog: Catalog) -> list[str]:
     if not validation.is_file():
         problems.append("validation/results.json is missing")
     else:
-        results = json.loads(validation.read_text())
-        if not results.get("success"):
-            problems.append("validation results record a failure")
+        try:
+            results = json.loads(validation.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            problems.append(f"validation/results.json is not valid JSON: {exc}")
+        else:
+            if not isinstance(results, dict) or not results.get("success"):
+                problems.append("validation results record a failure")
     for name in manifest.get("tables", []):
         path = directory / "tables" / f"{name}.parquet"
         if path.is_file():

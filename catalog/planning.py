@@ -19,6 +19,7 @@ from mechanisms.noise import calibrate, noise_kind_for
 from mechanisms.operators import AllRanges, Factor, Identity, Prefix, Ranges, Total
 from mechanisms.privacy import PrivacyCost
 from mechanisms.strategies import FAMILIES, KronStrategy, build_kron_strategy
+from mechanisms.union import UnionStrategy, UnionTerm, optimize_weights, per_item_terms, unit_error
 from mechanisms.workload import Workload, WorkloadItem
 
 
@@ -50,24 +51,83 @@ def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
     return WorkloadItem(name=item.name, factors=tuple(factors))
 
 
+CANDIDATES = (*FAMILIES, "optimized")
+
+
 def ordered_flags(spec: ReleaseSpec) -> tuple[bool, ...]:
     return tuple(getattr(attribute, "ordered", True) for attribute in spec.domain.values())
 
 
+Strategy = KronStrategy | UnionStrategy
+
+
 def strategy_for(
-    spec: ReleaseSpec, mechanism: str, workload: Workload | None = None
-) -> KronStrategy:
-    """The (deterministic, public) strategy of a data-independent mechanism for this spec."""
+    spec: ReleaseSpec,
+    mechanism: str,
+    workload: Workload | None = None,
+    parameters: dict[str, Any] | None = None,
+) -> Strategy:
+    """The (deterministic, public) strategy of a data-independent mechanism for this spec.
+
+    ``optimized`` is a weighted union of per-item Kronecker strategies; with the ``parameters`` a
+    plan recorded (family and weights) it is rebuilt without optimising again.
+    """
+    workload = workload or build_workload(spec)
+    if mechanism == "optimized":
+        return _optimized(spec, workload, parameters)
     if mechanism not in FAMILIES:
         raise SpecError(
             f"mechanism {mechanism!r} cannot run in this version; available: {', '.join(RUNNABLE_MECHANISMS)}"
         )
-    workload = workload or build_workload(spec)
     return build_kron_strategy(
         mechanism,
         attribute_roles=workload.attribute_roles(ordered_flags(spec)),
         branching=int(spec.mechanism_options.get("branching", 2)),
     )
+
+
+def _optimized(
+    spec: ReleaseSpec, workload: Workload, parameters: dict[str, Any] | None
+) -> UnionStrategy:
+    norm = 1 if noise_kind_for(spec.privacy_target().measure) == "laplace" else 2
+    branching = int(spec.mechanism_options.get("branching", 2))
+    ordered = ordered_flags(spec)
+    if parameters is not None:
+        all_terms = per_item_terms(
+            workload, ordered=ordered, family=str(parameters["family"]), branching=branching
+        )
+        terms = [all_terms[int(k)] for k in parameters["kept_terms"]]  # type: ignore[union-attr]
+        weights = [float(w) for w in parameters["weights"]]  # type: ignore[union-attr]
+        return UnionStrategy(
+            name="optimized",
+            domain_shape=workload.domain_shape,
+            terms=tuple(
+                UnionTerm(weight=w, factors=f) for w, f in zip(weights, terms, strict=True)
+            ),
+            parameters=dict(parameters),
+        )
+    best: UnionStrategy | None = None
+    best_error = float("inf")
+    for family in FAMILIES:
+        terms = per_item_terms(workload, ordered=ordered, family=family, branching=branching)
+        candidate = optimize_weights(workload, terms, norm=norm, name="optimized")
+        error = unit_error(candidate, workload, norm=norm)
+        if error < best_error:
+            best, best_error = candidate, error
+            best = UnionStrategy(
+                name="optimized",
+                domain_shape=candidate.domain_shape,
+                terms=candidate.terms,
+                parameters={
+                    "template": "union of per-item Kronecker strategies",
+                    "family": family,
+                    "weights": [t.weight for t in candidate.terms],
+                    "kept_terms": list(candidate.parameters["kept_terms"]),  # type: ignore[call-overload]
+                },
+            )
+    if best is None:  # pragma: no cover - FAMILIES is never empty
+        raise SpecError("no optimized strategy could be built")
+    return best
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +170,7 @@ class Plan:
     num_queries: int
     num_cells: int
     item_queries: dict[str, int]
+    strategy_parameters: dict[str, Any]
 
     def candidate(self, mechanism: str) -> Candidate:
         for candidate in self.candidates:
@@ -129,12 +190,13 @@ class Plan:
             "num_queries": self.num_queries,
             "num_cells": self.num_cells,
             "workload_fingerprint": self.workload_fingerprint,
+            "strategy_parameters": self.strategy_parameters,
             "candidates": [candidate.to_json() for candidate in self.candidates],
         }
 
 
 def evaluate(
-    spec: ReleaseSpec, strategy: KronStrategy, workload: Workload
+    spec: ReleaseSpec, strategy: Strategy, workload: Workload
 ) -> tuple[ErrorReport, float, float, PrivacyCost]:
     """Expected error, sensitivity, noise scale and exact cost of measuring ``strategy``."""
     target = spec.privacy_target()
@@ -156,14 +218,27 @@ def make_plan(spec: ReleaseSpec) -> Plan:
     target = spec.privacy_target()
     candidates: list[Candidate] = []
     costs: dict[str, PrivacyCost] = {}
-    for family in FAMILIES:
+    parameters: dict[str, dict[str, Any]] = {}
+    for mechanism in CANDIDATES:
         started = time.perf_counter()
-        strategy = strategy_for(spec, family, workload)
-        residual = support_residual(workload, strategy)
+        try:
+            strategy = strategy_for(spec, mechanism, workload)
+            residual = support_residual(workload, strategy)
+        except ValueError as exc:  # a template that does not fit this workload's structure
+            candidates.append(
+                Candidate(
+                    mechanism=mechanism,
+                    rmse=None,
+                    total_variance=None,
+                    seconds=time.perf_counter() - started,
+                    note=f"not available: {exc}",
+                )
+            )
+            continue
         if residual > 1e-6:
             candidates.append(
                 Candidate(
-                    mechanism=family,
+                    mechanism=mechanism,
                     rmse=None,
                     total_variance=None,
                     seconds=time.perf_counter() - started,
@@ -172,10 +247,11 @@ def make_plan(spec: ReleaseSpec) -> Plan:
             )
             continue
         report, sensitivity, scale, cost = evaluate(spec, strategy, workload)
-        costs[family] = cost
+        costs[mechanism] = cost
+        parameters[mechanism] = dict(strategy.parameters)
         candidates.append(
             Candidate(
-                mechanism=family,
+                mechanism=mechanism,
                 rmse=report.rmse,
                 total_variance=report.total_variance,
                 seconds=time.perf_counter() - started,
@@ -210,6 +286,7 @@ def make_plan(spec: ReleaseSpec) -> Plan:
         num_queries=workload.num_queries,
         num_cells=workload.num_cells,
         item_queries={item.name: item.num_queries for item in workload.items},
+        strategy_parameters=parameters[chosen],
     )
 
 

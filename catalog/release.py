@@ -32,7 +32,6 @@ from catalog.source import CountResult
 from catalog.spec import ReleaseSpec
 from catalog.tables import build_table
 from catalog.validation import validate_tables
-from mechanisms.error import item_unit_variances
 from mechanisms.privacy import PrivacyCost
 from mechanisms.session import NoisyMeasurement
 
@@ -61,7 +60,7 @@ def measure(
     counted: CountResult, spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, release_id: str
 ) -> NoisyMeasurement:
     """Charge the ledger and measure the chosen strategy (the session enforces the order)."""
-    strategy = strategy_for(spec, plan.chosen)
+    strategy = strategy_for(spec, plan.chosen, parameters=plan.strategy_parameters)
     accountant = DatasetAccountant(catalog, dataset_id=spec.dataset.id, release_id=release_id)
     catalog.update_release(release_id, input_fingerprint=counted.input_fingerprint)
     return counted.cells.measure(
@@ -72,18 +71,20 @@ def measure(
     )
 
 
-def reconstruct(spec: ReleaseSpec, plan: Plan, measurement: NoisyMeasurement) -> dict[str, pa.Table]:
+def reconstruct(
+    spec: ReleaseSpec, plan: Plan, measurement: NoisyMeasurement
+) -> dict[str, pa.Table]:
     """Least-squares cell estimate, then every item's answers with their standard errors."""
     workload = build_workload(spec)
-    strategy = strategy_for(spec, plan.chosen, workload)
-    cell_estimate = strategy.least_squares(measurement.values)
+    strategy = strategy_for(spec, plan.chosen, workload, parameters=plan.strategy_parameters)
+    cell_estimate = strategy.least_squares(measurement.values, workload)
     tables = {}
     for item in workload.items:
         tables[item.name] = build_table(
             spec,
             item,
             estimates=item.answer(cell_estimate),
-            unit_variances=item_unit_variances(item, strategy),
+            unit_variances=strategy.item_unit_variances(item, workload),
             noise_variance=measurement.noise.variance,
             nonnegative=spec.postprocess.nonnegative,
         )
@@ -97,7 +98,9 @@ def release_directory(out_dir: str | Path, release_id: str) -> Path:
 def validate(tables: dict[str, pa.Table], plan: Plan, *, directory: Path) -> dict[str, Any]:
     for name, table in tables.items():
         artifacts.write_table(directory, name, table)
-    return validate_tables(tables, expected_rows=plan.item_queries, directory=directory / "validation")
+    return validate_tables(
+        tables, expected_rows=plan.item_queries, directory=directory / "validation"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,7 +198,9 @@ def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) ->
     """(Re)render ``report.html`` from the manifest, the tables and the validation results."""
     import pyarrow.parquet as pq
 
-    tables = {name: pq.read_table(directory / "tables" / f"{name}.parquet") for name in manifest["tables"]}
+    tables = {
+        name: pq.read_table(directory / "tables" / f"{name}.parquet") for name in manifest["tables"]
+    }
     validation = json.loads((directory / "validation" / "results.json").read_text())
     ledger_rows = [
         {

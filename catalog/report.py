@@ -48,7 +48,9 @@ def error_plot(plan: dict[str, Any]) -> str:
     colours = ["#2b6cb0" if n == plan["chosen"] else "#a0aec0" for n in names]
     axis.bar(names, values, color=colours)
     if plan.get("lower_bound_rmse"):
-        axis.axhline(plan["lower_bound_rmse"], color="#c53030", linestyle="--", label="SVD lower bound")
+        axis.axhline(
+            plan["lower_bound_rmse"], color="#c53030", linestyle="--", label="SVD lower bound"
+        )
         axis.legend(loc="lower right")
     axis.set_ylabel("expected RMSE per query")
     axis.set_title("Candidate mechanisms (chosen in blue)")
@@ -140,7 +142,9 @@ def render_report(
         _kv(
             {
                 "requested by the spec": _cost(manifest["privacy"]["requested"]),
-                "charged (OpenDP privacy map, incl. discretisation slack)": _cost(manifest["privacy"]["charged"]),
+                "charged (OpenDP privacy map, incl. discretisation slack)": _cost(
+                    manifest["privacy"]["charged"]
+                ),
                 "dataset cap": _cost(budget["cap"]),
                 "spent before this release": _cost(budget["before"]),
                 "spent after this release": _cost(budget["after"]),
@@ -154,10 +158,23 @@ def render_report(
         f"<p>Chosen: <b>{html.escape(plan['chosen'])}</b> — {html.escape(plan['reason'])}.</p>",
         _table_html(
             [
-                {**c, "ratio to bound": (c["rmse"] / plan["lower_bound_rmse"]) if c.get("rmse") and plan.get("lower_bound_rmse") else None}
+                {
+                    **c,
+                    "ratio to bound": (c["rmse"] / plan["lower_bound_rmse"])
+                    if c.get("rmse") and plan.get("lower_bound_rmse")
+                    else None,
+                }
                 for c in plan["candidates"]
             ],
-            ["mechanism", "rmse", "total_variance", "ratio to bound", "sensitivity", "noise_scale", "note"],
+            [
+                "mechanism",
+                "rmse",
+                "total_variance",
+                "ratio to bound",
+                "sensitivity",
+                "noise_scale",
+                "note",
+            ],
         ),
         f"<p>SVD lower bound on RMSE: <b>{_fmt(plan.get('lower_bound_rmse'))}</b> ({html.escape(plan.get('lower_bound_note', ''))}).</p>",
         f"<img alt='expected error by candidate' src='{error_plot(plan)}'>",
@@ -169,7 +186,9 @@ def render_report(
         preview = table.slice(0, PREVIEW_ROWS).to_pylist()
         parts.append(f"<h3>{html.escape(name)} <small>({table.num_rows:,} rows)</small></h3>")
         if index < PLOTTED_ITEMS:
-            parts.append(f"<img alt='estimates of {html.escape(name)}' src='{table_plot(name, table)}'>")
+            parts.append(
+                f"<img alt='estimates of {html.escape(name)}' src='{table_plot(name, table)}'>"
+            )
         parts.append(_table_html(preview, columns))
     parts.append("<h2>Validation (released values and public metadata only)</h2>")
     rows = []

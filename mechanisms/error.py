@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -38,34 +39,33 @@ class ErrorReport:
         return float(np.sqrt(self.total_variance / self.num_queries))
 
 
+class Strategy(Protocol):
+    """What error analysis needs from a strategy (Kronecker products and unions both provide it)."""
+
+    def item_unit_variances(self, item: WorkloadItem, workload: Workload) -> np.ndarray: ...
+
+    def item_unit_total(self, item: WorkloadItem, workload: Workload) -> float: ...
+
+    def support_residual(self, workload: Workload) -> float: ...
+
+
 def item_unit_variances(item: WorkloadItem, strategy: KronStrategy) -> np.ndarray:
-    """``diag(W (AᵀA)⁺ Wᵀ)`` for one item, flattened row-major. O(Σ n_i³ + m_item)."""
-    per_factor = [
-        factor.query_variances(pinv)
-        for factor, pinv in zip(item.factors, strategy.gram_pinvs(), strict=True)
-    ]
-    result = np.ones(1)
-    for values in per_factor:
-        result = np.multiply.outer(result, values).ravel()
-    return result
+    """``diag(W (AᵀA)⁺ Wᵀ)`` for one item under a Kronecker strategy (row-major query order)."""
+    return strategy.item_unit_variances(item)
 
 
 def item_unit_total(item: WorkloadItem, strategy: KronStrategy) -> float:
-    """``tr(WᵀW (AᵀA)⁺) = Π_i tr(W_iᵀW_i M_i)``. O(Σ n_i²) after the Grams."""
-    total = 1.0
-    for factor, pinv in zip(item.factors, strategy.gram_pinvs(), strict=True):
-        total *= float(np.sum(factor.gram() * pinv))
-    return total
+    """``tr(WᵀW (AᵀA)⁺)`` for one item under a Kronecker strategy."""
+    return strategy.item_unit_total(item)
 
 
-def expected_error(
-    workload: Workload, strategy: KronStrategy, *, noise_variance: float
-) -> ErrorReport:
+def expected_error(workload: Workload, strategy: Strategy, *, noise_variance: float) -> ErrorReport:
     """Expected total and per-item error when each strategy answer gets noise of ``noise_variance``."""
     if not noise_variance > 0:
         raise ValueError(f"noise_variance ({noise_variance}) must be > 0")
     per_item = {
-        item.name: noise_variance * item_unit_total(item, strategy) for item in workload.items
+        item.name: noise_variance * strategy.item_unit_total(item, workload)
+        for item in workload.items
     }
     return ErrorReport(
         total_variance=float(sum(per_item.values())),
@@ -74,22 +74,9 @@ def expected_error(
     )
 
 
-def support_residual(workload: Workload, strategy: KronStrategy) -> float:
-    """Largest ‖W_iᵀW_i (I − M_i A_iᵀA_i)‖ over items and attributes; ≈ 0 iff A supports W.
-
-    A strategy that does not support an item would answer it with bias (``seed-mm.md`` §8.5).
-    """
-    worst = 0.0
-    for item in workload.items:
-        for factor, a_factor, pinv in zip(
-            item.factors, strategy.factors, strategy.gram_pinvs(), strict=True
-        ):
-            gram_w = factor.gram()
-            projector = pinv @ a_factor.gram()
-            residual = gram_w - gram_w @ projector
-            scale = max(1.0, float(np.abs(gram_w).max()))
-            worst = max(worst, float(np.abs(residual).max()) / scale)
-    return worst
+def support_residual(workload: Workload, strategy: Strategy) -> float:
+    """≈ 0 iff the strategy supports every workload query (see the strategy's own method)."""
+    return strategy.support_residual(workload)
 
 
 DENSE_BOUND_LIMIT = 4096

@@ -21,6 +21,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from mechanisms.operators import Factor, MatrixFactor, kron_apply, kron_apply_transpose
+from mechanisms.workload import Workload, WorkloadItem
 
 
 def identity_strategy(n: int) -> MatrixFactor:
@@ -113,25 +114,68 @@ class KronStrategy:
     def gram_pinvs(self) -> list[np.ndarray]:
         """Per-factor ``(A_iᵀA_i)⁺``: Cholesky inverse when full rank, else ``pinvh``. O(Σ n_i³)."""
         if not self._gram_pinvs:
-            self._gram_pinvs.extend(_gram_pinv(f.gram()) for f in self.factors)
+            self._gram_pinvs.extend(psd_pinv(f.gram()) for f in self.factors)
         return self._gram_pinvs
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """A·x. O(N Σ nnz(A_i)/n_i)."""
         return kron_apply(self.factors, x)
 
-    def least_squares(self, y: np.ndarray) -> np.ndarray:
+    def least_squares(self, y: np.ndarray, workload: Workload | None = None) -> np.ndarray:
         """x̂ = (AᵀA)⁺Aᵀy = ⊗((A_iᵀA_i)⁺A_iᵀ) y, never forming a dense pseudo-inverse of A."""
         back = kron_apply_transpose(self.factors, y)
         return kron_apply([MatrixFactor(m) for m in self.gram_pinvs()], back)
 
+    def item_unit_variances(
+        self, item: WorkloadItem, workload: Workload | None = None
+    ) -> np.ndarray:
+        """``diag(W (AᵀA)⁺ Wᵀ)`` for one item: outer product of per-attribute terms.
 
-def _gram_pinv(gram: np.ndarray) -> np.ndarray:
+        O(Σ n_i³ + m_item).
+        """
+        result = np.ones(1)
+        for factor, pinv in zip(item.factors, self.gram_pinvs(), strict=True):
+            result = np.multiply.outer(result, factor.query_variances(pinv)).ravel()
+        return result
+
+    def item_unit_total(self, item: WorkloadItem, workload: Workload | None = None) -> float:
+        """``tr(WᵀW (AᵀA)⁺) = Π_i tr(W_iᵀW_i M_i)``. O(Σ n_i²) after the Grams."""
+        total = 1.0
+        for factor, pinv in zip(item.factors, self.gram_pinvs(), strict=True):
+            total *= float(np.sum(factor.gram() * pinv))
+        return total
+
+    def support_residual(self, workload: Workload) -> float:
+        """Largest ‖W_iᵀW_i (I − M_i A_iᵀA_i)‖ (relative) over items and attributes; ≈ 0 iff A
+        supports W.  An unsupported item would be answered with bias (``seed-mm.md`` §8.5)."""
+        worst = 0.0
+        for item in workload.items:
+            for factor, a_factor, pinv in zip(
+                item.factors, self.factors, self.gram_pinvs(), strict=True
+            ):
+                gram_w = factor.gram()
+                residual = gram_w - gram_w @ (pinv @ a_factor.gram())
+                scale = max(1.0, float(np.abs(gram_w).max()))
+                worst = max(worst, float(np.abs(residual).max()) / scale)
+        return worst
+
+
+def psd_pinv(matrix: np.ndarray) -> np.ndarray:
+    """Pseudo-inverse of a symmetric PSD matrix: Cholesky when well conditioned, else ``pinvh``.
+
+    The Cholesky path is taken only when the factor's diagonal shows the matrix is far from
+    singular (a Cholesky of a singular Gram can succeed in floating point and return garbage).
+    O(n³).
+    """
+    matrix = (matrix + matrix.T) / 2
     try:
-        factor = scipy.linalg.cho_factor(gram, lower=True)
+        lower, _ = scipy.linalg.cho_factor(matrix, lower=True)
     except np.linalg.LinAlgError:
-        return scipy.linalg.pinvh(gram)
-    inverse = scipy.linalg.cho_solve(factor, np.eye(gram.shape[0]))
+        return scipy.linalg.pinvh(matrix)
+    diagonal = np.abs(np.diag(lower))
+    if diagonal.min() ** 2 < 1e-10 * diagonal.max() ** 2:
+        return scipy.linalg.pinvh(matrix)
+    inverse = scipy.linalg.cho_solve((lower, True), np.eye(matrix.shape[0]))
     return (inverse + inverse.T) / 2
 
 

@@ -1,0 +1,462 @@
+"""Weighted unions of Kronecker strategies, with exact Gram algebra that never forms an N × N matrix.
+
+A union strategy stacks terms ``w_t · (A_{t,1} ⊗ … ⊗ A_{t,d})``.  Its Gram is
+``Σ_t w_t² ⊗_i A_{t,i}ᵀA_{t,i}``, a sum of Kronecker products, which has no Kronecker inverse.
+It does have exact structure: on an attribute where every strategy term *and* every workload item
+has a Gram in ``span{I, J}`` (identity or total queries, J = 11ᵀ), all Grams are diagonal in the
+split ``span{1} ⊕ 1^⊥`` (projectors ``P0 = J/n``, ``P1 = I − J/n``; ``aI + bJ`` acts as
+``a + bn`` on P0 and ``a`` on P1).  With k such "split" attributes and the rest "dense",
+
+    AᵀA = Σ_{c ∈ {0,1}^k} P_c ⊗ S_c,      (AᵀA)⁺ = Σ_c P_c ⊗ S_c⁺,
+
+where each ``S_c`` is a D × D matrix over the dense attributes (D = their product of sizes).  Error,
+per-query variances and least squares then cost O(2^k D³ + 2^k N D) instead of O(N³).  This is the
+marginal-workload algebra of HDMM's marginals template (McKenna et al. 2018, §6) generalised to
+ordered attributes; the implementation here is our own.
+
+The default terms give each workload item its own strategy (the item's attributes measured with
+the family's factor, everything else summed), and :func:`optimize_weights` picks the weights that
+minimise sensitivity² × total variance.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+import threadpoolctl
+
+from mechanisms.operators import Factor, Identity, Total, kron_apply, kron_dense
+from mechanisms.strategies import (
+    hierarchical_strategy,
+    identity_strategy,
+    psd_pinv,
+    total_strategy,
+    wavelet_strategy,
+)
+from mechanisms.workload import Workload, WorkloadItem
+
+MAX_DENSE_CELLS = 4096
+MAX_SPLIT_BLOCKS = 1 << 12
+# Relative term weights stay within e^±7 (≈ 1100×): wider ratios only lose terms to rounding.
+LOG_WEIGHT_BOUND = 7.0
+
+
+def ij_coefficients(gram: np.ndarray, *, tolerance: float = 1e-10) -> tuple[float, float] | None:
+    """``(a, b)`` with ``gram = a·I + b·J`` exactly (to ``tolerance``), or None. O(n²)."""
+    n = gram.shape[0]
+    b = float(gram[0, 1]) if n > 1 else 0.0
+    a = float(gram[0, 0]) - b
+    expected = b * np.ones((n, n)) + a * np.eye(n)
+    scale = max(1.0, float(np.abs(gram).max()))
+    return (a, b) if np.abs(gram - expected).max() <= tolerance * scale else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnionTerm:
+    """One stacked block ``weight · ⊗_i factors[i]``."""
+
+    weight: float
+    factors: tuple[Factor, ...]
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"term weight ({self.weight}) must be finite and > 0")
+
+    @property
+    def num_queries(self) -> int:
+        return int(np.prod([f.m for f in self.factors], dtype=np.int64))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Structure:
+    """The split/dense partition of the attributes and the per-block matrices."""
+
+    split_axes: tuple[int, ...]
+    dense_axes: tuple[int, ...]
+    blocks: tuple[tuple[tuple[int, ...], int, np.ndarray], ...]  # (choice, multiplicity, S_c⁺)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnionStrategy:
+    """``A = [w_1 ⊗A_{1,·}; …; w_T ⊗A_{T,·}]`` over one domain (public)."""
+
+    name: str
+    domain_shape: tuple[int, ...]
+    terms: tuple[UnionTerm, ...]
+    parameters: dict[str, object] = field(default_factory=dict)
+    _cache: dict[int, tuple[Workload, _Structure]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        if not self.terms:
+            raise ValueError("a union strategy needs at least one term")
+        for term in self.terms:
+            shape = tuple(f.n for f in term.factors)
+            if shape != self.domain_shape:
+                raise ValueError(
+                    f"term factor sizes {shape} differ from the domain {self.domain_shape}"
+                )
+
+    @property
+    def num_queries(self) -> int:
+        return sum(term.num_queries for term in self.terms)
+
+    @property
+    def num_cells(self) -> int:
+        return int(np.prod(self.domain_shape, dtype=np.int64))
+
+    def column_norms(self, *, norm: int) -> np.ndarray:
+        """Per-cell L1 norm (Σ_t w_t Π c_{t,i}) or L2 norm (√Σ_t w_t² Π c²_{t,i}). O(T N)."""
+        total = np.zeros(self.domain_shape)
+        for term in self.terms:
+            outer = np.ones(())
+            for factor in term.factors:
+                outer = np.multiply.outer(outer, factor.column_norms(norm=norm) ** norm)
+            total += term.weight**norm * outer
+        return total.ravel() if norm == 1 else np.sqrt(total.ravel())
+
+    def sensitivity(self, *, norm: int) -> float:
+        return float(self.column_norms(norm=norm).max())
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """A·x, term by term. O(Σ_t N Σ_i nnz(A_{t,i})/n_i)."""
+        return np.concatenate([term.weight * kron_apply(term.factors, x) for term in self.terms])
+
+    def apply_transpose(self, y: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.num_cells)
+        start = 0
+        for term in self.terms:
+            stop = start + term.num_queries
+            out += term.weight * kron_apply([f.T for f in term.factors], y[start:stop])
+            start = stop
+        return out
+
+    # --- Gram algebra --------------------------------------------------------------------------
+    def structure(self, workload: Workload) -> _Structure:
+        """Split/dense partition valid for this strategy *and* ``workload``; blocks' ``S_c⁺``."""
+        cached = self._cache.get(id(workload))
+        if cached is not None and cached[0] is workload:
+            return cached[1]
+        shape = self.domain_shape
+        split = []
+        for axis in range(len(shape)):
+            strategy_ok = all(
+                ij_coefficients(t.factors[axis].gram()) is not None for t in self.terms
+            )
+            workload_ok = all(
+                isinstance(item.factors[axis], Identity | Total) for item in workload.items
+            )
+            if strategy_ok and workload_ok:
+                split.append(axis)
+        dense = tuple(axis for axis in range(len(shape)) if axis not in split)
+        dense_size = int(np.prod([shape[a] for a in dense], dtype=np.int64))
+        if dense_size > MAX_DENSE_CELLS or 2 ** len(split) > MAX_SPLIT_BLOCKS:
+            raise ValueError(
+                f"union strategy algebra needs the non-split attributes to have at most "
+                f"{MAX_DENSE_CELLS} cells together (got {dense_size}) and at most "
+                f"{MAX_SPLIT_BLOCKS} split blocks (got {2 ** len(split)})"
+            )
+        coefficients = [
+            [ij_coefficients(t.factors[axis].gram()) for axis in split] for t in self.terms
+        ]
+        dense_grams = [[t.factors[axis].gram() for axis in dense] for t in self.terms]
+        blocks = []
+        for choice in itertools.product((0, 1), repeat=len(split)):
+            multiplicity = int(
+                np.prod([1 if c == 0 else shape[a] - 1 for a, c in zip(split, choice, strict=True)])
+            )
+            if multiplicity == 0:
+                continue
+            block = np.zeros((dense_size, dense_size))
+            for term, coeffs, grams in zip(self.terms, coefficients, dense_grams, strict=True):
+                scalar = term.weight**2
+                for (a, b), c, axis in zip(coeffs, choice, split, strict=True):  # type: ignore[misc]
+                    scalar *= a + b * shape[axis] if c == 0 else a
+                if scalar:
+                    block += scalar * _kron_all(grams)
+            blocks.append((choice, multiplicity, psd_pinv(block)))
+        result = _Structure(split_axes=tuple(split), dense_axes=dense, blocks=tuple(blocks))
+        self._cache[id(workload)] = (workload, result)
+        return result
+
+    def least_squares(self, y: np.ndarray, workload: Workload) -> np.ndarray:
+        """x̂ = (AᵀA)⁺Aᵀy = Σ_c (P_c ⊗ S_c⁺) Aᵀy. O(2^k N (k + D))."""
+        structure = self.structure(workload)
+        back = self.apply_transpose(y).reshape(self.domain_shape)
+        estimate = np.zeros(self.domain_shape)
+        for choice, _multiplicity, block_pinv in structure.blocks:
+            part = back
+            for axis, c in zip(structure.split_axes, choice, strict=True):
+                mean = part.mean(axis=axis, keepdims=True)
+                part = np.broadcast_to(mean, part.shape) if c == 0 else part - mean
+            estimate += _apply_on_axes(block_pinv, np.asarray(part), structure.dense_axes)
+        return estimate.ravel()
+
+    def item_unit_variances(self, item: WorkloadItem, workload: Workload) -> np.ndarray:
+        """``diag(W (AᵀA)⁺ Wᵀ)`` for one item, in the item's row-major query order."""
+        structure = self.structure(workload)
+        shape = self.domain_shape
+        sizes = [f.m for f in item.factors]
+        total = np.zeros(sizes)
+        dense_factors = [item.factors[a] for a in structure.dense_axes]
+        dense_sizes = [sizes[a] for a in structure.dense_axes]
+        for choice, _multiplicity, block_pinv in structure.blocks:
+            tensor = _dense_query_variances(dense_factors, block_pinv).reshape(dense_sizes or [1])
+            order = list(structure.dense_axes)
+            for axis, c in zip(structure.split_axes, choice, strict=True):
+                n = shape[axis]
+                projector = np.full((n, n), 1.0 / n) if c == 0 else np.eye(n) - 1.0 / n
+                tensor = np.multiply.outer(tensor, item.factors[axis].query_variances(projector))
+                order.append(axis)
+            if not structure.dense_axes:
+                tensor = tensor.reshape(tensor.shape[1:])
+            total += np.transpose(tensor, np.argsort(order))
+        return total.ravel()
+
+    def item_unit_total(self, item: WorkloadItem, workload: Workload) -> float:
+        """``tr(W_itemᵀW_item (AᵀA)⁺) = Σ_c mult_c · tr(Q_c S_c⁺)``. O(2^k D²)."""
+        structure = self.structure(workload)
+        item_blocks = _blocks_of(
+            [UnionTerm(weight=1.0, factors=item.factors)],
+            structure,
+            self.domain_shape,
+            weight_power=2,
+        )
+        return sum(
+            multiplicity * float(np.sum(block * pinv))
+            for (_, multiplicity, pinv), block in zip(structure.blocks, item_blocks, strict=True)
+        )
+
+    def support_residual(self, workload: Workload) -> float:
+        """Largest relative ‖Q_c − Q_c S_c⁺ S_c‖ over blocks; ≈ 0 iff A supports W."""
+        structure = self.structure(workload)
+        shape = self.domain_shape
+        worst = 0.0
+        strategy_blocks = _blocks_of(self.terms, structure, shape, weight_power=2)
+        workload_terms = [UnionTerm(weight=1.0, factors=item.factors) for item in workload.items]
+        workload_blocks = _blocks_of(workload_terms, structure, shape, weight_power=2)
+        for (_, _, pinv), strategy_block, workload_block in zip(
+            structure.blocks, strategy_blocks, workload_blocks, strict=True
+        ):
+            residual = workload_block - workload_block @ pinv @ strategy_block
+            worst = max(
+                worst, float(np.abs(residual).max()) / max(1.0, float(np.abs(workload_block).max()))
+            )
+        return worst
+
+
+def _blocks_of(
+    terms: Sequence[UnionTerm], structure: _Structure, shape: tuple[int, ...], *, weight_power: int
+) -> list[np.ndarray]:
+    result = []
+    for choice, _multiplicity, pinv in structure.blocks:
+        block = np.zeros(pinv.shape)
+        for term in terms:
+            scalar = term.weight**weight_power
+            for axis, c in zip(structure.split_axes, choice, strict=True):
+                coefficients = ij_coefficients(term.factors[axis].gram())
+                if coefficients is None:  # pragma: no cover - split axes are I/J by construction
+                    raise ValueError("split attribute without I/J structure")
+                a, b = coefficients
+                scalar *= a + b * shape[axis] if c == 0 else a
+            if scalar:
+                block += scalar * _kron_all([term.factors[a].gram() for a in structure.dense_axes])
+        result.append(block)
+    return result
+
+
+def _kron_all(matrices: Sequence[np.ndarray]) -> np.ndarray:
+    result = np.ones((1, 1))
+    for matrix in matrices:
+        result = np.kron(result, matrix)
+    return result
+
+
+def _apply_on_axes(matrix: np.ndarray, tensor: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """Apply a D × D matrix jointly over ``axes`` (row-major over them) of ``tensor``."""
+    if not axes:
+        return matrix[0, 0] * tensor
+    moved = np.moveaxis(tensor, axes, range(len(axes)))
+    dense_shape = moved.shape[: len(axes)]
+    flat = moved.reshape(int(np.prod(dense_shape)), -1)
+    result = (matrix @ flat).reshape(moved.shape)
+    return np.moveaxis(result, range(len(axes)), axes)
+
+
+def _dense_query_variances(factors: Sequence[Factor], covariance: np.ndarray) -> np.ndarray:
+    """``diag(W_d M W_dᵀ)`` for ``W_d = ⊗ factors`` and a D × D covariance M."""
+    if not factors:
+        return np.array([covariance[0, 0]])
+    if len(factors) == 1:
+        return factors[0].query_variances(covariance)
+    dense = kron_dense(factors)  # O(m_d D): only used for multi-attribute dense parts
+    return np.einsum("ij,jk,ik->i", dense, covariance, dense)
+
+
+# --- default terms and weight optimisation ---------------------------------------------------------
+
+
+def per_item_terms(
+    workload: Workload, *, ordered: Sequence[bool], family: str, branching: int = 2
+) -> list[tuple[Factor, ...]]:
+    """One strategy term per distinct item shape: the family's factor on the item's ordered
+    attributes, identity on its categorical ones, a total elsewhere."""
+    seen: dict[tuple[str, ...], tuple[Factor, ...]] = {}
+    for item in workload.items:
+        signature = []
+        factors: list[Factor] = []
+        for axis, factor in enumerate(item.factors):
+            n = factor.n
+            if isinstance(factor, Total):
+                signature.append("total")
+                factors.append(total_strategy(n))
+            elif isinstance(factor, Identity) or not ordered[axis] or family == "identity":
+                signature.append("identity")
+                factors.append(identity_strategy(n))
+            elif family == "hierarchical":
+                signature.append("hierarchical")
+                factors.append(hierarchical_strategy(n, branching=branching))
+            else:
+                signature.append("wavelet")
+                factors.append(wavelet_strategy(n))
+        seen.setdefault(tuple(signature), tuple(factors))
+    return list(seen.values())
+
+
+def unit_error(strategy: UnionStrategy, workload: Workload, *, norm: int) -> float:
+    """sensitivity² × tr(WᵀW (AᵀA)⁺): total variance per unit noise variance per unit sensitivity."""
+    structure = strategy.structure(workload)
+    workload_terms = [UnionTerm(weight=1.0, factors=item.factors) for item in workload.items]
+    workload_blocks = _blocks_of(workload_terms, structure, strategy.domain_shape, weight_power=2)
+    trace = sum(
+        multiplicity * float(np.sum(block * pinv))
+        for (_, multiplicity, pinv), block in zip(structure.blocks, workload_blocks, strict=True)
+    )
+    return strategy.sensitivity(norm=norm) ** 2 * trace
+
+
+class _WeightProblem:
+    """Precomputed pieces of ``f(w) = sens(w)² · Σ_c mult_c tr(Q_c S_c(w)⁺)``.
+
+    ``S_c(w) = Σ_t w_t² s_{t,c} K_t`` with fixed scalars ``s_{t,c}`` and dense Kronecker Grams
+    ``K_t``; sensitivity from fixed per-term column norms.  One evaluation is O(2^k D³ + T N).
+    """
+
+    def __init__(
+        self, workload: Workload, term_factors: Sequence[tuple[Factor, ...]], *, norm: int
+    ) -> None:
+        self.norm = norm
+        reference = UnionStrategy(
+            name="reference",
+            domain_shape=workload.domain_shape,
+            terms=tuple(UnionTerm(weight=1.0, factors=f) for f in term_factors),
+        )
+        structure = reference.structure(workload)
+        shape = workload.domain_shape
+        self.multiplicities = [multiplicity for _, multiplicity, _ in structure.blocks]
+        workload_terms = [UnionTerm(weight=1.0, factors=item.factors) for item in workload.items]
+        self.workload_blocks = _blocks_of(workload_terms, structure, shape, weight_power=2)
+        self.term_blocks = [
+            _blocks_of([UnionTerm(weight=1.0, factors=f)], structure, shape, weight_power=2)
+            for f in term_factors
+        ]
+        self.column_powers = []
+        for factors in term_factors:
+            outer = np.ones(())
+            for factor in factors:
+                outer = np.multiply.outer(outer, factor.column_norms(norm=norm) ** norm)
+            self.column_powers.append(outer.ravel())
+
+    def __call__(self, weights: np.ndarray) -> float:
+        columns = sum(w**self.norm * c for w, c in zip(weights, self.column_powers, strict=True))
+        sensitivity_sq = float(np.max(columns)) ** (2 / self.norm)
+        trace = 0.0
+        for index, (multiplicity, workload_block) in enumerate(
+            zip(self.multiplicities, self.workload_blocks, strict=True)
+        ):
+            block = sum(
+                w**2 * blocks[index] for w, blocks in zip(weights, self.term_blocks, strict=True)
+            )
+            trace += multiplicity * float(np.sum(workload_block * scipy.linalg.pinvh(block)))
+        return sensitivity_sq * trace
+
+
+def optimize_weights(
+    workload: Workload,
+    term_factors: Sequence[tuple[Factor, ...]],
+    *,
+    norm: int,
+    name: str,
+    max_evaluations: int = 400,
+) -> UnionStrategy:
+    """Weights minimising sensitivity² × total variance, then pruning of terms it drove to ~0.
+
+    Deterministic: starts from equal weights and optimises all log-weights (bounded to e^±7, the
+    objective is scale-free) with L-BFGS-B and finite differences.  A term whose weight ends below
+    e^-5 of the largest is dropped when the others still support the workload and the error does
+    not grow.  BLAS runs single-threaded here: the matrices are small and threads only contend.
+    """
+    with threadpoolctl.threadpool_limits(limits=1):
+        terms = list(term_factors)
+        kept = list(range(len(terms)))
+        weights, evaluations = _optimize_log_weights(
+            workload, terms, norm=norm, max_evaluations=max_evaluations
+        )
+        while len(terms) > 1:
+            smallest = int(np.argmin(weights))
+            if weights[smallest] > np.exp(-5.0) * weights.max():
+                break
+            reduced = terms[:smallest] + terms[smallest + 1 :]
+            trial = UnionStrategy(
+                name=name,
+                domain_shape=workload.domain_shape,
+                terms=tuple(UnionTerm(weight=1.0, factors=f) for f in reduced),
+            )
+            if trial.support_residual(workload) > 1e-8:
+                break
+            new_weights, more = _optimize_log_weights(
+                workload, reduced, norm=norm, max_evaluations=max_evaluations
+            )
+            evaluations += more
+            problem = _WeightProblem(workload, terms, norm=norm)
+            if _WeightProblem(workload, reduced, norm=norm)(new_weights) > problem(weights):
+                break
+            terms, weights = reduced, new_weights
+            del kept[smallest]
+    weights = weights / weights.max()
+    return UnionStrategy(
+        name=name,
+        domain_shape=workload.domain_shape,
+        terms=tuple(
+            UnionTerm(weight=float(w), factors=f) for w, f in zip(weights, terms, strict=True)
+        ),
+        parameters={
+            "weights": [float(w) for w in weights],
+            "kept_terms": kept,
+            "evaluations": evaluations,
+        },
+    )
+
+
+def _optimize_log_weights(
+    workload: Workload, terms: Sequence[tuple[Factor, ...]], *, norm: int, max_evaluations: int
+) -> tuple[np.ndarray, int]:
+    problem = _WeightProblem(workload, terms, norm=norm)
+    start = np.zeros(len(terms))
+    if len(terms) == 1:
+        return np.ones(1), 0
+    result = scipy.optimize.minimize(
+        lambda v: problem(np.exp(v)),
+        start,
+        method="L-BFGS-B",
+        bounds=[(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND)] * start.size,
+        options={"maxfun": max_evaluations},
+    )
+    best = result.x if result.fun <= problem(np.exp(start)) else start
+    return np.exp(best), int(result.nfev)
