@@ -153,9 +153,11 @@ def verify(directory: Path, catalog: Catalog) -> list[str]:
             if entry is None:
                 problems.append(f"ledger receipt {receipt.get('receipt_id')} is not in the ledger")
                 continue
-            if entry.release_id != release_id:
+            paid_by = receipt.get("paid_by_release", release_id)
+            if entry.release_id != paid_by:
                 problems.append(
-                    f"ledger receipt {entry.receipt_id} belongs to release {entry.release_id}"
+                    f"ledger receipt {entry.receipt_id} belongs to release {entry.release_id}, "
+                    f"the manifest says {paid_by}"
                 )
             if entry.cost.as_dict() != receipt.get("cost"):
                 problems.append(

@@ -27,6 +27,9 @@ def _gx() -> Any:
         warnings.filterwarnings("ignore", message="module 'sre_", category=DeprecationWarning)
         import great_expectations as gx
         import great_expectations.expectations as gxe
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("great_expectations"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     return gx, gxe
 
 

@@ -130,6 +130,20 @@ def _optimized(
     return best
 
 
+def dawa_applicability(spec: ReleaseSpec) -> str | None:
+    """None when DAWA can run on this spec, else the reason it cannot."""
+    attributes = list(spec.domain.values())
+    if len(attributes) not in (1, 2):
+        return (
+            f"DAWA needs a domain of one or two ordered attributes (this one has {len(attributes)})"
+        )
+    if not all(getattr(a, "ordered", True) for a in attributes):
+        return "DAWA needs ordered attributes (integer ranges, bins, or ordered categories)"
+    if spec.privacy_target().measure != "pure":
+        return "DAWA uses Laplace noise: give privacy as {epsilon}"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
     """One candidate mechanism's expected error at the spec's privacy level."""
@@ -209,6 +223,10 @@ def evaluate(
 
 def make_plan(spec: ReleaseSpec) -> Plan:
     """Evaluate every runnable candidate and choose (auto: least expected total error)."""
+    if spec.mechanism == "dawa":
+        reason = dawa_applicability(spec)
+        if reason is not None:
+            raise SpecError(f"mechanism 'dawa' cannot run on this spec: {reason}")
     if spec.mechanism not in RUNNABLE_MECHANISMS:
         raise SpecError(
             f"mechanism {spec.mechanism!r} cannot run in this version; available: "
@@ -259,11 +277,32 @@ def make_plan(spec: ReleaseSpec) -> Plan:
                 noise_scale=scale,
             )
         )
+    started = time.perf_counter()
+    dawa_reason = dawa_applicability(spec)
+    candidates.append(
+        Candidate(
+            mechanism="dawa",
+            rmse=None,
+            total_variance=None,
+            seconds=time.perf_counter() - started,
+            note=(
+                "data-dependent: its error depends on the data, so it is not predicted (auto never "
+                "picks it; ask for it with mechanism: dawa)"
+                if dawa_reason is None
+                else f"not available: {dawa_reason}"
+            ),
+        )
+    )
     scored = [c for c in candidates if c.total_variance is not None]
     if not scored:
         raise SpecError("no candidate mechanism supports this workload")
     best = min(scored, key=lambda c: c.total_variance or float("inf"))
-    if spec.mechanism == "auto":
+    if spec.mechanism == "dawa":
+        chosen = "dawa"
+        reason = "requested by the spec (data-dependent partition, then GreedyH; Li thesis ch. 6)"
+        costs["dawa"] = PrivacyCost(measure="pure", epsilon=target.epsilon)
+        parameters["dawa"] = dict(spec.mechanism_options)
+    elif spec.mechanism == "auto":
         chosen = best.mechanism
         reason = f"auto: least expected total error among {', '.join(c.mechanism for c in scored)}"
     else:

@@ -124,8 +124,13 @@ def stage(
     validation: dict[str, Any],
     spent_before: PrivacyCost,
     catalog: Catalog,
+    partition: Any = None,
 ) -> StagedRelease:
-    """Write the report and manifest, record the manifest hash; status becomes ``staged``."""
+    """Write the report and manifest, record the manifest hash; status becomes ``staged``.
+
+    ``partition`` is DAWA's :class:`~catalog.dawa_release.PartitionRecord` when the mechanism
+    released one (its receipt may belong to an earlier release whose partition was reused).
+    """
     if not validation["success"]:
         catalog.update_release(release_id, status="failed", directory=str(directory))
         raise ValidationFailedError(
@@ -134,11 +139,20 @@ def stage(
         )
     cap = catalog.cap(spec.dataset.id)
     after = catalog.spent(spec.dataset.id)
+    wanted = [measurement.receipt_id] + ([partition.receipt_id] if partition is not None else [])
     receipts = [
-        {"receipt_id": entry.receipt_id, "label": entry.label, "cost": entry.cost.as_dict()}
+        {
+            "receipt_id": entry.receipt_id,
+            "label": entry.label,
+            "cost": entry.cost.as_dict(),
+            "paid_by_release": entry.release_id,
+        }
         for entry in catalog.ledger_entries(spec.dataset.id)
-        if entry.receipt_id == measurement.receipt_id
+        if entry.receipt_id in wanted
     ]
+    charged = measurement.noise.cost
+    if partition is not None and _paid_here(receipts, partition.receipt_id, release_id):
+        charged = charged + PrivacyCost(measure="pure", epsilon=partition.cost["epsilon"])
     manifest: dict[str, Any] = {
         "release_id": release_id,
         "name": spec.name,
@@ -165,8 +179,8 @@ def stage(
         },
         "privacy": {
             "requested": dict(spec.privacy),
-            "charged": measurement.noise.cost.as_dict(),
-            "charged_in_budget_measure": receipts[0]["cost"] if receipts else None,
+            "charged": charged.as_dict(),
+            "receipts_in_budget_measure": [r["cost"] for r in receipts],
         },
         "budget": {
             "cap": cap.as_dict(),
@@ -180,6 +194,15 @@ def stage(
         "validation": {"success": validation["success"], "results": "validation/results.json"},
         "review": {"status": "staged", "trail": []},
     }
+    if partition is not None:
+        boundaries = list(partition.boundaries)
+        manifest["dawa"] = {
+            "buckets": len(boundaries) - 1,
+            "boundaries": boundaries,
+            "partition_receipt": partition.receipt_id,
+            "partition_reused": not _paid_here(receipts, partition.receipt_id, release_id),
+            "partition_cost": partition.cost,
+        }
     write_report(directory, manifest, catalog)
     digest = artifacts.write_manifest(directory, manifest)
     catalog.update_release(
@@ -189,8 +212,14 @@ def stage(
         release_id=release_id,
         directory=str(directory),
         mechanism=plan.chosen,
-        charged=measurement.noise.cost.as_dict(),
+        charged=charged.as_dict(),
         validation_success=True,
+    )
+
+
+def _paid_here(receipts: list[dict[str, Any]], receipt_id: str, release_id: str) -> bool:
+    return any(
+        r["receipt_id"] == receipt_id and r["paid_by_release"] == release_id for r in receipts
     )
 
 

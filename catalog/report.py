@@ -47,6 +47,8 @@ def error_plot(plan: dict[str, Any]) -> str:
     values = [c["rmse"] for c in scored]
     colours = ["#2b6cb0" if n == plan["chosen"] else "#a0aec0" for n in names]
     axis.bar(names, values, color=colours)
+    if values and max(values) > 20 * min(values):
+        axis.set_yscale("log")
     if plan.get("lower_bound_rmse"):
         axis.axhline(
             plan["lower_bound_rmse"], color="#c53030", linestyle="--", label="SVD lower bound"
@@ -57,7 +59,7 @@ def error_plot(plan: dict[str, Any]) -> str:
     return _png(figure)
 
 
-def table_plot(name: str, table: pa.Table) -> str:
+def table_plot(name: str, table: pa.Table, *, ordered: bool) -> str:
     """Estimates with 95% confidence intervals for one table (first 200 queries)."""
     plt = _pyplot()
     count = min(table.num_rows, 200)
@@ -66,8 +68,20 @@ def table_plot(name: str, table: pa.Table) -> str:
     high = table["ci_high"].to_numpy()[:count]
     figure, axis = plt.subplots(figsize=(6, 2.6))
     positions = np.arange(count)
-    axis.fill_between(positions, low, high, color="#bee3f8", label="95% interval", step="mid")
-    axis.plot(positions, estimate, color="#2b6cb0", marker="." if count < 60 else None, linewidth=1)
+    if ordered and count >= 30:
+        axis.fill_between(positions, low, high, color="#bee3f8", label="95% interval")
+        axis.plot(positions, estimate, color="#2b6cb0", linewidth=1, label="estimate")
+    else:  # categories have no order: points with interval bars, no connecting line
+        axis.errorbar(
+            positions,
+            estimate,
+            yerr=[estimate - low, high - estimate],
+            fmt="o",
+            markersize=3,
+            color="#2b6cb0",
+            ecolor="#63b3ed",
+            label="estimate, 95% interval",
+        )
     axis.set_xlabel("query (table row)" + (" — first 200" if table.num_rows > 200 else ""))
     axis.set_ylabel("estimate")
     axis.set_title(name)
@@ -86,8 +100,15 @@ def _table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.4g}"
     return "" if value is None else str(value)
+
+
+def _is_ordered(table: pa.Table) -> bool:
+    """Tables of CDFs and ranges are plotted as curves; marginals as points."""
+    return any(name.endswith(("_upper", "_low")) for name in table.column_names)
 
 
 STYLE = """
@@ -178,6 +199,7 @@ def render_report(
         ),
         f"<p>SVD lower bound on RMSE: <b>{_fmt(plan.get('lower_bound_rmse'))}</b> ({html.escape(plan.get('lower_bound_note', ''))}).</p>",
         f"<img alt='expected error by candidate' src='{error_plot(plan)}'>",
+        *_dawa_section(manifest),
         "<h2>Released tables</h2>",
         "<p>Intervals are approximate 95% normal intervals from the mechanism's error model (estimate ± 1.96 · std_error).</p>",
     ]
@@ -187,7 +209,7 @@ def render_report(
         parts.append(f"<h3>{html.escape(name)} <small>({table.num_rows:,} rows)</small></h3>")
         if index < PLOTTED_ITEMS:
             parts.append(
-                f"<img alt='estimates of {html.escape(name)}' src='{table_plot(name, table)}'>"
+                f"<img alt='estimates of {html.escape(name)}' src='{table_plot(name, table, ordered=_is_ordered(table))}'>"
             )
         parts.append(_table_html(preview, columns))
     parts.append("<h2>Validation (released values and public metadata only)</h2>")
@@ -222,3 +244,36 @@ def _kv(values: dict[str, Any]) -> str:
         for k, v in values.items()
     )
     return f"<table class='kv'>{rows}</table>"
+
+
+def _dawa_section(manifest: dict[str, Any]) -> list[str]:
+    """DAWA's privately released partition: bucket count, reuse, and a plot of bucket sizes."""
+    dawa = manifest.get("dawa")
+    if not dawa:
+        return []
+    plt = _pyplot()
+    boundaries = np.asarray(dawa["boundaries"])
+    figure, axis = plt.subplots(figsize=(6, 2.2))
+    axis.bar(
+        boundaries[:-1],
+        np.diff(boundaries),
+        width=np.diff(boundaries),
+        align="edge",
+        color="#90cdf4",
+        edgecolor="#2b6cb0",
+        linewidth=0.4,
+    )
+    axis.set_xlabel("cell (DAWA order)")
+    axis.set_ylabel("bucket size")
+    axis.set_title(f"DAWA partition: {dawa['buckets']} buckets")
+    reused = (
+        "reused from an earlier release of the same input (no new charge)"
+        if dawa["partition_reused"]
+        else "computed and paid for by this release"
+    )
+    return [
+        "<h3>DAWA partition (privately released)</h3>",
+        f"<p>{dawa['buckets']} buckets over {int(boundaries[-1])} cells; partition cost "
+        f"{html.escape(_cost(dawa['partition_cost']))}, {reused}.</p>",
+        f"<img alt='DAWA partition' src='{_png(figure)}'>",
+    ]

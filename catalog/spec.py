@@ -46,7 +46,7 @@ MECHANISMS = (
     "dawa",
 )
 # Mechanisms whose implementation is wired into the release flow today.
-RUNNABLE_MECHANISMS = ("auto", "identity", "hierarchical", "wavelet", "optimized")
+RUNNABLE_MECHANISMS = ("auto", "identity", "hierarchical", "wavelet", "optimized", "dawa")
 
 _ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -369,6 +369,23 @@ class Postprocess(_Strict):
     nonnegative: bool = False
 
 
+class Schedule(_Strict):
+    """A cron schedule for the spec's deployment (``dprelease deploy``)."""
+
+    cron: str
+    timezone: str = "UTC"
+
+    @field_validator("cron")
+    @classmethod
+    def _check_cron(cls, cron: str) -> str:
+        fields = cron.split()
+        if len(fields) != 5:
+            raise ValueError(
+                f"cron ({cron!r}) must have 5 fields: minute hour day-of-month month day-of-week"
+            )
+        return cron
+
+
 class ReleaseSpec(_Strict):
     """A validated release spec.  Build it with :func:`load_spec` or :func:`parse_spec`."""
 
@@ -383,6 +400,8 @@ class ReleaseSpec(_Strict):
     on_out_of_domain: Literal["error", "drop"] = "error"
     postprocess: Postprocess = Postprocess()
     model: Literal["central"] = "central"
+    schedule: Schedule | None = None
+    trigger: Literal["arrival"] | None = None
 
     @field_validator("domain", mode="before")
     @classmethod
@@ -455,17 +474,7 @@ class ReleaseSpec(_Strict):
                 f"privacy_unit.person_column ({self.privacy_unit.person_column!r}) must not be a domain attribute"
             )
         if self.mechanism_options:
-            allowed = {"branching"}
-            unknown = sorted(set(self.mechanism_options) - allowed)
-            if unknown:
-                raise ValueError(
-                    f"mechanism_options {unknown} are not known; allowed: {sorted(allowed)}"
-                )
-            branching = self.mechanism_options.get("branching", 2)
-            if not isinstance(branching, int) or branching < 2:
-                raise ValueError(
-                    f"mechanism_options.branching ({branching!r}) must be an integer >= 2"
-                )
+            _check_mechanism_options(self.mechanism_options)
         if self.num_cells > 200_000_000:
             raise ValueError(
                 f"the domain has {self.num_cells:,} cells; at most 200,000,000 fit a release on one machine"
@@ -505,6 +514,35 @@ class ReleaseSpec(_Strict):
             "options": self.mechanism_options,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+MECHANISM_OPTIONS = {
+    "branching": "hierarchical tree fan-out (integer >= 2)",
+    "ratio": "DAWA: share of epsilon spent on the partition (0 < ratio < 1, default 0.25)",
+    "intervals": "DAWA: candidate bucket lengths, 'dyadic' (default) or 'all'",
+    "noise_offset": "DAWA: public shift of step-1 noisy costs in scale units (>= 0, default 2)",
+}
+
+
+def _check_mechanism_options(options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - set(MECHANISM_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"mechanism_options {unknown} are not known; allowed: {sorted(MECHANISM_OPTIONS)}"
+        )
+    branching = options.get("branching", 2)
+    if not isinstance(branching, int) or isinstance(branching, bool) or branching < 2:
+        raise ValueError(f"mechanism_options.branching ({branching!r}) must be an integer >= 2")
+    ratio = options.get("ratio", 0.25)
+    if not isinstance(ratio, int | float) or not 0 < ratio < 1:
+        raise ValueError(f"mechanism_options.ratio ({ratio!r}) must be a number in (0, 1)")
+    if options.get("intervals", "dyadic") not in ("dyadic", "all"):
+        raise ValueError(
+            f"mechanism_options.intervals ({options['intervals']!r}) must be 'dyadic' or 'all'"
+        )
+    offset = options.get("noise_offset", 2.0)
+    if not isinstance(offset, int | float) or not (math.isfinite(offset) and offset >= 0):
+        raise ValueError(f"mechanism_options.noise_offset ({offset!r}) must be a number >= 0")
 
 
 def _is_ordered(attribute: Attribute) -> bool:

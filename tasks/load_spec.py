@@ -9,5 +9,10 @@ from catalog.spec import ReleaseSpec, load_spec
 
 
 @task(name="load-spec", cache_policy=NO_CACHE, retries=0)
-def load_spec_task(spec_path: str) -> ReleaseSpec:
-    return load_spec(spec_path)
+def load_spec_task(spec_path: str, source_override: str | None = None) -> ReleaseSpec:
+    spec = load_spec(spec_path)
+    if source_override is None:
+        return spec
+    return spec.model_copy(
+        update={"dataset": spec.dataset.model_copy(update={"source": source_override})}
+    )

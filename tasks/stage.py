@@ -11,6 +11,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from catalog import release
+from catalog.dawa_release import PartitionRecord
 from catalog.ledger import Catalog
 from catalog.planning import Plan
 from catalog.source import CountResult
@@ -31,6 +32,7 @@ def stage_task(
     validation: dict[str, Any],
     spent_before: PrivacyCost,
     catalog_url: str,
+    partition: PartitionRecord | None = None,
 ) -> release.StagedRelease:
     staged = release.stage(
         spec=spec,
@@ -43,6 +45,7 @@ def stage_task(
         validation=validation,
         spent_before=spent_before,
         catalog=Catalog(catalog_url),
+        partition=partition,
     )
     create_markdown_artifact(
         key="release-summary",
@@ -59,8 +62,8 @@ def summary_markdown(spec: ReleaseSpec, plan: Plan, staged: release.StagedReleas
         f"* dataset: **{spec.dataset.id}**; spec `{spec.name}`",
         f"* mechanism: **{plan.chosen}** ({plan.reason})",
         f"* privacy charged: **{', '.join(f'{k}={v:.6g}' for k, v in staged.charged.items())}**",
-        f"* expected RMSE: {plan.candidate(plan.chosen).rmse:.4g}; SVD lower bound: "
-        + (f"{plan.lower_bound_rmse:.4g}" if plan.lower_bound_rmse else "n/a"),
+        f"* expected RMSE: {_fmt(plan.candidate(plan.chosen).rmse)}; SVD lower bound: "
+        + _fmt(plan.lower_bound_rmse),
         f"* artifacts: `{staged.directory}`",
         "",
         "| candidate | rmse |",
@@ -71,3 +74,7 @@ def summary_markdown(spec: ReleaseSpec, plan: Plan, staged: release.StagedReleas
         for c in plan.candidates
     ]
     return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a (data-dependent)" if value is None else f"{value:.4g}"
