@@ -16,7 +16,7 @@ from catalog.errors import SpecError
 from catalog.spec import RUNNABLE_MECHANISMS, ReleaseSpec, WorkloadItemSpec
 from mechanisms.error import ErrorReport, expected_error, support_residual, svd_bound
 from mechanisms.noise import calibrate, noise_kind_for
-from mechanisms.operators import AllRanges, Factor, Identity, Prefix, Ranges, Total
+from mechanisms.operators import AllRanges, Factor, Identity, MatrixFactor, Prefix, Ranges, Total
 from mechanisms.privacy import PrivacyCost
 from mechanisms.strategies import FAMILIES, KronStrategy, build_kron_strategy
 from mechanisms.union import UnionStrategy, UnionTerm, optimize_weights, per_item_terms, unit_error
@@ -42,6 +42,11 @@ def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
             factor = Prefix(n)
         elif item.all_ranges is not None and name in item.all_ranges:
             factor = AllRanges(n)
+        elif item.attributes is not None and name in item.attributes:
+            try:
+                factor = MatrixFactor(item.load_matrix(columns=n))
+            except ValueError as exc:
+                raise SpecError(str(exc)) from None
         elif item.ranges is not None and name in item.ranges:
             pairs = item.ranges[name]
             lo = [attribute.value_to_cell(pair[0], edge="low") for pair in pairs]

@@ -318,6 +318,9 @@ class PrivacyUnit(_Strict):
         return int(self.max_rows if self.person_column is not None else self.rows_per_person or 1)
 
 
+ITEM_KINDS = ("marginal", "prefix", "all_ranges", "ranges", "total", "matrix")
+
+
 class WorkloadItemSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
     marginal: list[str] | None = None
@@ -325,18 +328,31 @@ class WorkloadItemSpec(_Strict):
     all_ranges: list[str] | None = None
     ranges: dict[str, list[list[Any]]] | None = None
     total: bool | None = None
+    matrix: str | None = None
+    """Path of a ``.npy`` file holding an m × n query matrix over the cells of ``attributes``."""
+    attributes: list[str] | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> WorkloadItemSpec:
-        given = [
-            k
-            for k in ("marginal", "prefix", "all_ranges", "ranges", "total")
-            if getattr(self, k) is not None
-        ]
+        given = [k for k in ITEM_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
                 f"workload item {self.name!r} must have exactly one of marginal, prefix, "
-                f"all_ranges, ranges, total (got {given or 'none'})"
+                f"all_ranges, ranges, total, matrix (got {given or 'none'})"
+            )
+        if (self.matrix is None) != (self.attributes is None):
+            raise ValueError(
+                f"workload item {self.name!r}: matrix and attributes go together "
+                "(matrix: file.npy, attributes: [attribute])"
+            )
+        if self.attributes is not None and len(self.attributes) != 1:
+            raise ValueError(
+                f"workload item {self.name!r}: a matrix item applies to exactly one attribute "
+                f"(got {self.attributes}); combine attributes with marginal/ranges items instead"
+            )
+        if self.matrix is not None and not self.matrix.endswith(".npy"):
+            raise ValueError(
+                f"workload item {self.name!r}: matrix ({self.matrix!r}) must be a .npy file"
             )
         if self.marginal is not None and len(set(self.marginal)) != len(self.marginal):
             raise ValueError(f"marginal {self.marginal} lists an attribute twice")
@@ -348,12 +364,12 @@ class WorkloadItemSpec(_Strict):
 
     @property
     def kind(self) -> str:
-        for kind in ("marginal", "prefix", "all_ranges", "ranges", "total"):
+        for kind in ITEM_KINDS:
             if getattr(self, kind) is not None:
                 return kind
         raise AssertionError("unreachable: validated to have one kind")  # pragma: no cover
 
-    def attributes(self) -> list[str]:
+    def referenced_attributes(self) -> list[str]:
         if self.marginal is not None:
             return list(self.marginal)
         if self.prefix is not None:
@@ -362,7 +378,34 @@ class WorkloadItemSpec(_Strict):
             return list(self.all_ranges)
         if self.ranges is not None:
             return list(self.ranges)
+        if self.attributes is not None:
+            return list(self.attributes)
         return []
+
+    def load_matrix(self, *, columns: int) -> np.ndarray:
+        """The item's query matrix, checked: 2-D, finite, ``columns`` wide (the attribute's cells)."""
+        if self.matrix is None:
+            raise ValueError(f"workload item {self.name!r} has no matrix")
+        try:
+            matrix = np.load(self.matrix, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"workload item {self.name!r}: cannot read {self.matrix!r}: {exc}"
+            ) from None
+        if matrix.ndim != 2 or matrix.shape[0] < 1:
+            raise ValueError(
+                f"workload item {self.name!r}: {self.matrix!r} must hold an m × n matrix (got shape {matrix.shape})"
+            )
+        if matrix.shape[1] != columns:
+            raise ValueError(
+                f"workload item {self.name!r}: {self.matrix!r} has {matrix.shape[1]} columns but "
+                f"{self.attributes} has {columns} cells"
+            )
+        if not np.issubdtype(matrix.dtype, np.number) or not np.all(np.isfinite(matrix)):
+            raise ValueError(
+                f"workload item {self.name!r}: {self.matrix!r} must hold finite numbers"
+            )
+        return matrix.astype(np.float64)
 
 
 class Postprocess(_Strict):
@@ -439,13 +482,13 @@ class ReleaseSpec(_Strict):
     def _cross_checks(self) -> ReleaseSpec:
         for k, item in enumerate(self.workload):
             where = f"workload[{k}] ({item.name!r})"
-            for attribute in item.attributes():
+            for attribute in item.referenced_attributes():
                 if attribute not in self.domain:
                     raise ValueError(
                         f"{where}: unknown attribute {attribute!r}; the domain has {sorted(self.domain)}"
                     )
             if item.kind in ("prefix", "all_ranges", "ranges"):
-                for attribute in item.attributes():
+                for attribute in item.referenced_attributes():
                     if not _is_ordered(self.domain[attribute]):
                         raise ValueError(
                             f"{where}: {item.kind} needs an ordered attribute, but {attribute!r} is "
@@ -509,6 +552,7 @@ class ReleaseSpec(_Strict):
         payload = {
             "domain": {name: attr.model_dump(mode="json") for name, attr in self.domain.items()},
             "workload": [item.model_dump(mode="json", exclude_none=True) for item in self.workload],
+            "matrices": [_file_sha256(item.matrix) for item in self.workload if item.matrix],
             "noise": "laplace" if self.privacy_target().measure == "pure" else "gaussian",
             "mechanism": self.mechanism,
             "options": self.mechanism_options,
@@ -563,6 +607,14 @@ def _check_privacy_dict(values: dict[str, float], *, field: str) -> dict[str, fl
     return values
 
 
+def _file_sha256(path: str) -> str:
+    """Content hash of a workload matrix file (so an edited matrix never hits a stale cache)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return f"unreadable:{path}"
+
+
 def _fmt(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
@@ -593,6 +645,19 @@ def load_spec(path: str | Path) -> ReleaseSpec:
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
     spec = parse_spec(data, source=str(path))
+    items = [
+        item.model_copy(update={"matrix": str((path.parent / item.matrix).resolve())})
+        if item.matrix is not None and not Path(item.matrix).is_absolute()
+        else item
+        for item in spec.workload
+    ]
+    spec = spec.model_copy(update={"workload": items})
+    for item in spec.workload:
+        if item.matrix is not None and item.attributes is not None:
+            try:
+                item.load_matrix(columns=spec.domain[item.attributes[0]].size)
+            except ValueError as exc:
+                raise SpecError(f"{path}: invalid release spec:\n  - workload: {exc}") from None
     source = spec.dataset.source
     if source is not None and not Path(source).is_absolute():
         resolved = str((path.parent / source).resolve())

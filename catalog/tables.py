@@ -38,8 +38,8 @@ def label_columns(spec: ReleaseSpec, item: WorkloadItem) -> dict[str, np.ndarray
                     [_array(lower)[factor.lo], _array(upper)[factor.hi]],
                 )
             )
-        else:  # pragma: no cover - every factor kind the planner builds is handled above
-            raise TypeError(f"no labels for factor {type(factor).__name__}")
+        else:  # an explicit query matrix: rows are numbered
+            per_axis.append(([f"{name}_query"], [np.arange(factor.m, dtype=np.int64)]))
     sizes = [len(columns[0]) for _, columns in per_axis]
     total = int(np.prod(sizes, dtype=np.int64)) if sizes else 1
     indices = np.unravel_index(np.arange(total), sizes) if sizes else ()

@@ -279,7 +279,8 @@ INVALID = [
     ),
     pytest.param(
         {"mechanism_options": {"depth": 3}},
-        r"mechanism_options \['depth'\] are not known; allowed: \['branching'\]",
+        r"mechanism_options \['depth'\] are not known; allowed: \['branching', 'intervals', "
+        r"'noise_offset', 'ratio'\]",
         id="unknown-mechanism-option",
     ),
     pytest.param(
@@ -332,7 +333,8 @@ INVALID = [
     pytest.param({"workload": []}, r"workload must have at least one item", id="empty-workload"),
     pytest.param(
         workload({"name": "a", "marginal": ["age"], "prefix": "age"}),
-        r"workload item 'a' must have exactly one of marginal, prefix, all_ranges, ranges, total "
+        r"workload item 'a' must have exactly one of marginal, prefix, all_ranges, ranges, total, "
+        r"matrix "
         r"\(got \['marginal', 'prefix'\]\)",
         id="item-two-kinds",
     ),

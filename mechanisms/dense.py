@@ -1,0 +1,88 @@
+"""Explicit strategies over the whole (small) cell vector: Eigen-Design and Low-Rank outputs.
+
+A :class:`DenseStrategy` is a ``p × N`` matrix over the flattened domain with the same interface
+as the Kronecker and union strategies (measure, least squares, per-query variances, support), so
+the pipeline treats every data-independent mechanism alike.  It is meant for domains of at most a
+few thousand cells: the cell covariance ``(AᵀA)⁺`` is formed densely (O(N³)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mechanisms.operators import kron_dense
+from mechanisms.strategies import psd_pinv
+from mechanisms.workload import Workload, WorkloadItem
+
+MAX_DENSE_CELLS = 8192
+
+
+def _check_cells(n_cells: int) -> None:
+    if n_cells > MAX_DENSE_CELLS:
+        raise ValueError(
+            f"an explicit strategy needs the domain to have at most {MAX_DENSE_CELLS} cells "
+            f"(got {n_cells})"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DenseStrategy:
+    """Strategy ``A`` (p × N) measured as ``A x + noise`` and answered by least squares."""
+
+    name: str
+    matrix: np.ndarray
+    parameters: dict[str, object] = field(default_factory=dict)
+    _covariance: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        matrix = np.asarray(self.matrix, dtype=np.float64)
+        if matrix.ndim != 2 or not np.all(np.isfinite(matrix)):
+            raise ValueError(f"strategy matrix must be a finite 2-D array (shape {matrix.shape})")
+        _check_cells(matrix.shape[1])
+        object.__setattr__(self, "matrix", matrix)
+
+    @property
+    def num_queries(self) -> int:
+        return int(self.matrix.shape[0])
+
+    def sensitivity(self, *, norm: int) -> float:
+        if norm == 1:
+            return float(np.abs(self.matrix).sum(axis=0).max())
+        if norm == 2:
+            return float(np.sqrt((self.matrix**2).sum(axis=0)).max())
+        raise ValueError(f"norm ({norm}) must be 1 or 2")
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return self.matrix @ np.asarray(x, dtype=np.float64)  # O(p N)
+
+    def covariance(self) -> np.ndarray:
+        """``(AᵀA)⁺`` (unit noise), cached. O(p N² + N³)."""
+        if not self._covariance:
+            self._covariance.append(psd_pinv(self.matrix.T @ self.matrix))
+        return self._covariance[0]
+
+    def least_squares(self, y: np.ndarray, workload: Workload | None = None) -> np.ndarray:
+        return self.covariance() @ (self.matrix.T @ np.asarray(y, dtype=np.float64))
+
+    def item_unit_variances(
+        self, item: WorkloadItem, workload: Workload | None = None
+    ) -> np.ndarray:
+        queries = kron_dense(item.factors)  # O(m N): small domains only
+        return np.einsum("ij,jk,ik->i", queries, self.covariance(), queries)
+
+    def item_unit_total(self, item: WorkloadItem, workload: Workload | None = None) -> float:
+        return float(self.item_unit_variances(item, workload).sum())
+
+    def support_residual(self, workload: Workload) -> float:
+        gram_a = self.matrix.T @ self.matrix
+        projector = self.covariance() @ gram_a
+        worst = 0.0
+        for item in workload.items:
+            queries = kron_dense(item.factors)
+            residual = queries - queries @ projector
+            worst = max(
+                worst, float(np.abs(residual).max()) / max(1.0, float(np.abs(queries).max()))
+            )
+        return worst
