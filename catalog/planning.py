@@ -14,6 +14,7 @@ from typing import Any
 
 from catalog.errors import SpecError
 from catalog.spec import RUNNABLE_MECHANISMS, ReleaseSpec, WorkloadItemSpec
+from catalog.strategy_store import StrategyStore, strategy_key
 from mechanisms.error import ErrorReport, expected_error, support_residual, svd_bound
 from mechanisms.noise import calibrate, noise_kind_for
 from mechanisms.operators import AllRanges, Factor, Identity, MatrixFactor, Prefix, Ranges, Total
@@ -111,6 +112,15 @@ def _optimized(
             ),
             parameters=dict(parameters),
         )
+    store = StrategyStore()
+    key = strategy_key(
+        workload_fingerprint=spec.workload_fingerprint(),
+        template="union-per-item",
+        settings={"norm": norm, "branching": branching},
+    )
+    stored = store.get(key)
+    if stored is not None:
+        return _optimized(spec, workload, {**stored["parameters"], "cached": True})
     best: UnionStrategy | None = None
     best_error = float("inf")
     for family in FAMILIES:
@@ -132,6 +142,7 @@ def _optimized(
             )
     if best is None:  # pragma: no cover - FAMILIES is never empty
         raise SpecError("no optimized strategy could be built")
+    store.put(key, dict(best.parameters))
     return best
 
 
