@@ -12,14 +12,23 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from catalog.errors import SpecError
 from catalog.spec import RUNNABLE_MECHANISMS, ReleaseSpec, WorkloadItemSpec
 from catalog.strategy_store import StrategyStore, strategy_key
 from mechanisms.error import ErrorReport, expected_error, support_residual, svd_bound
 from mechanisms.noise import calibrate, noise_kind_for
 from mechanisms.operators import AllRanges, Factor, Identity, MatrixFactor, Prefix, Ranges, Total
+from mechanisms.optimized import OptimizedStrategy, optimize_workload
 from mechanisms.privacy import PrivacyCost
-from mechanisms.strategies import FAMILIES, KronStrategy, build_kron_strategy
+from mechanisms.strategies import (
+    FAMILIES,
+    KronStrategy,
+    build_kron_strategy,
+    identity_strategy,
+    total_strategy,
+)
 from mechanisms.union import UnionStrategy, UnionTerm, optimize_weights, per_item_terms, unit_error
 from mechanisms.workload import Workload, WorkloadItem
 
@@ -58,6 +67,8 @@ def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
 
 
 CANDIDATES = (*FAMILIES, "optimized")
+MAX_MEASURED_ANSWERS = 1_000_000_000
+MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item (finite differences)
 
 
 def ordered_flags(spec: ReleaseSpec) -> tuple[bool, ...]:
@@ -94,56 +105,180 @@ def strategy_for(
 
 def _optimized(
     spec: ReleaseSpec, workload: Workload, parameters: dict[str, Any] | None
-) -> UnionStrategy:
-    norm = 1 if noise_kind_for(spec.privacy_target().measure) == "laplace" else 2
+) -> Strategy:
+    """The best of two templates, chosen by expected error at unit noise:
+
+    * ``union``: a weighted union of per-item Kronecker strategies (:mod:`mechanisms.union`);
+    * ``kron`` / ``marginals``: the optimised per-attribute templates (p-Identity / full-rank
+      factors) or marginal weights of :mod:`mechanisms.optimized`.
+
+    The result is kept in the on-disk :class:`StrategyStore` under the workload fingerprint, and
+    the plan records the store key, so a release rebuilds exactly the planned strategy.
+    """
+    noise = noise_kind_for(spec.privacy_target().measure)
+    norm = 1 if noise == "laplace" else 2
     branching = int(spec.mechanism_options.get("branching", 2))
-    ordered = ordered_flags(spec)
-    if parameters is not None:
-        all_terms = per_item_terms(
-            workload, ordered=ordered, family=str(parameters["family"]), branching=branching
-        )
-        terms = [all_terms[int(k)] for k in parameters["kept_terms"]]  # type: ignore[union-attr]
-        weights = [float(w) for w in parameters["weights"]]  # type: ignore[union-attr]
-        return UnionStrategy(
-            name="optimized",
-            domain_shape=workload.domain_shape,
-            terms=tuple(
-                UnionTerm(weight=w, factors=f) for w, f in zip(weights, terms, strict=True)
-            ),
-            parameters=dict(parameters),
-        )
     store = StrategyStore()
     key = strategy_key(
         workload_fingerprint=spec.workload_fingerprint(),
-        template="union-per-item",
+        template="optimized",
         settings={"norm": norm, "branching": branching},
     )
-    stored = store.get(key)
+    stored = store.get(key) if parameters is None else {"parameters": parameters}
     if stored is not None:
-        return _optimized(spec, workload, {**stored["parameters"], "cached": True})
+        rebuilt = _rebuild_optimized(spec, workload, dict(stored["parameters"]), store, key)
+        if rebuilt is not None:
+            return rebuilt
+    best: Strategy | None = None
+    best_error = float("inf")
+    notes: dict[str, float | str] = {}
+    if len(workload.items) > MAX_UNION_ITEMS:
+        notes["union"] = f"skipped: more than {MAX_UNION_ITEMS} workload items"
+    else:
+        try:
+            union, union_error = _best_union(spec, workload, norm=norm, branching=branching)
+            best, best_error = union, union_error
+            notes["union"] = union_error
+        except ValueError as exc:  # the union algebra does not fit this workload's structure
+            notes["union"] = f"not available: {exc}"
+    seed = int(spec.workload_fingerprint()[:15], 16)  # public randomness, recorded
+    try:
+        optimized = optimize_workload(
+            workload.gram_terms(), noise=noise, rng=np.random.default_rng(seed)
+        )
+        notes.update({k: float(v) for k, v in optimized.details.items()})
+        if optimized.total_error < best_error:
+            best = _from_template(optimized, workload, seed=seed)
+            best_error = optimized.total_error
+            if optimized.kind != "marginals":
+                store.put_arrays(key, {f"factor_{i}": f for i, f in enumerate(optimized.factors)})
+    except ValueError as exc:
+        notes["templates"] = f"not available: {exc}"
+    if best is None:
+        raise ValueError(f"no optimized template fits this workload ({notes})")
+    recorded = {**best.parameters, "unit_errors": notes, "store_key": key}
+    store.put(key, recorded)
+    return _with_parameters(best, recorded)
+
+
+def _best_union(
+    spec: ReleaseSpec, workload: Workload, *, norm: int, branching: int
+) -> tuple[UnionStrategy, float]:
     best: UnionStrategy | None = None
     best_error = float("inf")
     for family in FAMILIES:
-        terms = per_item_terms(workload, ordered=ordered, family=family, branching=branching)
+        terms = per_item_terms(
+            workload, ordered=ordered_flags(spec), family=family, branching=branching
+        )
         candidate = optimize_weights(workload, terms, norm=norm, name="optimized")
         error = unit_error(candidate, workload, norm=norm)
         if error < best_error:
-            best, best_error = candidate, error
+            best_error = error
             best = UnionStrategy(
                 name="optimized",
                 domain_shape=candidate.domain_shape,
                 terms=candidate.terms,
                 parameters={
-                    "template": "union of per-item Kronecker strategies",
+                    "template": "union",
                     "family": family,
                     "weights": [t.weight for t in candidate.terms],
                     "kept_terms": list(candidate.parameters["kept_terms"]),  # type: ignore[call-overload]
                 },
             )
     if best is None:  # pragma: no cover - FAMILIES is never empty
-        raise SpecError("no optimized strategy could be built")
-    store.put(key, dict(best.parameters))
-    return best
+        raise ValueError("no union strategy")
+    return best, best_error
+
+
+def _from_template(optimized: OptimizedStrategy, workload: Workload, *, seed: int) -> Strategy:
+    if optimized.kind == "marginals":
+        weights = np.asarray(optimized.weights)
+        sizes = workload.domain_shape
+        terms = []
+        for mask in np.flatnonzero(weights > 1e-12 * weights.max()):
+            factors = tuple(
+                identity_strategy(n) if (int(mask) >> axis) & 1 else total_strategy(n)
+                for axis, n in enumerate(sizes)
+            )
+            terms.append(UnionTerm(weight=float(weights[mask]), factors=factors))
+        return UnionStrategy(
+            name="optimized",
+            domain_shape=sizes,
+            terms=tuple(terms),
+            parameters={
+                "template": "marginals",
+                "marginal_weights": weights.tolist(),
+                "seed": seed,
+            },
+        )
+    return KronStrategy(
+        name="optimized",
+        factors=tuple(MatrixFactor(f) for f in optimized.factors),
+        parameters={
+            "template": "kron",
+            "factor_templates": list(optimized.factor_templates),
+            "seed": seed,
+        },
+    )
+
+
+def _rebuild_optimized(
+    spec: ReleaseSpec,
+    workload: Workload,
+    parameters: dict[str, Any],
+    store: StrategyStore,
+    key: str,
+) -> Strategy | None:
+    """The recorded strategy, or None when its stored matrices are missing (then re-optimise)."""
+    template = parameters.get("template")
+    branching = int(spec.mechanism_options.get("branching", 2))
+    if template == "union":
+        all_terms = per_item_terms(
+            workload,
+            ordered=ordered_flags(spec),
+            family=str(parameters["family"]),
+            branching=branching,
+        )
+        terms = [all_terms[int(k)] for k in parameters["kept_terms"]]
+        weights = [float(w) for w in parameters["weights"]]
+        return UnionStrategy(
+            name="optimized",
+            domain_shape=workload.domain_shape,
+            terms=tuple(
+                UnionTerm(weight=w, factors=f) for w, f in zip(weights, terms, strict=True)
+            ),
+            parameters=parameters,
+        )
+    if template == "marginals":
+        rebuilt = OptimizedStrategy(
+            kind="marginals",
+            domain_sizes=workload.domain_shape,
+            objective_noise="laplace",
+            total_error=0.0,
+            sensitivity=1.0,
+            restarts=0,
+            seconds=0.0,
+            weights=np.asarray(parameters["marginal_weights"]),
+        )
+        return _with_parameters(_from_template(rebuilt, workload, seed=0), parameters)
+    if template == "kron":
+        arrays = store.get_arrays(str(parameters.get("store_key", key)))
+        if arrays is None:
+            return None
+        factors = tuple(MatrixFactor(arrays[f"factor_{i}"]) for i in range(len(arrays)))
+        return KronStrategy(name="optimized", factors=factors, parameters=parameters)
+    return None
+
+
+def _with_parameters(strategy: Strategy, parameters: dict[str, Any]) -> Strategy:
+    if isinstance(strategy, UnionStrategy):
+        return UnionStrategy(
+            name=strategy.name,
+            domain_shape=strategy.domain_shape,
+            terms=strategy.terms,
+            parameters=parameters,
+        )
+    return KronStrategy(name=strategy.name, factors=strategy.factors, parameters=parameters)
 
 
 def dawa_applicability(spec: ReleaseSpec) -> str | None:
@@ -232,7 +367,11 @@ def evaluate(
     target = spec.privacy_target()
     norm = 1 if noise_kind_for(target.measure) == "laplace" else 2
     sensitivity = strategy.sensitivity(norm=norm) * spec.privacy_unit.contribution_bound
-    mechanism = calibrate(target=target, sensitivity=sensitivity, size=strategy.num_queries)
+    # OpenDP's slack depends on the vector size; beyond 1e8 answers (plan-only domains) the
+    # calibration at 1e8 values is used (the slack is then ~1e-7 relative).
+    mechanism = calibrate(
+        target=target, sensitivity=sensitivity, size=min(strategy.num_queries, 100_000_000)
+    )
     report = expected_error(workload, strategy, noise_variance=mechanism.variance)
     return report, sensitivity, mechanism.scale, mechanism.cost
 
@@ -281,6 +420,21 @@ def make_plan(spec: ReleaseSpec) -> Plan:
             )
             continue
         report, sensitivity, scale, cost = evaluate(spec, strategy, workload)
+        costs[mechanism] = cost
+        parameters[mechanism] = dict(strategy.parameters)
+        if strategy.num_queries > MAX_MEASURED_ANSWERS:
+            candidates.append(
+                Candidate(
+                    mechanism=mechanism,
+                    rmse=report.rmse,
+                    total_variance=report.total_variance,
+                    seconds=time.perf_counter() - started,
+                    sensitivity=sensitivity,
+                    noise_scale=scale,
+                    note=f"plan only: {strategy.num_queries:,} noisy answers is too many to measure",
+                )
+            )
+            continue
         costs[mechanism] = cost
         parameters[mechanism] = dict(strategy.parameters)
         candidates.append(
@@ -363,7 +517,7 @@ def _lower_bound(spec: ReleaseSpec, workload: Workload) -> tuple[float | None, s
     unit = calibrate(
         target=spec.privacy_target(),
         sensitivity=float(spec.privacy_unit.contribution_bound),
-        size=workload.num_cells,
+        size=min(workload.num_cells, 100_000_000),
     )
     return float((unit.variance * bound / workload.num_queries) ** 0.5), (
         "SVD bound (Li thesis Thm 4.1): no matrix-mechanism strategy has lower total error"

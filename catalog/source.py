@@ -29,6 +29,8 @@ from catalog.errors import DataError
 from catalog.spec import Categorical, IntegerRange, NumericBins, ReleaseSpec
 from mechanisms.session import ProtectedCells
 
+MAX_RELEASE_CELLS = 200_000_000  # float64 cell vector of 1.6 GB
+
 
 @dataclass(frozen=True, kw_only=True)
 class SourceFiles:
@@ -172,6 +174,11 @@ def count_cells(spec: ReleaseSpec) -> CountResult:
     if spec.dataset.source is None:
         raise DataError(
             "dataset.source is not set in the spec; plan works without it, run does not"
+        )
+    if spec.num_cells > MAX_RELEASE_CELLS:
+        raise DataError(
+            f"the domain has {spec.num_cells:,} cells; a release counts at most "
+            f"{MAX_RELEASE_CELLS:,} cells on one machine (plan works on any size)"
         )
     files = resolve_source(spec.dataset.source)
     dataset = open_dataset(files, spec)

@@ -518,10 +518,6 @@ class ReleaseSpec(_Strict):
             )
         if self.mechanism_options:
             _check_mechanism_options(self.mechanism_options)
-        if self.num_cells > 200_000_000:
-            raise ValueError(
-                f"the domain has {self.num_cells:,} cells; at most 200,000,000 fit a release on one machine"
-            )
         return self
 
     # --- derived, public -------------------------------------------------------------------------

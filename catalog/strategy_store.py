@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from catalog.ledger import default_home
 
 STORE_VERSION = "1"
@@ -50,3 +52,18 @@ class StrategyStore:
         with os.fdopen(handle, "w") as stream:
             json.dump(entry, stream, sort_keys=True)
         os.replace(temporary, self.root / f"{key}.json")
+
+    def put_arrays(self, key: str, arrays: dict[str, np.ndarray]) -> None:
+        """Matrices of an entry (e.g. optimised per-attribute factors), atomically."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=self.root, suffix=".npz")
+        with os.fdopen(handle, "wb") as stream:
+            np.savez(stream, **arrays)
+        os.replace(temporary, self.root / f"{key}.npz")
+
+    def get_arrays(self, key: str) -> dict[str, np.ndarray] | None:
+        try:
+            with np.load(self.root / f"{key}.npz", allow_pickle=False) as data:
+                return {name: data[name] for name in data.files}
+        except (OSError, ValueError):
+            return None

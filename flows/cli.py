@@ -1,4 +1,5 @@
-"""The ``dprelease`` command line (typer): demo, run, plan, budget, releases, review, verify.
+"""The ``dprelease`` command line (typer): demo, run, plan, budget, releases, review, verify, deploy,
+watch.
 
 Environment: ``DPRELEASE_HOME`` (default ``./.dprelease``) holds the SQLite catalog and Prefect's
 local state; ``DPRELEASE_CATALOG_URL`` points the catalog at any SQLAlchemy database instead.
@@ -7,8 +8,13 @@ Flows run against a temporary local Prefect server unless ``PREFECT_API_URL`` is
 
 from __future__ import annotations
 
-import json
 import os
+
+# Before numpy loads: multi-threaded BLAS on the small matrices of strategy work only contends on
+# two cores (measured 10-50x slower under load).  Users can still override it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from catalog.errors import DprReleaseError
+from catalog.errors import CatalogError, DprReleaseError
 from mechanisms.privacy import PrivacyError
 
 console = Console(stderr=True, soft_wrap=True)
@@ -178,8 +184,9 @@ def budget(
         str | None, typer.Argument(help="Dataset id (all datasets if omitted).")
     ] = None,
 ) -> None:
-    """Spent and remaining privacy budget per dataset, with the ledger entries (oldest first)."""
+    """Spent and remaining privacy budget per dataset, with the ledger timeline (oldest first)."""
     from catalog.ledger import Catalog
+    from mechanisms.privacy import PrivacyCost
 
     catalog = Catalog()
     ids = [dataset_id] if dataset_id else catalog.dataset_ids()
@@ -193,15 +200,19 @@ def budget(
             f"remaining {spent.remaining(cap).describe()}",
             highlight=False,
         )
-        table = Table(show_header=True)
-        for column in ("#", "when (UTC)", "release", "charge", "label"):
+        table = Table(show_header=True, title=f"{current}: ledger timeline (oldest first)")
+        for column in ("#", "when (UTC)", "release", "charge", "cumulative", "remaining", "label"):
             table.add_column(column)
+        running = PrivacyCost.zero(cap.measure)
         for entry in catalog.ledger_entries(current):
+            running = running + entry.cost
             table.add_row(
                 str(entry.seq),
                 entry.created_at,
                 entry.release_id,
                 entry.cost.describe(),
+                running.describe(),
+                running.remaining(cap).describe(),
                 entry.label,
             )
         stdout.print(table)
@@ -246,12 +257,25 @@ def review(
         Path | None, typer.Option("--publish-dir", help="Where approved releases are copied.")
     ] = None,
 ) -> None:
-    """Audited review: approve publishes a copy; reject keeps the spent budget spent."""
+    """Audited review: approve publishes a copy; reject keeps the spent budget spent.
+
+    A release whose deployed flow run is paused for review is decided by resuming that run with
+    the decision (the run records it); any other release is decided here, in the catalog.
+    """
     from catalog import release
     from catalog.ledger import Catalog
+    from catalog.watch_state import ReviewRuns
 
+    catalog = Catalog()
+    paused_run = ReviewRuns(catalog.url).get(release_id)
+    if (
+        paused_run is not None
+        and paused_run.status == "awaiting"
+        and _review_through_flow_run(paused_run, approve, reviewer, note, publish_dir, catalog)
+    ):
+        return
     result = release.review(
-        Catalog(),
+        catalog,
         release_id,
         approve=approve,
         reviewer=reviewer,
@@ -261,6 +285,185 @@ def review(
     stdout.print(f"{release_id}: {result['status']}", highlight=False)
     if "published_directory" in result:
         stdout.print(f"published to {result['published_directory']}", highlight=False)
+
+
+def _review_through_flow_run(
+    paused_run: Any,
+    approve: bool,
+    reviewer: str,
+    note: str,
+    publish_dir: Path | None,
+    catalog: Any,
+) -> bool:
+    """Resume the paused deployed run with the decision; False when it can no longer decide."""
+    _prefect_defaults()
+    from catalog.watch_state import ReviewRuns
+    from flows.deployed_release import ReviewRunNotPaused, resume_review
+
+    if publish_dir is not None:
+        console.print(
+            "note: --publish-dir is ignored: the deployment's publish location is used",
+            highlight=False,
+        )
+    try:
+        record = resume_review(
+            paused_run, approve=approve, reviewer=reviewer, note=note, catalog=catalog
+        )
+    except ReviewRunNotPaused as exc:
+        console.print(f"note: {exc}; deciding in the catalog directly", highlight=False)
+        ReviewRuns(catalog.url).mark(paused_run.release_id, status="expired")
+        return False
+    stdout.print(
+        f"{record.id}: {record.status} (decided through flow run {paused_run.flow_run_id})",
+        highlight=False,
+    )
+    if record.published_directory:
+        stdout.print(f"published to {record.published_directory}", highlight=False)
+    return True
+
+
+def _require_prefect_server(command: str) -> str:
+    """The configured Prefect API URL; schedules, triggers and pools need a real server."""
+    _prefect_defaults()
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise CatalogError(
+            f"{command} needs a running Prefect server: start one (deploy/start-server.sh) and "
+            "set PREFECT_API_URL, e.g. http://127.0.0.1:4200/api (see deploy/README.md)"
+        )
+    return str(url)
+
+
+@app.command()
+@_clear_errors
+def deploy(
+    specs: Annotated[
+        Path, typer.Argument(help="A folder of release specs (*.yaml), or one spec file.")
+    ] = Path("specs"),
+    pool: Annotated[str, typer.Option("--pool", help="Process work pool to run on.")] = (
+        "dprelease-process"
+    ),
+    out: Annotated[Path, typer.Option("--out", help="Folder for release directories.")] = Path(
+        "releases"
+    ),
+    publish_dir: Annotated[
+        Path | None, typer.Option("--publish-dir", help="Where approved releases are copied.")
+    ] = None,
+    review_timeout: Annotated[
+        int,
+        typer.Option(
+            "--review-timeout",
+            help="Seconds a run waits paused for review; after that `dprelease review` decides.",
+        ),
+    ] = 24 * 3600,
+    every: Annotated[
+        float | None,
+        typer.Option("--every", help="Also run every N seconds (development and testing)."),
+    ] = None,
+) -> None:
+    """Register one Prefect deployment per spec: cron schedule, arrival trigger, work pool, and a
+    concurrency limit of one running release per dataset id."""
+    api_url = _require_prefect_server("dprelease deploy")
+    from catalog.ledger import default_url
+    from flows.deployments import deploy_specs, find_specs
+
+    paths = [specs] if specs.is_file() else find_specs(specs)
+    # A local SQLite catalog is baked into the deployments (a path is public); a server URL may
+    # carry credentials, so the worker must get it from DPRELEASE_CATALOG_URL instead.
+    catalog_url = None if os.environ.get("DPRELEASE_CATALOG_URL") else default_url()
+    summaries = deploy_specs(
+        paths,
+        work_pool=pool,
+        out_dir=out,
+        catalog_url=catalog_url,
+        publish_dir=publish_dir,
+        review_timeout_seconds=review_timeout,
+        interval_seconds=every,
+    )
+    table = Table(title=f"deployments on {api_url}")
+    for column in ("deployment", "dataset", "schedule", "arrival trigger", "concurrency limit"):
+        table.add_column(column)
+    for summary in summaries:
+        table.add_row(
+            summary.name,
+            summary.dataset_id,
+            summary.schedule or "",
+            "yes" if summary.arrival_trigger else "",
+            f"{summary.concurrency_limit} (1 slot)",
+        )
+    stdout.print(table)
+    stdout.print(
+        f"next: start a worker for pool {pool!r} (deploy/start-worker.sh); run one now with "
+        f"`prefect deployment run '{summaries[0].name}'`",
+        highlight=False,
+    )
+
+
+@app.command()
+@_clear_errors
+def watch(
+    directory: Annotated[Path, typer.Argument(help="Landing folder to watch (recursively).")],
+    spec_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec-dir",
+            help="Specs with `trigger: arrival`: a file belongs to the datasets whose source "
+            "covers it (default: DIR/<dataset id>/...).",
+        ),
+    ] = None,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between polls.")] = 5.0,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once", help="Two polls (--interval apart, to see sizes settle), then exit."
+        ),
+    ] = False,
+    max_polls: Annotated[
+        int | None, typer.Option("--max-polls", help="Stop after this many polls.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Log the events instead of sending them.")
+    ] = False,
+) -> None:
+    """Announce complete new Parquet files in DIR as `dprelease.data.arrived` events (one per
+    file content, remembered across restarts); files that are not Parquet are logged and skipped."""
+    import logging
+
+    from catalog.watch_state import WatchState
+    from flows.watch import SpecResolver, Watcher, logging_emitter, prefect_emitter
+
+    if once and max_polls is not None:
+        raise CatalogError("give --once or --max-polls, not both")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    watch_logger = logging.getLogger("dprelease.watch")
+    watch_logger.addHandler(handler)
+    watch_logger.setLevel(logging.INFO)
+    if dry_run:
+        emitter, state = logging_emitter, WatchState("sqlite://")
+    else:
+        emitter, state = prefect_emitter(_require_prefect_server("dprelease watch")), WatchState()
+    try:
+        watcher = Watcher(
+            directory,
+            state=state,
+            emitter=emitter,
+            resolve_datasets=SpecResolver(spec_dir) if spec_dir is not None else None,
+        )
+    except ValueError as exc:
+        raise CatalogError(str(exc)) from None
+    try:
+        emitted = watcher.run(interval_seconds=interval, max_polls=2 if once else max_polls)
+    except KeyboardInterrupt:
+        stdout.print("stopped", highlight=False)
+        return
+    stdout.print(f"announced {len(emitted)} file(s)", highlight=False)
+    for event in emitted:
+        stdout.print(
+            f"  {event.dataset_id}: {event.path} sha256 {event.fingerprint}", highlight=False
+        )
 
 
 @app.command()

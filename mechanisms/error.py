@@ -14,7 +14,7 @@ strategies with the Laplace ``P`` (§1.5).
 
 from __future__ import annotations
 
-import itertools
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -106,7 +106,7 @@ def svd_bound(workload: Workload) -> float | None:
     ]
     split_axes = [axis for axis, flag in enumerate(identity_total) if flag]
     dense_axes = [axis for axis, flag in enumerate(identity_total) if not flag]
-    dense_size = int(np.prod([shape[axis] for axis in dense_axes], dtype=np.int64))
+    dense_size = math.prod(shape[axis] for axis in dense_axes)
     if dense_size > DENSE_BOUND_LIMIT or 2 ** len(split_axes) > MAX_BLOCKS:
         return None
     terms = [
@@ -116,27 +116,40 @@ def svd_bound(workload: Workload) -> float | None:
         for item in workload.items
     ]
     dense_grams = [[gram for axis, gram in enumerate(term) if axis in dense_axes] for term in terms]
+    dense_products = [_kron_all(grams) for grams in dense_grams]
+    # Per block (bit j of the block index: 0 = span of 1, 1 = complement on split axis j) and per
+    # item, the scalar its split factors contribute: Identity → 1 on both parts; Total → n on the
+    # span of 1 and 0 on the complement.  O(2^k · items · k), vectorised.
+    blocks = np.arange(2 ** len(split_axes))
+    scalars = np.ones((blocks.size, len(terms)))
+    multiplicity = np.ones(blocks.size)
+    for j, axis in enumerate(split_axes):
+        n = shape[axis]
+        complement = ((blocks >> j) & 1).astype(bool)
+        is_total = np.array([isinstance(item.factors[axis], Total) for item in workload.items])
+        on_span = np.where(is_total, float(n), 1.0)
+        on_complement = np.where(is_total, 0.0, 1.0)
+        scalars *= np.where(complement[:, None], on_complement[None, :], on_span[None, :])
+        multiplicity *= np.where(complement, n - 1, 1)
     root_sum = 0.0
-    for choice in itertools.product((0, 1), repeat=len(split_axes)):  # 0: span of 1; 1: complement
-        multiplicity = 1
-        scalars = np.ones(len(terms))
-        for axis, part in zip(split_axes, choice, strict=True):
-            n = shape[axis]
-            multiplicity *= 1 if part == 0 else n - 1
-            for t, item in enumerate(workload.items):
-                is_total = isinstance(item.factors[axis], Total)
-                scalars[t] *= (n if part == 0 else 0.0) if is_total else 1.0
-        if multiplicity == 0 or not scalars.any():
+    for block_scalars, count in zip(scalars, multiplicity, strict=True):
+        if count == 0 or not block_scalars.any():
             continue
-        block = np.zeros((dense_size, dense_size))
-        for t, grams in enumerate(dense_grams):
-            if scalars[t]:
-                product = np.ones((1, 1))
-                for gram in grams:
-                    product = np.kron(product, gram)
-                block += scalars[t] * product
-        root_sum += multiplicity * _root_eigen_sum(block)
+        if dense_size == 1:
+            root_sum += count * float(np.sqrt(max(float(block_scalars.sum()), 0.0)))
+            continue
+        block = sum(
+            w * product for w, product in zip(block_scalars, dense_products, strict=True) if w
+        )
+        root_sum += count * _root_eigen_sum(block)
     return root_sum**2 / workload.num_cells
+
+
+def _kron_all(matrices: list[np.ndarray]) -> np.ndarray:
+    product = np.ones((1, 1))
+    for matrix in matrices:
+        product = np.kron(product, matrix)
+    return product
 
 
 def _root_eigen_sum(gram: np.ndarray) -> float:

@@ -14,6 +14,7 @@ logs or another process by accident.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -74,7 +75,7 @@ class ProtectedCells:
         self, cells: np.ndarray, *, domain_shape: tuple[int, ...], contribution_bound: int
     ) -> None:
         cells = np.asarray(cells, dtype=np.float64).ravel()
-        if cells.size != int(np.prod(domain_shape, dtype=np.int64)):
+        if cells.size != math.prod(domain_shape):
             raise ValueError(
                 f"cells has {cells.size} entries but the domain {domain_shape} has a different size"
             )

@@ -13,6 +13,7 @@ Privelet; n that is not a power of two is padded with empty cells whose columns 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -105,7 +106,7 @@ class KronStrategy:
 
     @property
     def num_queries(self) -> int:
-        return int(np.prod([f.m for f in self.factors], dtype=np.int64))
+        return math.prod(f.m for f in self.factors)
 
     def sensitivity(self, *, norm: int) -> float:
         """Δ(⊗A_i) = Π Δ(A_i) for both L1 and L2 (column norms of a Kronecker product multiply)."""

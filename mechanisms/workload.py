@@ -7,6 +7,7 @@ elsewhere; a CDF is ``Prefix`` on one attribute; rectangles are ``AllRanges`` on
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ class WorkloadItem:
 
     @property
     def num_queries(self) -> int:
-        return int(np.prod([f.m for f in self.factors], dtype=np.int64))
+        return math.prod(f.m for f in self.factors)
 
     def answer(self, x: np.ndarray) -> np.ndarray:
         """Exact answers ``W x`` for a flattened cell vector. O(N Σ cost(W_i)/n_i)."""
@@ -53,7 +54,7 @@ class Workload:
 
     @property
     def num_cells(self) -> int:
-        return int(np.prod(self.domain_shape, dtype=np.int64))
+        return math.prod(self.domain_shape)
 
     @property
     def num_queries(self) -> int:

@@ -25,11 +25,10 @@ from catalog import artifacts, release
 from catalog.artifacts import verify
 from catalog.errors import BudgetExceededError, VerificationError
 from catalog.ledger import Catalog
-from catalog.planning import Plan, make_plan
+from catalog.planning import CANDIDATES, Plan, make_plan
 from catalog.source import count_cells
 from catalog.spec import ReleaseSpec, parse_spec
 from mechanisms import noise
-from mechanisms.strategies import FAMILIES
 from tests.samplers import ZeroNoise
 
 ROWS = 400
@@ -139,7 +138,7 @@ def true_cells(data: pa.Table) -> np.ndarray:
 
 
 def test_release_with_zero_noise_equals_the_exact_answers(built: Built) -> None:
-    assert built.plan.chosen in FAMILIES
+    assert built.plan.chosen in CANDIDATES
     assert len(built.sampler.calls) == 1  # one measurement, through the patched sampler
     cells = true_cells(built.data)
     exact = release.exact_answers(built.spec, cells.ravel())
@@ -169,7 +168,12 @@ def test_manifest_records_the_charge_and_every_artifact(built: Built) -> None:
     [entry] = built.catalog.ledger_entries("tiny-ds")
     assert entry.release_id == built.release_id
     assert manifest["ledger_receipts"] == [
-        {"receipt_id": entry.receipt_id, "label": entry.label, "cost": entry.cost.as_dict()}
+        {
+            "receipt_id": entry.receipt_id,
+            "label": entry.label,
+            "cost": entry.cost.as_dict(),
+            "paid_by_release": built.release_id,
+        }
     ]
     assert 0 < entry.cost.epsilon <= 1.0
     assert manifest["budget"]["after"] == entry.cost.as_dict()

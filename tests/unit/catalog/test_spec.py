@@ -179,18 +179,6 @@ INVALID = [
         id="attribute-too-large",
     ),
     pytest.param(
-        {
-            "domain": {
-                "a": {"min": 1, "max": 1000},
-                "b": {"min": 1, "max": 1000},
-                "c": {"min": 1, "max": 1000},
-            },
-            "workload": [{"name": "all", "marginal": ["a", "b", "c"]}],
-        },
-        r"the domain has 1,000,000,000 cells; at most 200,000,000",
-        id="domain-too-large",
-    ),
-    pytest.param(
         {"domain.sex.values": ["F", "M", "F"]},
         r"domain\.sex .*value 'F' is listed twice; categories must be distinct",
         id="duplicate-categories",
@@ -572,3 +560,23 @@ def test_fingerprints_change_with_the_spec(changes: dict[str, Any], workload_cha
     changed = parse_spec(edited(changes))
     assert changed.fingerprint() != base.fingerprint()
     assert (changed.workload_fingerprint() != base.workload_fingerprint()) is workload_changes
+
+
+def test_a_domain_too_large_to_count_is_valid_for_plan_but_refused_by_count() -> None:
+    from catalog.errors import DataError
+    from catalog.source import count_cells
+
+    spec = parse_spec(
+        {
+            "name": "big",
+            "dataset": {"id": "big", "source": "nowhere.parquet", "budget": {"epsilon": 1}},
+            "domain": {k: {"min": 1, "max": 1000} for k in ("a", "b", "c")},
+            "workload": [{"name": "all", "marginal": ["a", "b", "c"]}],
+            "privacy": {"epsilon": 1.0},
+        }
+    )
+    assert spec.num_cells == 1_000_000_000
+    with pytest.raises(
+        DataError, match=r"the domain has 1,000,000,000 cells; a release counts at most"
+    ):
+        count_cells(spec)

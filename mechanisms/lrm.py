@@ -1,0 +1,720 @@
+"""Low-Rank Mechanism (LRM): answer a batch of linear queries through a workload factorisation.
+
+A workload ``W`` (m×n) is factored as ``W ≈ B·L`` with ``B`` m×r and ``L`` r×n, each column of
+``L`` in the unit L1 ball.  The release is ``B·(L·x + Lap(Δ(L)/ε)^r)``: the Laplace mechanism on the
+r intermediate queries ``L·x``, then public post-processing by ``B``.  The factorisation minimises
+the noise term ``2·Δ(L)²·‖B‖²_F/ε²`` (Lemma 1) and is found by the paper's inexact augmented
+Lagrangian method (Algorithm 1) with the closed-form B-step (Eq. 9) and an accelerated projected
+gradient L-step (Algorithm 2 on Eq. 10, exact per-column L1-ball projection, Eq. 11).
+
+The factorisation depends only on the public workload (never on data or ε), so it can be cached
+per workload.  The relaxed program (Eq. 8) stops once ``‖W − B·L‖_F ≤ γ``; the remaining bias
+``(B·L − W)·x`` is reported with the error.
+
+Also here: the paper's random workload families (WDiscrete, WRange, WRelated, §6.1) and the two
+error bounds every exact decomposition obeys (``error_bounds``).
+
+Decisions where the paper is silent or inconsistent (``seed-lrm.md`` §2.4, §6.1) are listed in
+the docstring of :func:`decompose`.
+
+References
+----------
+G. Yuan, Z. Zhang, M. Winslett, X. Xiao, Y. Yang, Z. Hao, "Low-Rank Mechanism: Optimizing Batch
+Queries under Differential Privacy", PVLDB 5(11), 2012 (VLDB 2012).  Notes: ``seed-lrm.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+import scipy.linalg
+
+from mechanisms.noise import NoiseSampler
+
+__all__ = [
+    "LowRankDecomposition",
+    "decompose",
+    "default_rank",
+    "error_bounds",
+    "expected_total_error",
+    "l1_sensitivity",
+    "measure",
+    "noise_on_data_error",
+    "project_columns_to_l1_ball",
+    "query_variances",
+    "wdiscrete_workload",
+    "workload_rank",
+    "wrange_workload",
+    "wrelated_workload",
+]
+
+# A row of L whose largest entry is below this fraction of L's largest entry is a dead rank-one
+# component: its B column is zero after the B-step and the alternation can never revive it.
+_DEAD_ROW_RELATIVE = 1e-10
+# L1 mass given to a re-seeded row (spread over its n entries); small enough not to disturb the
+# current iterate, large enough for the next B-step to give the component a non-zero column.
+_RESEED_L1_MASS = 1e-3
+# Step control of the L-step (ω is the inverse step): the first L-step starts at this many times
+# the safe step 1/(β·λ_max(BᵀB)) (as in the authors' code); later ones start at _HINT_SHRINK times
+# the previous accepted ω (rescaled when β grows), never at a longer step than the first one.
+# Backtracking then raises ω until the exact quadratic sufficient-decrease test holds.
+_FIRST_STEP_FACTOR = 100.0
+_HINT_SHRINK = 0.5
+# The L-step updates BᵀB·L incrementally; it is recomputed every this many steps.
+_REFRESH_PERIOD = 16
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class LowRankDecomposition:
+    """A workload factorisation ``W ≈ B·L`` for the Low-Rank Mechanism (public, data-free).
+
+    ``eq=False``: the fields are arrays, so identity is the only meaningful equality.
+
+    Attributes
+    ----------
+    B : ndarray, shape (m, r)
+        Post-processing matrix (read-only copy).
+    L : ndarray, shape (r, n)
+        Intermediate queries that receive the noise (read-only copy).
+    rank : int
+        Inner dimension r (rows of ``L``); not the rank of ``W``.
+    iterations : int
+        Outer (multiplier) iterations of Algorithm 1 that were run.
+    converged : bool
+        True iff the stopping test ``‖W − B·L‖_F ≤ γ`` was met (not merely an iteration cap).
+    sensitivity_l1 : float
+        ``Δ(L) = max_j Σ_i |L_ij|``, the actual L1 sensitivity of ``L`` for unit-sensitivity data.
+        Must equal the value recomputed from ``L``.
+    bias_sq : float
+        ``‖W − B·L‖²_F`` (the paper's τ²): the squared bias per unit squared L2 norm of the data
+        (Theorem 3, with its γ corrected to γ²).
+    """
+
+    B: np.ndarray
+    L: np.ndarray
+    rank: int
+    iterations: int
+    converged: bool
+    sensitivity_l1: float
+    bias_sq: float
+
+    def __post_init__(self) -> None:
+        factor_b = _finite_matrix(self.B, "B")
+        factor_l = _finite_matrix(self.L, "L")
+        if factor_b.shape[1] != factor_l.shape[0]:
+            raise ValueError(
+                f"B has {factor_b.shape[1]} columns but L has {factor_l.shape[0]} rows; "
+                "they must be equal"
+            )
+        if (
+            not isinstance(self.rank, Integral)
+            or isinstance(self.rank, bool)
+            or self.rank != factor_l.shape[0]
+        ):
+            raise ValueError(f"rank ({self.rank}) must equal the number of rows of L")
+        if not isinstance(self.iterations, Integral) or self.iterations < 0:
+            raise ValueError(f"iterations ({self.iterations}) must be an integer >= 0")
+        actual = l1_sensitivity(factor_l)
+        if not math.isclose(float(self.sensitivity_l1), actual, rel_tol=1e-12, abs_tol=0.0):
+            raise ValueError(
+                f"sensitivity_l1 ({self.sensitivity_l1}) must equal the L1 sensitivity of L "
+                f"({actual})"
+            )
+        if not (math.isfinite(self.bias_sq) and self.bias_sq >= 0):
+            raise ValueError(f"bias_sq ({self.bias_sq}) must be finite and >= 0")
+        factor_b.setflags(write=False)
+        factor_l.setflags(write=False)
+        object.__setattr__(self, "B", factor_b)
+        object.__setattr__(self, "L", factor_l)
+        object.__setattr__(self, "rank", int(self.rank))
+        object.__setattr__(self, "iterations", int(self.iterations))
+        object.__setattr__(self, "converged", bool(self.converged))
+        object.__setattr__(self, "sensitivity_l1", actual)
+        object.__setattr__(self, "bias_sq", float(self.bias_sq))
+
+    @property
+    def num_queries(self) -> int:
+        """m, the number of workload queries."""
+        return int(self.B.shape[0])
+
+    @property
+    def num_cells(self) -> int:
+        """n, the length of the data vector."""
+        return int(self.L.shape[1])
+
+    @property
+    def query_scale(self) -> float:
+        """``Φ(B, L) = ‖B‖²_F`` (Definition 1)."""
+        return float(np.sum(self.B * self.B))
+
+
+# --------------------------------------------------------------------------------------------
+# Small building blocks
+# --------------------------------------------------------------------------------------------
+
+
+def l1_sensitivity(strategy: np.ndarray) -> float:
+    """Maximum column L1 norm ``max_j Σ_i |A_ij|`` (Definition 2). O(r n).
+
+    Privacy: the L1 sensitivity of ``x ↦ A·x`` when neighbouring data differ by at most 1 in one
+    cell (the paper's unit-count neighbours).
+    """
+    matrix = np.asarray(strategy, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.size == 0:
+        raise ValueError(f"strategy must be a non-empty 2-D array, got shape {matrix.shape}")
+    return float(np.abs(matrix).sum(axis=0).max())
+
+
+def project_columns_to_l1_ball(matrix: np.ndarray, *, radius: float = 1.0) -> np.ndarray:
+    """Euclidean projection of every column onto ``{v : ‖v‖₁ ≤ radius}`` (Eq. 11). O(n r log r).
+
+    Exact (sort-based, Duchi et al. 2008, Fig. 1, applied to |v| with the signs restored).
+    Columns already inside the ball are returned unchanged.
+
+    References
+    ----------
+    J. Duchi, S. Shalev-Shwartz, Y. Singer, T. Chandra, "Efficient projections onto the l1-ball
+    for learning in high dimensions", ICML 2008.  LRM paper §5 (Eq. 11, one problem per column).
+    """
+    values = _finite_matrix(matrix, "matrix")
+    if not (math.isfinite(radius) and radius > 0):
+        raise ValueError(f"radius ({radius}) must be finite and > 0")
+    return np.ascontiguousarray(_project_rows(np.ascontiguousarray(values.T), radius).T)
+
+
+def _project_rows(rows: np.ndarray, radius: float) -> np.ndarray:
+    """Project every row of a C-contiguous (n, r) array onto the L1 ball. O(n r log r)."""
+    magnitudes = np.abs(rows)
+    if magnitudes.sum(axis=1).max() <= radius:
+        return rows.copy()
+    ascending = np.sort(magnitudes, axis=1)
+    descending = ascending[:, ::-1]  # u_1 ≥ u_2 ≥ … (a view)
+    excess = np.cumsum(descending, axis=1)  # Σ_{i≤k} u_i
+    excess -= radius
+    ascending *= np.arange(rows.shape[1], 0, -1, dtype=rows.dtype)  # descending now holds k·u_k
+    # The support size ρ is the length of the prefix where k·u_k > Σ_{i≤k} u_i − radius.
+    support = np.count_nonzero(descending > excess, axis=1)
+    threshold = np.take_along_axis(excess, (support - 1)[:, None], axis=1)
+    threshold /= support[:, None]
+    np.maximum(threshold, 0.0, out=threshold)  # rows inside the ball: threshold 0, unchanged
+    magnitudes -= threshold
+    np.maximum(magnitudes, 0.0, out=magnitudes)
+    return np.copysign(magnitudes, rows, out=magnitudes)
+
+
+def workload_rank(workload: np.ndarray) -> int:
+    """Numerical rank of ``W`` (numpy's default relative tolerance, σ_max·max(m, n)·eps). O(mn·min)."""
+    matrix = _finite_matrix(workload, "W")
+    return int(np.linalg.matrix_rank(matrix))
+
+
+def default_rank(workload: np.ndarray) -> int:
+    """``r = ⌈1.2·rank(W)⌉``, the paper's default (Table 1), in exact integer arithmetic."""
+    workload_rank_value = workload_rank(workload)
+    if workload_rank_value == 0:
+        raise ValueError("W has rank 0 (all zero); there is nothing to decompose")
+    return (6 * workload_rank_value + 4) // 5
+
+
+def noise_on_data_error(workload: np.ndarray, *, epsilon: float) -> float:
+    """Expected total squared error of noise on data, ``W·(x + Lap(1/ε)^n)``: ``2‖W‖²_F/ε²``.
+
+    The paper's baseline M_D (NOD, "LM" in its experiments), §3.2 Eq. (4).
+    """
+    matrix = _finite_matrix(workload, "W")
+    _check_epsilon(epsilon)
+    return float(2.0 * np.sum(matrix * matrix) / epsilon**2)
+
+
+def error_bounds(workload: np.ndarray, *, epsilon: float) -> tuple[float, float]:
+    """Bounds on the optimal LRM error: ``(2‖W‖²_*/n, 2·rank(W)·‖W‖²_F) / ε²``.
+
+    Lower: every decomposition with ``B·L = W`` has ``Δ(L)²‖B‖²_F ≥ ‖W‖²_*/n`` (for the polar
+    factor Y of W, ``‖W‖_* = ⟨Y, B·L⟩ ≤ Δ(L)·√n·‖B‖_F``; ``seed-lrm.md`` §3, recomputed, not in
+    the paper).  Upper: Lemma 3's construction ``B = √k·UΣ``, ``L = Vᵀ/√k`` with k = rank(W), with
+    the factor 2 of Lemma 1 that the paper's statement omits.  O(mn·min(m, n)).
+    """
+    matrix = _finite_matrix(workload, "W")
+    _check_epsilon(epsilon)
+    singular_values = np.linalg.svd(matrix, compute_uv=False)
+    nuclear = float(singular_values.sum())
+    lower = 2.0 * nuclear**2 / matrix.shape[1]
+    upper = 2.0 * workload_rank(matrix) * float(np.sum(singular_values**2))
+    return lower / epsilon**2, upper / epsilon**2
+
+
+# --------------------------------------------------------------------------------------------
+# Decomposition (Algorithm 1 with Algorithm 2)
+# --------------------------------------------------------------------------------------------
+
+
+def decompose(
+    W: np.ndarray,
+    *,
+    rank: int | None = None,
+    rng: np.random.Generator,
+    gamma: float = 0.01,
+    max_outer: int = 300,
+    max_inner: int = 5,
+    max_gradient_steps: int = 5,
+    beta_growth: float = 2.0,
+    beta_period: int = 10,
+    beta_max: float = 1e10,
+) -> LowRankDecomposition:
+    """Factor ``W ≈ B·L`` minimising ``‖B‖²_F`` with every column of ``L`` in the unit L1 ball.
+
+    Solves the relaxed program (8), ``min tr(BᵀB)`` s.t. ``‖W − B·L‖_F ≤ γ`` and
+    ``Σ_i |L_ij| ≤ 1``, by the inexact augmented Lagrangian method (Algorithm 1): per outer
+    iteration, ``max_inner`` alternations of an L-step (Algorithm 2: accelerated projected
+    gradient on Eq. 10, exact L1-ball projection) and the closed-form B-step (Eq. 9), then
+    ``π ← π + β·(W − B·L)``; β is multiplied by ``beta_growth`` every ``beta_period`` outer
+    iterations (paper: doubled every 10).  Uses neither data nor ε.
+
+    Parameters
+    ----------
+    W : ndarray, shape (m, n)
+        Public workload matrix.
+    rank : int, optional
+        Inner dimension r.  Default ``⌈1.2·rank(W)⌉`` (Table 1).  ``r < rank(W)`` is allowed
+        (the relaxed program) but cannot reach ``B·L = W``.
+    rng : numpy.random.Generator
+        Public randomness: re-seeding of dead rank-one components.  No privacy role.
+    gamma : float
+        Stopping tolerance γ on ``τ = ‖W − B·L‖_F`` (Table 1 default 0.01).  0 runs to the caps.
+    max_outer : int
+        Cap on outer iterations (the paper gives none; "β sufficiently large" is ``beta_max``).
+    max_inner : int
+        B/L alternations per outer iteration (N_in of §5; authors' code: 5).
+    max_gradient_steps : int
+        Cap on accelerated projected-gradient steps per L-step (authors' code: 5).
+    beta_growth, beta_period : float, int
+        Penalty schedule: β ← ``beta_growth``·β every ``beta_period`` outer iterations.
+    beta_max : float
+        Stop once β reaches this ("β sufficiently large", Alg. 1 line 8).
+
+    Returns
+    -------
+    LowRankDecomposition
+        ``converged`` is True iff ``τ ≤ γ``; ``bias_sq`` is τ².
+
+    Notes
+    -----
+    Privacy: none spent; ``measure`` calibrates the noise to the actual ``Δ(L)`` of the returned L,
+    so the result is safe to use even if the optimiser is stopped early.
+
+    Cost: per alternation ``O(mnr + nr² + r³ + n·r log r)`` (the paper's ``O(r²(m+n))`` omits the
+    ``mnr`` products with W and π and the r×r factorisations).  Memory ``O(mn + (m+n)r)``.
+
+    Decisions (paper silent or inconsistent; ``seed-lrm.md`` §6.1):
+
+    - initial point from the SVD (Lemma 3's ``B = √r·UΣ``, ``L = Vᵀ/√r``; rows beyond rank(W)
+      start at zero and are revived by the guard below); β₀ = 1, π₀ = 0 (paper);
+    - each outer iteration runs ``max_inner`` alternations, L-step then B-step (authors' code
+      order), then updates π with the new β (Alg. 1 line 12); defaults follow the paper's
+      schedule (β doubles every 10 iterations), which gave clearly better decompositions than
+      the authors' code's ×5 every 8 in our runs, at about twice the iterations;
+    - Algorithm 2 is standard FISTA; the backtracking test is at the projected point with
+      ∇G(S); ω is carried between L-steps (see ``_HINT_SHRINK``) and never exceeds the safe
+      ``β·λ_max(BᵀB)``; stop after ``max_gradient_steps`` or when ``‖S − L_new‖_F < r·n·10⁻¹²``;
+    - the L-step is an inexact inner solver and runs in float32 (its cost is memory-bound sorting
+      and elementwise work); its result is returned in float64 and rescaled into the balls, and
+      everything that defines the output (B-step, residual, multipliers) is float64;
+    - dead rank-one components (rows of L that the exact projection set to zero) are re-seeded
+      with a random row of L1 mass 10⁻³ and the columns rescaled into the ball (the §2.5 guard;
+      without it the alternation stalls at τ ≈ 2.1 on Example 2).
+
+    Performance: set one BLAS thread (``OPENBLAS_NUM_THREADS=1`` or threadpoolctl) on shared
+    machines; OpenBLAS's spinning threads made a 64×256 decomposition 45× slower under load.
+
+    References
+    ----------
+    Yuan et al., PVLDB 2012: §4 (Eqs. 6-8, Lemma 1, Theorem 1), §5 (Algorithms 1-2, Eqs. 9-11).
+
+    Examples
+    --------
+    The paper's Example 2 (noise on data: 40/ε²; the paper's hand-made strategy: 39/ε²):
+
+    >>> W = np.array([[0, 2, 1, 1], [0, 1, 0, 2], [1, 0, 2, 2]], dtype=float)
+    >>> decomposition = decompose(W, rng=np.random.default_rng(0))
+    >>> decomposition.rank, decomposition.converged
+    (4, True)
+    >>> round(expected_total_error(W, decomposition, epsilon=1.0), 1)
+    38.0
+    """
+    workload = _finite_matrix(W, "W")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    inner_dim = default_rank(workload) if rank is None else _positive_int(rank, "rank")
+    if not (math.isfinite(gamma) and gamma >= 0):
+        raise ValueError(f"gamma ({gamma}) must be finite and >= 0")
+    max_outer = _positive_int(max_outer, "max_outer")
+    max_inner = _positive_int(max_inner, "max_inner")
+    max_gradient_steps = _positive_int(max_gradient_steps, "max_gradient_steps")
+    beta_period = _positive_int(beta_period, "beta_period")
+    if not (math.isfinite(beta_growth) and beta_growth >= 1):
+        raise ValueError(f"beta_growth ({beta_growth}) must be finite and >= 1")
+    if not (beta_max > 1):
+        raise ValueError(f"beta_max ({beta_max}) must be > 1 (β starts at 1)")
+    if not np.any(workload):
+        raise ValueError("W is all zero; there is nothing to decompose")
+
+    factor_b, factor_lt = _svd_initial_point(workload, inner_dim)  # O(mn·min(m, n))
+    multiplier = np.zeros_like(workload)
+    beta = 1.0
+    stop_step = inner_dim * workload.shape[1] * 1e-12
+    tau = math.inf
+    omega_hint = 0.0
+    iteration = 0
+    while iteration < max_outer:
+        iteration += 1
+        target_t = np.ascontiguousarray((beta * workload + multiplier).T)  # (βW + π)ᵀ, n×m
+        for _ in range(max_inner):
+            factor_lt, omega_hint = _l_step(
+                factor_b, factor_lt, target_t, beta, max_gradient_steps, stop_step, omega_hint
+            )
+            _reseed_dead_rows(factor_lt, rng)
+            factor_b = _b_step(factor_lt, target_t, beta)
+        residual = workload - factor_b @ factor_lt.T  # O(mnr)
+        tau = float(np.linalg.norm(residual))
+        if tau <= gamma or beta >= beta_max:
+            break
+        if iteration % beta_period == 0:
+            omega_hint *= min(beta * beta_growth, beta_max) / beta
+            beta = min(beta * beta_growth, beta_max)
+        multiplier += beta * residual
+
+    factor_l = np.ascontiguousarray(factor_lt.T)
+    return LowRankDecomposition(
+        B=factor_b,
+        L=factor_l,
+        rank=inner_dim,
+        iterations=iteration,
+        converged=tau <= gamma,
+        sensitivity_l1=l1_sensitivity(factor_l),
+        bias_sq=tau * tau,
+    )
+
+
+def _svd_initial_point(workload: np.ndarray, inner_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lemma 3's feasible point: ``B = √r·U_kΣ_k``, ``Lᵀ = V_k/√r``, k = min(r, rank).
+
+    Columns of ``V_k`` have L2 norm ≤ 1, so L1 ≤ √k ≤ √r and ``Δ(L) ≤ 1``.  Returns (B, Lᵀ).
+    """
+    m, n = workload.shape
+    left, singular, right_t = np.linalg.svd(workload, full_matrices=False)
+    tolerance = singular[0] * max(m, n) * np.finfo(np.float64).eps  # numpy's matrix_rank default
+    kept = min(inner_dim, int(np.count_nonzero(singular > tolerance)))
+    factor_b = np.zeros((m, inner_dim))
+    factor_lt = np.zeros((n, inner_dim))
+    factor_b[:, :kept] = left[:, :kept] * (singular[:kept] * math.sqrt(inner_dim))
+    factor_lt[:, :kept] = right_t[:kept].T / math.sqrt(inner_dim)
+    return factor_b, factor_lt
+
+
+def _b_step(factor_lt: np.ndarray, target_t: np.ndarray, beta: float) -> np.ndarray:
+    """Eq. (9): ``B = (βW + π)Lᵀ(βLLᵀ + I)⁻¹`` by a Cholesky solve. O(mnr + nr² + r³).
+
+    ``βLLᵀ + I`` is symmetric with eigenvalues ≥ 1, so the Cholesky factorisation exists.
+    """
+    inner_dim = factor_lt.shape[1]
+    system = beta * (factor_lt.T @ factor_lt)  # O(n r²)
+    system[np.diag_indices(inner_dim)] += 1.0
+    right_side = factor_lt.T @ target_t  # ((βW + π)Lᵀ)ᵀ, O(mnr)
+    factor = scipy.linalg.cho_factor(system, lower=False, overwrite_a=True, check_finite=False)
+    return scipy.linalg.cho_solve(factor, right_side, overwrite_b=True, check_finite=False).T
+
+
+def _l_step(
+    factor_b: np.ndarray,
+    factor_lt: np.ndarray,
+    target_t: np.ndarray,
+    beta: float,
+    max_steps: int,
+    stop_step: float,
+    omega_hint: float,
+    dtype: type[np.floating] = np.float32,
+) -> tuple[np.ndarray, float]:
+    """Algorithm 2 on Eq. (10): FISTA with backtracking for ``min G(L)`` over the L1 balls.
+
+    ``G(L) = β/2·⟨BᵀB·L, L⟩ − ⟨Bᵀ(βW + π), L⟩``, gradient ``β·BᵀB·L − Bᵀ(βW + π)``.  Works on
+    ``Lᵀ`` (n×r) so that each column of L is a contiguous row.  G is quadratic, so the
+    sufficient-decrease test ``G(L⁺) ≤ G(S) + ⟨∇G(S), D⟩ + ω/2‖D‖²`` with ``D = L⁺ − S`` is exactly
+    ``β⟨D, BᵀB·D⟩ ≤ ω‖D‖²``, and ``BᵀB·L⁺ = BᵀB·S + BᵀB·D`` is reused for the next gradient:
+    one O(n r²) product and one O(n r log r) projection per trial step.
+
+    ``omega_hint`` is the previous call's accepted ω (0 for none); ``dtype`` is the working
+    precision (float32 in ``decompose``).  Returns the new Lᵀ (float64, feasible) and the last ω.
+    """
+    gram64 = factor_b.T @ factor_b  # O(m r²)
+    top = gram64.shape[0] - 1
+    safe_omega = beta * float(scipy.linalg.eigvalsh(gram64, subset_by_index=[top, top])[0])
+    gram = gram64.astype(dtype)
+    linear_t = (target_t @ factor_b).astype(dtype)  # (Bᵀ(βW + π))ᵀ = −∇G(0), O(mnr)
+    factor_lt = factor_lt.astype(dtype)
+    if not safe_omega > 0:  # B = 0: G is linear; any step is exact after projection
+        safe_omega = 1.0
+    omega = min(max(omega_hint * _HINT_SHRINK, safe_omega / _FIRST_STEP_FACTOR), safe_omega)
+    previous = current = factor_lt
+    gram_previous = gram_current = factor_lt @ gram  # O(n r²)
+    momentum_prev, momentum = 1.0, 1.0
+    for step in range(max_steps):
+        if step == 0:
+            search, gram_search = current, gram_current
+        else:
+            weight = (momentum_prev - 1.0) / momentum
+            search = current - previous
+            search *= weight
+            search += current
+            gram_search = gram_current - gram_previous
+            gram_search *= weight
+            gram_search += gram_current
+        descent = gram_search * (-beta)
+        descent += linear_t  # −∇G(S)
+        while True:
+            point = descent * (1.0 / omega)
+            point += search
+            candidate = _project_rows(point, 1.0)  # O(n r log r)
+            move = candidate - search
+            gram_move = move @ gram  # O(n r²)
+            move_sq = float(np.vdot(move, move))
+            curvature = beta * float(np.vdot(move, gram_move))
+            if curvature <= omega * move_sq * (1.0 + 1e-12) or omega >= safe_omega:
+                break
+            omega = min(max(2.0 * omega, curvature / move_sq), safe_omega)
+        previous, gram_previous = current, gram_current
+        gram_move += gram_search
+        current, gram_current = candidate, gram_move
+        if step % _REFRESH_PERIOD == _REFRESH_PERIOD - 1:
+            # Bound the rounding drift of the running products; both are refreshed, or the
+            # extrapolation (weight → 1) would turn their mismatch into a linearly growing error.
+            gram_previous, gram_current = previous @ gram, current @ gram
+        momentum_prev, momentum = momentum, (1.0 + math.sqrt(1.0 + 4.0 * momentum * momentum)) / 2
+        if math.sqrt(move_sq) < stop_step:
+            break
+    # In float32 a projected row can exceed the ball by a rounding error; a float64 rescale of such
+    # rows (a feasible map, change ~1e-7) makes the returned iterate feasible.
+    result = current.astype(np.float64)
+    result /= np.maximum(np.abs(result).sum(axis=1), 1.0)[:, None]
+    return result, omega
+
+
+def _reseed_dead_rows(factor_lt: np.ndarray, rng: np.random.Generator) -> None:
+    """Give every all-zero row of L (column of Lᵀ) a small random direction, in place. O(n r).
+
+    Keeps every column of L in the unit L1 ball by rescaling (a feasible map).
+    """
+    row_peaks = np.abs(factor_lt).max(axis=0)
+    dead = row_peaks <= _DEAD_ROW_RELATIVE * max(float(row_peaks.max()), 1.0)
+    dead_count = int(np.count_nonzero(dead))
+    if dead_count == 0:
+        return
+    n = factor_lt.shape[0]
+    factor_lt[:, dead] = rng.standard_normal((n, dead_count)) * (_RESEED_L1_MASS / n)
+    column_l1 = np.abs(factor_lt).sum(axis=1)
+    factor_lt /= np.maximum(column_l1, 1.0)[:, None]
+
+
+# --------------------------------------------------------------------------------------------
+# Error and release
+# --------------------------------------------------------------------------------------------
+
+
+def expected_total_error(
+    W: np.ndarray,
+    decomposition: LowRankDecomposition,
+    *,
+    epsilon: float,
+    data_norm_sq: float = 1.0,
+    data_sensitivity: float = 1.0,
+) -> float:
+    """Expected total squared error over the m queries of ``measure``: noise plus bias bound.
+
+    ``2·(Δ_x·Δ(L)/ε)²·‖B‖²_F + ‖W − B·L‖²_F · data_norm_sq`` (Lemma 1 and Theorem 3 with γ²).
+    The bias term is the paper's Cauchy-Schwarz bound ``‖(W − BL)x‖² ≤ ‖W − BL‖²_F·‖x‖²₂``:
+    with the default ``data_norm_sq = 1`` it is the bias per unit squared L2 norm of the data;
+    pass a public bound on ``Σ x_i²`` for a bound on real data.  Total, not per query (divide by
+    m); the paper's experiments report the same total (``seed-lrm.md`` §1.3).
+
+    Parameters
+    ----------
+    W : ndarray, shape (m, n)
+        The workload the decomposition answers (the bias is recomputed against it).
+    decomposition : LowRankDecomposition
+    epsilon : float
+        Privacy budget of the release (> 0).
+    data_norm_sq : float
+        Assumed ``‖x‖²₂`` for the bias term (≥ 0).
+    data_sensitivity : float
+        L1 sensitivity Δ_x of the data vector (1 for unit counts).
+    """
+    workload = _finite_matrix(W, "W")
+    _check_matching(workload, decomposition)
+    _check_epsilon(epsilon)
+    _check_data_sensitivity(data_sensitivity)
+    if not (math.isfinite(data_norm_sq) and data_norm_sq >= 0):
+        raise ValueError(f"data_norm_sq ({data_norm_sq}) must be finite and >= 0")
+    scale = data_sensitivity * l1_sensitivity(decomposition.L) / epsilon
+    variance = 2.0 * scale * scale * decomposition.query_scale
+    residual = workload - decomposition.B @ decomposition.L  # O(mnr)
+    return float(variance + float(np.sum(residual * residual)) * data_norm_sq)
+
+
+def query_variances(
+    decomposition: LowRankDecomposition, *, epsilon: float, data_sensitivity: float = 1.0
+) -> np.ndarray:
+    """Noise variance of each of the m released answers: ``2·(Δ_x·Δ(L)/ε)²·Σ_k B_ik²``.
+
+    Lemma 1 row by row; the sum is the noise part of ``expected_total_error`` (no bias). O(mr).
+    """
+    if not isinstance(decomposition, LowRankDecomposition):
+        raise TypeError(
+            f"decomposition must be a LowRankDecomposition, got {type(decomposition).__name__}"
+        )
+    _check_epsilon(epsilon)
+    _check_data_sensitivity(data_sensitivity)
+    scale = data_sensitivity * l1_sensitivity(decomposition.L) / epsilon
+    return 2.0 * scale * scale * np.sum(decomposition.B * decomposition.B, axis=1)
+
+
+def measure(
+    x: np.ndarray,
+    decomposition: LowRankDecomposition,
+    *,
+    epsilon: float,
+    sampler: NoiseSampler,
+    data_sensitivity: float = 1.0,
+) -> np.ndarray:
+    """Release ``B·(L·x + Lap(Δ_x·Δ(L)/ε)^r)``: noisy answers to the m workload queries (Eq. 6).
+
+    Privacy: ε-DP for neighbours whose data vectors differ by at most ``data_sensitivity`` in
+    L1 norm (default 1: one unit count, the paper's neighbours).  ``L·x`` then has L1 sensitivity
+    ``data_sensitivity·Δ(L)``, with Δ(L) recomputed here from the returned ``L`` (never assumed
+    to be 1); multiplying by the public ``B`` is post-processing.  The answers are biased by
+    ``(B·L − W)·x`` when the decomposition is relaxed (see ``expected_total_error``).
+
+    References
+    ----------
+    Yuan et al., PVLDB 2012, §4 Eq. (6), Lemma 1.
+    """
+    if not isinstance(decomposition, LowRankDecomposition):
+        raise TypeError(
+            f"decomposition must be a LowRankDecomposition, got {type(decomposition).__name__}"
+        )
+    data = np.asarray(x, dtype=np.float64)
+    if data.shape != (decomposition.num_cells,):
+        raise ValueError(
+            f"x has shape {data.shape}; it must be a vector of length n = {decomposition.num_cells}"
+        )
+    if not np.all(np.isfinite(data)):
+        raise ValueError("x must be finite")
+    _check_epsilon(epsilon)
+    _check_data_sensitivity(data_sensitivity)
+    # Privacy obligation: the scale uses the actual Δ(L) of the L that is applied to x.
+    scale = data_sensitivity * l1_sensitivity(decomposition.L) / epsilon
+    noisy_intermediate = sampler.add_laplace(decomposition.L @ data, scale=scale)  # O(rn)
+    return decomposition.B @ np.asarray(noisy_intermediate, dtype=np.float64)  # O(mr)
+
+
+# --------------------------------------------------------------------------------------------
+# The paper's workload families (§6.1)
+# --------------------------------------------------------------------------------------------
+
+
+def wdiscrete_workload(
+    m: int,
+    n: int,
+    *,
+    rng: np.random.Generator,
+    probability_one: float = 0.02,
+    otherwise: float = -1.0,
+) -> np.ndarray:
+    """WDiscrete: each ``W_ij`` is 1 with probability 0.02 and ``otherwise`` (−1) else.
+
+    The paper's text, read literally ("1 with probability 0.02 and −1 otherwise"): a dense ±1
+    matrix.  ``otherwise=0.0`` gives the sparse 0/1 reading (``seed-lrm.md`` §6.3 item 20).
+    """
+    m, n = _positive_int(m, "m"), _positive_int(n, "n")
+    _check_generator(rng)
+    if not (0 <= probability_one <= 1):
+        raise ValueError(f"probability_one ({probability_one}) must be in [0, 1]")
+    if not math.isfinite(otherwise):
+        raise ValueError(f"otherwise ({otherwise}) must be finite")
+    return np.where(rng.random((m, n)) < probability_one, 1.0, float(otherwise))
+
+
+def wrange_workload(m: int, n: int, *, rng: np.random.Generator) -> np.ndarray:
+    """WRange: m range queries ``Σ_{a ≤ j ≤ b} x_j``, endpoints i.i.d. uniform on the domain.
+
+    The two endpoints are drawn independently and sorted (a = b allowed): the paper does not
+    say (``seed-lrm.md`` §6.3 item 21).  O(mn).
+    """
+    m, n = _positive_int(m, "m"), _positive_int(n, "n")
+    _check_generator(rng)
+    endpoints = np.sort(rng.integers(0, n, size=(m, 2)), axis=1)
+    cells = np.arange(n)
+    return ((cells >= endpoints[:, :1]) & (cells <= endpoints[:, 1:])).astype(np.float64)
+
+
+def wrelated_workload(m: int, n: int, s: int, *, rng: np.random.Generator) -> np.ndarray:
+    """WRelated: ``W = C·A`` with C (m×s) and A (s×n) i.i.d. N(0, 1); rank s almost surely."""
+    m, n, s = _positive_int(m, "m"), _positive_int(n, "n"), _positive_int(s, "s")
+    _check_generator(rng)
+    if s > min(m, n):
+        raise ValueError(f"s ({s}) must be <= min(m, n) = {min(m, n)}")
+    correlation = rng.standard_normal((m, s))
+    base = rng.standard_normal((s, n))
+    return correlation @ base  # O(mns)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _finite_matrix(matrix: np.ndarray, name: str) -> np.ndarray:
+    values = np.array(matrix, dtype=np.float64, copy=True)
+    if values.ndim != 2 or values.size == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D array, got shape {values.shape}")
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"{name} must be finite")
+    return values
+
+
+def _positive_int(value: int, name: str) -> int:
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
+    return int(value)
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if not (isinstance(epsilon, Real) and math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon ({epsilon}) must be finite and > 0")
+
+
+def _check_data_sensitivity(data_sensitivity: float) -> None:
+    if not (
+        isinstance(data_sensitivity, Real)
+        and math.isfinite(data_sensitivity)
+        and data_sensitivity > 0
+    ):
+        raise ValueError(f"data_sensitivity ({data_sensitivity}) must be finite and > 0")
+
+
+def _check_generator(rng: np.random.Generator) -> None:
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+
+
+def _check_matching(workload: np.ndarray, decomposition: LowRankDecomposition) -> None:
+    if not isinstance(decomposition, LowRankDecomposition):
+        raise TypeError(
+            f"decomposition must be a LowRankDecomposition, got {type(decomposition).__name__}"
+        )
+    expected = (decomposition.num_queries, decomposition.num_cells)
+    if workload.shape != expected:
+        raise ValueError(
+            f"W has shape {workload.shape} but the decomposition answers shape {expected}"
+        )

@@ -1,0 +1,841 @@
+"""Deterministic tests of the optimised strategy templates, the marginals algebra and the SVD bound.
+
+Test vectors: /work/shared/reference/seed-eigen.md §4 item 6 and §9 (SVD bounds; Identity, H and Y
+error ratios) and anchors.md §2/§12 (HDMM's optimised errors, which ours must not exceed).  Every
+structural shortcut (Kronecker error and sensitivity, marginals eigenvalues, Gram products,
+pseudo-inverse, projections, measurements) is checked against the dense matrix.  Sizes stay small;
+the large cases (n up to 4096) live in benchmarks/strategy_bench.py.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+import scipy.optimize
+
+from mechanisms.optimized import (
+    OptimizedStrategy,
+    expected_total_error,
+    optimize_full_rank,
+    optimize_kron,
+    optimize_marginals,
+    optimize_pidentity,
+    optimize_workload,
+    svd_bound,
+    validate_terms,
+)
+from mechanisms.optimized_marginals import (
+    eigenspace_multiplicities,
+    gram_coefficients,
+    gram_eigenvalues,
+    marginal_measurements,
+    marginal_measurements_transpose,
+    marginals_gram_apply,
+    marginals_gram_pinv_apply,
+    marginals_loss_and_gradient,
+    marginals_sensitivity,
+    marginals_unit_error,
+    pseudo_inverse_coefficients,
+    subset_mask,
+    subsets_projections,
+    superset_differences,
+    superset_sums,
+    validate_domain_sizes,
+    workload_projections,
+)
+from mechanisms.optimized_templates import (
+    column_sensitivity,
+    gaussian_dual,
+    optimize_factor,
+    optimize_gaussian_full_rank,
+    pidentity_loss_and_gradient,
+    pidentity_strategy,
+    unit_error,
+    validate_gram,
+)
+
+# ------------------------------------------------------------------------------------------------
+# Helpers: dense workloads and competitor strategies
+# ------------------------------------------------------------------------------------------------
+
+
+def all_range_gram(n: int) -> np.ndarray:
+    """Gram of all n(n+1)/2 ranges: min(i, j) (n − max(i, j) + 1), 1-indexed."""
+    i = np.arange(1, n + 1)
+    return np.minimum.outer(i, i) * (n - np.maximum.outer(i, i) + 1.0)
+
+
+def prefix_gram(n: int) -> np.ndarray:
+    """Gram of the n prefix (CDF) queries: n − max(i, j) + 1."""
+    i = np.arange(1, n + 1)
+    return n - np.maximum.outer(i, i) + 1.0
+
+
+def dense_kron(matrices: tuple[np.ndarray, ...]) -> np.ndarray:
+    out = np.ones((1, 1))
+    for matrix in matrices:
+        out = np.kron(out, matrix)
+    return out
+
+
+def dense_workload_gram(terms: list[tuple[np.ndarray, ...]]) -> np.ndarray:
+    return sum(dense_kron(term) for term in terms)
+
+
+def dense_svd_bound(gram: np.ndarray) -> float:
+    values = np.clip(np.linalg.eigvalsh(gram), 0.0, None)
+    return float(np.sqrt(values).sum() ** 2 / gram.shape[0])
+
+
+def dense_error(gram: np.ndarray, strategy: np.ndarray, *, norm: int) -> float:
+    columns = np.abs(strategy).sum(axis=0) if norm == 1 else np.sqrt((strategy**2).sum(axis=0))
+    return float(columns.max() ** 2 * np.trace(gram @ np.linalg.pinv(strategy.T @ strategy)))
+
+
+def hierarchical(n: int) -> np.ndarray:
+    """H_n: binary hierarchy of dyadic blocks including the leaves ((2n − 1) × n)."""
+    rows, block = [], n
+    while block >= 1:
+        for start in range(0, n, block):
+            row = np.zeros(n)
+            row[start : start + block] = 1.0
+            rows.append(row)
+        block //= 2
+    return np.array(rows)
+
+
+def wavelet(n: int) -> np.ndarray:
+    """Y_n: unnormalised Haar with a total row (n × n)."""
+    matrix = np.ones((1, 1))
+    while matrix.shape[1] < n:
+        size = matrix.shape[1]
+        matrix = np.vstack([np.kron(matrix, [[1.0, 1.0]]), np.kron(np.eye(size), [[1.0, -1.0]])])
+    return matrix
+
+
+def random_gram(rng: np.random.Generator, n: int, rows: int | None = None) -> np.ndarray:
+    w = rng.standard_normal((rows or n + 2, n))
+    return w.T @ w
+
+
+def marginal_basis(mask: int, sizes: tuple[int, ...]) -> np.ndarray:
+    return dense_kron(
+        tuple(np.eye(n) if mask >> i & 1 else np.ones((n, n)) for i, n in enumerate(sizes))
+    )
+
+
+def marginal_query(mask: int, sizes: tuple[int, ...]) -> np.ndarray:
+    return dense_kron(
+        tuple(np.eye(n) if mask >> i & 1 else np.ones((1, n)) for i, n in enumerate(sizes))
+    )
+
+
+def marginal_terms(subsets: list[tuple[int, ...]], sizes: tuple[int, ...]):
+    return [
+        tuple(np.eye(n) if i in subset else np.ones((n, n)) for i, n in enumerate(sizes))
+        for subset in subsets
+    ]
+
+
+def dense_strategy(
+    factors: tuple[np.ndarray, ...], *, noise: str = "gaussian"
+) -> OptimizedStrategy:
+    """Wrap given per-attribute matrices so expected_total_error can evaluate them."""
+    return OptimizedStrategy(
+        kind="kron",
+        domain_sizes=tuple(f.shape[1] for f in factors),
+        objective_noise=noise,
+        total_error=float("nan"),
+        sensitivity=float("nan"),
+        restarts=0,
+        seconds=0.0,
+        factors=factors,
+        factor_templates=("identity",) * len(factors),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# SVD bound: reference values (seed-eigen.md §4 item 6, §9) and dense agreement
+# ------------------------------------------------------------------------------------------------
+
+ALL_RANGE_SVDB = {
+    2: 3.732051,
+    4: 16.31224,
+    8: 79.17234,
+    16: 404.4829,
+    32: 2095.567,
+    64: 10787.15,
+    128: 54677.51,
+    256: 2.721630e5,
+    512: 1.330722e6,
+}
+
+
+@pytest.mark.parametrize("n", list(ALL_RANGE_SVDB), ids=[f"ALLRANGE({n})" for n in ALL_RANGE_SVDB])
+def test_svd_bound_all_range_matches_reference(n: int) -> None:
+    assert svd_bound([(all_range_gram(n),)]) == pytest.approx(ALL_RANGE_SVDB[n], rel=2e-6)
+
+
+def test_svd_bound_all_range_two_exact() -> None:
+    assert svd_bound([(all_range_gram(2),)]) == pytest.approx(2 + math.sqrt(3), rel=1e-14)
+
+
+@pytest.mark.parametrize(
+    ("terms", "expected"),
+    [
+        ([(all_range_gram(64), all_range_gram(32))], 2.2605e7),
+        ([tuple(all_range_gram(2) for _ in range(10))], (2 + math.sqrt(3)) ** 10),
+        (marginal_terms([(0, 1), (0, 2), (1, 2)], (8, 16, 16)), 1.3606e3),
+        (
+            [
+                (
+                    np.array([[1.0, 1.0, 1.0], [0.0, 1.0, 1.0]]).T
+                    @ np.array([[1.0, 1, 1], [0, 1, 1]]),
+                )
+            ],
+            2.6095,
+        ),
+    ],
+    ids=["ALLRANGE(64,32)", "ALLRANGE(2^x10)", "2-way-marginals-8x16x16", "example-4.4"],
+)
+def test_svd_bound_reference_vectors(terms, expected: float) -> None:
+    assert svd_bound(terms) == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "one_term", [False, True], ids=["identity-plus-total-terms", "one-term-dense-eigen"]
+)
+def test_svd_bound_all_predicate_1024(one_term: bool) -> None:
+    """ALLPREDICATE(n) has Gram 2^(n−2) (I + J); SVDB(1024) = 4.8851e310 (§9, printed e156).
+
+    The two-term form uses the a·I + b·J closed form at n = 1024; the one-term form
+    eigendecomposes, so it runs at n = 128 against Cor 4.4's closed form.
+    """
+    n = 128 if one_term else 1024
+    terms = [(np.eye(n) + np.ones((n, n)),)] if one_term else [(np.eye(n),), (np.ones((n, n)),)]
+    closed_form = (n - 1 + math.sqrt(n + 1)) ** 2 / n
+    assert svd_bound(terms) == pytest.approx(closed_form, rel=1e-10)
+    if not one_term:
+        log10_bound = math.log10(svd_bound(terms)) + (n - 2) * math.log10(2.0)
+        assert log10_bound == pytest.approx(310 + math.log10(4.8851), abs=1e-4)
+
+
+def _mixed_terms(rng: np.random.Generator):
+    sizes = (3, 4, 2)
+    return [
+        (np.eye(3), random_gram(rng, 4), np.ones((2, 2))),
+        (2.0 * np.eye(3) + 0.5 * np.ones((3, 3)), random_gram(rng, 4), np.eye(2)),
+        (np.ones((3, 3)), random_gram(rng, 4), np.ones((2, 2))),
+    ], sizes
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["single-term-product", "marginals-closed-form", "mixed-split-and-dense", "dense-fallback"],
+)
+def test_svd_bound_equals_dense(case: str) -> None:
+    rng = np.random.default_rng(7)
+    if case == "single-term-product":
+        terms = [(all_range_gram(8), prefix_gram(4), random_gram(rng, 3))]
+    elif case == "marginals-closed-form":
+        terms = marginal_terms([(0,), (1, 2), (0, 1, 2), ()], (2, 3, 4))
+    elif case == "mixed-split-and-dense":
+        terms, _ = _mixed_terms(rng)
+    else:
+        terms = [(random_gram(rng, 3), random_gram(rng, 4)), (random_gram(rng, 3), np.eye(4))]
+    expected = dense_svd_bound(dense_workload_gram(terms))
+    assert svd_bound(terms) == pytest.approx(expected, rel=1e-7)
+
+
+def test_svd_bound_refuses_a_large_dense_part() -> None:
+    big = all_range_gram(64)
+    with pytest.raises(ValueError, match=re.escape("4096 cells together")):
+        svd_bound([(big, big), (np.eye(64), big)])
+
+
+# ------------------------------------------------------------------------------------------------
+# Expected error: test vectors and the Kronecker shortcut
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected_ratio"),
+    [("identity", 2.0174), ("hierarchical", 1.6258), ("wavelet", 1.2709)],
+    ids=["identity", "H16", "Y16"],
+)
+def test_error_ratios_all_range_16(name: str, expected_ratio: float) -> None:
+    """seed-eigen.md §9: TOTALERROR / SVDB under L2 sensitivity for ALLRANGE(16)."""
+    strategy = {"identity": np.eye(16), "hierarchical": hierarchical(16), "wavelet": wavelet(16)}
+    terms = [(all_range_gram(16),)]
+    error = expected_total_error(terms, dense_strategy((strategy[name],)), noise="gaussian")
+    assert error / svd_bound(terms) == pytest.approx(expected_ratio, abs=6e-5)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_identity_rmse_all_range_256(noise: str) -> None:
+    """anchors.md §2: Identity on AllRange(256) has rmse 9.274 under either normalisation."""
+    n = 256
+    error = expected_total_error([(all_range_gram(n),)], dense_strategy((np.eye(n),)), noise=noise)
+    assert math.sqrt(error / (n * (n + 1) / 2)) == pytest.approx(9.274, abs=5e-4)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_kron_error_and_sensitivity_equal_dense(noise: str) -> None:
+    """Factors with negative entries (allowed under both norms): Π-of-factors vs the dense A."""
+    rng = np.random.default_rng(3)
+    factors = (rng.standard_normal((5, 3)), rng.standard_normal((6, 4)) - 0.5)
+    terms = [(random_gram(rng, 3), random_gram(rng, 4)), (np.ones((3, 3)), all_range_gram(4))]
+    dense_a = dense_kron(factors)
+    norm = 1 if noise == "laplace" else 2
+    expected = dense_error(dense_workload_gram(terms), dense_a, norm=norm)
+    assert expected_total_error(terms, dense_strategy(factors), noise=noise) == pytest.approx(
+        expected, rel=1e-9
+    )
+    dense_sensitivity = column_sensitivity(dense_a, noise=noise)
+    product = np.prod([column_sensitivity(f, noise=noise) for f in factors])
+    assert product == pytest.approx(dense_sensitivity, rel=1e-12)
+
+
+def test_unit_error_pseudo_inverse_path_and_support() -> None:
+    """Singular strategy Grams: pinv error when supported, inf when not."""
+    total = np.ones((1, 4))
+    assert unit_error(np.ones((4, 4)), total.T @ total) == pytest.approx(1.0, rel=1e-9)
+    assert unit_error(np.eye(4), total.T @ total) == math.inf
+
+
+# ------------------------------------------------------------------------------------------------
+# Gradient checks (every template objective)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_pidentity_gradient(noise: str) -> None:
+    rng = np.random.default_rng(11)
+    n, p = 12, 3
+    gram = all_range_gram(n) / n
+    theta = rng.random(p * n) + 0.1
+    if noise == "gaussian":
+        theta -= 0.5  # negative entries are allowed under L2
+    error = scipy.optimize.check_grad(
+        lambda x: pidentity_loss_and_gradient(x, gram, p, noise)[0],
+        lambda x: pidentity_loss_and_gradient(x, gram, p, noise)[1],
+        theta,
+    )
+    gradient_norm = np.linalg.norm(pidentity_loss_and_gradient(theta, gram, p, noise)[1])
+    assert error <= 1e-5 * max(1.0, gradient_norm)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_pidentity_loss_equals_dense(noise: str) -> None:
+    rng = np.random.default_rng(12)
+    n, p = 9, 4
+    gram = prefix_gram(n)
+    theta = rng.random((p, n)) - (0.5 if noise == "gaussian" else 0.0)
+    strategy = pidentity_strategy(theta, noise=noise)
+    assert column_sensitivity(strategy, noise=noise) == pytest.approx(1.0, rel=1e-12)
+    loss, _ = pidentity_loss_and_gradient(theta.ravel(), gram, p, noise)
+    expected = dense_error(gram, strategy, norm=1 if noise == "laplace" else 2)
+    assert loss == pytest.approx(expected, rel=1e-10)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_marginals_gradient(noise: str) -> None:
+    rng = np.random.default_rng(13)
+    sizes = (2, 3, 4)
+    projections = workload_projections(
+        [
+            (random_gram(rng, 2), np.eye(3), random_gram(rng, 4)),
+            (np.ones((2, 2)), *marginal_terms([(1,)], (3, 4))[0]),
+        ]
+    )
+    projections = projections / projections.max()
+    weights = rng.random(8) + 0.2
+    error = scipy.optimize.check_grad(
+        lambda w: marginals_loss_and_gradient(w, projections, sizes, noise)[0],
+        lambda w: marginals_loss_and_gradient(w, projections, sizes, noise)[1],
+        weights,
+    )
+    gradient_norm = np.linalg.norm(
+        marginals_loss_and_gradient(weights, projections, sizes, noise)[1]
+    )
+    assert error <= 1e-5 * max(1.0, gradient_norm)
+
+
+# ------------------------------------------------------------------------------------------------
+# Marginals algebra against dense matrices
+# ------------------------------------------------------------------------------------------------
+
+SIZES = (2, 3, 4)
+
+
+def test_marginals_eigenvalues_equal_dense_spectrum() -> None:
+    rng = np.random.default_rng(21)
+    coefficients = rng.standard_normal(8)  # negative coefficients too
+    dense = sum(c * marginal_basis(s, SIZES) for s, c in enumerate(coefficients))
+    counts = eigenspace_multiplicities(SIZES).astype(int)
+    spectrum = np.repeat(gram_eigenvalues(coefficients, SIZES), counts)
+    np.testing.assert_allclose(np.sort(spectrum), np.linalg.eigvalsh(dense), atol=1e-10)
+    assert counts.sum() == 24
+    np.testing.assert_allclose(
+        gram_coefficients(gram_eigenvalues(coefficients, SIZES), SIZES), coefficients, atol=1e-12
+    )
+
+
+def test_superset_transforms_invert_and_match_definition() -> None:
+    values = np.random.default_rng(22).standard_normal(16)
+    sums = superset_sums(values, 4)
+    expected = [sum(values[s] for s in range(16) if s & u == u) for u in range(16)]
+    np.testing.assert_allclose(sums, expected, atol=1e-12)
+    np.testing.assert_allclose(superset_differences(sums, 4), values, atol=1e-12)
+
+
+def test_marginals_gram_apply_equals_dense() -> None:
+    rng = np.random.default_rng(23)
+    coefficients = rng.standard_normal(8)
+    vector = rng.standard_normal(24)
+    dense = sum(c * marginal_basis(s, SIZES) for s, c in enumerate(coefficients))
+    np.testing.assert_allclose(marginals_gram_apply(coefficients, SIZES, vector), dense @ vector)
+
+
+@pytest.mark.parametrize("singular", [False, True], ids=["full-rank", "singular"])
+def test_marginals_pinv_apply_equals_dense_pinv(singular: bool) -> None:
+    rng = np.random.default_rng(24)
+    weights = rng.random(8) + 0.1
+    if singular:
+        weights[[3, 7]] = 0.0  # no identity, no {0,1} marginal: rank deficient
+    dense = sum(w**2 * marginal_basis(s, SIZES) for s, w in enumerate(weights))
+    vector = rng.standard_normal(24)
+    np.testing.assert_allclose(
+        marginals_gram_pinv_apply(weights, SIZES, vector),
+        np.linalg.pinv(dense) @ vector,
+        atol=1e-10,
+    )
+    coefficients = pseudo_inverse_coefficients(weights**2, SIZES)
+    pinv = sum(c * marginal_basis(s, SIZES) for s, c in enumerate(coefficients))
+    np.testing.assert_allclose(dense @ pinv @ dense, dense, atol=1e-9)  # Moore–Penrose
+
+
+def test_marginals_measurements_and_sensitivity_equal_dense() -> None:
+    """Including a negative weight: sensitivity uses |w| (L1) and w² (L2)."""
+    rng = np.random.default_rng(25)
+    weights = np.array([0.5, 0.0, -0.7, 0.2, 0.0, 1.1, 0.3, -0.4])
+    stacked = np.vstack([w * marginal_query(s, SIZES) for s, w in enumerate(weights) if w != 0])
+    vector = rng.standard_normal(24)
+    answers = marginal_measurements(weights, SIZES, vector)
+    np.testing.assert_allclose(answers, stacked @ vector)
+    np.testing.assert_allclose(
+        marginal_measurements_transpose(weights, SIZES, answers), stacked.T @ answers
+    )
+    for noise in ("laplace", "gaussian"):
+        assert marginals_sensitivity(weights, noise=noise) == pytest.approx(
+            column_sensitivity(stacked, noise=noise), rel=1e-12
+        )
+    np.testing.assert_allclose(
+        stacked.T @ stacked, sum(w**2 * marginal_basis(s, SIZES) for s, w in enumerate(weights))
+    )
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_marginals_error_on_arbitrary_terms_equals_dense(noise: str) -> None:
+    rng = np.random.default_rng(26)
+    terms = [
+        (random_gram(rng, 2), random_gram(rng, 3), np.eye(4)),
+        (np.eye(2), np.ones((3, 3)), prefix_gram(4)),
+    ]
+    weights = rng.random(8) + 0.1
+    strategy = OptimizedStrategy(
+        kind="marginals", domain_sizes=SIZES, objective_noise=noise, total_error=float("nan"),
+        sensitivity=float("nan"), restarts=0, seconds=0.0, weights=weights,
+    )  # fmt: skip
+    stacked = np.vstack([w * marginal_query(s, SIZES) for s, w in enumerate(weights)])
+    expected = dense_error(dense_workload_gram(terms), stacked, norm=1 if noise == "laplace" else 2)
+    assert expected_total_error(terms, strategy, noise=noise) == pytest.approx(expected, rel=1e-9)
+
+
+def test_marginals_unsupported_workload_has_infinite_error() -> None:
+    weights = np.zeros(8)
+    weights[0] = 1.0  # only the grand total
+    projections = workload_projections([tuple(np.eye(n) for n in SIZES)])
+    assert marginals_unit_error(weights, projections, SIZES) == math.inf
+
+
+def test_subsets_and_terms_give_the_same_projections() -> None:
+    subsets = [(0, 1), (2,), ()]
+    np.testing.assert_allclose(
+        subsets_projections(subsets, SIZES),
+        workload_projections(marginal_terms(subsets, SIZES)),
+        atol=1e-9,
+    )
+    assert subset_mask((0, 2), 3) == 0b101
+
+
+# ------------------------------------------------------------------------------------------------
+# Full-rank Gaussian optimum
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gram", "m", "hdmm_rmse"),
+    [(all_range_gram(128), 128 * 129 / 2, 2.599), (prefix_gram(128), 128, 2.312)],
+    ids=["all-range-128", "prefix-128"],
+)
+def test_full_rank_beats_hdmm_and_is_certified(
+    gram: np.ndarray, m: float, hdmm_rmse: float
+) -> None:
+    """anchors.md §2 (oned.csv, L2): ours ≤ HDMM, ≥ the SVD bound, within the dual gap."""
+    result = optimize_full_rank(gram, tolerance=1e-5)
+    assert math.sqrt(result.total_error / m) <= hdmm_rmse
+    assert result.lower_bound is not None
+    assert svd_bound([(gram,)]) <= result.lower_bound * (1 + 1e-12)
+    assert result.lower_bound <= result.total_error <= result.lower_bound * (1 + 1e-5)
+    (strategy,) = result.factors
+    assert column_sensitivity(strategy, noise="gaussian") == pytest.approx(1.0, rel=1e-9)
+    assert expected_total_error([(gram,)], result, noise="gaussian") == pytest.approx(
+        result.total_error, rel=1e-8
+    )
+
+
+def test_gaussian_dual_gradient_and_weak_duality() -> None:
+    """g(μ) = 2 tr √(D^½ G D^½) − Σμ has gradient diag(X_μ) − 1, and never exceeds a primal."""
+    rng = np.random.default_rng(30)
+    gram = random_gram(rng, 7, rows=9)
+
+    def dual_function(mu: np.ndarray) -> float:
+        value, _ = gaussian_dual(gram, np.sqrt(mu))
+        return 2.0 * math.sqrt(value * mu.sum()) - mu.sum()
+
+    def dual_gradient(mu: np.ndarray) -> np.ndarray:
+        _, primal = gaussian_dual(gram, np.sqrt(mu))
+        return np.diag(primal) - 1.0
+
+    mu = rng.random(7) + 0.5
+    assert scipy.optimize.check_grad(dual_function, dual_gradient, mu) <= 1e-5
+    for _ in range(5):
+        weights = rng.random(7) + 0.1
+        bound, primal = gaussian_dual(gram, weights)
+        correlation = random_gram(rng, 7, rows=3) + np.eye(7)
+        correlation /= np.sqrt(np.outer(np.diag(correlation), np.diag(correlation)))
+        for candidate in (np.eye(7), correlation, primal / np.diag(primal).max()):
+            assert bound <= unit_error(gram, candidate) * (1 + 1e-10)
+
+
+def test_full_rank_matches_complete_pidentity() -> None:
+    """With p = n the Gaussian p-Identity covers every unit-diagonal X: same optimum."""
+    rng = np.random.default_rng(31)
+    gram = random_gram(rng, 8, rows=5)  # rank deficient on purpose
+    gram += np.diag(rng.random(8))
+    full = optimize_full_rank(gram, tolerance=1e-8)
+    complete = optimize_pidentity(gram, p=8, noise="gaussian", rng=rng, restarts=2)
+    assert full.total_error <= complete.total_error * (1 + 1e-6)
+    assert complete.total_error <= full.total_error * (1 + 1e-3)
+
+
+def test_full_rank_handles_unused_cells_and_zero_workload() -> None:
+    gram = np.zeros((5, 5))
+    gram[:3, :3] = all_range_gram(3)
+    solution = optimize_gaussian_full_rank(gram)
+    np.testing.assert_allclose(np.diag(solution.strategy_gram), 1.0)
+    assert solution.unit_error == pytest.approx(
+        optimize_gaussian_full_rank(all_range_gram(3)).unit_error
+    )
+    assert optimize_gaussian_full_rank(np.zeros((3, 3))).unit_error == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Optimisers: bounds, Kronecker alternation, union choice, reproducibility
+# ------------------------------------------------------------------------------------------------
+
+
+def test_laplace_pidentity_beats_identity_and_hierarchy() -> None:
+    n = 64
+    gram = all_range_gram(n)
+    result = optimize_pidentity(
+        gram, p=4, noise="laplace", rng=np.random.default_rng(1), restarts=1
+    )
+    assert result.factors[0].shape == (n + 4, n)
+    assert np.all(result.factors[0] >= 0)
+    assert column_sensitivity(result.factors[0], noise="laplace") == pytest.approx(1.0, rel=1e-12)
+    assert result.total_error < 0.8 * float(np.trace(gram))  # identity: tr(G)
+    assert expected_total_error([(gram,)], result, noise="laplace") == pytest.approx(
+        result.total_error, rel=1e-8
+    )
+
+
+def test_identity_wins_ties_and_unused_rows_are_dropped() -> None:
+    """Small all-range workloads: no Laplace p-Identity beats the identity (Θ = 0 is a local
+    minimum), and the identity is then returned without empty extra rows."""
+    gram = all_range_gram(12)
+    solution, _, _ = optimize_factor(gram, noise="laplace", rng=np.random.default_rng(0), p=2)
+    assert solution.template == "identity"
+    np.testing.assert_array_equal(solution.strategy, np.eye(12))
+    theta = np.zeros((3, 4))
+    theta[1] = [0.0, 1.0, 2.0, 0.0]
+    strategy = pidentity_strategy(theta, noise="laplace")
+    assert strategy.shape == (5, 4)
+    np.testing.assert_allclose(strategy[4], [0.0, 0.5, 2.0 / 3.0, 0.0])
+
+
+def test_kron_single_term_gaussian_is_certified_optimal() -> None:
+    terms = [(all_range_gram(16), prefix_gram(8))]
+    result = optimize_kron(terms, noise="gaussian", rng=np.random.default_rng(0))
+    assert result.factor_templates == ("fullrank", "fullrank")
+    assert result.lower_bound is not None
+    assert result.lower_bound <= result.total_error <= result.lower_bound * (1 + 3e-5)
+    assert svd_bound(terms) <= result.lower_bound
+    assert expected_total_error(terms, result, noise="gaussian") == pytest.approx(
+        result.total_error, rel=1e-8
+    )
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_kron_union_improves_on_identity_and_reports_its_error(noise: str) -> None:
+    terms = [(all_range_gram(32), np.eye(6)), (np.ones((32, 32)), prefix_gram(6))]
+    result = optimize_kron(terms, noise=noise, rng=np.random.default_rng(2), ps=[2, None])
+    identity_error = expected_total_error(
+        terms, dense_strategy((np.eye(32), np.eye(6))), noise=noise
+    )
+    assert result.total_error < identity_error
+    assert expected_total_error(terms, result, noise=noise) == pytest.approx(
+        result.total_error, rel=1e-8
+    )
+    assert result.sensitivity == pytest.approx(1.0, rel=1e-9)
+
+
+MARGINAL_SIZES = (3, 4, 5, 2)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_marginals_template_on_two_way_marginals(noise: str) -> None:
+    subsets = [(0, 1), (1, 2), (2, 3), (0, 3)]
+    terms = marginal_terms(subsets, MARGINAL_SIZES)
+    by_subsets = optimize_marginals(
+        subsets, MARGINAL_SIZES, noise=noise, rng=np.random.default_rng(4)
+    )
+    by_terms = optimize_marginals(terms, MARGINAL_SIZES, noise=noise, rng=np.random.default_rng(4))
+    assert by_subsets.total_error == pytest.approx(by_terms.total_error, rel=1e-6)
+    assert expected_total_error(terms, by_terms, noise=noise) == pytest.approx(
+        by_terms.total_error, rel=1e-8
+    )
+    assert by_terms.sensitivity == pytest.approx(1.0, rel=1e-12)
+    workload_itself = np.zeros(16)
+    for subset in subsets:
+        workload_itself[subset_mask(subset, 4)] = 1.0
+    baseline = marginals_sensitivity(workload_itself, noise=noise) ** 2 * marginals_unit_error(
+        workload_itself, workload_projections(terms), MARGINAL_SIZES
+    )
+    assert by_terms.total_error <= baseline * (1 + 1e-9)
+    assert svd_bound(terms) <= by_terms.total_error
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+@pytest.mark.parametrize(
+    "workload",
+    ["all-range-32", "prefix-x-identity", "marginals-3x4x5x2", "range-and-marginal-union"],
+)
+def test_svd_bound_never_above_optimised_error(noise: str, workload: str) -> None:
+    terms = {
+        "all-range-32": [(all_range_gram(32),)],
+        "prefix-x-identity": [(prefix_gram(8), np.eye(5))],
+        "marginals-3x4x5x2": marginal_terms([(0, 1), (2,), (1, 3)], MARGINAL_SIZES),
+        "range-and-marginal-union": [(all_range_gram(8), np.ones((4, 4))), (np.eye(8), np.eye(4))],
+    }[workload]
+    result = optimize_workload(terms, noise=noise, rng=np.random.default_rng(5))
+    assert svd_bound(terms) <= result.total_error * (1 + 1e-12)
+    assert result.total_error == pytest.approx(min(result.details.values()), rel=1e-12)
+    assert expected_total_error(terms, result, noise=noise) == pytest.approx(
+        result.total_error, rel=1e-7
+    )
+
+
+def test_optimize_workload_prefers_marginals_for_marginal_workloads() -> None:
+    terms = marginal_terms([(0, 1), (1, 2), (0, 2)], (6, 6, 6))
+    result = optimize_workload(terms, noise="gaussian", rng=np.random.default_rng(6))
+    assert result.kind == "marginals"
+    assert set(result.details) == {"kron", "marginals"}
+
+
+@pytest.mark.parametrize(
+    "optimiser",
+    ["pidentity-laplace", "pidentity-gaussian", "kron-laplace", "marginals-laplace"],
+)
+def test_optimisation_is_reproducible_for_a_seed(optimiser: str) -> None:
+    def run(seed: int) -> OptimizedStrategy:
+        rng = np.random.default_rng(seed)
+        if optimiser == "pidentity-laplace":
+            return optimize_pidentity(all_range_gram(24), p=3, noise="laplace", rng=rng)
+        if optimiser == "pidentity-gaussian":
+            return optimize_pidentity(prefix_gram(24), p=3, noise="gaussian", rng=rng)
+        if optimiser == "kron-laplace":
+            return optimize_kron(
+                [(all_range_gram(8), prefix_gram(6))], noise="laplace", rng=rng, restarts=2
+            )
+        return optimize_marginals([(0, 1), (1, 2)], (3, 4, 5), noise="laplace", rng=rng)
+
+    first, second = run(42), run(42)
+    assert first.total_error == second.total_error
+    for a, b in zip(first.factors, second.factors, strict=True):
+        np.testing.assert_array_equal(a, b)
+    if first.weights is not None:
+        np.testing.assert_array_equal(first.weights, second.weights)
+
+
+def test_strategy_arrays_are_read_only() -> None:
+    result = optimize_pidentity(
+        all_range_gram(8), p=1, noise="laplace", rng=np.random.default_rng(0)
+    )
+    with pytest.raises(ValueError, match="read-only"):
+        result.factors[0][0, 0] = 1.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Validators: every one fires
+# ------------------------------------------------------------------------------------------------
+
+RNG = np.random.default_rng(0)
+GOOD = all_range_gram(4)
+
+
+VALIDATOR_CASES = [
+    (lambda: validate_gram(np.ones((2, 3))), "must be a non-empty square matrix"),
+    (lambda: validate_gram(np.array([[1.0, np.nan], [np.nan, 1.0]])), "must be finite"),
+    (lambda: validate_gram(np.array([[1.0, 2.0], [0.0, 1.0]])), "must be symmetric"),
+    (lambda: validate_gram(-np.eye(2)), "negative diagonal entry"),
+    (lambda: validate_terms([]), "terms must be a non-empty sequence"),
+    (lambda: validate_terms([()]), "terms[0] must be a non-empty tuple"),
+    (lambda: validate_terms([(GOOD,), (np.eye(3),)]), "terms[1] has attribute sizes (3,)"),
+    (
+        lambda: optimize_pidentity(GOOD, p=1, noise="poisson", rng=RNG),
+        "noise ('poisson') must be one of",
+    ),
+    (lambda: optimize_pidentity(GOOD, p=0, noise="laplace", rng=RNG), "p (0) must be in [1, 4n]"),
+    (
+        lambda: optimize_pidentity(GOOD, p=1, noise="laplace", rng=RNG, restarts=0),
+        "restarts (0) must be >= 1",
+    ),
+    (lambda: optimize_full_rank(GOOD, tolerance=0.0), "tolerance (0.0) must be > 0"),
+    (lambda: optimize_full_rank(GOOD, max_iterations=0), "max_iterations (0) must be >= 1"),
+    (
+        lambda: optimize_kron([(GOOD,)], noise="laplace", rng=RNG, template="svd"),
+        "template ('svd') must be one of",
+    ),
+    (
+        lambda: optimize_kron([(GOOD,)], noise="laplace", rng=RNG, template="fullrank"),
+        "noise must be 'gaussian'",
+    ),
+    (
+        lambda: optimize_factor(GOOD, noise="laplace", rng=RNG, template="fullrank"),
+        "noise must be 'gaussian'",
+    ),
+    (
+        lambda: optimize_factor(GOOD, noise="laplace", rng=RNG, template="svd"),
+        "template ('svd') must be one of",
+    ),
+    (
+        lambda: optimize_kron([(GOOD,)], noise="laplace", rng=RNG, max_sweeps=0),
+        "max_sweeps (0) must be >= 1",
+    ),
+    (lambda: optimize_kron([(GOOD,)], noise="laplace", rng=RNG, ps=[1, 1]), "ps has 2 entries"),
+    (
+        lambda: optimize_kron([(GOOD,)], noise="laplace", rng=RNG, ps=[99]),
+        "ps entry (99) must be in [1, 4n]",
+    ),
+    (lambda: optimize_marginals([], (2,), noise="laplace", rng=RNG), "workload must not be empty"),
+    (lambda: optimize_marginals([(0,), (np.eye(2),)], (2,), noise="laplace", rng=RNG), "not a mix"),
+    (
+        lambda: optimize_marginals([(np.eye(3),)], (2,), noise="laplace", rng=RNG),
+        "domain_sizes is (2,)",
+    ),
+    (
+        lambda: optimize_marginals([(5,)], (2,), noise="laplace", rng=RNG),
+        "attribute index (5) must be in [0, 1)",
+    ),
+    (lambda: validate_domain_sizes(()), "the marginals algebra needs 1 to 20"),
+    (lambda: validate_domain_sizes((2, 0)), "must all be >= 1"),
+    (lambda: marginals_gram_apply(np.ones(3), (2,), np.ones(2)), "must have length 2^d = 2"),
+    (lambda: marginals_gram_apply(np.ones(2), (2,), np.ones(3)), "must have shape (2,)"),
+    (lambda: marginals_gram_pinv_apply(np.ones(3), (2,), np.ones(2)), "must have length 2^d = 2"),
+    (lambda: marginal_measurements_transpose(np.ones(2), (2,), np.ones(2)), "are too short"),
+    (lambda: marginal_measurements_transpose(np.ones(2), (2,), np.ones(4)), "must have length 3"),
+    (lambda: pidentity_strategy(-np.ones((1, 2)), noise="laplace"), "theta must be >= 0"),
+    (lambda: pidentity_strategy(np.ones(2), noise="gaussian"), "must be a p × n matrix"),
+    (lambda: column_sensitivity(np.eye(2), noise="l3"), "noise ('l3') must be one of"),
+    (
+        lambda: OptimizedStrategy(
+            kind="svd",
+            domain_sizes=(2,),
+            objective_noise="laplace",
+            total_error=0.0,
+            sensitivity=1.0,
+            restarts=1,
+            seconds=0.0,
+            factors=(np.eye(2),),
+        ),
+        "kind ('svd') must be one of",
+    ),
+    (
+        lambda: OptimizedStrategy(
+            kind="kron",
+            domain_sizes=(2, 2),
+            objective_noise="laplace",
+            total_error=0.0,
+            sensitivity=1.0,
+            restarts=1,
+            seconds=0.0,
+            factors=(np.eye(2),),
+        ),
+        "factors (1) must number d = 2",
+    ),
+    (
+        lambda: OptimizedStrategy(
+            kind="kron",
+            domain_sizes=(3,),
+            objective_noise="laplace",
+            total_error=0.0,
+            sensitivity=1.0,
+            restarts=1,
+            seconds=0.0,
+            factors=(np.eye(2),),
+        ),
+        "must be (rows, 3)",
+    ),
+    (
+        lambda: OptimizedStrategy(
+            kind="marginals",
+            domain_sizes=(3,),
+            objective_noise="laplace",
+            total_error=0.0,
+            sensitivity=1.0,
+            restarts=1,
+            seconds=0.0,
+        ),
+        "needs 2^d = 2 weights",
+    ),
+    (
+        lambda: OptimizedStrategy(
+            kind="marginals",
+            domain_sizes=(3,),
+            objective_noise="laplace",
+            total_error=0.0,
+            sensitivity=1.0,
+            restarts=1,
+            seconds=0.0,
+            weights=np.ones(2),
+        ).factor_grams(),
+        "has no per-attribute factors",
+    ),
+    (
+        lambda: expected_total_error([(np.eye(3),)], dense_strategy((np.eye(2),)), noise="laplace"),
+        "the strategy has (2,)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"), VALIDATOR_CASES, ids=[message for _, message in VALIDATOR_CASES]
+)
+def test_validators_fire(call, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
