@@ -442,7 +442,9 @@ class ReleaseSpec(_Strict):
     privacy: dict[str, float]
     on_out_of_domain: Literal["error", "drop"] = "error"
     postprocess: Postprocess = Postprocess()
-    model: Literal["central"] = "central"
+    model: Literal["central", "local"] = "central"
+    """``local``: users randomise on their devices with a published strategy (``dprelease ldp``);
+    ``privacy.epsilon`` is then the per-user ε and ``dataset.source`` holds their responses."""
     schedule: Schedule | None = None
     trigger: Literal["arrival"] | None = None
 
@@ -518,6 +520,23 @@ class ReleaseSpec(_Strict):
             )
         if self.mechanism_options:
             _check_mechanism_options(self.mechanism_options)
+        if self.model == "local":
+            if set(self.privacy) != {"epsilon"}:
+                raise ValueError(
+                    f"model: local needs privacy {{epsilon}} (the per-user epsilon); got {self.privacy}"
+                )
+            if self.mechanism not in ("auto", "optimized"):
+                raise ValueError(
+                    f"model: local releases use the optimised workload factorization (mechanism: "
+                    f"auto or optimized); got mechanism {self.mechanism!r}"
+                )
+            if (
+                self.privacy_unit.person_column is not None
+                or (self.privacy_unit.rows_per_person or 1) != 1
+            ):
+                raise ValueError(
+                    "model: local needs privacy_unit {rows_per_person: 1} (one response per user)"
+                )
         return self
 
     # --- derived, public -------------------------------------------------------------------------
