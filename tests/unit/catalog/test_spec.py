@@ -442,7 +442,19 @@ INVALID = [
         r"on_out_of_domain: Input should be 'error' or 'drop' \(got 'ignore'\)",
         id="on-out-of-domain",
     ),
-    pytest.param({"model": "local"}, r"model: Input should be 'central'", id="model-local"),
+    pytest.param(
+        {"model": "remote"}, r"model: Input should be 'central' or 'local'", id="model-unknown"
+    ),
+    pytest.param(
+        {"model": "local", "privacy": {"rho": 0.5}},
+        r"model: local needs privacy \{epsilon\} \(the per-user epsilon\)",
+        id="model-local-rho",
+    ),
+    pytest.param(
+        {"model": "local", "mechanism": "wavelet"},
+        r"model: local releases use the optimised workload factorization",
+        id="model-local-mechanism",
+    ),
 ]
 
 
