@@ -13,13 +13,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import threadpoolctl
 
 from catalog.errors import SpecError
 from catalog.spec import RUNNABLE_MECHANISMS, ReleaseSpec, WorkloadItemSpec
 from catalog.strategy_store import StrategyStore, strategy_key
+from mechanisms.dense import FactorizationStrategy
 from mechanisms.error import ErrorReport, expected_error, support_residual, svd_bound
+from mechanisms.lrm import decompose
 from mechanisms.noise import calibrate, noise_kind_for
-from mechanisms.operators import AllRanges, Factor, Identity, MatrixFactor, Prefix, Ranges, Total
+from mechanisms.operators import (
+    AllRanges,
+    Factor,
+    Identity,
+    MatrixFactor,
+    Prefix,
+    Ranges,
+    Total,
+    kron_dense,
+)
 from mechanisms.optimized import OptimizedStrategy, optimize_workload
 from mechanisms.privacy import PrivacyCost
 from mechanisms.strategies import (
@@ -66,7 +78,7 @@ def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
     return WorkloadItem(name=item.name, factors=tuple(factors))
 
 
-CANDIDATES = (*FAMILIES, "optimized")
+CANDIDATES = (*FAMILIES, "optimized", "lrm")
 MAX_MEASURED_ANSWERS = 1_000_000_000
 MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item (finite differences)
 
@@ -75,7 +87,7 @@ def ordered_flags(spec: ReleaseSpec) -> tuple[bool, ...]:
     return tuple(getattr(attribute, "ordered", True) for attribute in spec.domain.values())
 
 
-Strategy = KronStrategy | UnionStrategy
+Strategy = KronStrategy | UnionStrategy | FactorizationStrategy
 
 
 def strategy_for(
@@ -92,6 +104,8 @@ def strategy_for(
     workload = workload or build_workload(spec)
     if mechanism == "optimized":
         return _optimized(spec, workload, parameters)
+    if mechanism == "lrm":
+        return _low_rank(spec, workload)
     if mechanism not in FAMILIES:
         raise SpecError(
             f"mechanism {mechanism!r} cannot run in this version; available: {', '.join(RUNNABLE_MECHANISMS)}"
@@ -281,6 +295,80 @@ def _with_parameters(strategy: Strategy, parameters: dict[str, Any]) -> Strategy
     return KronStrategy(name=strategy.name, factors=strategy.factors, parameters=parameters)
 
 
+LRM_MAX_CELLS = 4096
+LRM_MAX_QUERIES = 4096
+LRM_AUTO_MAX = 1024  # auto considers LRM only on small workloads (a decomposition costs seconds)
+
+
+def lrm_applicability(spec: ReleaseSpec, workload: Workload) -> str | None:
+    if spec.privacy_target().measure != "pure":
+        return (
+            "the Low-Rank Mechanism is an epsilon-DP (Laplace) mechanism: give privacy as {epsilon}"
+        )
+    if workload.num_cells > LRM_MAX_CELLS or workload.num_queries > LRM_MAX_QUERIES:
+        return (
+            f"LRM factors the explicit workload matrix: at most {LRM_MAX_QUERIES} queries over "
+            f"{LRM_MAX_CELLS} cells (this one is {workload.num_queries} × {workload.num_cells})"
+        )
+    return None
+
+
+def _low_rank(spec: ReleaseSpec, workload: Workload) -> FactorizationStrategy:
+    """LRM's decomposition of the stacked workload matrix, cached in the strategy store."""
+    reason = lrm_applicability(spec, workload)
+    if reason is not None:
+        raise ValueError(reason)
+    matrix = np.vstack([kron_dense(item.factors) for item in workload.items])  # O(m N)
+    rows: dict[str, tuple[int, int]] = {}
+    start = 0
+    for item in workload.items:
+        rows[item.name] = (start, start + item.num_queries)
+        start += item.num_queries
+    store = StrategyStore()
+    key = strategy_key(
+        workload_fingerprint=spec.workload_fingerprint(), template="lrm", settings={}
+    )
+    arrays = store.get_arrays(key)
+    stored = store.get(key)
+    if arrays is None or stored is None:
+        seed = int(spec.workload_fingerprint()[:15], 16)  # public randomness, recorded
+        with threadpoolctl.threadpool_limits(limits=1):
+            decomposition = decompose(matrix, rng=np.random.default_rng(seed))
+        arrays = {"B": decomposition.B, "L": decomposition.L}
+        stored = {
+            "parameters": {
+                "template": "lrm",
+                "rank": decomposition.rank,
+                "iterations": decomposition.iterations,
+                "converged": decomposition.converged,
+                "bias_sq": decomposition.bias_sq,
+                "seed": seed,
+                "store_key": key,
+            }
+        }
+        store.put_arrays(key, arrays)
+        store.put(key, stored["parameters"])
+    parameters = dict(stored["parameters"])
+    return FactorizationStrategy(
+        name="lrm",
+        B=arrays["B"],
+        L=arrays["L"],
+        item_rows=rows,
+        bias_sq=float(parameters["bias_sq"]),
+        parameters=parameters,
+    )
+
+
+def _strategy_note(strategy: Strategy) -> str | None:
+    if isinstance(strategy, FactorizationStrategy):
+        return (
+            f"plus bias up to {strategy.bias_sq:.3g} × Σx² (relaxed W ≈ BL; data-dependent, "
+            f"not in rmse); rank {strategy.parameters.get('rank')}"
+        )
+    template = strategy.parameters.get("template")
+    return f"template: {template}" if template else None
+
+
 def dawa_applicability(spec: ReleaseSpec) -> str | None:
     """None when DAWA can run on this spec, else the reason it cannot."""
     attributes = list(spec.domain.values())
@@ -394,6 +482,23 @@ def make_plan(spec: ReleaseSpec) -> Plan:
     parameters: dict[str, dict[str, Any]] = {}
     for mechanism in CANDIDATES:
         started = time.perf_counter()
+        if mechanism == "lrm":
+            skip = lrm_applicability(spec, workload)
+            if (
+                skip is None
+                and spec.mechanism != "lrm"
+                and max(workload.num_cells, workload.num_queries) > LRM_AUTO_MAX
+            ):
+                skip = f"skipped by auto above {LRM_AUTO_MAX} cells or queries (ask for it with mechanism: lrm)"
+            if skip is not None:
+                if spec.mechanism == "lrm":
+                    raise SpecError(f"mechanism 'lrm' cannot run on this spec: {skip}")
+                candidates.append(
+                    Candidate(
+                        mechanism=mechanism, rmse=None, total_variance=None, seconds=0.0, note=skip
+                    )
+                )
+                continue
         try:
             strategy = strategy_for(spec, mechanism, workload)
             residual = support_residual(workload, strategy)
@@ -445,6 +550,7 @@ def make_plan(spec: ReleaseSpec) -> Plan:
                 seconds=time.perf_counter() - started,
                 sensitivity=sensitivity,
                 noise_scale=scale,
+                note=_strategy_note(strategy),
             )
         )
     started = time.perf_counter()

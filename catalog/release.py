@@ -32,6 +32,7 @@ from catalog.source import CountResult
 from catalog.spec import ReleaseSpec
 from catalog.tables import build_table
 from catalog.validation import validate_tables
+from mechanisms.dense import FactorizationStrategy
 from mechanisms.privacy import PrivacyCost
 from mechanisms.session import NoisyMeasurement
 
@@ -77,13 +78,19 @@ def reconstruct(
     """Least-squares cell estimate, then every item's answers with their standard errors."""
     workload = build_workload(spec)
     strategy = strategy_for(spec, plan.chosen, workload, parameters=plan.strategy_parameters)
-    cell_estimate = strategy.least_squares(measurement.values, workload)
+    if isinstance(strategy, FactorizationStrategy):  # LRM answers with its own B, not least squares
+        answers = {
+            item.name: strategy.item_answers(measurement.values, item) for item in workload.items
+        }
+    else:
+        cell_estimate = strategy.least_squares(measurement.values, workload)
+        answers = {item.name: item.answer(cell_estimate) for item in workload.items}
     tables = {}
     for item in workload.items:
         tables[item.name] = build_table(
             spec,
             item,
-            estimates=item.answer(cell_estimate),
+            estimates=answers[item.name],
             unit_variances=strategy.item_unit_variances(item, workload),
             noise_variance=measurement.noise.variance,
             nonnegative=spec.postprocess.nonnegative,
