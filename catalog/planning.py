@@ -80,6 +80,7 @@ def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
 
 CANDIDATES = (*FAMILIES, "optimized", "lrm")
 MAX_MEASURED_ANSWERS = 1_000_000_000
+SUPPORT_TOLERANCE = 1e-4  # relative; an unsupported query leaves a residual of order 1
 MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item (finite differences)
 
 
@@ -513,7 +514,7 @@ def make_plan(spec: ReleaseSpec) -> Plan:
                 )
             )
             continue
-        if residual > 1e-6:
+        if residual > SUPPORT_TOLERANCE:
             candidates.append(
                 Candidate(
                     mechanism=mechanism,

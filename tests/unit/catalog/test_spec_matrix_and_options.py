@@ -44,7 +44,7 @@ def test_matrix_item_loads_relative_to_the_spec_and_plans(tmp_path: Path) -> Non
     np.testing.assert_allclose(workload.items[0].answer(x), matrix @ x.reshape(4, 2).sum(1))
     assert list(label_columns(spec, workload.items[0])) == ["v_query"]
     plan = make_plan(spec)
-    assert plan.chosen in {"identity", "hierarchical", "wavelet", "optimized"}
+    assert plan.chosen in {"identity", "hierarchical", "wavelet", "optimized", "lrm"}
 
 
 def test_matrix_content_is_part_of_the_workload_fingerprint(tmp_path: Path) -> None:
