@@ -18,7 +18,8 @@ import threadpoolctl
 from catalog.errors import SpecError
 from catalog.spec import RUNNABLE_MECHANISMS, ReleaseSpec, WorkloadItemSpec
 from catalog.strategy_store import StrategyStore, strategy_key
-from mechanisms.dense import FactorizationStrategy
+from mechanisms.dense import DenseStrategy, FactorizationStrategy
+from mechanisms.eigen_design import eigen_design
 from mechanisms.error import ErrorReport, expected_error, support_residual, svd_bound
 from mechanisms.lrm import decompose
 from mechanisms.noise import calibrate, noise_kind_for
@@ -78,7 +79,7 @@ def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
     return WorkloadItem(name=item.name, factors=tuple(factors))
 
 
-CANDIDATES = (*FAMILIES, "optimized", "lrm")
+CANDIDATES = (*FAMILIES, "optimized", "eigen", "lrm")
 MAX_MEASURED_ANSWERS = 1_000_000_000
 SUPPORT_TOLERANCE = 1e-4  # relative; an unsupported query leaves a residual of order 1
 MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item (finite differences)
@@ -88,7 +89,7 @@ def ordered_flags(spec: ReleaseSpec) -> tuple[bool, ...]:
     return tuple(getattr(attribute, "ordered", True) for attribute in spec.domain.values())
 
 
-Strategy = KronStrategy | UnionStrategy | FactorizationStrategy
+Strategy = KronStrategy | UnionStrategy | FactorizationStrategy | DenseStrategy
 
 
 def strategy_for(
@@ -107,6 +108,8 @@ def strategy_for(
         return _optimized(spec, workload, parameters)
     if mechanism == "lrm":
         return _low_rank(spec, workload)
+    if mechanism == "eigen":
+        return _eigen(spec, workload)
     if mechanism not in FAMILIES:
         raise SpecError(
             f"mechanism {mechanism!r} cannot run in this version; available: {', '.join(RUNNABLE_MECHANISMS)}"
@@ -370,6 +373,58 @@ def _strategy_note(strategy: Strategy) -> str | None:
     return f"template: {template}" if template else None
 
 
+EIGEN_MAX_CELLS = 4096
+EIGEN_AUTO_MAX_CELLS = 2048
+
+
+def eigen_applicability(workload: Workload) -> str | None:
+    if workload.num_cells > EIGEN_MAX_CELLS:
+        return (
+            f"Eigen-Design works on the dense {workload.num_cells}-cell Gram matrix; at most "
+            f"{EIGEN_MAX_CELLS} cells"
+        )
+    return None
+
+
+def _eigen(spec: ReleaseSpec, workload: Workload) -> DenseStrategy:
+    """Eigen-Design (Li thesis ch. 5) on the workload Gram; the ε-DP variant for Laplace."""
+    reason = eigen_applicability(workload)
+    if reason is not None:
+        raise ValueError(reason)
+    norm = "l1" if noise_kind_for(spec.privacy_target().measure) == "laplace" else "l2"
+    store = StrategyStore()
+    key = strategy_key(
+        workload_fingerprint=spec.workload_fingerprint(), template="eigen", settings={"norm": norm}
+    )
+    arrays = store.get_arrays(key)
+    stored = store.get(key)
+    if arrays is None or stored is None:
+        gram = sum(_kron_all([g for g in term]) for term in workload.gram_terms())  # O(N²) per item
+        with threadpoolctl.threadpool_limits(limits=1):
+            design = eigen_design(np.asarray(gram), sensitivity=norm)
+        arrays = {"A": design.A}
+        stored = {
+            "parameters": {
+                "template": "eigen-design",
+                "sensitivity_norm": norm,
+                "source": design.source,
+                "eigenvalues_kept": int(design.eigenvalues_kept.size),
+                "solver_relative_gap": float(design.solver_relative_gap),
+                "store_key": key,
+            }
+        }
+        store.put_arrays(key, arrays)
+        store.put(key, stored["parameters"])
+    return DenseStrategy(name="eigen", matrix=arrays["A"], parameters=dict(stored["parameters"]))
+
+
+def _kron_all(matrices: list[np.ndarray]) -> np.ndarray:
+    product = np.ones((1, 1))
+    for matrix in matrices:
+        product = np.kron(product, matrix)
+    return product
+
+
 def dawa_applicability(spec: ReleaseSpec) -> str | None:
     """None when DAWA can run on this spec, else the reason it cannot."""
     attributes = list(spec.domain.values())
@@ -483,6 +538,23 @@ def make_plan(spec: ReleaseSpec) -> Plan:
     parameters: dict[str, dict[str, Any]] = {}
     for mechanism in CANDIDATES:
         started = time.perf_counter()
+        if mechanism == "eigen":
+            skip = eigen_applicability(workload)
+            if (
+                skip is None
+                and spec.mechanism != "eigen"
+                and workload.num_cells > EIGEN_AUTO_MAX_CELLS
+            ):
+                skip = f"skipped by auto above {EIGEN_AUTO_MAX_CELLS} cells (ask for it with mechanism: eigen)"
+            if skip is not None:
+                if spec.mechanism == "eigen":
+                    raise SpecError(f"mechanism 'eigen' cannot run on this spec: {skip}")
+                candidates.append(
+                    Candidate(
+                        mechanism=mechanism, rmse=None, total_variance=None, seconds=0.0, note=skip
+                    )
+                )
+                continue
         if mechanism == "lrm":
             skip = lrm_applicability(spec, workload)
             if (

@@ -46,7 +46,16 @@ MECHANISMS = (
     "dawa",
 )
 # Mechanisms whose implementation is wired into the release flow today.
-RUNNABLE_MECHANISMS = ("auto", "identity", "hierarchical", "wavelet", "optimized", "lrm", "dawa")
+RUNNABLE_MECHANISMS = (
+    "auto",
+    "identity",
+    "hierarchical",
+    "wavelet",
+    "optimized",
+    "eigen",
+    "lrm",
+    "dawa",
+)
 
 _ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 

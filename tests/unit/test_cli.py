@@ -29,13 +29,15 @@ def test_plan_json_has_the_contract_keys() -> None:
     assert set(plan) >= {"chosen", "lower_bound_rmse", "privacy", "candidates"}
     assert plan["privacy"] == {"epsilon": 1.0}
     names = [c["mechanism"] for c in plan["candidates"]]
-    assert names == ["identity", "hierarchical", "wavelet", "optimized", "lrm", "dawa"]
+    assert names == ["identity", "hierarchical", "wavelet", "optimized", "eigen", "lrm", "dawa"]
     for candidate in plan["candidates"]:
         assert set(candidate) >= {"mechanism", "rmse", "total_variance", "seconds"}
     scored = [c for c in plan["candidates"] if c["rmse"] is not None]
     assert all(c["rmse"] >= plan["lower_bound_rmse"] for c in scored)
     dawa = plan["candidates"][-1]
     assert dawa["rmse"] is None and "not available" in dawa["note"]
+    eigen = plan["candidates"][-3]
+    assert eigen["rmse"] is None and "at most 4096 cells" in eigen["note"]
     lrm = plan["candidates"][-2]
     assert lrm["rmse"] is None and "LRM factors the explicit workload matrix" in lrm["note"]
     best = min(scored, key=lambda c: c["total_variance"])

@@ -51,8 +51,10 @@ def _release(tmp_path: Path, mechanism: str, privacy: dict) -> tuple[dict, np.nd
         ("lrm", {"epsilon": 1.0}, 0.5),  # relaxed W ≈ BL: bias up to a fraction of a count
         ("optimized", {"rho": 0.5}, 1e-8),
         ("optimized", {"epsilon": 1.0}, 1e-8),
+        ("eigen", {"rho": 0.5}, 1e-7),
+        ("eigen", {"epsilon": 1.0}, 1e-7),
     ],
-    ids=["lrm", "optimized-gaussian", "optimized-laplace"],
+    ids=["lrm", "optimized-gaussian", "optimized-laplace", "eigen-gaussian", "eigen-laplace"],
 )
 def test_zero_noise_release_answers_the_workload(
     tmp_path: Path, zero_noise, mechanism: str, privacy: dict, tolerance: float

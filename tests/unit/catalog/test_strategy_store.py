@@ -55,7 +55,7 @@ def test_optimized_plan_is_reused_from_the_store(
     assert second.candidate("optimized").rmse == pytest.approx(first.candidate("optimized").rmse)
     planning.make_plan(parse_spec(_spec("cdf_renamed")))  # another workload fingerprint: a miss
     assert len(calls) > computed
-    assert len(list(tmp_path.glob("strategies/*.json"))) == 4  # optimized + lrm per workload
+    assert len(list(tmp_path.glob("strategies/*.json"))) == 6  # optimized, eigen, lrm per workload
 
 
 def test_dense_strategy_matches_numpy(rng: np.random.Generator) -> None:

@@ -1,0 +1,1218 @@
+"""Eigen-Design: data-independent strategy selection for the matrix mechanism, and its SVD bound.
+
+Given a workload of linear counting queries W (m x n), the matrix mechanism answers a *strategy*
+A (p x n) with noise and derives the workload answers from it.  Its expected total squared error
+is ``P * sensitivity(A)^2 * trace(G (A^T A)^+)`` with ``G = W^T W``, so everything here works on
+the Gram matrix G (or on its eigen-decomposition).  This module provides
+
+* Eigen-Design (Program 5.1.2 of Li's thesis): weight the eigenvectors of G by a convex program,
+  then complete deficient columns; an L2 variant (Gaussian noise: rho-zCDP or (eps, delta)) and an
+  L1 variant (Laplace noise, eps-DP; Program 5.1.3 with its L1 constraint corrected);
+* the section 5.2.2 speed-ups for large n (eigen-query separation and principal vectors);
+* the singular value bound (SVDB), the lower bound on the total error of every L2 strategy;
+* exact total-error evaluation of any dense strategy;
+* small dense Gram builders (ranges, prefixes, marginals) and closed-form spectra for them.
+
+The result, :class:`EigenDesignStrategy`, is measured like any other strategy through
+``mechanisms.session.ProtectedCells.measure`` (it has ``name``, ``num_queries``,
+``sensitivity(norm=...)``, ``apply`` and ``least_squares``); this module draws no noise.
+Strategy selection reads only the workload, which is public: it spends no privacy budget.
+
+Conventions.  ``P`` is the noise variance per unit sensitivity (``1 / (2 rho)`` for rho-zCDP,
+``2 / eps^2`` for Laplace, ``(sigma / Delta)^2`` for (eps, delta)); every ``total_error_*`` value
+here is for ``P = 1``, and the expected total error of a calibrated mechanism is
+``mechanism.variance * workload_variance_factor(G, A)``.  Ratios against the SVD bound are
+independent of epsilon, delta and rho, and of the calibration chosen (reference note A1).
+Cells are in C order for multi-dimensional domains (the last attribute varies fastest).
+
+References
+----------
+C. Li, *Optimizing Linear Queries Under Differential Privacy*, PhD thesis, UMass Amherst, 2013,
+chapters 4-5 (also Li & Miklau, PVLDB 5(6), 2012 and ICDT 2013).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import scipy.fft
+import scipy.linalg
+import scipy.optimize
+
+SensitivityNorm = Literal["l2", "l1"]
+DesignMethod = Literal["full", "separation", "principal"]
+StrategySource = Literal["eigen_design", "svd_bound"]
+
+DEFAULT_EIGENVALUE_RTOL = 1e-8
+"""Eigenvalues of G at or below this fraction of the largest are treated as zero (thesis 5.2.1)."""
+
+DEFAULT_DUPLICATE_RTOL = 1e-10
+"""Columns j, k of W are merged when ``|w_j - w_k|^2 <= rtol * max_j |w_j|^2`` (Def 2.6)."""
+
+_SINGULAR_RCOND = 1e-12
+_SUPPORT_RTOL = 1e-8
+
+__all__ = [
+    "DEFAULT_DUPLICATE_RTOL",
+    "DEFAULT_EIGENVALUE_RTOL",
+    "EigenDesignStrategy",
+    "MinimizedWorkload",
+    "WorkloadSpectrum",
+    "all_range_gram",
+    "all_range_gram_nd",
+    "all_range_spectrum",
+    "cell_simplified_svd_bound",
+    "eigen_design",
+    "eigen_design_from_spectrum",
+    "k_way_cliques",
+    "kronecker_spectrum",
+    "l1_sensitivity",
+    "l2_sensitivity",
+    "marginals_gram",
+    "marginals_spectrum",
+    "minimize_workload",
+    "prefix_gram",
+    "svd_bound",
+    "svd_bound_from_spectrum",
+    "total_error_l1",
+    "total_error_l2",
+    "workload_spectrum",
+    "workload_variance_factor",
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# Value types
+# ------------------------------------------------------------------------------------------------
+
+
+def _frozen_array(values: np.ndarray, dtype: type = np.float64) -> np.ndarray:
+    array = np.array(values, dtype=dtype, copy=True)
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)  # array fields: compare by identity
+class WorkloadSpectrum:
+    """The non-zero part of the eigen-decomposition ``G = Q diag(eigenvalues) Q^T`` of a Gram matrix.
+
+    Eigenvalues are sorted in decreasing order; zero (or negligible) ones are omitted, so
+    ``eigenvectors`` is ``n_cells x rank`` with orthonormal columns.
+    """
+
+    eigenvalues: np.ndarray
+    """Positive eigenvalues sigma_1 >= ... >= sigma_r of G."""
+    eigenvectors: np.ndarray
+    """``n_cells x r``; column i is the eigen-query q_i (thesis Def 5.1)."""
+
+    def __post_init__(self) -> None:
+        eigenvalues = np.asarray(self.eigenvalues, dtype=np.float64)
+        eigenvectors = np.asarray(self.eigenvectors, dtype=np.float64)
+        if eigenvalues.ndim != 1 or eigenvalues.size == 0:
+            raise ValueError(
+                f"eigenvalues (shape {eigenvalues.shape}) must be a non-empty 1-D array"
+            )
+        if eigenvectors.ndim != 2 or eigenvectors.shape[1] != eigenvalues.size:
+            raise ValueError(
+                f"eigenvectors (shape {eigenvectors.shape}) must be n_cells x {eigenvalues.size}"
+            )
+        if not (np.all(np.isfinite(eigenvalues)) and np.all(eigenvalues > 0)):
+            raise ValueError("eigenvalues must be finite and > 0 (drop zero eigenvalues first)")
+        if np.any(np.diff(eigenvalues) > 0):
+            raise ValueError("eigenvalues must be sorted in decreasing order")
+        if not np.all(np.isfinite(eigenvectors)):
+            raise ValueError("eigenvectors must be finite")
+        object.__setattr__(self, "eigenvalues", _frozen_array(eigenvalues))
+        object.__setattr__(self, "eigenvectors", _frozen_array(eigenvectors))
+
+    @property
+    def n_cells(self) -> int:
+        """Number of cells n (rows of ``eigenvectors``)."""
+        return int(self.eigenvectors.shape[0])
+
+    @property
+    def rank(self) -> int:
+        """Number of kept eigenvalues r."""
+        return int(self.eigenvalues.size)
+
+    def gram(self) -> np.ndarray:
+        """The dense Gram matrix ``Q diag(sigma) Q^T`` (O(n^2 r))."""
+        return (self.eigenvectors * self.eigenvalues) @ self.eigenvectors.T
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)  # array fields: compare by identity
+class MinimizedWorkload:
+    """A workload with duplicate columns merged and zero columns dropped (thesis Def 2.6).
+
+    Original cell ``j`` maps to column ``column_of_cell[j]`` of the minimised workload, or to -1 if
+    no query reads it.  A strategy ``A_min`` on the minimised columns becomes a strategy on the
+    original cells as ``A_min[:, column_of_cell]`` with zero columns for the dropped cells; the
+    sensitivity and the total error are unchanged (Prop 5.1).
+    """
+
+    gram: np.ndarray
+    """``n_min x n_min`` Gram matrix of the minimised workload."""
+    column_of_cell: np.ndarray
+    """Length n (original cells), values in ``-1 .. n_min - 1``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gram", _frozen_array(self.gram))
+        object.__setattr__(self, "column_of_cell", _frozen_array(self.column_of_cell, np.intp))
+
+    @property
+    def n_cells(self) -> int:
+        """Number of original cells n."""
+        return int(self.column_of_cell.size)
+
+    def expand_strategy(self, strategy_on_columns: np.ndarray) -> np.ndarray:
+        """Lift a ``p x n_min`` strategy to the ``p x n`` original cells (O(p n))."""
+        expanded = np.zeros((strategy_on_columns.shape[0], self.n_cells))
+        kept = self.column_of_cell >= 0
+        expanded[:, kept] = strategy_on_columns[:, self.column_of_cell[kept]]
+        return expanded
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)  # array fields: compare by identity
+class EigenDesignStrategy:
+    """A strategy chosen by Eigen-Design, with what is needed to audit and reproduce it.
+
+    Satisfies ``mechanisms.session.MeasurableStrategy``, so the session measures it directly.
+
+    *Privacy*: ``A`` depends only on the (public) workload.  Its sensitivity in
+    ``sensitivity_norm`` is 1 (max column norm), so answering ``A x`` costs what one
+    unit-sensitivity query vector costs (times the contribution bound, which the session applies).
+    """
+
+    A: np.ndarray
+    """Dense ``p x n`` strategy on the original cells: weighted eigen-queries, then completion rows."""
+    weights: np.ndarray
+    """Row weights lambda_i of the kept eigen-queries (rows ``lambda_i q_i`` of A), length r."""
+    eigenvalues_kept: np.ndarray
+    """The eigenvalues sigma_i of the (minimised) Gram matrix that were kept, decreasing."""
+    completion_weights: np.ndarray
+    """d_j per minimised column (zero where no completion row was added), length n_min."""
+    sensitivity_norm: SensitivityNorm
+    method: DesignMethod
+    source: StrategySource
+    """Which candidate was returned: the optimised weights, or the SVD-bound weights (A14)."""
+    total_error: float
+    """``sensitivity(A)^2 * trace(G (A^T A)^+)`` for the input Gram (noise variance P = 1)."""
+    total_error_before_completion: float
+    """The same for the weighted eigen-queries alone (steps 1-3 of Program 5.1.2)."""
+    alternative_total_error: float
+    """Completed error of the candidate not returned (``nan`` if it was not evaluated)."""
+    svd_bound: float
+    """Lower bound on ``total_error`` under L2 (Thm 4.1): max(SVDB, SVDB+) of the input Gram from
+    :func:`eigen_design`, SVDB of the spectrum from :func:`eigen_design_from_spectrum`."""
+    solver_iterations: int
+    """L-BFGS-B iterations summed over all weighting programs solved."""
+    solver_relative_gap: float
+    """Largest relative primal-dual gap over the weighting programs solved (optimality certificate)."""
+    column_of_cell: np.ndarray
+    """Original cell -> minimised column (-1: no query reads the cell); see MinimizedWorkload."""
+    name: str = "eigen_design"
+
+    def __post_init__(self) -> None:
+        for field_name in ("A", "weights", "eigenvalues_kept", "completion_weights"):
+            object.__setattr__(self, field_name, _frozen_array(getattr(self, field_name)))
+        object.__setattr__(self, "column_of_cell", _frozen_array(self.column_of_cell, np.intp))
+
+    @property
+    def num_queries(self) -> int:
+        """Number of strategy rows p."""
+        return int(self.A.shape[0])
+
+    def sensitivity(self, *, norm: int) -> float:
+        """Largest column L1 (``norm=1``) or L2 (``norm=2``) norm of A, for one record."""
+        if norm == 1:
+            return l1_sensitivity(self.A)
+        if norm == 2:
+            return l2_sensitivity(self.A)
+        raise ValueError(f"norm ({norm}) must be 1 or 2")
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """``A x`` (O(p n)); confidential until the session adds noise."""
+        return self.A @ np.asarray(x, dtype=np.float64)
+
+    def least_squares(self, y: np.ndarray) -> np.ndarray:
+        """``x_hat = A^+ y`` (O(p n^2)): post-processing; zero on cells no query reads."""
+        y = np.asarray(y, dtype=np.float64)
+        if y.shape != (self.num_queries,):
+            raise ValueError(f"y (shape {y.shape}) must have length {self.num_queries}")
+        estimate, *_ = np.linalg.lstsq(self.A, y, rcond=None)
+        return estimate
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation
+# ------------------------------------------------------------------------------------------------
+
+
+def _validated_gram(gram: np.ndarray) -> np.ndarray:
+    gram = np.asarray(gram, dtype=np.float64)
+    if gram.ndim != 2 or gram.shape[0] != gram.shape[1] or gram.shape[0] == 0:
+        raise ValueError(f"gram (shape {gram.shape}) must be a non-empty square matrix")
+    if not np.all(np.isfinite(gram)):
+        raise ValueError("gram must be finite")
+    scale = float(np.max(np.abs(gram)))
+    asymmetry = float(np.max(np.abs(gram - gram.T)))
+    if asymmetry > 1e-8 * scale:
+        raise ValueError(f"gram must be symmetric (max |G - G^T| = {asymmetry:.3g})")
+    if scale == 0.0:
+        raise ValueError("gram must not be all zero (the workload has no non-zero query)")
+    return gram
+
+
+def _validated_strategy(strategy: np.ndarray, n_cells: int | None = None) -> np.ndarray:
+    strategy = np.asarray(strategy, dtype=np.float64)
+    if strategy.ndim != 2 or strategy.size == 0:
+        raise ValueError(f"strategy (shape {strategy.shape}) must be a non-empty 2-D matrix")
+    if n_cells is not None and strategy.shape[1] != n_cells:
+        raise ValueError(
+            f"strategy has {strategy.shape[1]} columns but the workload has {n_cells} cells"
+        )
+    if not np.all(np.isfinite(strategy)):
+        raise ValueError("strategy must be finite")
+    return strategy
+
+
+def _check_positive_int(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} ({value}) must be an integer >= 1")
+    return int(value)
+
+
+def _check_unit_interval(name: str, value: float, *, include_one: bool) -> float:
+    upper_ok = value <= 1.0 if include_one else value < 1.0
+    if not (math.isfinite(value) and value > 0.0 and upper_ok):
+        bound = "<= 1" if include_one else "< 1"
+        raise ValueError(f"{name} ({value}) must be > 0 and {bound}")
+    return float(value)
+
+
+# ------------------------------------------------------------------------------------------------
+# Workload Gram matrices (dense; for tests, benchmarks and small domains)
+# ------------------------------------------------------------------------------------------------
+
+
+def all_range_gram(n: int) -> np.ndarray:
+    """Gram matrix of ALLRANGE(n), all n(n+1)/2 intervals of a 1-D domain (O(n^2)).
+
+    ``G_ij = min(i, j) * (n - max(i, j) + 1)`` for 1-indexed cells: the number of intervals that
+    contain both cells.
+
+    Examples
+    --------
+    >>> all_range_gram(3)
+    array([[3., 2., 1.],
+           [2., 4., 2.],
+           [1., 2., 3.]])
+    """
+    n = _check_positive_int("n", n)
+    index = np.arange(1, n + 1, dtype=np.float64)
+    return np.minimum.outer(index, index) * (n + 1 - np.maximum.outer(index, index))
+
+
+def all_range_gram_nd(shape: Sequence[int]) -> np.ndarray:
+    """Gram matrix of all axis-aligned (hyper-)rectangles on ``shape`` (Kronecker product, O(n^2)).
+
+    ALLRANGE(n1, n2, ...) is the cross product of 1-D ALLRANGE workloads (thesis Def 4.12).
+    """
+    shape = _validated_shape(shape)
+    gram = np.ones((1, 1))
+    for size in shape:
+        gram = np.kron(gram, all_range_gram(size))
+    return gram
+
+
+def prefix_gram(n: int) -> np.ndarray:
+    """Gram matrix of the prefix (CDF) workload ``[1, i]``, i = 1..n: ``G_ij = n - max(i, j) + 1``."""
+    n = _check_positive_int("n", n)
+    index = np.arange(1, n + 1, dtype=np.float64)
+    return n + 1 - np.maximum.outer(index, index)
+
+
+def k_way_cliques(n_attributes: int, k: int) -> list[tuple[int, ...]]:
+    """All k-subsets of ``range(n_attributes)``, the cliques of the k-way marginal workload."""
+    n_attributes = _check_positive_int("n_attributes", n_attributes)
+    k = _check_positive_int("k", k)
+    if k > n_attributes:
+        raise ValueError(f"k ({k}) must be <= n_attributes ({n_attributes})")
+    return list(itertools.combinations(range(n_attributes), k))
+
+
+def marginals_gram(shape: Sequence[int], cliques: Sequence[Sequence[int]]) -> np.ndarray:
+    """Gram matrix of the marginals on ``cliques`` over a domain of ``shape`` (O(|cliques| n^2)).
+
+    The marginal on clique C is ``kron_a (I if a in C else 1^T)``; its Gram is
+    ``kron_a (I if a in C else J)``.
+    """
+    shape = _validated_shape(shape)
+    cliques = _validated_cliques(cliques, len(shape))
+    n_cells = math.prod(shape)
+    gram = np.zeros((n_cells, n_cells))
+    for clique in cliques:
+        term = np.ones((1, 1))
+        for attribute, size in enumerate(shape):
+            factor = np.eye(size) if attribute in clique else np.ones((size, size))
+            term = np.kron(term, factor)
+        gram += term
+    return gram
+
+
+def _validated_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(shape)
+    if not shape:
+        raise ValueError("shape must have at least one attribute")
+    for size in shape:
+        _check_positive_int("attribute size", size)
+    return tuple(int(size) for size in shape)
+
+
+def _validated_cliques(cliques: Sequence[Sequence[int]], n_attributes: int) -> list[frozenset[int]]:
+    if len(cliques) == 0:
+        raise ValueError("cliques must contain at least one clique")
+    validated = []
+    for clique in cliques:
+        members = frozenset(int(a) for a in clique)
+        if len(members) != len(tuple(clique)) or not all(0 <= a < n_attributes for a in members):
+            raise ValueError(
+                f"clique {tuple(clique)} must list distinct attributes in 0..{n_attributes - 1}"
+            )
+        validated.append(members)
+    return validated
+
+
+# ------------------------------------------------------------------------------------------------
+# Spectra
+# ------------------------------------------------------------------------------------------------
+
+
+def workload_spectrum(
+    gram: np.ndarray, *, eigenvalue_rtol: float = DEFAULT_EIGENVALUE_RTOL
+) -> WorkloadSpectrum:
+    """Dense eigen-decomposition of G, dropping eigenvalues ``<= eigenvalue_rtol * max`` (O(n^3))."""
+    gram = _validated_gram(gram)
+    eigenvalue_rtol = _check_unit_interval("eigenvalue_rtol", eigenvalue_rtol, include_one=False)
+    eigenvalues, eigenvectors = np.linalg.eigh(gram)  # O(n^3)
+    order = np.argsort(eigenvalues)[::-1]
+    eigenvalues, eigenvectors = eigenvalues[order], eigenvectors[:, order]
+    if eigenvalues[0] <= 0:
+        raise ValueError("gram has no positive eigenvalue")
+    kept = eigenvalues > eigenvalue_rtol * eigenvalues[0]
+    return WorkloadSpectrum(eigenvalues=eigenvalues[kept], eigenvectors=eigenvectors[:, kept])
+
+
+def all_range_spectrum(n: int) -> WorkloadSpectrum:
+    """Closed-form spectrum of ALLRANGE(n) (O(n^2), no eigen-solver).
+
+    ``G = (n + 1) T^{-1}`` with T the tridiagonal second-difference matrix tridiag(-1, 2, -1), so
+    the eigenvectors are the DST-I vectors ``sqrt(2/(n+1)) sin(pi i k / (n+1))`` and the
+    eigenvalues are ``(n + 1) / (4 sin^2(pi k / (2 (n + 1))))``, k = 1..n.
+    """
+    n = _check_positive_int("n", n)
+    index = np.arange(1, n + 1, dtype=np.float64)
+    eigenvalues = (n + 1) / (4.0 * np.sin(np.pi * index / (2.0 * (n + 1))) ** 2)
+    eigenvectors = np.sqrt(2.0 / (n + 1)) * np.sin(np.pi * np.outer(index, index) / (n + 1))
+    return WorkloadSpectrum(eigenvalues=eigenvalues, eigenvectors=eigenvectors)
+
+
+def kronecker_spectrum(*factors: WorkloadSpectrum) -> WorkloadSpectrum:
+    """Spectrum of ``G_1 kron G_2 kron ...`` from the factors' spectra (O(n^2), thesis Thm 4.13)."""
+    if not factors:
+        raise ValueError("kronecker_spectrum needs at least one factor")
+    eigenvalues = np.ones(1)
+    eigenvectors = np.ones((1, 1))
+    for factor in factors:
+        eigenvalues = np.multiply.outer(eigenvalues, factor.eigenvalues).ravel()
+        eigenvectors = np.kron(eigenvectors, factor.eigenvectors)
+    order = np.argsort(-eigenvalues, kind="stable")
+    return WorkloadSpectrum(eigenvalues=eigenvalues[order], eigenvectors=eigenvectors[:, order])
+
+
+def marginals_spectrum(shape: Sequence[int], cliques: Sequence[Sequence[int]]) -> WorkloadSpectrum:
+    """Closed-form spectrum of :func:`marginals_gram` (O(n^2), no eigen-solver).
+
+    Every ``I`` and ``J`` factor is diagonal in any orthonormal basis that contains the constant
+    vector; we use the orthonormal DCT-II basis per attribute.  The eigenvalue of the basis vector
+    with per-attribute frequencies ``k_a`` is ``sum_C prod_{a not in C} (n_a if k_a == 0 else 0)``.
+    """
+    shape = _validated_shape(shape)
+    cliques = _validated_cliques(cliques, len(shape))
+    frequencies = np.array(list(itertools.product(*(range(size) for size in shape))))
+    eigenvalues = np.zeros(len(frequencies))
+    for clique in cliques:
+        term = np.ones(len(frequencies))
+        for attribute, size in enumerate(shape):
+            if attribute not in clique:
+                term *= np.where(frequencies[:, attribute] == 0, float(size), 0.0)
+        eigenvalues += term
+    eigenvectors = np.ones((1, 1))
+    for size in shape:
+        basis = scipy.fft.dct(np.eye(size), type=2, norm="ortho", axis=0).T  # columns: DCT-II
+        eigenvectors = np.kron(eigenvectors, basis)
+    kept = eigenvalues > DEFAULT_EIGENVALUE_RTOL * eigenvalues.max()
+    order = np.argsort(-eigenvalues[kept], kind="stable")
+    return WorkloadSpectrum(
+        eigenvalues=eigenvalues[kept][order], eigenvectors=eigenvectors[:, kept][:, order]
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# SVD bound and workload minimisation
+# ------------------------------------------------------------------------------------------------
+
+
+def svd_bound(gram: np.ndarray) -> float:
+    """The singular value bound ``SVDB(W) = (sum_i sqrt(sigma_i))^2 / n`` (Prop 4.3, O(n^3)).
+
+    sigma_i are the eigenvalues of ``G = W^T W`` (round-off below ``n eps sigma_max`` is set to 0)
+    and n is the number of cells.  ``P * SVDB`` is a lower bound on the total squared error of the matrix
+    mechanism with any strategy under L2 sensitivity (Thm 4.1).
+
+    References
+    ----------
+    Li thesis, Def 4.3, Prop 4.3, Thm 4.1.
+
+    Examples
+    --------
+    >>> round(svd_bound(all_range_gram(16)), 4)
+    404.4829
+    """
+    gram = _validated_gram(gram)
+    eigenvalues = np.linalg.eigvalsh(gram)  # O(n^3)
+    # Round-off makes zero eigenvalues ~ n eps max|sigma| either side of 0; sqrt would amplify it.
+    noise_level = gram.shape[0] * np.finfo(np.float64).eps * float(eigenvalues.max())
+    eigenvalues = np.where(eigenvalues > noise_level, eigenvalues, 0.0)
+    return float(np.sum(np.sqrt(eigenvalues)) ** 2 / gram.shape[0])
+
+
+def svd_bound_from_spectrum(spectrum: WorkloadSpectrum) -> float:
+    """SVDB from a spectrum: ``(sum sqrt(sigma))^2 / n_cells`` (O(r))."""
+    return float(np.sum(np.sqrt(spectrum.eigenvalues)) ** 2 / spectrum.n_cells)
+
+
+def minimize_workload(
+    gram: np.ndarray, *, duplicate_rtol: float = DEFAULT_DUPLICATE_RTOL
+) -> MinimizedWorkload:
+    """Merge duplicate columns and drop zero columns of W, using only G (Def 2.6, O(n n_min)).
+
+    Columns j and k of W are equal iff ``G_jj + G_kk - 2 G_jk = |w_j - w_k|^2 = 0``; column j is
+    zero iff ``G_jj = 0``.  Both tests use the tolerance ``duplicate_rtol * max_j G_jj``.
+    Each merged group keeps its lowest-index cell as representative.
+    """
+    gram = _validated_gram(gram)
+    duplicate_rtol = _check_unit_interval("duplicate_rtol", duplicate_rtol, include_one=False)
+    diagonal = np.diag(gram)
+    tolerance = duplicate_rtol * float(diagonal.max())
+    if diagonal.max() <= 0:
+        raise ValueError("gram must have a positive diagonal entry (some query reads a cell)")
+    column_of_cell = np.full(gram.shape[0], -1, dtype=np.intp)
+    unassigned = diagonal > tolerance
+    representatives: list[int] = []
+    for cell in np.flatnonzero(unassigned):
+        if not unassigned[cell]:
+            continue
+        squared_distance = diagonal[cell] + diagonal - 2.0 * gram[cell]  # O(n)
+        group = unassigned & (squared_distance <= tolerance)
+        group[cell] = True
+        column_of_cell[group] = len(representatives)
+        unassigned &= ~group
+        representatives.append(int(cell))
+    kept = np.asarray(representatives, dtype=np.intp)
+    return MinimizedWorkload(gram=gram[np.ix_(kept, kept)], column_of_cell=column_of_cell)
+
+
+def cell_simplified_svd_bound(gram: np.ndarray) -> float:
+    """``SVDB+(W) = SVDB(W')`` for the minimised workload W' (Def 4.10, O(n^3)).
+
+    Both SVDB and SVDB+ are valid lower bounds, so ``max(svd_bound, cell_simplified_svd_bound)``
+    is too (reference note A5); the two are not ordered in general (Example 4.4).
+    """
+    return svd_bound(minimize_workload(gram).gram)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sensitivity and total error
+# ------------------------------------------------------------------------------------------------
+
+
+def l2_sensitivity(strategy: np.ndarray) -> float:
+    """Largest column L2 norm of A (Prop 2.3): the L2 sensitivity for one record (O(p n))."""
+    strategy = _validated_strategy(strategy)
+    return float(np.sqrt(np.max(np.sum(strategy**2, axis=0))))
+
+
+def l1_sensitivity(strategy: np.ndarray) -> float:
+    """Largest column L1 norm of A (Prop 2.2): the L1 sensitivity for one record (O(p n))."""
+    strategy = _validated_strategy(strategy)
+    return float(np.max(np.sum(np.abs(strategy), axis=0)))
+
+
+def workload_variance_factor(gram: np.ndarray, strategy: np.ndarray) -> float:
+    """``trace(G (A^T A)^+) = |W A^+|_F^2``: total error per unit noise variance (O(n^3)).
+
+    The expected total squared error of the matrix mechanism that adds i.i.d. noise of variance
+    v to ``A x`` is ``v * workload_variance_factor(G, A)`` (thesis Prop 3.4).
+
+    Raises
+    ------
+    ValueError
+        If A does not support the workload (the row space of G is not inside that of A).
+    """
+    gram = _validated_gram(gram)
+    strategy = _validated_strategy(strategy, gram.shape[0])
+    return _trace_gram_pinv(strategy.T @ strategy, gram=gram)
+
+
+def total_error_l2(gram: np.ndarray, strategy: np.ndarray) -> float:
+    """``l2_sensitivity(A)^2 * trace(G (A^T A)^+)``: Gaussian total error for P = 1 (O(n^3)).
+
+    Multiply by P, the Gaussian noise variance per unit L2 sensitivity, for the expected total
+    squared error (thesis Prop 3.4); divide by :func:`svd_bound` for the Table 4.1 ratios.
+    """
+    return l2_sensitivity(strategy) ** 2 * workload_variance_factor(gram, strategy)
+
+
+def total_error_l1(gram: np.ndarray, strategy: np.ndarray) -> float:
+    """``l1_sensitivity(A)^2 * trace(G (A^T A)^+)`` (eps-DP, Laplace; multiply by 2/eps^2)."""
+    return l1_sensitivity(strategy) ** 2 * workload_variance_factor(gram, strategy)
+
+
+def _trace_gram_pinv(
+    normal_matrix: np.ndarray,
+    *,
+    gram: np.ndarray | None = None,
+    gram_factor: np.ndarray | None = None,
+) -> float:
+    """``trace(G X^+)`` for ``X = A^T A``, with G given densely or as ``F`` with ``G = F F^T``.
+
+    Well-conditioned X: Cholesky (O(n^3)).  Singular X (rank-deficient workloads, strategies
+    without completion): pivoted Cholesky ``X = P L L^T P^T`` with L of full column rank k; if
+    ``F = P L Y`` (A supports W) then ``trace(F^T X^+ F) = |Y|_F^2`` (O(n^2 (k + r))).  An
+    eigen-decomposition (O(n^3)) settles the cases the pivoted factorisation cannot.
+    """
+    try:
+        factor, lower = scipy.linalg.cho_factor(normal_matrix, lower=True)  # O(n^3 / 3)
+        norm_1 = float(np.max(np.sum(np.abs(normal_matrix), axis=0)))
+        rcond, info = scipy.linalg.lapack.dpocon(factor, norm_1, uplo="L")
+        well_conditioned = info == 0 and rcond > _SINGULAR_RCOND
+    except np.linalg.LinAlgError:
+        well_conditioned = False
+    if well_conditioned:
+        if gram_factor is not None:
+            solved = scipy.linalg.solve_triangular(factor, gram_factor, lower=True)  # O(n^2 r)
+            return float(np.sum(solved**2))
+        return float(np.trace(scipy.linalg.cho_solve((factor, lower), gram)))  # O(n^3)
+    if gram_factor is None:
+        gram_factor = _psd_factor(gram)
+    strategy_factor, pivots = _pivoted_cholesky(normal_matrix)  # O(n^2 k)
+    rank = strategy_factor.shape[1]
+    permuted = gram_factor[pivots]
+    coefficients = scipy.linalg.solve_triangular(
+        strategy_factor[:rank], permuted[:rank], lower=True
+    )  # O(k^2 r)
+    residual = permuted[rank:] - strategy_factor[rank:] @ coefficients  # O(n k r)
+    if np.sum(residual**2) <= _SUPPORT_RTOL * np.sum(gram_factor**2):
+        return float(np.sum(coefficients**2))
+    return _trace_gram_pinv_eigh(normal_matrix, gram_factor @ gram_factor.T)
+
+
+def _pivoted_cholesky(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``matrix[p][:, p] = L L^T`` with L (n x k) lower trapezoidal of full column rank (O(n^2 k)).
+
+    Pivots below ``_SINGULAR_RCOND * max(diag)`` end the factorisation (numerical rank k).
+    """
+    tolerance = _SINGULAR_RCOND * float(np.max(np.diag(matrix)))
+    factor, pivots, rank, info = scipy.linalg.lapack.dpstrf(matrix, tol=tolerance, lower=1)
+    if info < 0:
+        raise np.linalg.LinAlgError(f"dpstrf failed (info {info})")
+    return np.tril(factor)[:, :rank], pivots - 1
+
+
+def _psd_factor(gram: np.ndarray) -> np.ndarray:
+    """F with ``G = F F^T`` (up to round-off) for a PSD Gram matrix (O(n^2 rank))."""
+    factor, pivots = _pivoted_cholesky(gram)
+    unpermuted = np.empty_like(factor)
+    unpermuted[pivots] = factor
+    return unpermuted
+
+
+def _trace_gram_pinv_eigh(normal_matrix: np.ndarray, gram: np.ndarray) -> float:
+    """``trace(G X^+)`` from an eigen-decomposition of X, checking support first (O(n^3))."""
+    eigenvalues, eigenvectors = np.linalg.eigh(normal_matrix)  # O(n^3)
+    kept = eigenvalues > _SINGULAR_RCOND * max(float(eigenvalues.max()), 0.0)
+    basis = eigenvectors[:, kept]
+    projected = basis.T @ gram @ basis  # O(n^2 k)
+    captured = float(np.trace(projected))
+    total = float(np.trace(gram))
+    if total - captured > _SUPPORT_RTOL * total:
+        raise ValueError(
+            "strategy does not support the workload: "
+            f"{(total - captured) / total:.3g} of trace(G) lies outside the row space of A"
+        )
+    return float(np.sum(np.diag(projected) / eigenvalues[kept]))
+
+
+# ------------------------------------------------------------------------------------------------
+# The weighting program (Programs 5.1.1 / 5.1.3) and its dual
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _WeightingSolution:
+    variables: np.ndarray
+    """Feasible weights (largest constraint exactly 1)."""
+    primal: float
+    """Objective at ``variables`` (an upper bound on the optimum)."""
+    dual: float
+    """Best dual value found (a lower bound on the optimum)."""
+    iterations: int
+    multipliers: np.ndarray
+    """Final cell multipliers mu (a warm start for a larger working set)."""
+
+    @property
+    def relative_gap(self) -> float:
+        return (self.primal - self.dual) / self.primal
+
+
+def _solve_weighting(
+    costs: np.ndarray,
+    constraint: np.ndarray,
+    *,
+    power: int,
+    rtol: float,
+    max_iterations: int,
+) -> _WeightingSolution:
+    """Minimise ``sum_i c_i / x_i^power`` subject to ``constraint @ x <= 1``, ``x > 0``.
+
+    L2 (Program 5.1.1): x_i = lambda_i^2, power 1, ``constraint = Q o Q`` (squared column norms).
+    L1 (Program 5.1.3 with the L1 constraint, note A12): x_i = lambda_i, power 2,
+    ``constraint = |Q|`` (column L1 norms).
+
+    With many more cells (constraints) than variables, only a few cells are tight at the optimum,
+    so the dual is solved on a working set of cells that grows by the most violated cells until the
+    weights are feasible for all cells (constraint generation).  A restricted problem has fewer
+    constraints, so its dual value is still a lower bound for the full problem and the returned
+    gap remains a certificate.  O(n k) per round outside the restricted solves.
+    """
+    n_cells, n_variables = constraint.shape
+    if n_cells <= 4 * n_variables:
+        return _solve_weighting_dual(
+            costs, constraint, power=power, rtol=rtol, max_iterations=max_iterations
+        )
+    # The dual's starting point over all cells is already optimal for tight workloads (SVDB).
+    start = _solve_weighting_dual(costs, constraint, power=power, rtol=rtol, max_iterations=0)
+    if start.relative_gap <= rtol:
+        return start
+    best_primal, best_variables, lower_bound = start.primal, start.variables, start.dual
+    # Work on the most loaded cells, plus each variable's largest entry so none is unbounded.
+    initial_loads = constraint @ costs ** (1.0 / (power + 1))  # SVD-bound-like weights, O(n k)
+    working = np.union1d(
+        np.argsort(-initial_loads)[: 2 * n_variables], np.argmax(constraint, axis=0)
+    )
+    iterations = 0
+    multipliers = None
+    while True:
+        restricted = _solve_weighting_dual(
+            costs,
+            constraint[working],
+            power=power,
+            rtol=rtol,
+            max_iterations=max(max_iterations - iterations, 1),
+            initial_multipliers=multipliers,
+        )
+        iterations += restricted.iterations
+        lower_bound = max(lower_bound, restricted.dual)
+        loads = constraint @ restricted.variables  # O(n k)
+        peak = float(loads.max())
+        primal = float(costs @ (restricted.variables / peak) ** (-power))
+        if primal < best_primal:
+            best_primal, best_variables = primal, restricted.variables / peak
+        violated = np.flatnonzero(loads > 1.0 + 1e-12)
+        gap = (best_primal - lower_bound) / best_primal
+        if gap <= rtol or violated.size == 0 or iterations >= max_iterations:
+            return _WeightingSolution(
+                variables=best_variables,
+                primal=best_primal,
+                dual=lower_bound,
+                iterations=iterations,
+                multipliers=restricted.multipliers,
+            )
+        worst_first = violated[np.argsort(-loads[violated])]
+        enlarged = np.union1d(working, worst_first[: 2 * n_variables])
+        multipliers = np.zeros(enlarged.size)  # new cells start at their bound mu = 0
+        multipliers[np.searchsorted(enlarged, working)] = restricted.multipliers
+        working = enlarged
+
+
+def _solve_weighting_dual(
+    costs: np.ndarray,
+    constraint: np.ndarray,
+    *,
+    power: int,
+    rtol: float,
+    max_iterations: int,
+    initial_multipliers: np.ndarray | None = None,
+) -> _WeightingSolution:
+    """:func:`_solve_weighting` through its concave dual over cell multipliers mu >= 0.
+
+    With s = constraint^T mu: ``x_i(mu) = (p c_i / s_i)^(1/(p+1))`` and
+    ``D(mu) = kappa_p sum_i c_i^(1/(p+1)) s_i^(p/(p+1)) - sum_j mu_j`` whose gradient is
+    ``constraint @ x(mu) - 1``.  L-BFGS-B maximises D; every evaluation also yields a feasible
+    primal point (x rescaled so its largest constraint is 1), and the solve stops when the
+    relative primal-dual gap is ``<= rtol``.  Each evaluation is O(n k).  ``initial_multipliers``
+    are in the units of the original costs.
+    """
+    scale = float(costs.max())
+    normalised_costs = costs / scale
+    exponent = 1.0 / (power + 1)
+    kappa = power ** (-power * exponent) + power**exponent
+    cost_roots = normalised_costs**exponent
+    n_constraints = constraint.shape[0]
+    state = {"primal": math.inf, "dual": -math.inf, "best": None}
+
+    def primal_point(dual_slack: np.ndarray) -> np.ndarray:
+        floor = max(1e-14 * float(dual_slack.max()), np.finfo(np.float64).tiny)
+        return (power * normalised_costs / np.maximum(dual_slack, floor)) ** exponent
+
+    def negative_dual(multipliers: np.ndarray) -> tuple[float, np.ndarray]:
+        dual_slack = constraint.T @ multipliers  # O(n k)
+        value = kappa * cost_roots @ np.maximum(dual_slack, 0.0) ** (power * exponent)
+        value -= multipliers.sum()
+        variables = primal_point(dual_slack)
+        loads = constraint @ variables  # O(n k)
+        peak = float(loads.max())
+        primal = float(normalised_costs @ variables ** (-power)) * peak**power
+        if primal < state["primal"]:
+            state["primal"], state["best"] = primal, variables / peak
+        state["dual"] = max(state["dual"], float(value))
+        return -float(value), 1.0 - loads
+
+    def relative_gap() -> float:
+        return (state["primal"] - state["dual"]) / state["primal"]
+
+    def stop_when_certified(intermediate_result: scipy.optimize.OptimizeResult) -> None:
+        if relative_gap() <= rtol:
+            raise StopIteration
+
+    if initial_multipliers is None:
+        # The best multiple of mu = 1 (the dual value there is SVDB for eigen-queries).
+        uniform_slack = constraint.T @ np.ones(n_constraints)
+        level = cost_roots @ uniform_slack ** (power * exponent)
+        start = (kappa * level * power * exponent / n_constraints) ** (power + 1)
+        multipliers = np.full(n_constraints, start)
+    else:
+        multipliers = initial_multipliers / scale
+    negative_dual(multipliers)
+    iterations = 0
+    # L-BFGS-B can stall while it drives most multipliers to their bound 0 (often only a few cells
+    # are tight at the optimum); restarting from the stall point with a fresh memory resolves it.
+    while relative_gap() > rtol and iterations < max_iterations:
+        dual_before = state["dual"]
+        result = scipy.optimize.minimize(
+            negative_dual,
+            multipliers,
+            jac=True,
+            method="L-BFGS-B",
+            bounds=scipy.optimize.Bounds(0.0, np.inf),
+            callback=stop_when_certified,
+            options={
+                "maxiter": max_iterations - iterations,
+                "maxcor": 20,
+                "ftol": 0.0,
+                "gtol": 0.0,
+            },
+        )
+        iterations += max(int(result.nit), 1)
+        multipliers = result.x
+        if state["dual"] <= dual_before:
+            break  # no progress from a fresh start: the gap is at round-off level
+    return _WeightingSolution(
+        variables=np.asarray(state["best"]),
+        primal=state["primal"] * scale,
+        dual=state["dual"] * scale,
+        iterations=iterations,
+        multipliers=multipliers * scale,
+    )
+
+
+def _weights_full(
+    costs: np.ndarray, constraint: np.ndarray, *, power: int, rtol: float, max_iterations: int
+) -> tuple[np.ndarray, list[_WeightingSolution]]:
+    solution = _solve_weighting(
+        costs, constraint, power=power, rtol=rtol, max_iterations=max_iterations
+    )
+    return solution.variables, [solution]
+
+
+def _weights_separated(
+    costs: np.ndarray,
+    constraint: np.ndarray,
+    *,
+    group_size: int,
+    power: int,
+    rtol: float,
+    max_iterations: int,
+) -> tuple[np.ndarray, list[_WeightingSolution]]:
+    """Eigen-query separation (thesis 5.2.2.1; merge step per reference note A10).
+
+    Groups of ``group_size`` consecutive eigen-queries (decreasing eigenvalue) are weighted
+    independently, O(n g) per evaluation; then one factor per group is chosen by the same program
+    with each group as a block (cost ``sum c_i / x_i^p``, column ``constraint_g @ x_g``),
+    O(n^2 / g) per evaluation.
+    """
+    solutions: list[_WeightingSolution] = []
+    inner: list[np.ndarray] = []
+    block_costs = []
+    block_columns = []
+    for start in range(0, costs.size, group_size):
+        group = slice(start, min(start + group_size, costs.size))
+        solution = _solve_weighting(
+            costs[group],
+            constraint[:, group],
+            power=power,
+            rtol=rtol,
+            max_iterations=max_iterations,
+        )
+        solutions.append(solution)
+        inner.append(solution.variables)
+        block_costs.append(float(costs[group] @ solution.variables ** (-power)))
+        block_columns.append(constraint[:, group] @ solution.variables)
+    merge = _solve_weighting(
+        np.asarray(block_costs),
+        np.column_stack(block_columns),
+        power=power,
+        rtol=rtol,
+        max_iterations=max_iterations,
+    )
+    solutions.append(merge)
+    variables = np.concatenate(
+        [
+            factor * group_variables
+            for factor, group_variables in zip(merge.variables, inner, strict=True)
+        ]
+    )
+    return variables, solutions
+
+
+def _weights_principal(
+    costs: np.ndarray,
+    constraint: np.ndarray,
+    *,
+    n_principal: int,
+    power: int,
+    rtol: float,
+    max_iterations: int,
+) -> tuple[np.ndarray, list[_WeightingSolution]]:
+    """Principal vectors (thesis 5.2.2.2): the top ``n_principal`` eigen-queries get their own
+    weights, all remaining ones share a single weight; O(n k) per evaluation.
+    """
+    if n_principal >= costs.size:
+        return _weights_full(
+            costs, constraint, power=power, rtol=rtol, max_iterations=max_iterations
+        )
+    block_costs = np.append(costs[:n_principal], costs[n_principal:].sum())
+    block_constraint = np.column_stack(
+        [constraint[:, :n_principal], constraint[:, n_principal:].sum(axis=1)]
+    )
+    solution = _solve_weighting(
+        block_costs, block_constraint, power=power, rtol=rtol, max_iterations=max_iterations
+    )
+    shared = np.full(costs.size - n_principal, solution.variables[-1])
+    return np.concatenate([solution.variables[:n_principal], shared]), [solution]
+
+
+# ------------------------------------------------------------------------------------------------
+# Eigen-Design (Program 5.1.2)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Candidate:
+    row_weights: np.ndarray
+    completion_weights: np.ndarray
+    total_error: float
+    total_error_before_completion: float
+
+
+def _candidate(
+    spectrum: WorkloadSpectrum,
+    variables: np.ndarray,
+    constraint: np.ndarray,
+    *,
+    norm: SensitivityNorm,
+    complete: bool,
+) -> _Candidate:
+    """Strategy rows ``lambda_i q_i`` plus completion (steps 3-5), with its exact error.
+
+    ``variables`` are scaled so the largest column norm is 1.  Completion (Thm 3.11, note A4) adds
+    the row ``d_j e_j`` to every deficient column j: ``d_j = sqrt(1 - m_j^2)`` (L2) or
+    ``d_j = 1 - m_j`` (L1), where m_j is the column norm; the sensitivity stays 1.
+    """
+    loads = constraint @ variables  # O(n r): squared L2 or L1 column norms
+    peak = float(loads.max())
+    variables = variables / peak
+    loads = loads / peak
+    deficit = 1.0 - loads
+    deficit[deficit <= 1e-12] = 0.0  # columns already at the sensitivity get no completion row
+    if norm == "l2":
+        row_weights, completion = np.sqrt(variables), np.sqrt(deficit)
+    else:
+        row_weights, completion = variables, deficit
+    before = float(np.sum(spectrum.eigenvalues / row_weights**2))
+    if not complete:
+        completion = np.zeros_like(completion)
+    if not np.any(completion > 0):
+        return _Candidate(
+            row_weights=row_weights,
+            completion_weights=completion,
+            total_error=before,
+            total_error_before_completion=before,
+        )
+    eigenvectors = spectrum.eigenvectors
+    weighted = eigenvectors * row_weights
+    normal_matrix = weighted @ weighted.T  # O(n^2 r); numpy uses syrk for X @ X.T
+    normal_matrix[np.diag_indices_from(normal_matrix)] += completion**2
+    after = _trace_gram_pinv(
+        normal_matrix, gram_factor=eigenvectors * np.sqrt(spectrum.eigenvalues)
+    )
+    return _Candidate(
+        row_weights=row_weights,
+        completion_weights=completion,
+        total_error=after,
+        total_error_before_completion=before,
+    )
+
+
+def _design(
+    spectrum: WorkloadSpectrum,
+    *,
+    sensitivity: SensitivityNorm,
+    method: DesignMethod,
+    group_size: int,
+    principal_fraction: float,
+    complete: bool,
+    compare_svd_bound: bool,
+    solver_rtol: float,
+    max_iterations: int,
+) -> tuple[_Candidate, StrategySource, float, int, float]:
+    eigenvectors = spectrum.eigenvectors
+    if sensitivity == "l2":
+        constraint, power = eigenvectors**2, 1  # (Q o Q)^T u <= 1
+    else:
+        constraint, power = np.abs(eigenvectors), 2  # |Q|^T lambda <= 1 (note A12)
+    costs = spectrum.eigenvalues  # c_i = |W q_i|^2 = sigma_i for orthonormal eigen-queries
+    solver = {"power": power, "rtol": solver_rtol, "max_iterations": max_iterations}
+    if method == "full":
+        variables, solutions = _weights_full(costs, constraint, **solver)
+    elif method == "separation":
+        variables, solutions = _weights_separated(
+            costs, constraint, group_size=group_size, **solver
+        )
+    else:
+        n_principal = max(1, math.ceil(principal_fraction * spectrum.rank))
+        variables, solutions = _weights_principal(
+            costs, constraint, n_principal=n_principal, **solver
+        )
+    designed = _candidate(spectrum, variables, constraint, norm=sensitivity, complete=complete)
+    chosen, source, alternative = designed, "eigen_design", math.nan
+    if compare_svd_bound:
+        # SVD-bound strategy A_l: row weights sigma_i^(1/4) (Thm 4.10), then completion (A14).
+        quarter_roots = spectrum.eigenvalues**0.25
+        svd_variables = quarter_roots**2 if sensitivity == "l2" else quarter_roots
+        svd_candidate = _candidate(
+            spectrum, svd_variables, constraint, norm=sensitivity, complete=complete
+        )
+        if svd_candidate.total_error < designed.total_error:
+            chosen, source, alternative = svd_candidate, "svd_bound", designed.total_error
+        else:
+            alternative = svd_candidate.total_error
+    iterations = sum(solution.iterations for solution in solutions)
+    gap = max(solution.relative_gap for solution in solutions)
+    return chosen, source, alternative, iterations, gap
+
+
+def _validated_design_options(
+    sensitivity: str,
+    method: str,
+    group_size: int,
+    principal_fraction: float,
+    solver_rtol: float,
+    max_iterations: int,
+) -> None:
+    if sensitivity not in ("l2", "l1"):
+        raise ValueError(f"sensitivity ({sensitivity!r}) must be 'l2' or 'l1'")
+    if method not in ("full", "separation", "principal"):
+        raise ValueError(f"method ({method!r}) must be 'full', 'separation' or 'principal'")
+    _check_positive_int("group_size", group_size)
+    _check_unit_interval("principal_fraction", principal_fraction, include_one=True)
+    _check_unit_interval("solver_rtol", solver_rtol, include_one=False)
+    _check_positive_int("max_iterations", max_iterations)
+
+
+def _strategy_matrix(candidate: _Candidate, spectrum: WorkloadSpectrum) -> np.ndarray:
+    """``[diag(lambda) Q^T ; d_j e_j for d_j > 0]`` on the minimised columns (O(n r))."""
+    weighted = candidate.row_weights[:, None] * spectrum.eigenvectors.T
+    completed_columns = np.flatnonzero(candidate.completion_weights > 0)
+    completion_rows = np.zeros((completed_columns.size, spectrum.n_cells))
+    completion_rows[np.arange(completed_columns.size), completed_columns] = (
+        candidate.completion_weights[completed_columns]
+    )
+    return np.vstack([weighted, completion_rows])
+
+
+def eigen_design(
+    gram: np.ndarray,
+    *,
+    sensitivity: SensitivityNorm = "l2",
+    method: DesignMethod = "full",
+    group_size: int = 16,
+    principal_fraction: float = 0.1,
+    eigenvalue_rtol: float = DEFAULT_EIGENVALUE_RTOL,
+    duplicate_rtol: float = DEFAULT_DUPLICATE_RTOL,
+    complete: bool = True,
+    compare_svd_bound: bool = True,
+    solver_rtol: float = 1e-7,
+    max_iterations: int = 20_000,
+) -> EigenDesignStrategy:
+    """Choose a strategy for the workload with Gram matrix G by Eigen-Design (Program 5.1.2).
+
+    1. Minimise the workload (merge duplicate columns, drop zero columns; Prop 5.1), so the result
+       does not depend on how cells are represented; permuting cells permutes A's columns.
+    2. Eigen-decompose the minimised G; drop eigenvalues ``<= eigenvalue_rtol * max``.
+    3. Weight the eigen-queries by the convex program (5.1.1 for L2, 5.1.3 with the L1 constraint
+       for L1), with ``method``: ``"full"`` (all weights free), ``"separation"`` (groups of
+       ``group_size``, then one factor per group; 5.2.2.1) or ``"principal"`` (the top
+       ``principal_fraction`` of eigen-queries free, the rest one shared weight; 5.2.2.2).
+    4. Complete deficient columns without raising the sensitivity (steps 4-5) if ``complete``.
+    5. If ``compare_svd_bound``, also build the SVD-bound strategy (rows ``sigma_i^(1/4) q_i``)
+       with completion and return whichever has the lower total error (reference note A14).
+
+    Parameters
+    ----------
+    gram
+        ``G = W^T W``, n x n, symmetric positive semidefinite.
+    sensitivity
+        ``"l2"`` for Gaussian noise (rho-zCDP or (eps, delta): same strategy, only P differs) or
+        ``"l1"`` for Laplace noise (pure eps-DP).
+    solver_rtol, max_iterations
+        The weighting program stops when its primal-dual gap is ``<= solver_rtol`` (the gap reached
+        is reported in ``solver_relative_gap``) or after ``max_iterations`` L-BFGS-B iterations.
+
+    Returns
+    -------
+    EigenDesignStrategy
+        ``A`` has sensitivity 1 in the chosen norm; ``total_error`` is its exact error on G.
+
+    Notes
+    -----
+    Cost: O(n^3) for the eigen-decomposition and the error evaluation; each weighting evaluation
+    is O(n r) ("full"), O(n g) per group plus O(n^2 / g) to merge ("separation"), or O(n k)
+    ("principal").
+
+    *Privacy*: reads only the public workload; spends no budget.
+
+    References
+    ----------
+    Li thesis, Program 5.1.2 (section 5.1.3), Programs 5.1.1 and 5.1.3, section 5.2.2.
+    """
+    _validated_design_options(
+        sensitivity, method, group_size, principal_fraction, solver_rtol, max_iterations
+    )
+    gram = _validated_gram(gram)
+    minimized = minimize_workload(gram, duplicate_rtol=duplicate_rtol)
+    spectrum = workload_spectrum(minimized.gram, eigenvalue_rtol=eigenvalue_rtol)
+    candidate, source, alternative, iterations, gap = _design(
+        spectrum,
+        sensitivity=sensitivity,
+        method=method,
+        group_size=group_size,
+        principal_fraction=principal_fraction,
+        complete=complete,
+        compare_svd_bound=compare_svd_bound,
+        solver_rtol=solver_rtol,
+        max_iterations=max_iterations,
+    )
+    strategy_on_columns = _strategy_matrix(candidate, spectrum)
+    # The error is re-evaluated against the full minimised Gram, not only its kept eigenvalues.
+    error_factor = _trace_gram_pinv(
+        strategy_on_columns.T @ strategy_on_columns, gram=minimized.gram
+    )
+    lower_bound = max(svd_bound(gram), svd_bound(minimized.gram))
+    return EigenDesignStrategy(
+        A=minimized.expand_strategy(strategy_on_columns),
+        weights=candidate.row_weights,
+        eigenvalues_kept=spectrum.eigenvalues,
+        completion_weights=candidate.completion_weights,
+        sensitivity_norm=sensitivity,
+        method=method,
+        source=source,
+        total_error=error_factor,
+        total_error_before_completion=candidate.total_error_before_completion,
+        alternative_total_error=alternative,
+        svd_bound=lower_bound,
+        solver_iterations=iterations,
+        solver_relative_gap=gap,
+        column_of_cell=minimized.column_of_cell,
+    )
+
+
+def eigen_design_from_spectrum(
+    spectrum: WorkloadSpectrum,
+    *,
+    sensitivity: SensitivityNorm = "l2",
+    method: DesignMethod = "full",
+    group_size: int = 16,
+    principal_fraction: float = 0.1,
+    complete: bool = True,
+    compare_svd_bound: bool = True,
+    solver_rtol: float = 1e-7,
+    max_iterations: int = 20_000,
+) -> EigenDesignStrategy:
+    """Eigen-Design from a known spectrum (e.g. :func:`all_range_spectrum`), skipping ``eigh``.
+
+    Same steps and options as :func:`eigen_design`, except that the caller guarantees the workload
+    is already minimised (no duplicate or zero columns) and the error is evaluated against
+    ``Q diag(sigma) Q^T``.  Cost O(n^2 r) beyond the weighting program; intended for large
+    structured workloads (n = 8192) where a dense eigen-decomposition dominates.
+
+    References
+    ----------
+    Li thesis, Program 5.1.2 and section 5.2.2.
+    """
+    _validated_design_options(
+        sensitivity, method, group_size, principal_fraction, solver_rtol, max_iterations
+    )
+    candidate, source, alternative, iterations, gap = _design(
+        spectrum,
+        sensitivity=sensitivity,
+        method=method,
+        group_size=group_size,
+        principal_fraction=principal_fraction,
+        complete=complete,
+        compare_svd_bound=compare_svd_bound,
+        solver_rtol=solver_rtol,
+        max_iterations=max_iterations,
+    )
+    return EigenDesignStrategy(
+        A=_strategy_matrix(candidate, spectrum),
+        weights=candidate.row_weights,
+        eigenvalues_kept=spectrum.eigenvalues,
+        completion_weights=candidate.completion_weights,
+        sensitivity_norm=sensitivity,
+        method=method,
+        source=source,
+        total_error=candidate.total_error,
+        total_error_before_completion=candidate.total_error_before_completion,
+        alternative_total_error=alternative,
+        svd_bound=svd_bound_from_spectrum(spectrum),
+        solver_iterations=iterations,
+        solver_relative_gap=gap,
+        column_of_cell=np.arange(spectrum.n_cells),
+    )
