@@ -174,6 +174,7 @@ def render_report(
             }
         ),
         "<p>Ledger of this dataset (append-only; charges are never refunded):</p>",
+        *_budget_timeline(ledger_rows, budget["cap"], manifest["release_id"]),
         _table_html(ledger_rows, ["seq", "created_at", "release_id", "label", "cost"]),
         "<h2>Mechanism and expected error</h2>",
         f"<p>Chosen: <b>{html.escape(plan['chosen'])}</b> — {html.escape(plan['reason'])}.</p>",
@@ -276,4 +277,66 @@ def _dawa_section(manifest: dict[str, Any]) -> list[str]:
         f"<p>{dawa['buckets']} buckets over {int(boundaries[-1])} cells; partition cost "
         f"{html.escape(_cost(dawa['partition_cost']))}, {reused}.</p>",
         f"<img alt='DAWA partition' src='{_png(figure)}'>",
+    ]
+
+
+def _cost_values(cost: str | dict[str, float]) -> dict[str, float]:
+    """A ledger row's cost as numbers: a dict, or the ``"epsilon=0.5, delta=1e-09"`` text form."""
+    if isinstance(cost, dict):
+        return {str(k): float(v) for k, v in cost.items()}
+    values = {}
+    for part in cost.split(","):
+        name, _, number = part.strip().partition("=")
+        if name and number:
+            values[name] = float(number)
+    return values
+
+
+def budget_timeline_plot(
+    ledger_rows: list[dict[str, Any]], cap: dict[str, float], release_id: str
+) -> str:
+    """Cumulative spend of the dataset's budget over time (step line) against the cap (dashed).
+
+    The measure plotted is the cap's first component (epsilon for ε-DP and (ε, δ), rho for zCDP);
+    this release's charges are marked in orange.
+    """
+    from datetime import datetime
+
+    plt = _pyplot()
+    measure = next(iter(cap))
+    times = [datetime.fromisoformat(row["created_at"]) for row in ledger_rows]
+    charges = np.array([_cost_values(row["cost"]).get(measure, 0.0) for row in ledger_rows])
+    cumulative = np.cumsum(charges)  # O(entries)
+    figure, axis = plt.subplots(figsize=(6, 2.6))
+    axis.step(times, cumulative, where="post", color="#2b6cb0", label=f"cumulative {measure}")
+    mine = [k for k, row in enumerate(ledger_rows) if row["release_id"] == release_id]
+    others = [k for k in range(len(ledger_rows)) if k not in mine]
+    axis.plot([times[k] for k in others], cumulative[others], "o", color="#2b6cb0", markersize=4)
+    axis.plot(
+        [times[k] for k in mine],
+        cumulative[mine],
+        "o",
+        color="#dd6b20",
+        markersize=6,
+        label="this release",
+    )
+    axis.axhline(
+        cap[measure], color="#c53030", linestyle="--", label=f"cap ({measure}={cap[measure]:.6g})"
+    )
+    axis.set_ylim(0, max(cap[measure], float(cumulative.max(initial=0.0))) * 1.1)
+    axis.set_ylabel(f"{measure} spent")
+    axis.set_title("Privacy budget of this dataset over time")
+    axis.legend(loc="best", fontsize="small")
+    figure.autofmt_xdate()
+    return _png(figure)
+
+
+def _budget_timeline(
+    ledger_rows: list[dict[str, Any]], cap: dict[str, float], release_id: str
+) -> list[str]:
+    if not ledger_rows or not cap:
+        return []
+    return [
+        f"<img alt='privacy budget spent over time against the cap' "
+        f"src='{budget_timeline_plot(ledger_rows, cap, release_id)}'>"
     ]

@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from catalog.errors import CatalogError, DprReleaseError
+from catalog.errors import CatalogError, DprReleaseError, SpecError
 from mechanisms.privacy import PrivacyError
 
 console = Console(stderr=True, soft_wrap=True)
@@ -89,11 +89,16 @@ def _run_release(spec_path: Path, out_dir: Path) -> Any:
         f"({spec.num_cells:,} cells, {len(spec.workload)} workload items)",
         highlight=False,
     )
-    from flows.release_flow import release_flow
-
     started = time.perf_counter()
     with console.status("starting Prefect and running the release flow…", spinner="dots"):
-        staged = release_flow(spec_path=str(spec_path), out_dir=str(out_dir))
+        if spec.model == "local":
+            from flows.ldp_flow import ldp_release_flow
+
+            staged = ldp_release_flow(spec_path=str(spec_path), out_dir=str(out_dir))
+        else:
+            from flows.release_flow import release_flow
+
+            staged = release_flow(spec_path=str(spec_path), out_dir=str(out_dir))
     console.print(f"finished in {time.perf_counter() - started:.1f} s", highlight=False)
     return staged
 
@@ -146,7 +151,13 @@ def plan(
     from catalog.planning import make_plan
     from catalog.spec import load_spec
 
-    result = make_plan(load_spec(spec))
+    loaded = load_spec(spec)
+    if loaded.model == "local":
+        raise SpecError(
+            f"{spec}: model: local releases are planned by `dprelease ldp strategy {spec} --json` "
+            "(the optimised randomizer, its variance and the baselines'); plan covers central releases"
+        )
+    result = make_plan(loaded)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         return
@@ -436,15 +447,15 @@ def watch(
 
     if once and max_polls is not None:
         raise CatalogError("give --once or --max-polls, not both")
+    if dry_run:
+        emitter, state = logging_emitter, WatchState("sqlite://")
+    else:
+        emitter, state = prefect_emitter(_require_prefect_server("dprelease watch")), WatchState()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     watch_logger = logging.getLogger("dprelease.watch")
     watch_logger.addHandler(handler)
     watch_logger.setLevel(logging.INFO)
-    if dry_run:
-        emitter, state = logging_emitter, WatchState("sqlite://")
-    else:
-        emitter, state = prefect_emitter(_require_prefect_server("dprelease watch")), WatchState()
     try:
         watcher = Watcher(
             directory,
@@ -452,13 +463,14 @@ def watch(
             emitter=emitter,
             resolve_datasets=SpecResolver(spec_dir) if spec_dir is not None else None,
         )
+        emitted = watcher.run(interval_seconds=interval, max_polls=2 if once else max_polls)
     except ValueError as exc:
         raise CatalogError(str(exc)) from None
-    try:
-        emitted = watcher.run(interval_seconds=interval, max_polls=2 if once else max_polls)
     except KeyboardInterrupt:
         stdout.print("stopped", highlight=False)
         return
+    finally:
+        watch_logger.removeHandler(handler)
     stdout.print(f"announced {len(emitted)} file(s)", highlight=False)
     for event in emitted:
         stdout.print(
@@ -482,6 +494,19 @@ def verify(
         f"OK: {release_dir} matches its manifest, the ledger and its validation results",
         highlight=False,
     )
+
+
+def _register_ldp() -> None:
+    from flows.ldp_cli import ldp_app
+
+    app.add_typer(
+        ldp_app,
+        name="ldp",
+        help="Local differential privacy: publish a strategy, simulate clients.",
+    )
+
+
+_register_ldp()
 
 
 def main() -> None:  # pragma: no cover - console-script entry point

@@ -367,12 +367,20 @@ class _WeightProblem:
             _blocks_of([UnionTerm(weight=1.0, factors=f)], structure, shape, weight_power=2)
             for f in term_factors
         ]
-        self.column_powers = []
+        self.column_powers: list[np.ndarray] = []
         for factors in term_factors:
+            per_factor = [factor.column_norms(norm=norm) ** norm for factor in factors]
+            if all(np.ptp(values) == 0 for values in per_factor):
+                # identity/total-like terms: one column norm everywhere, O(1) instead of O(N)
+                self.column_powers.append(np.array([math.prod(float(v[0]) for v in per_factor)]))
+                continue
             outer = np.ones(())
-            for factor in factors:
-                outer = np.multiply.outer(outer, factor.column_norms(norm=norm) ** norm)
+            for values in per_factor:
+                outer = np.multiply.outer(outer, values)
             self.column_powers.append(outer.ravel())
+        if len({c.size for c in self.column_powers}) > 1:  # mixed: broadcast constants
+            size = max(c.size for c in self.column_powers)
+            self.column_powers = [np.broadcast_to(c, (size,)) for c in self.column_powers]
 
     def __call__(self, weights: np.ndarray) -> float:
         columns = sum(w**self.norm * c for w, c in zip(weights, self.column_powers, strict=True))

@@ -1,0 +1,200 @@
+"""Operational state kept next to the catalog: announced data files and releases awaiting review.
+
+Two small tables in the catalog database (same SQLAlchemy URL, their own ``MetaData`` so the
+catalog's schema is untouched):
+
+* ``announced_files`` — one row per (dataset id, content fingerprint) the arrival watcher has
+  announced.  The primary key makes an announcement at-most-once across restarts *and* across two
+  watchers racing on the same folder: :meth:`WatchState.claim` inserts the row before the event is
+  emitted, and only a failed emission gives the claim back.  At-most-once is the safe side: every
+  announcement starts a release that spends privacy budget.
+* ``review_runs`` — which Prefect flow run is paused waiting for the review of a release (and on
+  which API), so ``dprelease review`` can resume that run instead of deciding behind its back.
+
+Everything stored here is public metadata: paths, content hashes, ids and URLs of the Prefect API
+(no credentials: the API URL is the one the worker was given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from catalog.errors import CatalogError
+from catalog.ledger import default_url, now
+
+operations_metadata = sa.MetaData()
+
+announced_files = sa.Table(
+    "announced_files",
+    operations_metadata,
+    sa.Column("dataset_id", sa.String(64), primary_key=True),
+    sa.Column("fingerprint", sa.String(64), primary_key=True),
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("announced_at", sa.String(40), nullable=False),
+)
+
+review_runs = sa.Table(
+    "review_runs",
+    operations_metadata,
+    sa.Column("release_id", sa.String(128), primary_key=True),
+    sa.Column("flow_run_id", sa.String(64), nullable=False),
+    sa.Column("api_url", sa.Text),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.String(40), nullable=False),
+    sa.Column("updated_at", sa.String(40), nullable=False),
+)
+
+REVIEW_RUN_STATUSES: tuple[str, ...] = ("awaiting", "decided", "expired")
+FINGERPRINT_LENGTH = 64  # hex sha256
+
+
+@dataclass(frozen=True, kw_only=True)
+class Announcement:
+    """A data file the watcher announced (one ``dprelease.data.arrived`` event)."""
+
+    dataset_id: str
+    fingerprint: str
+    path: str
+    size: int
+    announced_at: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReviewRun:
+    """The flow run that paused for the review of ``release_id``."""
+
+    release_id: str
+    flow_run_id: str
+    api_url: str | None
+    status: str
+    created_at: str
+    updated_at: str
+
+
+def _engine(url: str) -> Engine:
+    if url == "sqlite://":  # in memory (dry runs, tests): one connection shared by all users
+        engine = sa.create_engine(
+            url, connect_args={"check_same_thread": False}, poolclass=sa.pool.StaticPool
+        )
+    elif url.startswith("sqlite"):
+        # a busy writer (a release charging the ledger) holds SQLite's lock briefly: wait for it
+        engine = sa.create_engine(url, connect_args={"timeout": 60})
+    else:
+        engine = sa.create_engine(url, pool_pre_ping=True)
+    operations_metadata.create_all(engine)
+    return engine
+
+
+def _check_fingerprint(fingerprint: str) -> None:
+    if len(fingerprint) != FINGERPRINT_LENGTH or any(
+        c not in "0123456789abcdef" for c in fingerprint
+    ):
+        raise ValueError(
+            f"fingerprint ({fingerprint!r}) must be a lowercase hex sha256 (64 characters)"
+        )
+
+
+class WatchState:
+    """Fingerprints of files already announced, persisted in the catalog database."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or default_url()
+        self.engine = _engine(self.url)
+
+    def claim(self, *, dataset_id: str, fingerprint: str, path: str, size: int) -> bool:
+        """Record that this content is being announced for ``dataset_id``.
+
+        Returns ``False`` (and changes nothing) when the same content was announced before.
+        """
+        _check_fingerprint(fingerprint)
+        if size < 0:
+            raise ValueError(f"size ({size}) must be >= 0")
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    announced_files.insert().values(
+                        dataset_id=dataset_id,
+                        fingerprint=fingerprint,
+                        path=path,
+                        size=size,
+                        announced_at=now(),
+                    )
+                )
+        except IntegrityError:
+            return False
+        return True
+
+    def unclaim(self, *, dataset_id: str, fingerprint: str) -> None:
+        """Give a claim back after the event could not be emitted (it will be retried)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                announced_files.delete().where(
+                    (announced_files.c.dataset_id == dataset_id)
+                    & (announced_files.c.fingerprint == fingerprint)
+                )
+            )
+
+    def announcement(self, *, dataset_id: str, fingerprint: str) -> Announcement | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(announced_files).where(
+                    (announced_files.c.dataset_id == dataset_id)
+                    & (announced_files.c.fingerprint == fingerprint)
+                )
+            ).first()
+        return None if row is None else Announcement(**row._asdict())
+
+    def announcements(self, dataset_id: str | None = None) -> list[Announcement]:
+        query = sa.select(announced_files).order_by(announced_files.c.announced_at)
+        if dataset_id is not None:
+            query = query.where(announced_files.c.dataset_id == dataset_id)
+        with self.engine.connect() as conn:
+            return [Announcement(**row._asdict()) for row in conn.execute(query)]
+
+
+class ReviewRuns:
+    """Which paused Prefect flow run waits for the review of which release."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or default_url()
+        self.engine = _engine(self.url)
+
+    def record(self, *, release_id: str, flow_run_id: str, api_url: str | None) -> None:
+        """Remember that ``flow_run_id`` pauses for the review of ``release_id``."""
+        stamp = now()
+        with self.engine.begin() as conn:
+            conn.execute(review_runs.delete().where(review_runs.c.release_id == release_id))
+            conn.execute(
+                review_runs.insert().values(
+                    release_id=release_id,
+                    flow_run_id=flow_run_id,
+                    api_url=api_url,
+                    status="awaiting",
+                    created_at=stamp,
+                    updated_at=stamp,
+                )
+            )
+
+    def get(self, release_id: str) -> ReviewRun | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(review_runs).where(review_runs.c.release_id == release_id)
+            ).first()
+        return None if row is None else ReviewRun(**row._asdict())
+
+    def mark(self, release_id: str, *, status: str) -> None:
+        if status not in REVIEW_RUN_STATUSES:
+            raise ValueError(f"status ({status!r}) must be one of {REVIEW_RUN_STATUSES}")
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                review_runs.update()
+                .where(review_runs.c.release_id == release_id)
+                .values(status=status, updated_at=now())
+            )
+        if result.rowcount != 1:
+            raise CatalogError(f"release {release_id!r} has no flow run awaiting review")

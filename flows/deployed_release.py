@@ -1,0 +1,284 @@
+"""The deployed release: one ``release`` run per dataset at a time, then a pause for audited review.
+
+``release_deployment_flow`` is what ``dprelease deploy`` registers for every spec (on a schedule,
+on an arrival event, or run on demand).  It
+
+1. checks, for an arrival-triggered run, that the announced file still has the announced content
+   (a file replaced after its announcement is refused before any budget is spent);
+2. takes the dataset's global concurrency slot (``dprelease-dataset-<id>``, limit 1), so a second
+   release of the same dataset waits until the first is staged; the slot is *not* held while the
+   release waits for review;
+3. runs the ``release`` flow as a subflow (the same tasks as ``dprelease run``: budget check before
+   any data is read, ledger charge before noise, stage);
+4. records which flow run awaits the review (``catalog.watch_state.ReviewRuns``) and pauses with a
+   typed :class:`ReviewDecision` input, so a reviewer decides in the Prefect UI, through the API
+   (``prefect.flow_runs.resume_flow_run``) or with ``dprelease review``;
+5. records the decision with :func:`catalog.release.review`: approval publishes a copy, rejection
+   keeps the spent budget spent; both land in the catalog and the manifest with who and when.
+
+If nobody decides within ``review_timeout_seconds`` the run fails ("... never resumed"),
+the release stays ``staged``, and ``dprelease review`` decides it directly in the catalog later.
+
+All parameters are public: paths, a catalog URL, ids, a fingerprint of a file.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import FlowPauseTimeout
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
+from pydantic import Field, ValidationError
+
+from catalog import release
+from catalog.errors import CatalogError, DataError
+from catalog.ledger import Catalog, ReleaseRecord, default_url
+from catalog.spec import load_spec
+from catalog.watch_state import ReviewRun, ReviewRuns
+from flows.release_flow import release_flow
+from flows.watch import file_fingerprint
+
+DATASET_LIMIT_PREFIX = "dprelease-dataset-"
+DEFAULT_REVIEW_TIMEOUT_SECONDS = 24 * 3600
+REVIEW_POLL_SECONDS = 2
+
+
+def dataset_limit_name(dataset_id: str) -> str:
+    """Name of the global concurrency limit (1 slot) that serialises releases of a dataset."""
+    return DATASET_LIMIT_PREFIX + dataset_id
+
+
+class ReviewDecision(RunInput):
+    """The reviewer's decision, typed: the Prefect UI renders it as a form."""
+
+    approve: bool = Field(description="true: publish the release; false: reject it")
+    # The pattern is part of the JSON schema the server checks on resume: a blank reviewer is
+    # refused there and the run stays paused (a Python-only validator would fail the run instead).
+    reviewer: str = Field(
+        min_length=1, pattern=r"\S", description="who decides (recorded in the audit trail)"
+    )
+    note: str = Field(default="", description="why (recorded in the audit trail)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployedRelease:
+    """Outcome of a deployed release (public)."""
+
+    release_id: str
+    status: str  # "published" or "rejected"
+    directory: str
+    published_directory: str | None
+    reviewer: str | None
+    flow_run_id: str | None
+
+
+@task(name="check-arrived-file", cache_policy=NO_CACHE, retries=0)
+def check_arrived_file_task(path: str, expected_fingerprint: str) -> None:
+    """Refuse a file whose bytes changed since the watcher announced them (reads bytes, no rows)."""
+    if not Path(path).is_file():
+        raise DataError(f"announced file {path!r} no longer exists")
+    actual = file_fingerprint(path)
+    if actual != expected_fingerprint:
+        raise DataError(
+            f"announced file {path!r} changed since it was announced (sha256 {actual[:12]}…, "
+            f"announced {expected_fingerprint[:12]}…); the new content will be announced again"
+        )
+
+
+@task(name="record-review", cache_policy=NO_CACHE, retries=0, persist_result=False)
+def record_review_task(
+    catalog_url: str,
+    release_id: str,
+    approve: bool,
+    reviewer: str,
+    note: str,
+    publish_dir: str | None,
+) -> dict[str, Any]:
+    return release.review(
+        Catalog(catalog_url),
+        release_id,
+        approve=approve,
+        reviewer=reviewer,
+        note=note,
+        publish_dir=Path(publish_dir) if publish_dir else None,
+    )
+
+
+def _review_prompt(release_id: str, directory: str, charged: dict[str, float]) -> str:
+    cost = ", ".join(f"{k}={v:.6g}" for k, v in charged.items())
+    return (
+        f"### Review release `{release_id}`\n"
+        f"* audit report: `{Path(directory) / 'report.html'}`\n"
+        f"* privacy charged (already spent, whatever the decision): **{cost}**\n\n"
+        "Approve to publish a copy; reject to keep it unpublished (the budget stays spent)."
+    )
+
+
+@flow(name="release-deployment", log_prints=False, validate_parameters=True)
+def release_deployment_flow(
+    spec_path: str,
+    out_dir: str = "releases",
+    catalog_url: str | None = None,
+    source_override: str | None = None,
+    expected_fingerprint: str | None = None,
+    publish_dir: str | None = None,
+    review_timeout_seconds: int = DEFAULT_REVIEW_TIMEOUT_SECONDS,
+) -> DeployedRelease:
+    """Release under the dataset's concurrency slot, then wait for a reviewer's decision.
+
+    ``source_override`` is the arrived file (from the ``dprelease.data.arrived`` event's payload);
+    ``expected_fingerprint`` its announced sha256.
+
+    Privacy: the subflow charges the ledger before noise; the review never refunds.
+    """
+    from prefect.runtime import flow_run
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.deployments import ensure_dataset_limit
+
+    if review_timeout_seconds < 1:
+        raise ValueError(f"review_timeout_seconds ({review_timeout_seconds}) must be >= 1")
+    logger = get_run_logger()
+    catalog_url = catalog_url or default_url()
+    dataset_id = load_spec(spec_path).dataset.id
+    if source_override is not None and expected_fingerprint is not None:
+        check_arrived_file_task(source_override, expected_fingerprint)
+    limit = ensure_dataset_limit(dataset_id)
+    waited = time.perf_counter()
+    with concurrency(limit, occupy=1, strict=True):  # one running release per dataset id
+        logger.info(
+            "holding %s after %.1f s; running the release", limit, time.perf_counter() - waited
+        )
+        staged = release_flow(
+            spec_path=spec_path,
+            out_dir=out_dir,
+            catalog_url=catalog_url,
+            source_override=source_override,
+        )
+    run_id = flow_run.get_id()
+    reviews = ReviewRuns(catalog_url)
+    if run_id is not None:
+        reviews.record(
+            release_id=staged.release_id, flow_run_id=str(run_id), api_url=PREFECT_API_URL.value()
+        )
+    try:
+        decision = pause_flow_run(
+            wait_for_input=ReviewDecision.with_initial_data(
+                description=_review_prompt(staged.release_id, staged.directory, staged.charged)
+            ),
+            timeout=review_timeout_seconds,
+            poll_interval=min(REVIEW_POLL_SECONDS, review_timeout_seconds),
+            key="review",  # one pause per run (keys: lowercase letters, digits, dashes)
+        )
+    except FlowPauseTimeout:
+        if run_id is not None:
+            reviews.mark(staged.release_id, status="expired")
+        logger.warning(
+            "no review for %s within %d s: this run ends, the release stays staged; decide "
+            "with `dprelease review %s`",
+            staged.release_id,
+            review_timeout_seconds,
+            staged.release_id,
+        )
+        raise
+    try:
+        outcome = record_review_task(
+            catalog_url,
+            staged.release_id,
+            decision.approve,
+            decision.reviewer,
+            decision.note,
+            publish_dir,
+        )
+    finally:
+        if run_id is not None:
+            reviews.mark(staged.release_id, status="decided")
+    return DeployedRelease(
+        release_id=staged.release_id,
+        status=outcome["status"],
+        directory=staged.directory,
+        published_directory=outcome.get("published_directory"),
+        reviewer=decision.reviewer,
+        flow_run_id=None if run_id is None else str(run_id),
+    )
+
+
+# --- resuming a paused review from the CLI -------------------------------------------------------
+
+
+class ReviewRunNotPaused(CatalogError):
+    """The release's flow run is no longer paused (it timed out, failed or was already resumed)."""
+
+
+def resume_review(
+    run: ReviewRun,
+    *,
+    approve: bool,
+    reviewer: str,
+    note: str,
+    catalog: Catalog,
+    wait_seconds: float = 120.0,
+) -> ReleaseRecord:
+    """Resume the paused flow run of ``run`` with the decision; wait until the catalog records it.
+
+    Raises :class:`ReviewRunNotPaused` when the run is not paused and can no longer decide (the
+    caller then decides in the catalog directly), :class:`CatalogError` when it is running (someone
+    else resumed it) or when the decision did not arrive within ``wait_seconds``.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if not wait_seconds > 0:
+        raise ValueError(f"wait_seconds ({wait_seconds}) must be > 0")
+    try:
+        decision = ReviewDecision(approve=approve, reviewer=reviewer, note=note)
+    except ValidationError:
+        raise CatalogError(f"reviewer ({reviewer!r}) must name a person") from None
+    settings = (
+        temporary_settings(updates={PREFECT_API_URL: run.api_url}) if run.api_url else nullcontext()
+    )
+    with settings:
+        from prefect.flow_runs import resume_flow_run
+
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(UUID(run.flow_run_id)).state
+        except ObjectNotFound:
+            raise ReviewRunNotPaused(
+                f"flow run {run.flow_run_id} of release {run.release_id} is not on {run.api_url}"
+            ) from None
+        if state is None or not state.is_paused():
+            if state is not None and state.is_running():
+                raise CatalogError(
+                    f"flow run {run.flow_run_id} of release {run.release_id} is running: someone "
+                    "resumed it already; its decision will appear in `dprelease releases`"
+                )
+            raise ReviewRunNotPaused(
+                f"flow run {run.flow_run_id} of release {run.release_id} is "
+                f"{state.name if state else 'unknown'}, not paused"
+            )
+        resume_flow_run(
+            UUID(run.flow_run_id),
+            run_input=decision.model_dump(include={"approve", "reviewer", "note"}),
+        )
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        record = catalog.release(run.release_id)
+        if record.status in ("published", "rejected"):
+            return record
+        if time.monotonic() > deadline:
+            raise CatalogError(
+                f"resumed flow run {run.flow_run_id}, but release {run.release_id} is still "
+                f"{record.status} after {wait_seconds:.0f} s; check the run in the Prefect UI"
+            )
+        time.sleep(1.0)

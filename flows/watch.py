@@ -1,0 +1,392 @@
+"""The arrival watcher: announce complete new Parquet files in a landing folder as Prefect events.
+
+``dprelease watch DIR`` polls DIR (recursively) and emits one ``dprelease.data.arrived`` event per
+complete new Parquet file, with resource id ``dprelease.dataset.<dataset id>`` and payload
+``{path, fingerprint}``.  A deployment registered by ``dprelease deploy`` for a spec with
+``trigger: arrival`` listens for that event and runs a release with the file as its source.
+
+When is a file complete?  Writers either write under a temporary name and rename (names starting
+with ``.`` or ``_`` or ending in ``.tmp``/``.part``/... are never looked at), or write in place.
+Either way a file is announced only when its size and modification time are unchanged across two
+consecutive polls *and* it carries a readable Parquet footer; a stalled half-written Parquet file
+(``PAR1`` at the start, no footer yet) keeps waiting.  A file that is not Parquet is logged once
+and skipped; it does not stop the watcher.
+
+Never twice for the same content: the fingerprint is the sha256 of the file's bytes, claimed in
+the catalog database (:class:`catalog.watch_state.WatchState`) *before* the event is emitted, so
+a restarted watcher, a renamed copy or a second watcher on the same folder does not announce it
+again (at-most-once; every announcement spends privacy budget).  A failed emission gives the
+claim back and the file is retried at the next poll.
+
+Which dataset?  With ``--spec-dir``, every spec with ``trigger: arrival`` whose ``dataset.source``
+is that file, a folder holding it, or a glob matching it; without, the first folder under DIR
+(``DIR/<dataset id>/…/file.parquet``).
+
+The event emitter is injectable (any callable taking an :class:`ArrivalEvent`), so the loop is
+tested without a server; :func:`prefect_emitter` sends to a real Prefect API over its events
+websocket and waits for the server's acknowledgement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import glob as globlib
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from catalog.errors import DprReleaseError
+from catalog.watch_state import WatchState
+
+ARRIVAL_EVENT = "dprelease.data.arrived"
+RESOURCE_PREFIX = "dprelease.dataset."
+PARQUET_MAGIC = b"PAR1"
+TEMPORARY_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".inprogress", ".crdownload", "~")
+_DATASET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+logger = logging.getLogger("dprelease.watch")
+
+
+def resource_id(dataset_id: str) -> str:
+    """The Prefect resource id arrival events of ``dataset_id`` carry (triggers match on it)."""
+    if not _DATASET_ID.match(dataset_id):
+        raise ValueError(
+            f"dataset id ({dataset_id!r}) must match {_DATASET_ID.pattern} (letters, digits, _ . -)"
+        )
+    return RESOURCE_PREFIX + dataset_id
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArrivalEvent:
+    """One announcement: ``path`` (absolute) of a complete Parquet file for ``dataset_id``."""
+
+    dataset_id: str
+    path: str
+    fingerprint: str
+    size: int
+
+    @property
+    def resource(self) -> dict[str, str]:
+        return {
+            "prefect.resource.id": resource_id(self.dataset_id),
+            "prefect.resource.name": Path(self.path).name,
+        }
+
+    @property
+    def payload(self) -> dict[str, str]:
+        return {"path": self.path, "fingerprint": self.fingerprint}
+
+
+Emitter = Callable[[ArrivalEvent], None]
+DatasetResolver = Callable[[Path], list[str]]
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """sha256 of the file's bytes (content only: a renamed copy has the same fingerprint)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):  # O(bytes), streaming
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_temporary_name(path: Path) -> bool:
+    """Names writers use while a file is incomplete (or metadata markers such as ``_SUCCESS``)."""
+    name = path.name
+    return name.startswith((".", "_")) or name.lower().endswith(TEMPORARY_SUFFIXES)
+
+
+def parquet_verdict(path: Path) -> str:
+    """``"complete"``, ``"incomplete"`` (a Parquet file still being written) or ``"not-parquet"``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with open(path, "rb") as handle:
+        head = handle.read(len(PARQUET_MAGIC))
+    if head != PARQUET_MAGIC:
+        return "not-parquet"
+    try:
+        pq.read_metadata(path)  # reads the footer only
+    except (pa.ArrowInvalid, OSError):
+        return "incomplete"
+    return "complete"
+
+
+# --- which dataset does a file belong to? ---------------------------------------------------------
+
+
+def folder_resolver(root: Path) -> DatasetResolver:
+    """Dataset id = the first folder under ``root`` (``root/<dataset id>/…/file.parquet``)."""
+    root = root.resolve()
+
+    def resolve(path: Path) -> list[str]:
+        parts = path.resolve().relative_to(root).parts
+        if len(parts) < 2 or not _DATASET_ID.match(parts[0]):
+            return []
+        return [parts[0]]
+
+    return resolve
+
+
+def _source_matches(source: str, path: Path) -> bool:
+    source_path = Path(source)
+    if globlib.has_magic(source):
+        return fnmatch.fnmatch(str(path), source)
+    if source_path.is_dir():
+        return source_path.resolve() in path.parents
+    return source_path.resolve() == path
+
+
+class SpecResolver:
+    """Dataset ids of the arrival-triggered specs in a folder whose source covers a file.
+
+    Specs are re-read when a spec file is added, removed or changed; an invalid spec is logged
+    and ignored (the watcher keeps running).
+    """
+
+    def __init__(self, spec_dir: Path) -> None:
+        if not spec_dir.is_dir():
+            raise ValueError(f"spec dir ({str(spec_dir)!r}) must be an existing folder")
+        self.spec_dir = spec_dir
+        self._signature: tuple[tuple[str, int], ...] | None = None
+        self._sources: list[tuple[str, str]] = []  # (dataset id, source)
+
+    def _spec_files(self) -> list[Path]:
+        return sorted(
+            p for pattern in ("*.yaml", "*.yml") for p in self.spec_dir.glob(pattern) if p.is_file()
+        )
+
+    def _reload_if_changed(self) -> None:
+        from catalog.spec import load_spec
+
+        files = self._spec_files()
+        signature = tuple((str(p), p.stat().st_mtime_ns) for p in files)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        sources = []
+        for path in files:
+            try:
+                spec = load_spec(path)
+            except DprReleaseError as exc:
+                logger.error("ignoring spec %s: %s", path, exc)
+                continue
+            if spec.trigger != "arrival":
+                continue
+            if spec.dataset.source is None:
+                logger.warning(
+                    "spec %s has trigger: arrival but no dataset.source; no file can match it", path
+                )
+                continue
+            sources.append((spec.dataset.id, spec.dataset.source))
+        self._sources = sources
+
+    def __call__(self, path: Path) -> list[str]:
+        self._reload_if_changed()
+        resolved = path.resolve()
+        return sorted(
+            {dataset for dataset, source in self._sources if _source_matches(source, resolved)}
+        )
+
+
+# --- the watcher ----------------------------------------------------------------------------------
+
+_Stat = tuple[int, int, int]  # (size, mtime_ns, ctime_ns): a chmod changes ctime only
+
+
+class Watcher:
+    """Polls a folder and announces complete new Parquet files (see the module docstring)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        state: WatchState,
+        emitter: Emitter,
+        resolve_datasets: DatasetResolver | None = None,
+    ) -> None:
+        if not directory.is_dir():
+            raise ValueError(f"watch dir ({str(directory)!r}) must be an existing folder")
+        self.directory = directory.resolve()
+        self.state = state
+        self.emitter = emitter
+        self.resolve_datasets = resolve_datasets or folder_resolver(self.directory)
+        self._last_seen: dict[Path, _Stat] = {}  # files still settling: their stat at the last poll
+        self._settled: dict[Path, _Stat] = {}  # files dealt with, in this exact state
+        self._waiting_logged: set[tuple[Path, _Stat]] = set()
+
+    def _files(self) -> Iterator[Path]:
+        for path in sorted(self.directory.rglob("*")):
+            if path.is_file() and not any(
+                is_temporary_name(Path(part)) for part in path.relative_to(self.directory).parts
+            ):
+                yield path
+
+    def poll(self) -> list[ArrivalEvent]:
+        """One pass over the folder; returns the events emitted in this pass.  O(files + new bytes)."""
+        emitted: list[ArrivalEvent] = []
+        present: set[Path] = set()
+        for path in self._files():
+            present.add(path)
+            try:
+                info = path.stat()
+            except FileNotFoundError:  # renamed or removed while we looked
+                continue
+            stat = (info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+            if self._settled.get(path) == stat:
+                continue
+            self._settled.pop(path, None)
+            if path.suffix.lower() != ".parquet":
+                logger.warning(
+                    "skipping %s: not a Parquet file (name does not end in .parquet)", path
+                )
+                self._settled[path] = stat
+                continue
+            previous = self._last_seen.get(path)
+            self._last_seen[path] = stat
+            if previous != stat or stat[0] == 0:
+                continue  # first sighting, still being written, or an empty placeholder
+            outcome = self._consider(path, stat, emitted)
+            if outcome:
+                self._settled[path] = stat
+                self._last_seen.pop(path, None)
+        for gone in set(self._last_seen) - present:
+            del self._last_seen[gone]
+        for gone in set(self._settled) - present:
+            del self._settled[gone]
+        self._waiting_logged = {entry for entry in self._waiting_logged if entry[0] in present}
+        return emitted
+
+    def _consider(self, path: Path, stat: _Stat, emitted: list[ArrivalEvent]) -> bool:
+        """Announce a size-stable file; True when it is dealt with (False: look again later)."""
+        try:
+            verdict = parquet_verdict(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:  # unreadable: skip until the file (or its permissions) change
+            logger.warning("skipping %s: cannot read it (%s)", path, exc)
+            return True
+        if verdict == "not-parquet":
+            logger.warning("skipping %s: not a Parquet file (no PAR1 header)", path)
+            return True
+        if verdict == "incomplete":
+            if (path, stat) not in self._waiting_logged:
+                self._waiting_logged.add((path, stat))
+                logger.info("waiting for %s: Parquet footer not written yet", path)
+            return False
+        fingerprint = file_fingerprint(path)
+        after = path.stat()
+        if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != stat:
+            return False  # changed while hashing: look again at the next poll
+        datasets = self.resolve_datasets(path)
+        if not datasets:
+            logger.warning(
+                "skipping %s: no dataset for it (no arrival-triggered spec covers it, or it is "
+                "not under DIR/<dataset id>/)",
+                path,
+            )
+            return True
+        dealt_with = True
+        for dataset_id in datasets:
+            event = ArrivalEvent(
+                dataset_id=dataset_id, path=str(path), fingerprint=fingerprint, size=stat[0]
+            )
+            if not self.state.claim(
+                dataset_id=dataset_id, fingerprint=fingerprint, path=str(path), size=stat[0]
+            ):
+                earlier = self.state.announcement(dataset_id=dataset_id, fingerprint=fingerprint)
+                logger.info(
+                    "not announcing %s for %s: the same content was announced before (%s)",
+                    path,
+                    dataset_id,
+                    earlier.path if earlier else "?",
+                )
+                continue
+            try:
+                self.emitter(event)
+            except Exception as exc:  # any emitter failure: give the claim back, retry next poll
+                self.state.unclaim(dataset_id=dataset_id, fingerprint=fingerprint)
+                logger.error("could not announce %s for %s: %s", path, dataset_id, exc)
+                dealt_with = False
+                continue
+            logger.info(
+                "announced %s for dataset %s (sha256 %s…)", path, dataset_id, fingerprint[:12]
+            )
+            emitted.append(event)
+        return dealt_with
+
+    def run(
+        self,
+        *,
+        interval_seconds: float,
+        max_polls: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> list[ArrivalEvent]:
+        """Poll every ``interval_seconds``; stop after ``max_polls`` polls (None: until interrupted)."""
+        if not interval_seconds > 0:
+            raise ValueError(f"interval_seconds ({interval_seconds}) must be > 0")
+        if max_polls is not None and max_polls < 1:
+            raise ValueError(f"max_polls ({max_polls}) must be >= 1")
+        from sqlalchemy.exc import SQLAlchemyError
+
+        emitted: list[ArrivalEvent] = []
+        polls = 0
+        while True:
+            try:
+                emitted.extend(self.poll())
+            except (OSError, SQLAlchemyError) as exc:  # a transient folder or catalog problem
+                logger.error(
+                    "poll of %s failed, retrying in %g s: %s", self.directory, interval_seconds, exc
+                )
+            polls += 1
+            if max_polls is not None and polls >= max_polls:
+                return emitted
+            sleep(interval_seconds)
+
+
+# --- emitters -------------------------------------------------------------------------------------
+
+
+def prefect_emitter(api_url: str, *, connect_attempts: int = 3) -> Emitter:
+    """Send each event to the Prefect API at ``api_url`` and wait for the server's acknowledgement.
+
+    Raises on any failure (connection refused, authentication), so the watcher retries the file.
+    """
+    if not api_url.startswith(("http://", "https://")):
+        raise ValueError(f"api_url ({api_url!r}) must be an http(s) URL of a Prefect API")
+
+    async def send(event: ArrivalEvent) -> None:
+        from prefect.events.clients import PrefectEventsClient
+        from prefect.events.schemas.events import Event
+
+        client = PrefectEventsClient(
+            api_url=api_url, reconnection_attempts=connect_attempts, checkpoint_every=1
+        )
+        async with client:  # checkpoint_every=1: emit() returns after the server's pong
+            await client.emit(
+                Event(
+                    event=ARRIVAL_EVENT,
+                    resource=event.resource,
+                    payload=event.payload,
+                )
+            )
+
+    def emit(event: ArrivalEvent) -> None:
+        asyncio.run(send(event))
+
+    return emit
+
+
+def logging_emitter(event: ArrivalEvent) -> None:
+    """Dry run: log the event instead of sending it."""
+    logger.info(
+        "dry run: would emit %s for %s with payload %s",
+        ARRIVAL_EVENT,
+        event.resource,
+        event.payload,
+    )

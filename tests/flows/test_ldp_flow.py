@@ -1,0 +1,197 @@
+"""The local-model pipeline end to end: `ldp strategy` → `ldp simulate` → the ldp-release flow.
+
+Accuracy bound: every non-total query must be within Z_BOUND estimated standard errors of the
+truth.  With about 30 queries and Z_BOUND = 7 the normal false-failure rate is below 30 · 2.6e-12,
+far under 1e-6, even allowing for the estimated standard error (N = 4000 responses).  The seed is
+fixed, so the run is deterministic anyway.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from catalog import artifacts, ldp_release
+from catalog.errors import DataError
+from catalog.ledger import Catalog
+from flows.ldp_cli import ldp_app
+
+runner = CliRunner()
+USERS = 4000
+Z_BOUND = 7.0
+
+
+def _spec(tmp_path: Path, source: Path, dataset: str) -> Path:
+    spec = {
+        "name": "ldp-flow",
+        "model": "local",
+        "dataset": {"id": dataset, "source": str(source), "budget": {"epsilon": 3.0}},
+        "domain": {"v": {"min": 0, "max": 15}},
+        "workload": [
+            {"name": "v_cdf", "prefix": "v"},
+            {"name": "v_hist", "marginal": ["v"]},
+        ],
+        "mechanism": "optimized",
+        "privacy": {"epsilon": 1.0},
+    }
+    path = tmp_path / "ldp-spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _items(path: Path) -> np.ndarray:
+    rng = np.random.default_rng(11)  # public randomness: synthetic true items
+    values = np.minimum(rng.geometric(0.2, USERS) - 1, 15)
+    pq.write_table(pa.table({"v": pa.array(values, pa.int16())}), path)
+    return values
+
+
+def test_ldp_strategy_json_has_the_contract_keys(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, tmp_path / "unused.parquet", "ldp-json")
+    result = runner.invoke(ldp_app, ["strategy", str(spec), "--out", str(tmp_path / "s"), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) == {"mechanism", "worst_variance", "average_variance", "baselines"}
+    assert data["mechanism"] == "optimized"
+    assert set(data["baselines"]) == {"randomized_response", "hadamard", "hierarchical", "rappor"}
+    for values in data["baselines"].values():
+        assert set(values) == {"worst_variance", "average_variance"}
+        assert values["worst_variance"] > data["worst_variance"]
+    written = json.loads((tmp_path / "s" / "strategy.json").read_text())
+    assert written["worst_variance"] == data["worst_variance"]
+    assert (tmp_path / "s" / "strategy.npy").is_file()
+
+
+def test_ldp_cli_reports_errors_clearly(tmp_path: Path) -> None:
+    central = tmp_path / "central.yaml"
+    central.write_text(
+        yaml.safe_dump(
+            {
+                "name": "c",
+                "dataset": {"id": "c", "budget": {"epsilon": 1}},
+                "domain": {"v": {"min": 0, "max": 3}},
+                "workload": [{"name": "t", "total": True}],
+                "privacy": {"epsilon": 1.0},
+            }
+        )
+    )
+    result = runner.invoke(ldp_app, ["strategy", str(central)])
+    assert result.exit_code == 2
+    assert "the LDP pipeline needs model: local" in result.output
+    spec = _spec(tmp_path, tmp_path / "x.parquet", "ldp-err")
+    missing = runner.invoke(ldp_app, ["simulate", str(spec), "--strategy", str(tmp_path / "no")])
+    assert missing.exit_code == 2 and "cannot read the LDP strategy" in missing.output
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_strategy_simulate_release_and_rerelease(tmp_path: Path) -> None:
+    from flows.ldp_flow import ldp_release_flow
+
+    dataset = "ldp-" + tmp_path.name[-10:]
+    values = _items(tmp_path / "items.parquet")
+    responses = tmp_path / "responses.parquet"
+    spec = _spec(tmp_path, responses, dataset)
+    strategy_dir = tmp_path / "strategy"
+    made = runner.invoke(ldp_app, ["strategy", str(spec), "--out", str(strategy_dir)])
+    assert made.exit_code == 0, made.output
+    simulated = runner.invoke(
+        ldp_app,
+        [
+            "simulate",
+            str(spec),
+            "--strategy",
+            str(strategy_dir),
+            "--input",
+            str(tmp_path / "items.parquet"),
+            "--out",
+            str(responses),
+            "--seed",
+            "5",
+        ],
+    )
+    assert simulated.exit_code == 0, simulated.output
+    assert f"wrote {USERS:,} responses" in simulated.stdout
+
+    catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    first = ldp_release_flow(
+        spec_path=str(spec), out_dir=str(tmp_path / "out"), catalog_url=catalog_url
+    )
+    directory = Path(first.directory)
+    histogram = np.bincount(values, minlength=16)
+    truth = {"v_cdf": np.cumsum(histogram), "v_hist": histogram}
+    for name, expected in truth.items():
+        table = pq.read_table(directory / "tables" / f"{name}.parquet")
+        estimate = table["estimate"].to_numpy()
+        std_error = table["std_error"].to_numpy()
+        assert (std_error > 0).all()
+        exact = expected == USERS  # the total is determined by the responses
+        z = np.abs(estimate - expected)[~exact] / std_error[~exact]
+        assert z.max() < Z_BOUND, (name, z.max())
+        assert np.allclose(estimate[exact], USERS, rtol=1e-9)
+    # power: the same check against a wrong truth (a quarter of the users moved into bin 0) fails
+    wrong = truth["v_hist"].copy()
+    wrong[0] += USERS // 4
+    table = pq.read_table(directory / "tables" / "v_hist.parquet")
+    assert (
+        np.abs(table["estimate"].to_numpy() - wrong) / table["std_error"].to_numpy()
+    ).max() > Z_BOUND
+
+    catalog = Catalog(catalog_url)
+    entries = catalog.ledger_entries(dataset)
+    assert len(entries) == 1 and ldp_release.COLLECTION_LABEL in entries[0].label
+    assert entries[0].cost.epsilon == 1.0
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["ldp"]["collection_reused"] is False
+    assert manifest["ldp"]["num_responses"] == USERS
+    strategy_json = json.loads((strategy_dir / "strategy.json").read_text())
+    assert manifest["ldp"]["strategy_fingerprint"] == strategy_json["fingerprint"]
+    assert first.charged == {"epsilon": 1.0}
+    artifacts.verify(directory, catalog)
+
+    second = ldp_release_flow(
+        spec_path=str(spec),
+        out_dir=str(tmp_path / "out"),
+        catalog_url=catalog_url,
+        strategy_dir=str(strategy_dir),
+    )
+    assert second.charged == {"epsilon": 0.0}
+    assert len(catalog.ledger_entries(dataset)) == 1  # the same collection is not charged again
+    second_manifest = json.loads((Path(second.directory) / "manifest.json").read_text())
+    assert second_manifest["ldp"]["collection_reused"] is True
+    artifacts.verify(Path(second.directory), catalog)
+    assert catalog.spent(dataset).epsilon == 1.0
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_bad_responses_fail_the_release_and_charge_nothing(tmp_path: Path) -> None:
+    from flows.ldp_flow import ldp_release_flow
+
+    dataset = "ldpbad-" + tmp_path.name[-8:]
+    responses = tmp_path / "responses.parquet"
+    spec = _spec(tmp_path, responses, dataset)
+    strategy_dir = tmp_path / "strategy"
+    assert (
+        runner.invoke(ldp_app, ["strategy", str(spec), "--out", str(strategy_dir)]).exit_code == 0
+    )
+    fingerprint = json.loads((strategy_dir / "strategy.json").read_text())["fingerprint"]
+    table = pa.table({"response": [0, 1, 10_000]}).replace_schema_metadata(
+        {ldp_release.FINGERPRINT_METADATA_KEY: fingerprint.encode()}
+    )
+    pq.write_table(table, responses)
+    catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    with pytest.raises(DataError, match="outside"):
+        ldp_release_flow(
+            spec_path=str(spec), out_dir=str(tmp_path / "out"), catalog_url=catalog_url
+        )
+    catalog = Catalog(catalog_url)
+    assert catalog.ledger_entries(dataset) == []
+    assert [r.status for r in catalog.releases(dataset_id=dataset)] == ["failed"]
