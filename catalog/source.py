@@ -43,6 +43,16 @@ class SourceFiles:
 
 def resolve_source(source: str) -> SourceFiles:
     """Files behind a spec's ``dataset.source`` and a sha256 over their contents (sorted by path)."""
+    files, partitioned_dir = list_source_files(source)
+    return SourceFiles(
+        files=files,
+        fingerprint=content_fingerprint(files, partitioned_dir),
+        partitioned_dir=partitioned_dir,
+    )
+
+
+def list_source_files(source: str) -> tuple[tuple[str, ...], str | None]:
+    """The files of a file, a (hive-partitioned) directory or a glob, sorted; and the directory."""
     path = Path(source)
     partitioned_dir = None
     if path.is_dir():
@@ -56,6 +66,11 @@ def resolve_source(source: str) -> SourceFiles:
         files = sorted(p for p in globlib.glob(source, recursive=True) if Path(p).is_file())
     if not files:
         raise DataError(f"dataset.source {source!r} matches no file")
+    return tuple(files), partitioned_dir
+
+
+def content_fingerprint(files: tuple[str, ...], partitioned_dir: str | None) -> str:
+    """sha256 over (relative name, bytes) of every file. O(bytes), streaming; releases the GIL."""
     digest = hashlib.sha256()
     for name in files:
         digest.update(
@@ -65,12 +80,10 @@ def resolve_source(source: str) -> SourceFiles:
         )
         digest.update(b"\0")
         with open(name, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):  # O(bytes), streaming
+            for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
         digest.update(b"\0")
-    return SourceFiles(
-        files=tuple(files), fingerprint=digest.hexdigest(), partitioned_dir=partitioned_dir
-    )
+    return digest.hexdigest()
 
 
 def open_dataset(files: SourceFiles, spec: ReleaseSpec) -> ds.Dataset:
@@ -180,16 +193,21 @@ def count_cells(spec: ReleaseSpec) -> CountResult:
             f"the domain has {spec.num_cells:,} cells; a release counts at most "
             f"{MAX_RELEASE_CELLS:,} cells on one machine (plan works on any size)"
         )
-    files = resolve_source(spec.dataset.source)
-    dataset = open_dataset(files, spec)
-    check_schema(dataset, spec)
-    attributes = list(spec.domain)
-    person = spec.privacy_unit.person_column
-    columns = attributes + ([person] if person else [])
-    try:
-        table = dataset.to_table(columns=columns)
-    except (pa.ArrowException, OSError) as exc:
-        raise DataError(f"cannot read the input as Parquet: {exc}") from None
+    names, partitioned_dir = list_source_files(spec.dataset.source)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # the content hash (hashlib releases the GIL) overlaps with Arrow reading the same files
+        hashing = pool.submit(content_fingerprint, names, partitioned_dir)
+        files = SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir)
+        dataset = open_dataset(files, spec)
+        check_schema(dataset, spec)
+        attributes = list(spec.domain)
+        person = spec.privacy_unit.person_column
+        columns = attributes + ([person] if person else [])
+        try:
+            table = dataset.to_table(columns=columns)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"cannot read the input as Parquet: {exc}") from None
+        input_fingerprint = hashing.result()
     if table.num_rows == 0:
         raise DataError(f"input {spec.dataset.source!r} has no rows")
     table = _decode_dictionaries(table)
@@ -197,13 +215,11 @@ def count_cells(spec: ReleaseSpec) -> CountResult:
         table = bound_contributions(
             table, person_column=person, max_rows=spec.privacy_unit.max_rows or 1
         )
-    distinct = {name: pc.unique(table[name]) for name in attributes}  # O(rows), Arrow compute
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        # GX (Python, holds the GIL) checks the distinct values while Arrow's group_by (releases
-        # the GIL) counts: on two cores the input checks cost almost no wall time.
-        expectations = pool.submit(run_input_expectations, distinct, spec)
-        groups = table.group_by(attributes).aggregate([([], "count_all")])  # O(rows)
-        input_checks = expectations.result()
+    groups = table.group_by(attributes).aggregate([([], "count_all")])  # O(rows), Arrow compute
+    # GX sees each column's distinct values (from the groups: O(groups)), never the rows.
+    input_checks = run_input_expectations(
+        {name: pc.unique(groups[name]) for name in attributes}, spec
+    )
     counts = groups["count_all"].to_numpy().astype(np.float64)
     index_per_attribute = []
     valid = np.ones(groups.num_rows, dtype=bool)
@@ -244,7 +260,7 @@ def count_cells(spec: ReleaseSpec) -> CountResult:
     )
     return CountResult(
         cells=protected,
-        input_fingerprint=files.fingerprint,
+        input_fingerprint=input_fingerprint,
         files=files.files,
         input_checks=input_checks,
     )

@@ -240,10 +240,18 @@ class Categorical(_Strict):
         return list(self.values)
 
     def encode(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        lookup = {value: k for k, value in enumerate(self.values)}
-        # a loop over the *distinct* values handed in (group keys), never over rows
-        index = np.array([lookup.get(_py(v), -1) for v in values], dtype=np.int64)
-        return np.clip(index, 0, None), index >= 0
+        # vectorised over the distinct values handed in (group keys), never over rows
+        categories = np.asarray(self.values, dtype=object)
+        order = np.argsort(categories)
+        values = np.asarray(values, dtype=object)
+        try:
+            position = np.searchsorted(categories[order], values)
+        except TypeError:  # values of another type than the categories: none match
+            return np.zeros(len(values), dtype=np.int64), np.zeros(len(values), dtype=bool)
+        position = np.clip(position, 0, len(categories) - 1)
+        found = categories[order][position] == values
+        index = np.where(found, order[position], 0).astype(np.int64)
+        return index, np.asarray(found, dtype=bool)
 
     def value_to_cell(self, value: Any, *, edge: Literal["low", "high"]) -> int:
         if value not in self.values:
