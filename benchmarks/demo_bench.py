@@ -52,7 +52,7 @@ def main() -> None:
 
         catalog = Catalog()
         spec = timed("load spec", lambda: load_spec(bundled_spec()))
-        plan = timed("plan (3 candidates + SVD bound)", lambda: make_plan(spec))
+        plan = timed("plan (candidates + SVD bound; store warm)", lambda: make_plan(spec))
         release_id = release.new_release_id(spec)
         before = timed(
             "check budget + register",
