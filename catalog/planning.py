@@ -363,6 +363,28 @@ def _low_rank(spec: ReleaseSpec, workload: Workload) -> FactorizationStrategy:
     )
 
 
+def _skip_reason(spec: ReleaseSpec, mechanism: str, workload: Workload) -> str | None:
+    """Why a dense candidate (eigen, lrm) is not evaluated; raises when the spec asked for it.
+
+    ``auto`` evaluates them only on small workloads, since each costs an O(N³) optimisation.
+    """
+    if mechanism == "eigen":
+        reason = eigen_applicability(workload)
+        too_big_for_auto = workload.num_cells > EIGEN_AUTO_MAX_CELLS
+        limit = f"{EIGEN_AUTO_MAX_CELLS} cells"
+    elif mechanism == "lrm":
+        reason = lrm_applicability(spec, workload)
+        too_big_for_auto = max(workload.num_cells, workload.num_queries) > LRM_AUTO_MAX
+        limit = f"{LRM_AUTO_MAX} cells or queries"
+    else:
+        return None
+    if reason is None and spec.mechanism != mechanism and too_big_for_auto:
+        reason = f"skipped by auto above {limit} (ask for it with mechanism: {mechanism})"
+    if reason is not None and spec.mechanism == mechanism:
+        raise SpecError(f"mechanism {mechanism!r} cannot run on this spec: {reason}")
+    return reason
+
+
 def _strategy_note(strategy: Strategy) -> str | None:
     if isinstance(strategy, FactorizationStrategy):
         return (
@@ -538,40 +560,14 @@ def make_plan(spec: ReleaseSpec) -> Plan:
     parameters: dict[str, dict[str, Any]] = {}
     for mechanism in CANDIDATES:
         started = time.perf_counter()
-        if mechanism == "eigen":
-            skip = eigen_applicability(workload)
-            if (
-                skip is None
-                and spec.mechanism != "eigen"
-                and workload.num_cells > EIGEN_AUTO_MAX_CELLS
-            ):
-                skip = f"skipped by auto above {EIGEN_AUTO_MAX_CELLS} cells (ask for it with mechanism: eigen)"
-            if skip is not None:
-                if spec.mechanism == "eigen":
-                    raise SpecError(f"mechanism 'eigen' cannot run on this spec: {skip}")
-                candidates.append(
-                    Candidate(
-                        mechanism=mechanism, rmse=None, total_variance=None, seconds=0.0, note=skip
-                    )
+        skip = _skip_reason(spec, mechanism, workload)
+        if skip is not None:
+            candidates.append(
+                Candidate(
+                    mechanism=mechanism, rmse=None, total_variance=None, seconds=0.0, note=skip
                 )
-                continue
-        if mechanism == "lrm":
-            skip = lrm_applicability(spec, workload)
-            if (
-                skip is None
-                and spec.mechanism != "lrm"
-                and max(workload.num_cells, workload.num_queries) > LRM_AUTO_MAX
-            ):
-                skip = f"skipped by auto above {LRM_AUTO_MAX} cells or queries (ask for it with mechanism: lrm)"
-            if skip is not None:
-                if spec.mechanism == "lrm":
-                    raise SpecError(f"mechanism 'lrm' cannot run on this spec: {skip}")
-                candidates.append(
-                    Candidate(
-                        mechanism=mechanism, rmse=None, total_variance=None, seconds=0.0, note=skip
-                    )
-                )
-                continue
+            )
+            continue
         try:
             strategy = strategy_for(spec, mechanism, workload)
             residual = support_residual(workload, strategy)
