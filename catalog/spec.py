@@ -596,7 +596,7 @@ MECHANISM_OPTIONS = {
     "branching": "hierarchical tree fan-out (integer >= 2)",
     "ratio": "DAWA: share of epsilon spent on the partition (0 < ratio < 1, default 0.25)",
     "intervals": "DAWA: candidate bucket lengths, 'dyadic' (default) or 'all'",
-    "noise_offset": "DAWA: public shift of step-1 noisy costs in scale units (>= 0, default 2)",
+    "noise_offset": "DAWA: public shift of step-1 noisy costs in scale units (>= 0, default 3)",
 }
 
 
@@ -616,7 +616,7 @@ def _check_mechanism_options(options: dict[str, Any]) -> None:
         raise ValueError(
             f"mechanism_options.intervals ({options['intervals']!r}) must be 'dyadic' or 'all'"
         )
-    offset = options.get("noise_offset", 2.0)
+    offset = options.get("noise_offset", 3.0)
     if not isinstance(offset, int | float) or not (math.isfinite(offset) and offset >= 0):
         raise ValueError(f"mechanism_options.noise_offset ({offset!r}) must be a number >= 0")
 
