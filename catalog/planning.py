@@ -278,7 +278,9 @@ def _rebuild_optimized(
             seconds=0.0,
             weights=np.asarray(parameters["marginal_weights"]),
         )
-        return _with_parameters(_from_template(rebuilt, workload, seed=0), parameters)
+        return _with_parameters(
+            _from_template(rebuilt, workload, seed=int(parameters["seed"])), parameters
+        )
     if template == "kron":
         arrays = store.get_arrays(str(parameters.get("store_key", key)))
         if arrays is None:
