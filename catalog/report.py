@@ -300,7 +300,7 @@ def budget_timeline_plot(
     The measure plotted is the cap's first component (epsilon for ε-DP and (ε, δ), rho for zCDP);
     this release's charges are marked in orange.
     """
-    from datetime import datetime
+    from datetime import datetime, timedelta
 
     plt = _pyplot()
     measure = next(iter(cap))
@@ -324,6 +324,9 @@ def budget_timeline_plot(
         cap[measure], color="#c53030", linestyle="--", label=f"cap ({measure}={cap[measure]:.6g})"
     )
     axis.set_ylim(0, max(cap[measure], float(cumulative.max(initial=0.0))) * 1.1)
+    if times:  # a short history must not be drawn across years of empty axis
+        span = max(max(times) - min(times), timedelta(hours=1))
+        axis.set_xlim(min(times) - span * 0.1, max(times) + span * 0.1)
     axis.set_ylabel(f"{measure} spent")
     axis.set_title("Privacy budget of this dataset over time")
     axis.legend(loc="best", fontsize="small")
