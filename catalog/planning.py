@@ -423,7 +423,7 @@ def _eigen(spec: ReleaseSpec, workload: Workload) -> DenseStrategy:
     arrays = store.get_arrays(key)
     stored = store.get(key)
     if arrays is None or stored is None:
-        gram = sum(_kron_all([g for g in term]) for term in workload.gram_terms())  # O(N²) per item
+        gram = workload.dense_gram()
         with threadpoolctl.threadpool_limits(limits=1):
             design = eigen_design(np.asarray(gram), sensitivity=norm)
         arrays = {"A": design.A}
@@ -440,13 +440,6 @@ def _eigen(spec: ReleaseSpec, workload: Workload) -> DenseStrategy:
         store.put_arrays(key, arrays)
         store.put(key, stored["parameters"])
     return DenseStrategy(name="eigen", matrix=arrays["A"], parameters=dict(stored["parameters"]))
-
-
-def _kron_all(matrices: list[np.ndarray]) -> np.ndarray:
-    product = np.ones((1, 1))
-    for matrix in matrices:
-        product = np.kron(product, matrix)
-    return product
 
 
 def dawa_applicability(spec: ReleaseSpec) -> str | None:

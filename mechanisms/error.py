@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mechanisms.operators import Identity, Total
+from mechanisms.operators import Identity, Total, kron_matrices
 from mechanisms.strategies import KronStrategy
 from mechanisms.workload import Workload, WorkloadItem
 
@@ -116,7 +116,7 @@ def svd_bound(workload: Workload) -> float | None:
         for item in workload.items
     ]
     dense_grams = [[gram for axis, gram in enumerate(term) if axis in dense_axes] for term in terms]
-    dense_products = [_kron_all(grams) for grams in dense_grams]
+    dense_products = [kron_matrices(grams) for grams in dense_grams]
     # Per block (bit j of the block index: 0 = span of 1, 1 = complement on split axis j) and per
     # item, the scalar its split factors contribute: Identity → 1 on both parts; Total → n on the
     # span of 1 and 0 on the complement.  O(2^k · items · k), vectorised.
@@ -143,13 +143,6 @@ def svd_bound(workload: Workload) -> float | None:
         )
         root_sum += count * _root_eigen_sum(block)
     return root_sum**2 / workload.num_cells
-
-
-def _kron_all(matrices: list[np.ndarray]) -> np.ndarray:
-    product = np.ones((1, 1))
-    for matrix in matrices:
-        product = np.kron(product, matrix)
-    return product
 
 
 def _root_eigen_sum(gram: np.ndarray) -> float:

@@ -297,9 +297,14 @@ def kron_apply_transpose(factors: Sequence[LinearOperator], y: np.ndarray) -> np
     return kron_apply([f.T for f in factors], y)
 
 
+def kron_matrices(matrices: Sequence[np.ndarray]) -> np.ndarray:
+    """``M_1 ⊗ … ⊗ M_d`` as a dense array (``[[1]]`` for none). O(Π sizes): small products only."""
+    result = np.ones((1, 1))
+    for matrix in matrices:
+        result = np.kron(result, matrix)
+    return result
+
+
 def kron_dense(factors: Sequence[Factor]) -> np.ndarray:
     """The explicit product matrix (tests only: it is exponentially large in general)."""
-    result = np.ones((1, 1))
-    for factor in factors:
-        result = np.kron(result, factor.dense())
-    return result
+    return kron_matrices([factor.dense() for factor in factors])

@@ -31,7 +31,7 @@ import scipy.linalg
 import scipy.optimize
 import threadpoolctl
 
-from mechanisms.operators import Factor, Identity, Total, kron_apply, kron_dense
+from mechanisms.operators import Factor, Identity, Total, kron_apply, kron_dense, kron_matrices
 from mechanisms.strategies import (
     hierarchical_strategy,
     identity_strategy,
@@ -180,7 +180,7 @@ class UnionStrategy:
                 for (a, b), c, axis in zip(coeffs, choice, split, strict=True):  # type: ignore[misc]
                     scalar *= a + b * shape[axis] if c == 0 else a
                 if scalar:
-                    block += scalar * _kron_all(grams)
+                    block += scalar * kron_matrices(grams)
             blocks.append((choice, multiplicity, psd_pinv(block)))
         result = _Structure(split_axes=tuple(split), dense_axes=dense, blocks=tuple(blocks))
         self._cache[id(workload)] = (workload, result)
@@ -267,15 +267,10 @@ def _blocks_of(
                 a, b = coefficients
                 scalar *= a + b * shape[axis] if c == 0 else a
             if scalar:
-                block += scalar * _kron_all([term.factors[a].gram() for a in structure.dense_axes])
+                block += scalar * kron_matrices(
+                    [term.factors[a].gram() for a in structure.dense_axes]
+                )
         result.append(block)
-    return result
-
-
-def _kron_all(matrices: Sequence[np.ndarray]) -> np.ndarray:
-    result = np.ones((1, 1))
-    for matrix in matrices:
-        result = np.kron(result, matrix)
     return result
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mechanisms.operators import Factor, Total, kron_apply
+from mechanisms.operators import Factor, Total, kron_apply, kron_matrices
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +63,13 @@ class Workload:
     def gram_terms(self) -> list[tuple[np.ndarray, ...]]:
         """``WᵀW = Σ_items ⊗_i G_{item,i}`` as a list of per-attribute Gram tuples."""
         return [item.gram_factors() for item in self.items]
+
+    def dense_gram(self) -> np.ndarray:
+        """``WᵀW`` as a dense N × N array (small domains only). O(items · N²)."""
+        return sum(
+            (kron_matrices(term) for term in self.gram_terms()),
+            start=np.zeros((self.num_cells, self.num_cells)),
+        )
 
     def attribute_roles(self, ordered: tuple[bool, ...]) -> list[tuple[int, str]]:
         """Per attribute: ``total`` when every item sums it out, else ``ordered``/``categorical``."""
