@@ -1,11 +1,12 @@
-"""The release stages as plain functions (the Prefect tasks in ``tasks/`` wrap these one to one).
+"""The release pipeline's stages as plain functions (the Prefect tasks in ``tasks/`` wrap them 1:1).
 
-Order and privacy obligations:
+One pipeline for every mechanism of the registry (central, data-dependent and local model); the
+chosen mechanism, carried by the plan, does the mechanism-specific work.  Order and obligations:
 
 1. :func:`register` — data-free: dataset cap registered, budget checked (refused *before any data
    is read*), the release's intent recorded (status ``measuring``).
-2. ``catalog.source.count_cells`` — the only stage that reads raw rows.
-3. :func:`measure` — the ledger is charged, then noise is drawn (``ProtectedCells.measure``).
+2. :func:`ingest` — the only stage that reads the input (rows, or local-model responses).
+3. :func:`measure` — the mechanism charges the ledger, then draws noise through the choke point.
 4. :func:`reconstruct` — post-processing of the noisy answers only.
 5. :func:`validate` — released values and public metadata only.
 6. :func:`stage` — manifest, report, catalog status ``staged``; publication waits for review.
@@ -26,16 +27,16 @@ import pyarrow as pa
 from catalog import artifacts
 from catalog.errors import CatalogError, ValidationFailedError
 from catalog.ledger import Catalog, DatasetAccountant
-from catalog.planning import Plan, build_workload, strategy_for
+from catalog.manifest import Manifest
+from catalog.planning import Plan, build_workload
 from catalog.report import render_report
-from catalog.source import CountResult
+from catalog.source import count_cells
 from catalog.spec import ReleaseSpec
+from catalog.strategy_store import StrategyStore
 from catalog.tables import build_table
 from catalog.validation import validate_tables
-from mechanisms.dense import FactorizationStrategy
 from mechanisms.privacy import PrivacyCost
-from mechanisms.session import NoisyMeasurement
-
+from mechanisms.protocol import MeasureContext, Measurement
 
 def new_release_id(spec: ReleaseSpec) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -57,45 +58,66 @@ def register(spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, release_id: str
     return before
 
 
-def measure(
-    counted: CountResult, spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, release_id: str
-) -> NoisyMeasurement:
-    """Charge the ledger and measure the chosen strategy (the session enforces the order)."""
-    strategy = strategy_for(spec, plan.chosen, parameters=plan.strategy_parameters)
-    accountant = DatasetAccountant(catalog, dataset_id=spec.dataset.id, release_id=release_id)
-    catalog.update_release(release_id, input_fingerprint=counted.input_fingerprint)
-    return counted.cells.measure(
-        strategy,
-        target=spec.privacy_target(),
-        accountant=accountant,
-        label=f"{spec.name}: {plan.chosen} measurement of {plan.num_queries} queries",
+@dataclass(frozen=True, kw_only=True)
+class Ingested:
+    """What the ingest stage hands to measure: the mechanism's input and public facts about it.
+
+    ``data`` is confidential for the central model (a ``ProtectedCells``: unpicklable, redacted).
+    """
+
+    data: Any
+    input_fingerprint: str
+    files: tuple[str, ...]
+    privacy_unit: str
+
+
+def ingest(spec: ReleaseSpec, plan: Plan) -> Ingested:
+    """Read the input the chosen mechanism measures (the only stage that touches data)."""
+    if plan.mechanism.input_kind == "responses":
+        from catalog.responses import ingest_responses  # local model only
+
+        return ingest_responses(spec, plan.strategy)
+    counted = count_cells(spec)
+    return Ingested(
+        data=counted.cells,
+        input_fingerprint=counted.input_fingerprint,
+        files=counted.files,
+        privacy_unit=_describe_unit(spec),
     )
 
 
-def reconstruct(
-    spec: ReleaseSpec, plan: Plan, measurement: NoisyMeasurement
-) -> dict[str, pa.Table]:
-    """Least-squares cell estimate, then every item's answers with their standard errors."""
-    workload = build_workload(spec)
-    strategy = strategy_for(spec, plan.chosen, workload, parameters=plan.strategy_parameters)
-    if isinstance(strategy, FactorizationStrategy):  # LRM answers with its own B, not least squares
-        answers = {
-            item.name: strategy.item_answers(measurement.values, item) for item in workload.items
-        }
-    else:
-        cell_estimate = strategy.least_squares(measurement.values, workload)
-        answers = {item.name: item.answer(cell_estimate) for item in workload.items}
-    tables = {}
-    for item in workload.items:
-        tables[item.name] = build_table(
+def measure(
+    ingested: Ingested, spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, release_id: str
+) -> Measurement:
+    """The chosen mechanism measures its planned strategy (charge before noise, choke point)."""
+    catalog.update_release(release_id, input_fingerprint=ingested.input_fingerprint)
+    context = MeasureContext(
+        target=spec.privacy_target(),
+        accountant=DatasetAccountant(catalog, dataset_id=spec.dataset.id, release_id=release_id),
+        label=spec.name,
+        contribution_bound=spec.privacy_unit.contribution_bound,
+        input_fingerprint=ingested.input_fingerprint,
+        dataset_id=spec.dataset.id,
+        released=StrategyStore.released(catalog.url),
+    )
+    return plan.mechanism.measure(plan.strategy, ingested.data, context=context)
+
+
+def reconstruct(spec: ReleaseSpec, plan: Plan, measurement: Measurement) -> dict[str, pa.Table]:
+    """Every item's answers with their standard errors (post-processing of the measurement)."""
+    workload = plan.workload or build_workload(spec)
+    answers = plan.mechanism.reconstruct(measurement, workload=workload)
+    return {
+        item.name: build_table(
             spec,
             item,
-            estimates=answers[item.name],
-            unit_variances=strategy.item_unit_variances(item, workload),
-            noise_variance=measurement.noise.variance,
+            estimates=answers[item.name].estimates,
+            unit_variances=answers[item.name].variances,
+            noise_variance=1.0,
             nonnegative=spec.postprocess.nonnegative,
         )
-    return tables
+        for item in workload.items
+    }
 
 
 def release_directory(out_dir: str | Path, release_id: str) -> Path:
@@ -125,19 +147,14 @@ def stage(
     plan: Plan,
     release_id: str,
     directory: Path,
-    counted: CountResult,
-    measurement: NoisyMeasurement,
+    ingested: Ingested,
+    measurement: Measurement,
     tables: dict[str, pa.Table],
     validation: dict[str, Any],
     spent_before: PrivacyCost,
     catalog: Catalog,
-    partition: Any = None,
 ) -> StagedRelease:
-    """Write the report and manifest, record the manifest hash; status becomes ``staged``.
-
-    ``partition`` is DAWA's :class:`~catalog.dawa_release.PartitionRecord` when the mechanism
-    released one (its receipt may belong to an earlier release whose partition was reused).
-    """
+    """Write the report and manifest, record the manifest hash; status becomes ``staged``."""
     if not validation["success"]:
         catalog.update_release(release_id, status="failed", directory=str(directory))
         raise ValidationFailedError(
@@ -146,7 +163,6 @@ def stage(
         )
     cap = catalog.cap(spec.dataset.id)
     after = catalog.spent(spec.dataset.id)
-    wanted = [measurement.receipt_id] + ([partition.receipt_id] if partition is not None else [])
     receipts = [
         {
             "receipt_id": entry.receipt_id,
@@ -155,61 +171,56 @@ def stage(
             "paid_by_release": entry.release_id,
         }
         for entry in catalog.ledger_entries(spec.dataset.id)
-        if entry.receipt_id in wanted
+        if entry.receipt_id in measurement.receipts
     ]
-    charged = measurement.noise.cost
-    if partition is not None and _paid_here(receipts, partition.receipt_id, release_id):
-        charged = charged + PrivacyCost(measure="pure", epsilon=partition.cost["epsilon"])
-    manifest: dict[str, Any] = {
-        "release_id": release_id,
-        "name": spec.name,
-        "dataset_id": spec.dataset.id,
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "spec": spec.model_dump(mode="json"),
-        "spec_fingerprint": spec.fingerprint(),
-        "workload_fingerprint": plan.workload_fingerprint,
-        "input_fingerprint": counted.input_fingerprint,
-        "input_files": [Path(f).name for f in counted.files],
-        "code_version": artifacts.code_version(),
-        "privacy_unit": _describe_unit(spec),
-        "mechanism": {
-            "name": plan.chosen,
-            "reason": plan.reason,
-            "parameters": dict(spec.mechanism_options),
-            "noise": {
-                "kind": measurement.noise.kind,
-                "scale": measurement.noise.scale,
-                "sensitivity": measurement.noise.sensitivity,
-                "size": measurement.noise.size,
-                "sampler": "opendp (vetted, floating-point safe)",
+    noise = measurement.noise
+    mechanism = plan.mechanism
+    manifest = Manifest.model_validate(
+        {
+            "release_id": release_id,
+            "name": spec.name,
+            "dataset_id": spec.dataset.id,
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "spec": spec.model_dump(mode="json"),
+            "spec_fingerprint": spec.fingerprint(),
+            "workload_fingerprint": plan.workload_fingerprint,
+            "input_fingerprint": ingested.input_fingerprint,
+            "input_files": [Path(f).name for f in ingested.files],
+            "code_version": artifacts.code_version(),
+            "privacy_unit": ingested.privacy_unit,
+            "mechanism": {
+                "name": plan.chosen,
+                "model": plan.model,
+                "reason": plan.reason,
+                "parameters": dict(spec.mechanism_options),
+                "noise": {
+                    "kind": noise.kind,
+                    "scale": noise.scale,
+                    "sensitivity": noise.sensitivity,
+                    "size": noise.size,
+                    "sampler": noise.sampler,
+                },
+                "details": dict(measurement.details),
             },
-        },
-        "privacy": {
-            "requested": dict(spec.privacy),
-            "charged": charged.as_dict(),
-            "receipts_in_budget_measure": [r["cost"] for r in receipts],
-        },
-        "budget": {
-            "cap": cap.as_dict(),
-            "before": spent_before.as_dict(),
-            "after": after.as_dict(),
-            "remaining": after.remaining(cap).as_dict(),
-        },
-        "ledger_receipts": receipts,
-        "plan": plan.to_json(),
-        "tables": list(tables),
-        "validation": {"success": validation["success"], "results": "validation/results.json"},
-        "review": {"status": "staged", "trail": []},
-    }
-    if partition is not None:
-        boundaries = list(partition.boundaries)
-        manifest["dawa"] = {
-            "buckets": len(boundaries) - 1,
-            "boundaries": boundaries,
-            "partition_receipt": partition.receipt_id,
-            "partition_reused": not _paid_here(receipts, partition.receipt_id, release_id),
-            "partition_cost": partition.cost,
+            "privacy": {
+                "requested": dict(spec.privacy),
+                "charged": measurement.charged.as_dict(),
+                "receipts_in_budget_measure": [r["cost"] for r in receipts],
+                "model": f"{plan.model}: {mechanism.summary}",
+            },
+            "budget": {
+                "cap": cap.as_dict(),
+                "before": spent_before.as_dict(),
+                "after": after.as_dict(),
+                "remaining": after.remaining(cap).as_dict(),
+            },
+            "ledger_receipts": receipts,
+            "plan": plan.to_json(),
+            "tables": list(tables),
+            "validation": {"success": validation["success"], "results": "validation/results.json"},
+            "review": {"status": "staged", "trail": []},
         }
+    ).to_json()
     write_report(directory, manifest, catalog)
     digest = artifacts.write_manifest(directory, manifest)
     catalog.update_release(
@@ -219,15 +230,17 @@ def stage(
         release_id=release_id,
         directory=str(directory),
         mechanism=plan.chosen,
-        charged=charged.as_dict(),
+        charged=measurement.charged.as_dict(),
         validation_success=True,
     )
 
 
-def _paid_here(receipts: list[dict[str, Any]], receipt_id: str, release_id: str) -> bool:
-    return any(
-        r["receipt_id"] == receipt_id and r["paid_by_release"] == release_id for r in receipts
-    )
+def mark_stopped(catalog: Catalog, release_id: str, directory: Path, *, status: str) -> None:
+    """A release that stopped before staging is ``failed`` or ``aborted``; its charges stay."""
+    if catalog.release(release_id).status == "measuring":
+        catalog.update_release(
+            release_id, status=status, directory=str(directory) if directory.exists() else None
+        )
 
 
 def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) -> None:

@@ -153,7 +153,7 @@ def render_report(
                 "dataset": manifest["dataset_id"],
                 "created (UTC)": manifest["created_at"],
                 "spec fingerprint (sha256)": manifest["spec_fingerprint"],
-                "input fingerprint (sha256 of the Parquet files)": manifest["input_fingerprint"],
+                "input fingerprint (keyed HMAC-SHA256 of the input files)": manifest["input_fingerprint"],
                 "code version": f"{manifest['code_version'].get('package')} (git {manifest['code_version'].get('git_commit') or 'n/a'})",
                 "tables": ", ".join(manifest["tables"]),
                 "privacy unit": manifest["privacy_unit"],
@@ -200,7 +200,7 @@ def render_report(
         ),
         f"<p>SVD lower bound on RMSE: <b>{_fmt(plan.get('lower_bound_rmse'))}</b> ({html.escape(plan.get('lower_bound_note', ''))}).</p>",
         f"<img alt='expected error by candidate' src='{error_plot(plan)}'>",
-        *_dawa_section(manifest),
+        *_details_section(manifest),
         "<h2>Released tables</h2>",
         "<p>Intervals are approximate 95% normal intervals from the mechanism's error model (estimate ± 1.96 · std_error).</p>",
     ]
@@ -247,37 +247,43 @@ def _kv(values: dict[str, Any]) -> str:
     return f"<table class='kv'>{rows}</table>"
 
 
-def _dawa_section(manifest: dict[str, Any]) -> list[str]:
-    """DAWA's privately released partition: bucket count, reuse, and a plot of bucket sizes."""
-    dawa = manifest.get("dawa")
-    if not dawa:
+def _details_section(manifest: dict[str, Any]) -> list[str]:
+    """The mechanism's public details (e.g. a privately released partition and its reuse)."""
+    details = manifest["mechanism"].get("details") or {}
+    if not details:
         return []
+    shown = {
+        key.replace("_", " "): (f"{len(value)} values" if isinstance(value, list) else value)
+        for key, value in details.items()
+    }
+    parts = [
+        f"<h3>{html.escape(manifest['mechanism']['name'])}: details of the measurement</h3>",
+        _kv(shown),
+    ]
+    boundaries = details.get("boundaries")
+    if boundaries:
+        parts.append(f"<img alt='released partition' src='{_partition_plot(boundaries)}'>")
+    return parts
+
+
+def _partition_plot(boundaries: list[int]) -> str:
+    """Bucket sizes of a privately released partition of the (1-D ordered) cells."""
     plt = _pyplot()
-    boundaries = np.asarray(dawa["boundaries"])
+    edges = np.asarray(boundaries)
     figure, axis = plt.subplots(figsize=(6, 2.2))
     axis.bar(
-        boundaries[:-1],
-        np.diff(boundaries),
-        width=np.diff(boundaries),
+        edges[:-1],
+        np.diff(edges),
+        width=np.diff(edges),
         align="edge",
         color="#90cdf4",
         edgecolor="#2b6cb0",
         linewidth=0.4,
     )
-    axis.set_xlabel("cell (DAWA order)")
+    axis.set_xlabel("cell (measurement order)")
     axis.set_ylabel("bucket size")
-    axis.set_title(f"DAWA partition: {dawa['buckets']} buckets")
-    reused = (
-        "reused from an earlier release of the same input (no new charge)"
-        if dawa["partition_reused"]
-        else "computed and paid for by this release"
-    )
-    return [
-        "<h3>DAWA partition (privately released)</h3>",
-        f"<p>{dawa['buckets']} buckets over {int(boundaries[-1])} cells; partition cost "
-        f"{html.escape(_cost(dawa['partition_cost']))}, {reused}.</p>",
-        f"<img alt='DAWA partition' src='{_png(figure)}'>",
-    ]
+    axis.set_title(f"released partition: {edges.size - 1} buckets")
+    return _png(figure)
 
 
 def _cost_values(cost: str | dict[str, float]) -> dict[str, float]:

@@ -13,7 +13,7 @@ on an arrival event, or run on demand).  It
 4. records which flow run awaits the review (``catalog.watch_state.ReviewRuns``) and pauses with a
    typed :class:`ReviewDecision` input, so a reviewer decides in the Prefect UI, through the API
    (``prefect.flow_runs.resume_flow_run``) or with ``dprelease review``;
-5. records the decision with :func:`catalog.release.review`: approval publishes a copy, rejection
+5. records the decision with :func:`catalog.review.review`: approval publishes a copy, rejection
    keeps the spent budget spent; both land in the catalog and the manifest with who and when.
 
 If nobody decides within ``review_timeout_seconds`` the run fails ("... never resumed"),
@@ -39,7 +39,7 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from pydantic import Field, ValidationError
 
-from catalog import release
+from catalog import review as reviewing
 from catalog.errors import CatalogError, DataError
 from catalog.ledger import Catalog, ReleaseRecord, default_url
 from catalog.spec import load_spec
@@ -55,6 +55,17 @@ REVIEW_POLL_SECONDS = 2
 def dataset_limit_name(dataset_id: str) -> str:
     """Name of the global concurrency limit (1 slot) that serialises releases of a dataset."""
     return DATASET_LIMIT_PREFIX + dataset_id
+
+
+def ensure_dataset_limit(dataset_id: str) -> str:
+    """Create (or reset to 1 slot) the dataset's global concurrency limit; return its name."""
+    from prefect.client.orchestration import get_client
+
+    name = dataset_limit_name(dataset_id)
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(name, limit=1)
+    return name
+
 
 
 class ReviewDecision(RunInput):
@@ -103,7 +114,7 @@ def record_review_task(
     note: str,
     publish_dir: str | None,
 ) -> dict[str, Any]:
-    return release.review(
+    return reviewing.review(
         Catalog(catalog_url),
         release_id,
         approve=approve,
@@ -142,8 +153,6 @@ def release_deployment_flow(
     """
     from prefect.runtime import flow_run
     from prefect.settings import PREFECT_API_URL
-
-    from flows.deployments import ensure_dataset_limit
 
     if review_timeout_seconds < 1:
         raise ValueError(f"review_timeout_seconds ({review_timeout_seconds}) must be >= 1")

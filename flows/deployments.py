@@ -28,7 +28,7 @@ from catalog.errors import SpecError
 from catalog.spec import ReleaseSpec, load_spec
 from flows.deployed_release import (
     DEFAULT_REVIEW_TIMEOUT_SECONDS,
-    dataset_limit_name,
+    ensure_dataset_limit,
     release_deployment_flow,
 )
 from flows.watch import ARRIVAL_EVENT, resource_id
@@ -154,16 +154,6 @@ def ensure_work_pool(name: str = WORK_POOL) -> None:
             return
     if pool.type != "process":
         raise SpecError(f"work pool {name!r} is a {pool.type!r} pool; dprelease needs 'process'")
-
-
-def ensure_dataset_limit(dataset_id: str) -> str:
-    """Create (or reset to 1 slot) the dataset's global concurrency limit; return its name."""
-    from prefect.client.orchestration import get_client
-
-    name = dataset_limit_name(dataset_id)
-    with get_client(sync_client=True) as client:
-        client.upsert_global_concurrency_limit_by_name(name, limit=1)
-    return name
 
 
 def find_specs(specs_dir: Path) -> list[Path]:

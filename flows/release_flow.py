@@ -1,19 +1,18 @@
-"""The ``release`` flow: spec → plan → budget check → count → measure → reconstruct → validate → stage.
+"""The ``release`` flow: spec → plan → budget check → ingest → measure → reconstruct → validate → stage.
 
-Flow parameters are public (a spec path, an output folder, a catalog URL); data never is.  A run
-that fails after the ledger was charged is marked ``failed`` and keeps its charge.
+One flow for every mechanism (central, data-dependent, local model): the plan carries the chosen
+mechanism and its strategy, and each task asks the mechanism to do its part.  Flow parameters are
+public (a spec path, an output folder, a catalog URL); data never is.  A run that stops after the
+ledger was charged keeps its charge and is marked ``failed`` (``aborted`` on Ctrl-C).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from prefect import flow
 
 from catalog import release
 from catalog.ledger import Catalog, default_url
-from tasks.count import count_task
-from tasks.dawa import dawa_measure_task, dawa_reconstruct_task, partition_task
+from tasks.ingest import ingest_task
 from tasks.load_spec import load_spec_task
 from tasks.measure import measure_task
 from tasks.plan import plan_task
@@ -41,39 +40,25 @@ def release_flow(
     directory = release.release_directory(out_dir, release_id)
     spent_before = register_task(spec, plan, catalog_url, release_id)
     try:
-        counted = count_task(spec)
-        partition = None
-        if plan.chosen == "dawa":
-            partition = partition_task(counted, spec, catalog_url, release_id)
-            measurement, strategy = dawa_measure_task(
-                counted, spec, partition, catalog_url, release_id
-            )
-            tables = dawa_reconstruct_task(spec, strategy, measurement)
-        else:
-            measurement = measure_task(counted, spec, plan, catalog_url, release_id)
-            tables = reconstruct_task(spec, plan, measurement)
+        ingested = ingest_task(spec, plan)
+        measurement = measure_task(ingested, spec, plan, catalog_url, release_id)
+        tables = reconstruct_task(spec, plan, measurement)
         validation = validate_task(tables, plan, str(directory))
         return stage_task(
             spec,
             plan,
             release_id,
             str(directory),
-            counted,
+            ingested,
             measurement,
             tables,
             validation,
             spent_before,
             catalog_url,
-            partition,
         )
-    except BaseException:
-        _mark_failed(catalog_url, release_id, directory)
+    except KeyboardInterrupt:
+        release.mark_stopped(Catalog(catalog_url), release_id, directory, status="aborted")
         raise
-
-
-def _mark_failed(catalog_url: str, release_id: str, directory: Path) -> None:
-    catalog = Catalog(catalog_url)
-    if catalog.release(release_id).status == "measuring":
-        catalog.update_release(
-            release_id, status="failed", directory=str(directory) if directory.exists() else None
-        )
+    except BaseException:
+        release.mark_stopped(Catalog(catalog_url), release_id, directory, status="failed")
+        raise

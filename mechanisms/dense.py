@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mechanisms.operators import kron_dense
+from mechanisms.protocol import LeastSquaresAnswers
 from mechanisms.strategies import psd_pinv
 from mechanisms.workload import Workload, WorkloadItem
 
@@ -28,7 +29,7 @@ def _check_cells(n_cells: int) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DenseStrategy:
+class DenseStrategy(LeastSquaresAnswers):
     """Strategy ``A`` (p × N) measured as ``A x + noise`` and answered by least squares."""
 
     name: str
@@ -115,9 +116,14 @@ class FactorizationStrategy:
     def apply(self, x: np.ndarray) -> np.ndarray:
         return self.L @ np.asarray(x, dtype=np.float64)  # O(r N)
 
-    def item_answers(self, y: np.ndarray, item: WorkloadItem) -> np.ndarray:
-        start, stop = self.item_rows[item.name]
-        return self.B[start:stop] @ np.asarray(y, dtype=np.float64)
+    def answers(self, y: np.ndarray, workload: Workload) -> dict[str, np.ndarray]:
+        """LRM's own estimator ``B·y`` (not least squares): each item's rows of ``B``."""
+        values = np.asarray(y, dtype=np.float64)
+        answers = {}
+        for item in workload.items:
+            start, stop = self.item_rows[item.name]
+            answers[item.name] = self.B[start:stop] @ values
+        return answers
 
     def item_unit_variances(
         self, item: WorkloadItem, workload: Workload | None = None

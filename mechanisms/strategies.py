@@ -16,12 +16,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from mechanisms.operators import Factor, MatrixFactor, kron_apply, kron_apply_transpose
+from mechanisms.operators import (
+    Factor,
+    Identity,
+    MatrixFactor,
+    Total,
+    kron_apply,
+    kron_apply_transpose,
+)
+from mechanisms.protocol import LeastSquaresAnswers, MatrixMechanism, PlanRequest, StrategyCache
 from mechanisms.workload import Workload, WorkloadItem
 
 
@@ -89,7 +98,7 @@ def wavelet_strategy(n: int) -> MatrixFactor:
 
 
 @dataclass(frozen=True, kw_only=True)
-class KronStrategy:
+class KronStrategy(LeastSquaresAnswers):
     """``A = A_1 ⊗ … ⊗ A_d`` with cached per-factor ``(A_iᵀA_i)⁺``.
 
     Public: built from the workload and domain only.
@@ -146,6 +155,13 @@ class KronStrategy:
             total *= float(np.sum(factor.gram() * pinv))
         return total
 
+    def is_single_answer(self, item: WorkloadItem) -> bool:
+        """Each query of ``item`` is exactly one measured answer (its estimate has one noise term)."""
+        return all(
+            _is_unit_rows(strategy_factor, query_factor)
+            for strategy_factor, query_factor in zip(self.factors, item.factors, strict=True)
+        )
+
     def support_residual(self, workload: Workload) -> float:
         """Largest ‖W_iᵀW_i (I − M_i A_iᵀA_i)‖ (relative) over items and attributes; ≈ 0 iff A
         supports W.  An unsupported item would be answered with bias (``seed-mm.md`` §8.5)."""
@@ -159,6 +175,23 @@ class KronStrategy:
                 scale = max(1.0, float(np.abs(gram_w).max()))
                 worst = max(worst, float(np.abs(residual).max()) / scale)
         return worst
+
+
+def _is_unit_rows(strategy_factor: Factor, query_factor: Factor) -> bool:
+    """Query factor and strategy factor are the same identity (or the same total row)."""
+    if not isinstance(strategy_factor, MatrixFactor):
+        return False
+    n = strategy_factor.n
+    if isinstance(query_factor, Identity):
+        expected = sp.identity(n, format="csr")
+    elif isinstance(query_factor, Total):
+        expected = sp.csr_array(np.ones((1, n)))
+    else:
+        return False
+    if strategy_factor.shape != expected.shape:
+        return False
+    difference = sp.csr_array(strategy_factor.matrix) - expected
+    return bool(difference.count_nonzero() == 0)
 
 
 def psd_pinv(matrix: np.ndarray) -> np.ndarray:
@@ -209,3 +242,23 @@ def build_kron_strategy(
             factors.append(wavelet_strategy(n))
     parameters: dict[str, object] = {"branching": branching} if family == "hierarchical" else {}
     return KronStrategy(name=family, factors=tuple(factors), parameters=parameters)
+
+
+class KronFamily(MatrixMechanism):
+    """A data-independent mechanism measuring one product strategy built by ``family``.
+
+    Attributes every item sums out get a single total query; categorical attributes get identity;
+    ordered ones get the family's factor.  Planning is O(Σ n_i³) (per-factor pseudo-inverses).
+    """
+
+    family: ClassVar[str]
+
+    def branching(self, request: PlanRequest) -> int:
+        return 2
+
+    def plan(self, request: PlanRequest, *, cache: StrategyCache) -> KronStrategy:
+        return build_kron_strategy(
+            self.family,
+            attribute_roles=request.workload.attribute_roles(request.ordered),
+            branching=self.branching(request),
+        )

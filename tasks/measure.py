@@ -1,4 +1,4 @@
-"""Task: charge the ledger, then add vetted noise to the strategy's answers (never cached, never retried)."""
+"""Task: the chosen mechanism charges the ledger, then adds vetted noise (never cached or retried)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ from prefect.cache_policies import NO_CACHE
 from catalog import release
 from catalog.ledger import Catalog
 from catalog.planning import Plan
-from catalog.source import CountResult
 from catalog.spec import ReleaseSpec
-from mechanisms.session import NoisyMeasurement
+from mechanisms.protocol import Measurement
 
 
 @task(name="measure", retries=0, cache_policy=NO_CACHE, persist_result=False, log_prints=False)
 def measure_task(
-    counted: CountResult, spec: ReleaseSpec, plan: Plan, catalog_url: str, release_id: str
-) -> NoisyMeasurement:
-    return release.measure(counted, spec, plan, Catalog(catalog_url), release_id=release_id)
+    ingested: release.Ingested, spec: ReleaseSpec, plan: Plan, catalog_url: str, release_id: str
+) -> Measurement:
+    return release.measure(ingested, spec, plan, Catalog(catalog_url), release_id=release_id)

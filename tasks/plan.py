@@ -13,7 +13,7 @@ from catalog.planning import Plan, make_plan
 from catalog.spec import ReleaseSpec
 from tasks.settings import result_storage
 
-PLAN_CACHE_VERSION = "1"
+PLAN_CACHE_VERSION = "2"
 
 
 def plan_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
@@ -23,6 +23,7 @@ def plan_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
         [
             "plan-release",
             PLAN_CACHE_VERSION,
+            spec.model,
             spec.workload_fingerprint(),
             spec.privacy,
             spec.privacy_unit.contribution_bound,

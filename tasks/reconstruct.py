@@ -1,4 +1,4 @@
-"""Task: least-squares reconstruction and per-item answers with standard errors (post-processing)."""
+"""Task: every item's estimates and standard errors from the measurement (post-processing)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from prefect.cache_policies import NO_CACHE
 from catalog import release
 from catalog.planning import Plan
 from catalog.spec import ReleaseSpec
-from mechanisms.session import NoisyMeasurement
+from mechanisms.protocol import Measurement
 
 
 @task(name="reconstruct", cache_policy=NO_CACHE, persist_result=False)
 def reconstruct_task(
-    spec: ReleaseSpec, plan: Plan, measurement: NoisyMeasurement
+    spec: ReleaseSpec, plan: Plan, measurement: Measurement
 ) -> dict[str, pa.Table]:
     return release.reconstruct(spec, plan, measurement)

@@ -11,13 +11,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from catalog import release
-from catalog.dawa_release import PartitionRecord
 from catalog.ledger import Catalog
 from catalog.planning import Plan
-from catalog.source import CountResult
 from catalog.spec import ReleaseSpec
 from mechanisms.privacy import PrivacyCost
-from mechanisms.session import NoisyMeasurement
+from mechanisms.protocol import Measurement
 
 
 @task(name="stage-release", cache_policy=NO_CACHE, persist_result=False)
@@ -26,26 +24,24 @@ def stage_task(
     plan: Plan,
     release_id: str,
     directory: str,
-    counted: CountResult,
-    measurement: NoisyMeasurement,
+    ingested: release.Ingested,
+    measurement: Measurement,
     tables: dict[str, pa.Table],
     validation: dict[str, Any],
     spent_before: PrivacyCost,
     catalog_url: str,
-    partition: PartitionRecord | None = None,
 ) -> release.StagedRelease:
     staged = release.stage(
         spec=spec,
         plan=plan,
         release_id=release_id,
         directory=Path(directory),
-        counted=counted,
+        ingested=ingested,
         measurement=measurement,
         tables=tables,
         validation=validation,
         spent_before=spent_before,
         catalog=Catalog(catalog_url),
-        partition=partition,
     )
     create_markdown_artifact(
         key="release-summary",

@@ -74,16 +74,16 @@ def test_dawa_release_reuses_its_partition_and_pays_once(tmp_path: Path, zero_no
     assert catalog.spent(dataset).epsilon == pytest.approx(0.25 + 0.75 + 0.75, abs=1e-6)
     first_manifest = json.loads((Path(first.directory) / "manifest.json").read_text())
     second_manifest = json.loads((Path(second.directory) / "manifest.json").read_text())
-    assert first_manifest["dawa"]["partition_reused"] is False
-    assert second_manifest["dawa"]["partition_reused"] is True
-    assert second_manifest["dawa"]["boundaries"] == first_manifest["dawa"]["boundaries"]
+    assert first_manifest["mechanism"]["details"]["partition_reused"] is False
+    assert second_manifest["mechanism"]["details"]["partition_reused"] is True
+    assert second_manifest["mechanism"]["details"]["boundaries"] == first_manifest["mechanism"]["details"]["boundaries"]
     assert first.charged["epsilon"] == pytest.approx(1.0, abs=1e-6)
     assert second.charged["epsilon"] == pytest.approx(0.75, abs=1e-6)
     artifacts.verify(Path(second.directory), catalog)  # a reused receipt verifies
     # zero noise: bucket totals are exact, so the total query is exact
     total = pq.read_table(Path(first.directory) / "tables" / "everyone.parquet")["estimate"]
     assert total.to_pylist() == pytest.approx([500.0])
-    assert "DAWA partition" in (Path(first.directory) / "report.html").read_text()
+    assert "released partition" in (Path(first.directory) / "report.html").read_text()
 
     # different input: the cache misses and step 1 is paid again
     other = _data(tmp_path / "b.parquet", 2, two_d=False)

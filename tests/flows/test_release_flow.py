@@ -100,13 +100,13 @@ def test_zero_noise_release_equals_exact_answers(
 def test_over_budget_is_refused_before_reading_data(
     tmp_path: Path, tiny_dataset: Path, zero_noise, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tasks.count
+    import catalog.release
     from flows.release_flow import release_flow
 
     reads: list[str] = []
-    original = tasks.count.count_cells
+    original = catalog.release.count_cells
     monkeypatch.setattr(
-        tasks.count, "count_cells", lambda spec: reads.append("read") or original(spec)
+        catalog.release, "count_cells", lambda spec: reads.append("read") or original(spec)
     )
     spec_path = write_spec(tmp_path, tiny_dataset, privacy={"epsilon": 1.5})
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"

@@ -12,7 +12,6 @@ import pytest
 from catalog import release
 from catalog.ledger import Catalog
 from catalog.planning import make_plan
-from catalog.source import count_cells
 from catalog.spec import parse_spec
 
 
@@ -39,7 +38,8 @@ def _release(tmp_path: Path, mechanism: str, privacy: dict) -> tuple[dict, np.nd
     plan = make_plan(spec)
     release_id = release.new_release_id(spec)
     release.register(spec, plan, catalog, release_id=release_id)
-    measurement = release.measure(count_cells(spec), spec, plan, catalog, release_id=release_id)
+    ingested = release.ingest(spec, plan)
+    measurement = release.measure(ingested, spec, plan, catalog, release_id=release_id)
     tables = release.reconstruct(spec, plan, measurement)
     counts = np.bincount(values, minlength=32)
     return {name: t["estimate"].to_numpy() for name, t in tables.items()}, counts

@@ -9,19 +9,39 @@ import pytest
 
 from catalog import planning
 from catalog.spec import parse_spec
-from catalog.strategy_store import StrategyStore, strategy_key
+from catalog.strategy_store import StrategyStore
+from mechanisms import optimized_mechanism
+from mechanisms.protocol import StoredStrategy, cache_key
 
 
-def test_put_get_and_key_sensitivity(tmp_path: Path) -> None:
+def test_save_load_and_key_sensitivity(tmp_path: Path) -> None:
     store = StrategyStore(tmp_path)
-    key = strategy_key(workload_fingerprint="abc", template="t", settings={"norm": 1})
-    assert store.get(key) is None
-    store.put(key, {"weights": [1.0, 0.5]})
-    assert store.get(key) == {"key": key, "parameters": {"weights": [1.0, 0.5]}}
-    assert strategy_key(workload_fingerprint="abd", template="t", settings={"norm": 1}) != key
-    assert strategy_key(workload_fingerprint="abc", template="t", settings={"norm": 2}) != key
-    (tmp_path / f"{key}.json").write_text("not json")
-    assert store.get(key) is None  # a damaged entry is a miss, not a crash
+    key = cache_key("t", "abc", {"norm": 1})
+    assert store.load(key) is None
+    stored = StoredStrategy(parameters={"weights": [1.0, 0.5]}, arrays={"A": np.eye(2)})
+    store.save(key, stored)
+    fresh = StrategyStore(tmp_path, max_entries=4)
+    assert fresh.load(key).parameters == {"weights": [1.0, 0.5]}
+    np.testing.assert_array_equal(StrategyStore(tmp_path / "other").load(key) or 0, 0)
+    assert cache_key("t", "abd", {"norm": 1}) != key
+    assert cache_key("t", "abc", {"norm": 2}) != key
+    (tmp_path / f"{key}.npz").write_text("not an npz")
+    assert StrategyStore(tmp_path).load(key) is None  # a damaged entry is a miss, not a crash
+
+
+def test_store_is_bounded_least_recently_used_first(tmp_path: Path) -> None:
+    import os
+
+    store = StrategyStore(tmp_path, max_entries=3)
+    keys = [cache_key("t", i) for i in range(4)]
+    for age, key in enumerate(keys[:3]):
+        store.save(key, StoredStrategy(parameters={"i": age}))
+        os.utime(tmp_path / f"{key}.npz", (1_000_000 + age, 1_000_000 + age))
+    assert store.load(keys[0]) is not None  # a hit refreshes the oldest entry
+    store.save(keys[3], StoredStrategy(parameters={"i": 3}))
+    assert sorted(store.keys()) == sorted([keys[0], keys[2], keys[3]])  # keys[1] was evicted
+    with pytest.raises(ValueError, match=r"max_entries \(0\) must be >= 1"):
+        StrategyStore(tmp_path, max_entries=0)
 
 
 def _spec(item_name: str) -> dict:
@@ -42,20 +62,22 @@ def test_optimized_plan_is_reused_from_the_store(
 ) -> None:
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path))
     calls: list[int] = []
-    original = planning.optimize_weights
+    original = optimized_mechanism.optimize_weights
     monkeypatch.setattr(
-        planning, "optimize_weights", lambda *a, **k: calls.append(1) or original(*a, **k)
+        optimized_mechanism,
+        "optimize_weights",
+        lambda *a, **k: calls.append(1) or original(*a, **k),
     )
-    spec = parse_spec(_spec("cdf"))
+    spec = parse_spec({**_spec("cdf"), "mechanism": "optimized"})
     first = planning.make_plan(spec)
     computed = len(calls)
     assert computed > 0
     second = planning.make_plan(spec)
     assert len(calls) == computed  # a hit: no optimisation the second time
     assert second.candidate("optimized").rmse == pytest.approx(first.candidate("optimized").rmse)
-    planning.make_plan(parse_spec(_spec("cdf_renamed")))  # another workload fingerprint: a miss
-    assert len(calls) > computed
-    assert len(list(tmp_path.glob("strategies/*.json"))) == 6  # optimized, eigen, lrm per workload
+    planning.make_plan(parse_spec({**_spec("cdf_renamed"), "mechanism": "optimized"}))
+    assert len(calls) > computed  # another workload fingerprint: a miss
+    assert len(list(tmp_path.glob("strategies/*.npz"))) == 2  # one optimized entry per workload
 
 
 def test_dense_strategy_matches_numpy(rng: np.random.Generator) -> None:
@@ -108,19 +130,25 @@ def test_planned_optimized_strategy_is_rebuilt_exactly(
                 "domain": {n: {"min": 0, "max": 4} for n in names},
                 "workload": workload,
                 "privacy": {"rho": 0.5},
+                "mechanism": "optimized",
             }
         )
         plan = planning.make_plan(spec)
         built = planning.build_workload(spec)
-        planned = planning.strategy_for(spec, "optimized", built)  # from the store, as planned
+        planned = plan.strategy  # the object measure and reconstruct receive
         templates.add(str(planned.parameters["template"]))
-        rebuilt = planning.strategy_for(
-            spec, "optimized", built, parameters=dict(planned.parameters)
-        )
+        request = planning.plan_request(spec, workload=built, requested=True)
+        store = StrategyStore(tmp_path / "strategies")
+        key = store.keys()[0]
+        store_entry = store.load(key)
+        assert store_entry is not None
+        rebuilt = optimized_mechanism._restore(request, store_entry, branching=2)
         variance = (
             plan.candidate("optimized").total_variance
             / expected_error(built, rebuilt, noise_variance=1.0).total_variance
         )
+        for path in (tmp_path / "strategies").glob("*.npz"):
+            path.unlink()  # the next workload's entry is then the only one
         # same strategy: the planned total variance is the rebuilt unit error × one noise variance
         assert variance == pytest.approx(plan.candidate("optimized").noise_scale ** 2, rel=1e-9)
     assert len(templates) == 2  # two different winning templates were rebuilt

@@ -35,6 +35,10 @@ class Accountant(Protocol):
         """Record ``cost`` (committed before returning) and return the receipt id."""
         ...
 
+    def holds(self, receipt_id: str) -> bool:
+        """True when ``receipt_id`` is a charge on this dataset's ledger (a reusable payment)."""
+        ...
+
 
 class MeasurableStrategy(Protocol):
     """What a session needs from a strategy: its public shape, sensitivity and ``A·x``."""

@@ -1,4 +1,4 @@
-"""Task: read the Parquet input and count the cell vector — the only task that touches raw data.
+"""Task: read the input the chosen mechanism measures — the only task that touches raw data.
 
 Privacy: ``retries=0`` (nothing is re-read behind the ledger's back), no cache (the inputs must not
 be hashed into keys), no persisted result (the counts must never reach result storage; the
@@ -10,10 +10,11 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from catalog.source import CountResult, count_cells
+from catalog import release
+from catalog.planning import Plan
 from catalog.spec import ReleaseSpec
 
 
-@task(name="count-cells", retries=0, cache_policy=NO_CACHE, persist_result=False, log_prints=False)
-def count_task(spec: ReleaseSpec) -> CountResult:
-    return count_cells(spec)
+@task(name="ingest", retries=0, cache_policy=NO_CACHE, persist_result=False, log_prints=False)
+def ingest_task(spec: ReleaseSpec, plan: Plan) -> release.Ingested:
+    return release.ingest(spec, plan)

@@ -1,0 +1,70 @@
+"""``eigen``: Eigen-Design (Li thesis ch. 5): weighted eigen-queries of the workload Gram.
+
+Near-optimal under Gaussian noise (ρ-zCDP, (ε, δ)); the ε-DP variant (L1 constraint) is also
+built.  Works on the dense N × N Gram, so it is limited to small domains (``auto`` considers it up
+to :data:`AUTO_MAX_CELLS`, a spec may ask for it up to :data:`MAX_CELLS`).
+"""
+
+from __future__ import annotations
+
+import threadpoolctl
+
+from mechanisms.dense import DenseStrategy
+from mechanisms.eigen_design import eigen_design
+from mechanisms.protocol import (
+    CandidateUnavailable,
+    MatrixMechanism,
+    PlanRequest,
+    StoredStrategy,
+    StrategyCache,
+    cache_key,
+)
+
+MAX_CELLS = 4096
+AUTO_MAX_CELLS = 2048
+
+
+class EigenDesignMechanism(MatrixMechanism):
+    name = "eigen"
+    summary = "Eigen-Design: weighted eigenvectors of the workload Gram (Li thesis ch. 5)"
+
+    def unavailable_reason(self, request: PlanRequest) -> str | None:
+        cells = request.workload.num_cells
+        if cells > MAX_CELLS:
+            return (
+                f"Eigen-Design works on the dense {cells}-cell Gram matrix; at most {MAX_CELLS} cells"
+            )
+        if not request.requested and cells > AUTO_MAX_CELLS:
+            return f"skipped by auto above {AUTO_MAX_CELLS} cells (ask for it with mechanism: {self.name})"
+        return None
+
+    def predicted_seconds(self, request: PlanRequest) -> float:
+        # Dense eigendecomposition plus the weighting program: O(N³), ~40 N³ flop at ~1e9 flop/s.
+        return 0.01 + 40 * request.workload.num_cells**3 * 1e-9
+
+    def plan(self, request: PlanRequest, *, cache: StrategyCache) -> DenseStrategy:
+        reason = self.unavailable_reason(request)
+        if reason is not None:
+            raise CandidateUnavailable(reason)
+        norm = "l1" if request.norm == 1 else "l2"
+        key = cache_key("eigen", request.workload_fingerprint, {"norm": norm})
+        stored = cache.load(key)
+        if stored is None:
+            gram = request.workload.dense_gram()
+            with threadpoolctl.threadpool_limits(limits=1):
+                design = eigen_design(gram, sensitivity=norm)
+            stored = StoredStrategy(
+                parameters={
+                    "template": "eigen-design",
+                    "sensitivity_norm": norm,
+                    "source": design.source,
+                    "eigenvalues_kept": int(design.eigenvalues_kept.size),
+                    "solver_relative_gap": float(design.solver_relative_gap),
+                },
+                arrays={"A": design.A},
+            )
+            cache.save(key, stored)
+        return DenseStrategy(name=self.name, matrix=stored.arrays["A"], parameters=stored.parameters)
+
+
+MECHANISM = EigenDesignMechanism()
