@@ -46,7 +46,6 @@ def main() -> None:
         from catalog import release
         from catalog.ledger import Catalog
         from catalog.planning import make_plan
-        from catalog.source import count_cells
         from catalog.spec import load_spec
         from flows.cli import bundled_spec
 
@@ -58,7 +57,7 @@ def main() -> None:
             "check budget + register",
             lambda: release.register(spec, plan, catalog, release_id=release_id),
         )
-        counted = timed("count (read + GX input checks)", lambda: count_cells(spec))
+        counted = timed("ingest (read + input checks + count)", lambda: release.ingest(spec, plan, catalog))
         measurement = timed(
             "measure (charge + OpenDP noise)",
             lambda: release.measure(counted, spec, plan, catalog, release_id=release_id),
@@ -75,7 +74,7 @@ def main() -> None:
                 plan=plan,
                 release_id=release_id,
                 directory=directory,
-                counted=counted,
+                ingested=counted,
                 measurement=measurement,
                 tables=tables,
                 validation=validation,

@@ -11,10 +11,18 @@ ALLRANGE(n) and all 2-way marginals, from closed-form spectra, at each ``--sizes
 of every ratio is the full method measured in the same run.  "weigh s" is the time of the weighting
 program alone (``complete=False``); "total s" adds completion and the exact O(n^3) error evaluation.
 
+Table 3 (issue 19) runs the ``eigen`` mechanism's whole planning path (workload Gram from closed
+forms, Eigen-Design, expected error, support check, SVD bound) on all ranges of n cells in a child
+process under an address-space limit (RLIMIT_AS: 2 GiB at 2,048 cells, 4 GiB at 4,096), and prints
+TOTAL/SVDB, the identity strategy's ratio measured in the same run (the baseline), wall seconds
+and the child's peak resident memory.  Before issue 19 the path allocated the dense 2,098,176 ×
+2,048 workload (32 GiB).
+
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/eigen_bench.py                 # both tables, n = 2048 and 8192
+    .venv/bin/python benchmarks/eigen_bench.py                 # all tables, n = 2048 and 8192
     .venv/bin/python benchmarks/eigen_bench.py --sizes 2048    # quicker
+    .venv/bin/python benchmarks/eigen_bench.py --skip-targets --sizes --plan-sizes 2048 4096
 
 OpenBLAS defaults to one thread here (set ``OPENBLAS_NUM_THREADS`` to override): on a shared
 machine, multi-threaded BLAS under contention was 10x slower in our measurements.
@@ -45,11 +53,11 @@ from mechanisms.eigen_design import (
     marginals_spectrum,
     minimize_workload,
     prefix_gram,
-    svd_bound,
     svd_bound_from_spectrum,
     total_error_l2,
     workload_spectrum,
 )
+from mechanisms.lower_bound import svd_bound_gram as svd_bound
 from mechanisms.strategies import hierarchical_strategy, wavelet_strategy
 
 
@@ -237,9 +245,55 @@ def table_methods(sizes: list[int]) -> None:
     print_table(headers, rows)
 
 
+def table_plan_path(sizes: list[int]) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    headers = [
+        "workload", "AS limit", "TOTAL/SVDB", "target", "identity/SVDB", "residual", "seconds",
+        "peak RSS GiB", "status",
+    ]  # fmt: skip
+    rows = []
+    for n in sizes:
+        limit_gib = 2 if n <= 2048 else 4
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("eigen_plan_child.py")),
+                str(n),
+                str(limit_gib),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+            env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+        )
+        if result.returncode != 0:
+            tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
+            rows.append([f"ALLRANGE({n})", f"{limit_gib} GiB", *["-"] * 6, f"failed: {tail[0]}"])
+            continue
+        ratio, identity, residual, seconds, peak = (float(v) for v in result.stdout.split())
+        rows.append(
+            [
+                f"ALLRANGE({n})", f"{limit_gib} GiB", fmt(ratio), "<= 1.028" if n == 2048 else "-",
+                fmt(identity, 2), f"{residual:.1e}", f"{seconds:.1f}", f"{peak:.2f}", "ok",
+            ]
+        )  # fmt: skip
+        print(
+            f"  ALLRANGE({n}): {rows[-1][2]} in {rows[-1][6]} s, peak {rows[-1][7]} GiB", flush=True
+        )
+    print()
+    print(
+        "Table 3. The eigen mechanism's planning path under an address-space limit (child process)."
+    )
+    print_table(headers, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 8192])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[2048, 8192])
+    parser.add_argument("--plan-sizes", type=int, nargs="*", default=[2048, 4096])
     parser.add_argument("--skip-targets", action="store_true")
     parser.add_argument("--seed", type=int, default=20240611, help="cell permutation (public)")
     args = parser.parse_args()
@@ -247,7 +301,10 @@ def main() -> None:
     start = time.perf_counter()
     if not args.skip_targets:
         table_targets(np.random.default_rng(args.seed))
-    table_methods(args.sizes)
+    if args.sizes:
+        table_methods(args.sizes)
+    if args.plan_sizes:
+        table_plan_path(args.plan_sizes)
     print(f"benchmark finished in {time.perf_counter() - start:.0f} s")
 
 

@@ -8,10 +8,18 @@ the optimisation alone (the bound and the baseline are timed separately and not 
 Units: rmse = √(total error / m) at unit noise variance per unit sensitivity (L2 for Gaussian,
 i.e. ρ = 1/2; L1 for Laplace, i.e. ε = √2), m = number of workload queries.
 
+A second table (issue 19) runs the subset-space strategies of :mod:`mechanisms.marginal_strategies`
+on the 14 Adult attributes (private-pgm's discretised domain, the one ``flows/examples`` ships):
+all 1–3-way and all 2-way marginals, ρ = 1/2 (Gaussian) and ε = 1 (Laplace).  It prints rmse, the
+SVD-bound rmse and the ratio, the baseline measured in the same run (every marginal measured
+separately with the budget split evenly: rmse √K at ρ = 1/2, √2·K/ε for Laplace, K marginals)
+and the seconds of the strategy search plus the per-item error evaluation.
+
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/strategy_bench.py                 # every case (minutes)
     .venv/bin/python benchmarks/strategy_bench.py --cases allrange-gaussian --max-n 1024
+    .venv/bin/python benchmarks/strategy_bench.py --cases adult --pinv-domains ''  # issue 19
     .venv/bin/python benchmarks/strategy_bench.py --blas-threads 1  # for a contended machine
 
 ``--blas-threads`` sets OPENBLAS_NUM_THREADS / OMP_NUM_THREADS before NumPy is imported: on a
@@ -97,6 +105,9 @@ def main() -> None:
     parser.add_argument("--blas-threads", type=int, default=None, help="BLAS threads (env)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the public rng")
     parser.add_argument(
+        "--time-limit", type=float, default=55.0, help="seconds for each Laplace template search"
+    )
+    parser.add_argument(
         "--pinv-domains",
         default="10x10x10x10x10x10,10x10x10x10x10x10x10",
         help="domains for the marginals (AᵀA)⁺v timing ('' to skip), e.g. 32x32x32x32",
@@ -111,7 +122,10 @@ def main() -> None:
         for case in CASES
         if case.n <= args.max_n and (not wanted or any(w in case.name for w in wanted))
     ]
-    run(selected, seed=args.seed)
+    if selected:
+        run(selected, seed=args.seed)
+    if not wanted or any(w in "adult-marginals" for w in wanted):
+        run_adult_marginals(seed=args.seed, time_limit=args.time_limit)
     domains = [
         tuple(int(n) for n in part.split("x")) for part in args.pinv_domains.split(",") if part
     ]
@@ -122,7 +136,8 @@ def main() -> None:
 def run(cases: list[Case], *, seed: int) -> None:
     import numpy as np  # imported here so --blas-threads takes effect first
 
-    from mechanisms.optimized import optimize_workload, svd_bound
+    from mechanisms.lower_bound import svd_bound_terms as svd_bound
+    from mechanisms.optimized import optimize_workload
 
     def all_range(n: int) -> np.ndarray:
         i = np.arange(1, n + 1)
@@ -199,6 +214,104 @@ def run(cases: list[Case], *, seed: int) -> None:
             f"{cpu:8.2f} {result.iterations:6d}  {case.note}",
             flush=True,
         )
+
+
+ADULT_SIZES = (85, 9, 100, 16, 7, 15, 6, 5, 2, 100, 100, 99, 42, 2)
+"""age, workclass, fnlwgt, education-num, marital-status, occupation, relationship, race, sex,
+capital-gain, capital-loss, hours-per-week, native-country, income>50K (private-pgm's
+data/adult-domain.json; 6.4e17 cells)."""
+
+
+def run_adult_marginals(*, seed: int, time_limit: float) -> None:
+    """Issue 19 targets: subset-space strategies on Adult's marginal workloads."""
+    import itertools
+    import math
+
+    import numpy as np
+
+    from mechanisms.lower_bound import svd_bound
+    from mechanisms.marginal_strategies import (
+        marginal_weights_l1,
+        marginal_weights_l2,
+        marginal_weights_template,
+        subset_strategy,
+        subset_workload,
+    )
+    from mechanisms.operators import Identity, Total
+    from mechanisms.workload import Workload, WorkloadItem
+
+    print()
+    header = (
+        f"{'adult workload':18} {'noise':9} {'strategy':22} {'rmse':>9} {'bound':>8} {'/bound':>7} "
+        f"{'baseline':>9} {'/base':>6} {'search s':>8} {'eval s':>7} {'stopped':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for label, ways in [("1-3-way marginals", (1, 2, 3)), ("2-way marginals", (2,))]:
+        subsets = [s for k in ways for s in itertools.combinations(range(len(ADULT_SIZES)), k)]
+        workload = Workload(
+            domain_shape=ADULT_SIZES,
+            items=tuple(
+                WorkloadItem(
+                    name="-".join(map(str, s)),
+                    factors=tuple(
+                        Identity(n) if i in s else Total(n) for i, n in enumerate(ADULT_SIZES)
+                    ),
+                )
+                for s in subsets
+            ),
+        )
+        m, k = workload.num_queries, len(subsets)
+        bound = svd_bound(workload)
+        started = time.perf_counter()
+        projected = subset_workload(workload)
+        prepare = time.perf_counter() - started
+        runs = [
+            (
+                "gaussian ρ=.5",
+                "subset Eigen-Design",
+                1.0,
+                math.sqrt(k),
+                lambda w: marginal_weights_l2(w),
+            ),
+            (
+                "gaussian ρ=.5",
+                "marginals template",
+                1.0,
+                math.sqrt(k),
+                lambda w: marginal_weights_template(
+                    w, norm=2, rng=np.random.default_rng(seed), time_limit=time_limit
+                ),
+            ),
+            (
+                "laplace ε=1",
+                "marginals template",
+                2.0,
+                math.sqrt(2.0) * k,
+                lambda w: marginal_weights_l1(
+                    w, rng=np.random.default_rng(seed), time_limit=time_limit
+                ),
+            ),
+        ]  # (noise, strategy, variance per unit sensitivity, baseline rmse, search)
+        for noise, name, variance, baseline, search in runs:
+            started = time.perf_counter()
+            weights = search(projected)
+            seconds = time.perf_counter() - started + prepare
+            strategy = subset_strategy(weights, name=name)
+            started = time.perf_counter()
+            total = sum(strategy.item_unit_total(item) for item in workload.items)
+            evaluate = time.perf_counter() - started
+            unit = (
+                strategy.sensitivity(norm=weights.norm) ** 2 * total
+            )  # = weights.unit_total_error
+            rmse = math.sqrt(variance * unit / m)
+            bound_rmse = math.sqrt(variance * bound / m)
+            print(
+                f"{label:18} {noise:9} {name:22} {rmse:9.4f} {bound_rmse:8.4f} "
+                f"{rmse / bound_rmse:7.4f} {baseline:9.3f} {rmse / baseline:6.3f} {seconds:8.2f} "
+                f"{evaluate:7.2f} {'yes' if weights.stopped_early else 'no':>7}",
+                flush=True,
+            )
 
 
 def run_pinv(domains: list[tuple[int, ...]], *, seed: int) -> None:

@@ -1,8 +1,12 @@
 """A thin, lazily imported wrapper around Great Expectations (GX 1.x, ephemeral context).
 
-GX takes 6–10 s to import, so it is imported inside :func:`expectations_result` only.  Each call
-builds a fresh ephemeral context (names must be unique per context), runs one suite on one pandas
-frame, optionally writes Data Docs into a chosen directory, and returns a JSON-ready summary.
+GX takes 6–10 s to import, so it is imported inside :func:`run_suites` only.  Each call builds a
+fresh ephemeral context (names must be unique per context), runs the suites on pandas frames,
+optionally writes Data Docs into a chosen directory, and returns a JSON-ready summary.
+
+Privacy: summaries and Data Docs hold observed values and unexpected counts and values, so only
+released (noisy) values and public metadata may be validated here (``catalog.validation``).  The
+confidential input is checked with numpy inside ``catalog.source``, never with GX.
 """
 
 from __future__ import annotations
@@ -33,18 +37,19 @@ def _gx() -> Any:
     return gx, gxe
 
 
+def _gx_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``where_not: (column, value)`` becomes GX's row condition ``column != value``."""
+    kwargs = dict(kwargs)
+    if "where_not" in kwargs:
+        from great_expectations.expectations.row_conditions import Column
+
+        column, value = kwargs.pop("where_not")
+        kwargs["row_condition"] = Column(column) != value
+    return kwargs
+
+
 def _class_name(expectation_type: str) -> str:
     return "".join(part.capitalize() for part in expectation_type.split("_"))
-
-
-def expectations_result(
-    frame: pd.DataFrame,
-    expectations: list[tuple[str, dict[str, Any]]],
-    *,
-    suite_name: str,
-) -> dict[str, Any]:
-    """Run one suite on one frame; see :func:`run_suites`."""
-    return run_suites([(suite_name, frame, expectations)])[suite_name]
 
 
 def run_suites(
@@ -54,7 +59,8 @@ def run_suites(
 ) -> dict[str, dict[str, Any]]:
     """Run each ``(name, frame, expectations)`` in one ephemeral GX context.
 
-    ``expectations`` are ``(snake_case GX type, kwargs)`` pairs.  Returns, per name, ``success``,
+    ``expectations`` are ``(snake_case GX type, kwargs)`` pairs; ``where_not: (column, value)``
+    in kwargs restricts an expectation to the rows where ``column != value``.  Returns, per name, ``success``,
     ``statistics`` and one entry per expectation (type, column, kwargs, success, observed value).
     With ``docs_dir`` the context's Data Docs (all suites) are written there.
     """
@@ -70,7 +76,7 @@ def run_suites(
         batch = source.add_dataframe_asset(name=safe).add_batch_definition_whole_dataframe(safe)
         suite = context.suites.add(gx.ExpectationSuite(name=safe))
         for expectation_type, kwargs in expectations:
-            suite.add_expectation(getattr(gxe, _class_name(expectation_type))(**kwargs))
+            suite.add_expectation(getattr(gxe, _class_name(expectation_type))(**_gx_kwargs(kwargs)))
         definition = context.validation_definitions.add(
             gx.ValidationDefinition(name=safe, data=batch, suite=suite)
         )
@@ -95,9 +101,7 @@ def run_suites(
                 gx.Checkpoint(
                     name=f"{definition.name}_checkpoint",
                     validation_definitions=[definition],
-                    actions=[
-                        gx.checkpoint.UpdateDataDocsAction(name="docs", site_names=["release_docs"])
-                    ],
+                    actions=[],  # docs are built once below: per-run updates cost O(tables²)
                     result_format={"result_format": "SUMMARY"},
                 )
             )
@@ -106,6 +110,8 @@ def run_suites(
         else:
             result = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
         summaries[name] = _summarise(name, result)
+    if docs_dir is not None:
+        context.build_data_docs(site_names=["release_docs"])  # O(tables), all suites' results
     return summaries
 
 

@@ -6,28 +6,64 @@ SQLite under ``$DPRELEASE_HOME/catalog.db`` by default (``./.dprelease``); any S
 Ledger rules (DESIGN.md, privacy rules 3): a charge is committed in its own transaction *before*
 noise is drawn; it is never updated, deleted or refunded (a crashed or rejected release keeps its
 charge); a charge that would take the dataset over its cap is refused with the requested, spent
-and cap values in the message.  Charges are serialised per dataset: SQLite takes the write lock
-up front (``BEGIN IMMEDIATE``) and other databases lock the dataset row (``SELECT … FOR UPDATE``),
-so two processes can never overspend together.
+and cap values in the message.  Charges are serialised: SQLite takes the write lock up front
+(``BEGIN IMMEDIATE``) and other databases lock the chain row and the dataset row
+(``SELECT … FOR UPDATE``), so two processes can never overspend together.
+
+Tamper evidence: every ledger entry stores the SHA-256 of its canonical content including the hash
+of the entry before it (a hash chain), and the chain's length and head are anchored outside the
+database, authenticated with the catalog key (``catalog.keys``).  A deleted, edited or reordered
+entry, or a catalog database deleted or replaced by an empty or another one, no longer verifies,
+and new charges and releases are refused until it does (:meth:`Catalog.verify_chain`).  The anchor
+is written after the commit, under a host-wide lock: a crash in between leaves it one entry behind,
+which is accepted and repaired by the next write.
+
+Releases hold a lease (owner pid, host and a heartbeat): :meth:`Catalog.recover` moves a release
+whose process died, or whose heartbeat is older than the lease, from ``measuring`` to ``failed``
+(``aborted`` when the process recorded an interrupt); its charges stay spent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import unicodedata
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from catalog import keys
 from catalog.errors import BudgetExceededError, CatalogError
 from mechanisms.privacy import PrivacyCost, convert
 
+SCHEMA_NAME = "dprelease-catalog"
+SCHEMA_VERSION = 2  # 1: the unmarked schema before the hash chain and leases (migrated on open)
+GENESIS = "0" * 64  # the "previous hash" of the first ledger entry
+CHAIN_FORMAT = "dprelease-ledger-entry/1"
+DEFAULT_LEASE_SECONDS = 3600.0
+MAX_REVIEWER_LENGTH = 128
+MAX_PROBLEMS_SHOWN = 20
+SQLITE_HEADER = b"SQLite format 3\x00"
+# Tables other dprelease modules keep in the catalog database (watch_state, ldp_release).
+AUXILIARY_TABLES = frozenset({"announced_files", "review_runs", "ldp_collections"})
+
 metadata = sa.MetaData()
+
+catalog_meta = sa.Table(
+    "catalog_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
 
 datasets = sa.Table(
     "datasets",
@@ -53,6 +89,8 @@ ledger = sa.Table(
     sa.Column("rho", sa.Float, nullable=False),
     sa.Column("delta", sa.Float, nullable=False),
     sa.Column("created_at", sa.String(40), nullable=False),
+    sa.Column("prev_hash", sa.String(64)),
+    sa.Column("entry_hash", sa.String(64)),
 )
 
 releases = sa.Table(
@@ -70,6 +108,11 @@ releases = sa.Table(
     sa.Column("published_directory", sa.Text),
     sa.Column("created_at", sa.String(40), nullable=False),
     sa.Column("updated_at", sa.String(40), nullable=False),
+    sa.Column("owner_pid", sa.Integer),
+    sa.Column("owner_host", sa.String(255)),
+    sa.Column("owner_start", sa.String(32)),
+    sa.Column("heartbeat_at", sa.String(40)),
+    sa.Column("interrupted_at", sa.String(40)),
 )
 
 reviews = sa.Table(
@@ -83,11 +126,20 @@ reviews = sa.Table(
     sa.Column("at", sa.String(40), nullable=False),
 )
 
-STATUSES = ("measuring", "failed", "staged", "approved", "rejected", "published")
+# Columns added by schema version 2 (migrated onto version-1 catalogs).
+_V2_COLUMNS = {
+    "ledger": ("prev_hash", "entry_hash"),
+    "releases": ("owner_pid", "owner_host", "owner_start", "heartbeat_at", "interrupted_at"),
+}
+
+STATUSES = ("measuring", "failed", "aborted", "staged", "approved", "rejected", "published")
 
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+_stamp = now  # for methods whose ``now`` parameter shadows the function
 
 
 def default_home() -> Path:
@@ -112,6 +164,30 @@ class LedgerEntry:
     label: str
     cost: PrivacyCost
     created_at: str
+    prev_hash: str | None = None
+    entry_hash: str | None = None
+
+    def receipt(self) -> dict[str, Any]:
+        """What a manifest records of this charge (``artifacts.verify`` compares every field)."""
+        return {
+            "receipt_id": self.receipt_id,
+            "label": self.label,
+            "cost": self.cost.as_dict(),
+            "paid_by_release": self.release_id,
+            "seq": self.seq,
+            "entry_hash": self.entry_hash,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainHead:
+    """A point of the ledger's hash chain: the entry ``seq`` and its hash (``seq`` 0: empty)."""
+
+    seq: int
+    entry_hash: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "entry_hash": self.entry_hash}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +204,11 @@ class ReleaseRecord:
     published_directory: str | None
     created_at: str
     updated_at: str
+    owner_pid: int | None = None
+    owner_host: str | None = None
+    owner_start: str | None = None
+    heartbeat_at: str | None = None
+    interrupted_at: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,18 +220,250 @@ class ReviewRecord:
     at: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class RecoveredRelease:
+    """A release :meth:`Catalog.recover` moved out of ``measuring`` (its charges stay spent)."""
+
+    release_id: str
+    dataset_id: str
+    previous_status: str
+    status: str
+    reason: str
+    charges: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def entry_digest(
+    *,
+    seq: int,
+    receipt_id: str,
+    dataset_id: str,
+    release_id: str,
+    label: str,
+    measure: str,
+    epsilon: float,
+    rho: float,
+    delta: float,
+    created_at: str,
+    prev_hash: str,
+) -> str:
+    """SHA-256 of one ledger entry's canonical content, chained to ``prev_hash``. O(1)."""
+    return _digest(
+        (seq, receipt_id, dataset_id, release_id, label, measure, epsilon, rho, delta, created_at),
+        prev_hash,
+    )
+
+
+_CHAIN_COLUMNS = (
+    "seq",
+    "receipt_id",
+    "dataset_id",
+    "release_id",
+    "label",
+    "measure",
+    "epsilon",
+    "rho",
+    "delta",
+    "created_at",
+)
+
+
+def _digest(values: tuple[Any, ...], prev_hash: str) -> str:
+    """Length-prefixed fields (unambiguous whatever a label contains), floats by ``repr``."""
+    seq, receipt_id, dataset_id, release_id, label, measure, epsilon, rho, delta, created_at = (
+        values
+    )
+    parts = (
+        CHAIN_FORMAT,
+        str(int(seq)),
+        receipt_id,
+        dataset_id,
+        release_id,
+        label,
+        measure,
+        repr(float(epsilon)),
+        repr(float(rho)),
+        repr(float(delta)),
+        created_at,
+        prev_hash,
+    )
+    return sha256("".join(f"{len(p)}:{p};" for p in parts).encode()).hexdigest()
+
+
+def chain_problems(rows: list[Any]) -> list[str]:
+    """Entries (in ``seq`` order) whose hash or link to the previous entry does not verify. O(n).
+
+    ``rows``: the ledger's chain columns (:data:`_CHAIN_COLUMNS`, ``prev_hash``, ``entry_hash``).
+    """
+    problems = []
+    expected_prev, previous = GENESIS, "the start of the ledger"
+    for row in rows:
+        *values, prev_hash, entry_hash = row
+        problem = None
+        if entry_hash is None or prev_hash is None:
+            problem = "carries no chain hash: it was inserted outside dprelease"
+        elif _digest(tuple(values), prev_hash) != entry_hash:
+            problem = "was edited: its content no longer matches its hash"
+        elif prev_hash != expected_prev:
+            problem = (
+                f"does not follow {previous}: an entry was deleted or inserted, or the entries "
+                "were reordered"
+            )
+        if problem is not None:
+            problems.append(f"ledger entry #{row.seq} (receipt {row.receipt_id}) {problem}")
+        expected_prev, previous = entry_hash, f"entry #{row.seq}"
+    return problems
+
+
+def anchor_problems(anchor: keys.Anchor | None, rows: list[Any]) -> list[str]:
+    """Does the chain match its anchor?  The anchor may be one entry behind (a crash between a
+    commit and the anchor update); it is never ahead.  No anchor yet: nothing to compare."""
+    if anchor is None:
+        return []
+    count = len(rows)
+    if anchor.entries > count:
+        return [
+            f"the ledger has {count} entries but its anchor records {anchor.entries}: entries "
+            "were deleted, or the catalog database was deleted or replaced (by an empty or "
+            "another one)"
+        ]
+    if anchor.entries < count - 1:
+        return [
+            f"the ledger has {count} entries but its anchor records only {anchor.entries}: "
+            "entries were added outside dprelease, or another host charges this catalog without "
+            "sharing its key directory"
+        ]
+    anchored = rows[anchor.entries - 1].entry_hash if anchor.entries else GENESIS
+    if anchored != anchor.head:
+        return [
+            f"ledger entry {anchor.entries} of {count} does not have the hash its anchor records: "
+            "the ledger was rewritten or the catalog database was replaced"
+        ]
+    return []
+
+
+def normalize_reviewer(reviewer: str) -> str:
+    """NFKC-normalised, stripped, printable and non-empty: the name a review record keeps."""
+    name = unicodedata.normalize("NFKC", str(reviewer)).strip()
+    if not name:
+        raise CatalogError("reviewer must name a person (got an empty string)")
+    if len(name) > MAX_REVIEWER_LENGTH:
+        raise CatalogError(
+            f"reviewer must be at most {MAX_REVIEWER_LENGTH} characters (got {len(name)})"
+        )
+    for position, char in enumerate(name):
+        if not char.isprintable():
+            raise CatalogError(
+                f"reviewer {name!r} must be printable text: character U+{ord(char):04X} "
+                f"({unicodedata.name(char, 'unnamed')}) at position {position} is not printable"
+            )
+    return name
+
+
 class Catalog:
-    """Datasets, ledger and releases in one SQLAlchemy database."""
+    """Datasets, ledger and releases in one SQLAlchemy database.
+
+    Opening checks what the database is: a fresh one is initialised, a catalog of the previous
+    schema is migrated (chain hashes built over its existing entries), and a file that is not
+    SQLite or an SQLite database without the catalog's tables raises :class:`CatalogError` and is
+    left untouched.
+    """
 
     def __init__(self, url: str | None = None) -> None:
         self.url = url or default_url()
+        self._key: keys.CatalogKey | None = None
+        _refuse_foreign_file(self.url)
         self.engine = _make_engine(self.url)
-        metadata.create_all(self.engine)
+        try:
+            self._open_schema()
+        except sa.exc.OperationalError as exc:
+            raise CatalogError(f"catalog {self.url} cannot be opened: {exc.orig}") from None
+        except sa.exc.DatabaseError as exc:
+            raise CatalogError(
+                f"catalog {self.url} is damaged and cannot be read ({exc.orig}); it was left "
+                "unchanged: restore it from a backup"
+            ) from None
+
+    # --- the key and the hash chain ---------------------------------------------------------------
+    @property
+    def key(self) -> keys.CatalogKey:
+        """The catalog's secret (created with mode 0600 at first use); ``key.key_id`` is public."""
+        if self._key is None:
+            self._key = keys.catalog_key(self.url)
+        return self._key
+
+    def fingerprint_key_id(self) -> str:
+        """The id of the key input fingerprints are computed with (what a manifest records)."""
+        return self.key.key_id
+
+    def chain_head(self, dataset_id: str | None = None) -> ChainHead:
+        """The last ledger entry (of ``dataset_id``, or of the whole ledger) as a point of the chain.
+
+        A release's manifest records it after the release's charges: ``verify`` then checks that
+        this point is still on the chain.
+        """
+        query = sa.select(ledger.c.seq, ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
+        if dataset_id is not None:
+            query = query.where(ledger.c.dataset_id == dataset_id)
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            return ChainHead(seq=0, entry_hash=GENESIS)
+        return ChainHead(seq=row.seq, entry_hash=row.entry_hash or "")
+
+    def verify_chain(self) -> list[str]:
+        """Every problem of the hash chain and its anchor, as readable lines (empty: it verifies).
+
+        Reads only; O(entries).
+        """
+        with self.engine.connect() as conn:
+            rows = _chain_rows(conn)
+        return chain_problems(rows) + self._anchor_problems(rows)
+
+    def adopt_ledger(self, *, reason: str) -> ChainHead:
+        """Accept the ledger as it is now as the anchored truth (e.g. a catalog restored from a
+        backup on purpose).  Only an internally consistent chain can be adopted; the previous
+        anchor and ``reason`` are kept in the anchor's history."""
+        reason = " ".join(str(reason).split())
+        if not reason:
+            raise CatalogError("reason must say why the ledger is adopted (got an empty string)")
+        key = self.key
+        with key.locked(), self._write() as conn:
+            rows = _chain_rows(conn)
+            problems = chain_problems(rows)
+            if problems:
+                raise CatalogError(
+                    "the ledger's own hash chain does not verify, so it cannot be adopted:\n"
+                    + _bullets(problems)
+                )
+            try:
+                anchor = key.read_anchor()
+                previous: Any = (
+                    None if anchor is None else {"entries": anchor.entries, "head": anchor.head}
+                )
+                history = list(anchor.adopted) if anchor is not None else []
+            except CatalogError as exc:
+                previous, history = f"unreadable: {exc}", []
+            head = rows[-1].entry_hash if rows else GENESIS
+            stamp = now()
+            history.append(
+                {
+                    "at": stamp,
+                    "reason": reason,
+                    "previous": previous,
+                    "entries": len(rows),
+                    "head": head,
+                }
+            )
+            key.write_anchor(entries=len(rows), head=head, written_at=stamp, adopted=history)
+        return ChainHead(seq=rows[-1].seq if rows else 0, entry_hash=head)
 
     # --- datasets and budget ----------------------------------------------------------------------
     def ensure_dataset(self, dataset_id: str, *, cap: PrivacyCost) -> PrivacyCost:
         """Register ``dataset_id`` with ``cap`` on first use; afterwards the cap must match."""
-        with self._write() as conn:
+        with self._ledger_write() as conn:
             row = conn.execute(sa.select(datasets).where(datasets.c.id == dataset_id)).first()
             if row is None:
                 conn.execute(
@@ -196,8 +509,8 @@ class Catalog:
         return charged
 
     def charge(self, dataset_id: str, cost: PrivacyCost, *, release_id: str, label: str) -> str:
-        """Atomically check the cap and append one ledger row; return its receipt id."""
-        with self._write() as conn:
+        """Atomically check the cap and append one chained ledger row; return its receipt id."""
+        with self._ledger_write() as conn:
             cap_row = conn.execute(
                 sa.select(datasets).where(datasets.c.id == dataset_id).with_for_update()
             ).first()
@@ -208,21 +521,32 @@ class Catalog:
             spent = self._spent(conn, dataset_id, cap.measure)
             if (spent + charged).exceeds(cap):
                 raise _over_budget(dataset_id, charged, spent, cap)
-            receipt_id = f"rcpt-{uuid.uuid4().hex}"
+            last = conn.execute(
+                sa.select(ledger.c.seq, ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
+            ).first()
+            stamp = now()
+            values: dict[str, Any] = {
+                "seq": 1 if last is None else last.seq + 1,
+                "receipt_id": f"rcpt-{uuid.uuid4().hex}",
+                "dataset_id": dataset_id,
+                "release_id": release_id,
+                "label": label,
+                "measure": charged.measure,
+                "epsilon": charged.epsilon,
+                "rho": charged.rho,
+                "delta": charged.delta,
+                "created_at": stamp,
+                "prev_hash": GENESIS if last is None else last.entry_hash,
+            }
+            values["entry_hash"] = entry_digest(**values)
+            conn.execute(ledger.insert().values(**values))
+            # a charge is a sign of life of the release that pays it
             conn.execute(
-                ledger.insert().values(
-                    receipt_id=receipt_id,
-                    dataset_id=dataset_id,
-                    release_id=release_id,
-                    label=label,
-                    measure=charged.measure,
-                    epsilon=charged.epsilon,
-                    rho=charged.rho,
-                    delta=charged.delta,
-                    created_at=now(),
-                )
+                releases.update()
+                .where(releases.c.id == release_id, releases.c.status == "measuring")
+                .values(heartbeat_at=stamp)
             )
-        return receipt_id
+        return str(values["receipt_id"])
 
     def ledger_entries(self, dataset_id: str | None = None) -> list[LedgerEntry]:
         query = sa.select(ledger).order_by(ledger.c.seq)
@@ -241,6 +565,8 @@ class Catalog:
                     measure=row.measure, epsilon=row.epsilon, rho=row.rho, delta=row.delta
                 ),
                 created_at=row.created_at,
+                prev_hash=row.prev_hash,
+                entry_hash=row.entry_hash,
             )
             for row in rows
         ]
@@ -255,8 +581,9 @@ class Catalog:
     def create_release(
         self, *, release_id: str, name: str, dataset_id: str, spec_fingerprint: str, mechanism: str
     ) -> None:
+        """Record a release's intent (status ``measuring``), leased to this process."""
         stamp = now()
-        with self._write() as conn:
+        with self._ledger_write() as conn:
             conn.execute(
                 releases.insert().values(
                     id=release_id,
@@ -267,6 +594,8 @@ class Catalog:
                     mechanism=mechanism,
                     created_at=stamp,
                     updated_at=stamp,
+                    heartbeat_at=stamp,
+                    **_owner(),
                 )
             )
 
@@ -281,6 +610,80 @@ class Catalog:
             )
             if result.rowcount != 1:
                 raise CatalogError(f"release {release_id!r} is not in the catalog")
+
+    def heartbeat(self, release_id: str) -> None:
+        """Renew the lease of a ``measuring`` release (call it from long stages, from any process;
+        the owner stays the process that registered the release).
+
+        Raises :class:`CatalogError` when the release is no longer ``measuring`` (e.g. ``recover``
+        moved it to ``failed`` after its lease expired): the run must stop; its charges stay spent.
+        """
+        with self._write() as conn:
+            row = conn.execute(
+                sa.select(releases.c.status).where(releases.c.id == release_id)
+            ).first()
+            if row is None:
+                raise CatalogError(f"release {release_id!r} is not in the catalog")
+            if row.status != "measuring":
+                raise CatalogError(
+                    f"release {release_id!r} is {row.status}, not measuring: its lease ended "
+                    "(see `dprelease recover`); this run must stop, its charges stay spent"
+                )
+            conn.execute(
+                releases.update().where(releases.c.id == release_id).values(heartbeat_at=now())
+            )
+
+    def mark_interrupted(self, release_id: str) -> None:
+        """Record that the release's process was interrupted (Ctrl-C): ``recover`` then moves it
+        to ``aborted`` rather than ``failed`` if the process dies before recording that itself."""
+        self.update_release(release_id, interrupted_at=now())
+
+    def recover(
+        self, *, now: datetime | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS
+    ) -> list[RecoveredRelease]:
+        """Move every ``measuring`` release whose process is gone to ``failed`` (``aborted`` if it
+        recorded an interrupt); return what moved.  Charges are kept (the ledger is untouched).
+
+        Gone: the owner process on this host no longer exists (or its pid was reused), or the last
+        sign of life (heartbeat, charge, update) is older than ``lease_seconds``.
+        """
+        if not lease_seconds > 0:
+            raise CatalogError(f"lease_seconds ({lease_seconds!r}) must be > 0")
+        clock = now or datetime.now(UTC)
+        if clock.tzinfo is None:
+            raise CatalogError(f"now ({clock.isoformat()}) must carry a time zone (UTC)")
+        moved = []
+        for record in self.releases(status="measuring"):
+            reason = _stuck_reason(record, clock=clock, lease_seconds=lease_seconds)
+            if reason is None:
+                continue
+            status = "aborted" if record.interrupted_at else "failed"
+            with self._write() as conn:
+                result = conn.execute(
+                    releases.update()
+                    .where(
+                        releases.c.id == record.id,
+                        releases.c.status == "measuring",
+                        releases.c.heartbeat_at.is_not_distinct_from(record.heartbeat_at),
+                        releases.c.updated_at == record.updated_at,
+                    )
+                    .values(status=status, updated_at=_stamp())
+                )
+                charges = conn.execute(
+                    sa.select(sa.func.count()).where(ledger.c.release_id == record.id)
+                ).scalar_one()
+            if result.rowcount == 1:  # else it showed a sign of life meanwhile
+                moved.append(
+                    RecoveredRelease(
+                        release_id=record.id,
+                        dataset_id=record.dataset_id,
+                        previous_status="measuring",
+                        status=status,
+                        reason=reason,
+                        charges=int(charges),
+                    )
+                )
+        return moved
 
     def release(self, release_id: str) -> ReleaseRecord:
         with self.engine.connect() as conn:
@@ -301,13 +704,23 @@ class Catalog:
             return [ReleaseRecord(**row._asdict()) for row in conn.execute(query)]
 
     def record_review(
-        self, release_id: str, *, decision: str, reviewer: str, note: str
+        self,
+        release_id: str,
+        *,
+        decision: str,
+        reviewer: str,
+        note: str,
+        published_directory: str | None = None,
     ) -> ReviewRecord:
-        """Append a review decision and move the release to approved/rejected (staged only)."""
+        """Append a review decision and move the release to approved/rejected (staged only).
+
+        ``reviewer`` is NFKC-normalised and must be printable and non-empty.  An approval may
+        record where the release will be published (``published_directory``) in the same
+        transaction, so an interrupted publication resumes to the same place.
+        """
         if decision not in ("approved", "rejected"):
             raise CatalogError(f"decision {decision!r} must be 'approved' or 'rejected'")
-        if not reviewer.strip():
-            raise CatalogError("reviewer must name a person (got an empty string)")
+        reviewer = normalize_reviewer(reviewer)
         stamp = now()
         with self._write() as conn:
             row = conn.execute(sa.select(releases).where(releases.c.id == release_id)).first()
@@ -322,11 +735,10 @@ class Catalog:
                     release_id=release_id, decision=decision, reviewer=reviewer, note=note, at=stamp
                 )
             )
-            conn.execute(
-                releases.update()
-                .where(releases.c.id == release_id)
-                .values(status=decision, updated_at=stamp)
-            )
+            values: dict[str, Any] = {"status": decision, "updated_at": stamp}
+            if published_directory is not None:
+                values["published_directory"] = published_directory
+            conn.execute(releases.update().where(releases.c.id == release_id).values(**values))
         return ReviewRecord(
             release_id=release_id, decision=decision, reviewer=reviewer, note=note, at=stamp
         )
@@ -351,6 +763,81 @@ class Catalog:
     def _write(self) -> Any:
         return self.engine.begin()
 
+    @contextlib.contextmanager
+    def _ledger_write(self) -> Iterator[Connection]:
+        """A write transaction that first verifies the chain and its anchor (refusing with
+        :class:`CatalogError` when they do not verify) and afterwards moves the anchor to the new
+        head.  Host lock first, then the database lock (never the other way round). O(entries)."""
+        key = self.key
+        with key.locked():
+            with self._write() as conn:
+                if not self.url.startswith("sqlite"):  # SQLite's BEGIN IMMEDIATE already serialises
+                    conn.execute(
+                        sa.select(catalog_meta.c.value)
+                        .where(catalog_meta.c.key == "chain")
+                        .with_for_update()
+                    )
+                rows = _chain_rows(conn)
+                problems = chain_problems(rows) + self._anchor_problems(rows)
+                if problems:
+                    raise CatalogError(
+                        f"catalog {self.url} failed its integrity check; new charges and releases "
+                        "are refused:\n"
+                        + _bullets(problems)
+                        + "\nIf the catalog was restored from a backup on purpose, accept its "
+                        "ledger with `dprelease recover --adopt-ledger REASON`."
+                    )
+                anchor = key.read_anchor()
+                yield conn
+                entries, head = _head(conn)
+            if anchor is None or (anchor.entries, anchor.head) != (entries, head):
+                key.write_anchor(
+                    entries=entries,
+                    head=head,
+                    written_at=now(),
+                    adopted=() if anchor is None else anchor.adopted,
+                )
+
+    def _anchor_problems(self, rows: list[Any]) -> list[str]:
+        try:
+            path = keys.key_path(self.url)
+            if path is not None and not path.exists() and not path.with_suffix(".anchor").exists():
+                return []  # no key and no anchor yet: the next write anchors the ledger
+            return anchor_problems(keys.catalog_key(self.url).read_anchor(), rows)
+        except CatalogError as exc:  # e.g. the key is missing but its anchor exists
+            return [str(exc)]
+
+    def _open_schema(self) -> None:
+        with self.engine.connect() as conn:
+            state = _schema_state(conn, self.url)
+        if state == "current":
+            return
+        with self._write() as conn:  # one process initialises or migrates; the others wait
+            state = _schema_state(conn, self.url)
+            if state == "fresh":
+                metadata.create_all(conn)
+                _write_marker(conn)
+            elif state == "legacy":
+                _migrate_v1(conn)
+        if state != "current":
+            self._anchor_initial_state()
+
+    def _anchor_initial_state(self) -> None:
+        """Anchor a new or just-migrated catalog, unless an anchor already vouches for entries
+        (then this database replaced another one, and the integrity check reports it)."""
+        key = self.key
+        with key.locked():
+            try:
+                anchor = key.read_anchor()
+            except CatalogError:
+                return  # reported by every integrity check
+            if anchor is not None and anchor.entries > 0:
+                return
+            with self.engine.connect() as conn:
+                entries, head = _head(conn)
+            if anchor is None or entries > 0:
+                key.write_anchor(entries=entries, head=head, written_at=now())
+
     @staticmethod
     def _spent(conn: Connection, dataset_id: str, measure: str) -> PrivacyCost:
         row = conn.execute(
@@ -363,6 +850,176 @@ class Catalog:
         return PrivacyCost(
             measure=measure, epsilon=float(row[0]), rho=float(row[1]), delta=float(row[2])
         )
+
+
+def _bullets(problems: list[str]) -> str:
+    shown = [f"  - {p}" for p in problems[:MAX_PROBLEMS_SHOWN]]
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        shown.append(f"  - ... and {len(problems) - MAX_PROBLEMS_SHOWN} more")
+    return "\n".join(shown)
+
+
+def _chain_rows(conn: Connection) -> list[Any]:
+    columns = [ledger.c[name] for name in (*_CHAIN_COLUMNS, "prev_hash", "entry_hash")]
+    return list(conn.execute(sa.select(*columns).order_by(ledger.c.seq)).all())
+
+
+def _head(conn: Connection) -> tuple[int, str]:
+    entries = conn.execute(sa.select(sa.func.count()).select_from(ledger)).scalar_one()
+    last = conn.execute(
+        sa.select(ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
+    ).scalar_one_or_none()
+    return int(entries), last or GENESIS
+
+
+# --- schema: what the database is, initialisation and migration ---------------------------------------
+def _refuse_foreign_file(url: str) -> None:
+    """An SQLite catalog path must be an SQLite database (or not exist yet); never overwritten."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return
+    path = Path(parsed.database)
+    if parsed.database == ":memory:" or not path.exists():
+        return
+    if not path.is_file():
+        raise CatalogError(f"catalog path {path} is not a file; point the catalog at a file")
+    with open(path, "rb") as handle:
+        header = handle.read(len(SQLITE_HEADER))
+    if header and header != SQLITE_HEADER:  # an empty file is an empty SQLite database
+        raise CatalogError(
+            f"catalog file {path} is not an SQLite database; it was left unchanged. Point "
+            "DPRELEASE_HOME or DPRELEASE_CATALOG_URL at a dprelease catalog, or move the file away"
+        )
+
+
+def _schema_state(conn: Connection, url: str) -> str:
+    """``current``, ``fresh`` (no catalog tables yet) or ``legacy`` (version 1); raises for a
+    database that belongs to something else or to a newer dprelease."""
+    names = set(sa.inspect(conn).get_table_names())
+    core = {"datasets", "ledger", "releases", "reviews"}
+    if "catalog_meta" in names:
+        marker = dict(conn.execute(sa.select(catalog_meta.c.key, catalog_meta.c.value)).all())
+        if marker.get("schema") != SCHEMA_NAME:
+            raise _foreign(url, f"its catalog_meta table does not name {SCHEMA_NAME!r}")
+        version = int(marker.get("version", "0"))
+        if version > SCHEMA_VERSION:
+            raise CatalogError(
+                f"catalog {url} has schema version {version}, written by a newer dprelease; this "
+                f"version reads up to {SCHEMA_VERSION}: upgrade dprelease"
+            )
+        if not core <= names:
+            raise _foreign(url, f"tables {sorted(core - names)} are missing")
+        return "current"
+    present = names & core
+    if not present:
+        if names - AUXILIARY_TABLES:
+            raise _foreign(url, f"it holds other tables ({', '.join(sorted(names)[:5])})")
+        return "fresh"
+    if present != core:
+        raise _foreign(url, f"tables {sorted(core - present)} are missing")
+    inspector = sa.inspect(conn)
+    for table in (datasets, ledger, releases, reviews):
+        have = {column["name"] for column in inspector.get_columns(table.name)}
+        need = {c.name for c in table.columns} - set(_V2_COLUMNS.get(table.name, ()))
+        if not need <= have:
+            raise _foreign(url, f"table {table.name} lacks columns {sorted(need - have)}")
+    return "legacy"
+
+
+def _foreign(url: str, why: str) -> CatalogError:
+    return CatalogError(
+        f"catalog {url} is not a dprelease catalog ({why}); it was left unchanged. Point "
+        "DPRELEASE_HOME or DPRELEASE_CATALOG_URL at a dprelease catalog"
+    )
+
+
+def _write_marker(conn: Connection) -> None:
+    conn.execute(
+        catalog_meta.insert(),
+        [
+            {"key": "schema", "value": SCHEMA_NAME},
+            {"key": "version", "value": str(SCHEMA_VERSION)},
+            {"key": "chain", "value": CHAIN_FORMAT},  # locked FOR UPDATE by every ledger write
+        ],
+    )
+
+
+def _migrate_v1(conn: Connection) -> None:
+    """Version 1 → 2: add the chain and lease columns, chain the existing entries. O(entries)."""
+    inspector = sa.inspect(conn)
+    for name, columns in _V2_COLUMNS.items():
+        have = {column["name"] for column in inspector.get_columns(name)}
+        table = metadata.tables[name]
+        for column in columns:
+            if column not in have:
+                kind = table.c[column].type.compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {column} {kind}")
+    catalog_meta.create(conn, checkfirst=True)
+    _write_marker(conn)
+    previous = GENESIS
+    for row in _chain_rows(conn):
+        digest = _digest(tuple(row)[: len(_CHAIN_COLUMNS)], previous)
+        # The one write to existing ledger rows: filling the new chain columns once, at migration.
+        conn.execute(
+            sa.update(ledger)
+            .where(ledger.c.seq == row.seq)
+            .values(prev_hash=previous, entry_hash=digest)
+        )
+        previous = digest
+
+
+# --- leases -------------------------------------------------------------------------------------------
+def _owner() -> dict[str, Any]:
+    return {
+        "owner_pid": os.getpid(),
+        "owner_host": socket.gethostname(),
+        "owner_start": _process_start(os.getpid()),
+    }
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
+    state = _proc_stat(pid)
+    return None if state is None else state[1]
+
+
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()  # after "pid (command) "
+    return fields[0], fields[19]  # state (field 3), starttime (field 22)
+
+
+def _process_alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, another user's
+    state = _proc_stat(pid)
+    if state is None:
+        return not Path("/proc/self/stat").exists()  # no procfs: trust kill(0)
+    if state[0] in ("Z", "X"):  # zombie or dead: it will never heartbeat again
+        return False
+    return start is None or state[1] == start
+
+
+def _stuck_reason(record: ReleaseRecord, *, clock: datetime, lease_seconds: float) -> str | None:
+    if (
+        record.owner_pid is not None
+        and record.owner_host == socket.gethostname()
+        and not _process_alive(record.owner_pid, record.owner_start)
+    ):
+        return f"its process {record.owner_pid} on {record.owner_host} is gone"
+    stamps = [record.updated_at, record.heartbeat_at or record.created_at]
+    last = max(datetime.fromisoformat(s) for s in stamps)
+    idle = (clock - last).total_seconds()
+    if idle > lease_seconds:
+        return f"no sign of life for {idle:.0f} s (lease {lease_seconds:g} s)"
+    return None
 
 
 def _cap_from_row(row: Any) -> PrivacyCost:
@@ -384,7 +1041,12 @@ def _over_budget(
 def _make_engine(url: str) -> Engine:
     if not url.startswith("sqlite"):
         return sa.create_engine(url, pool_pre_ping=True)
-    engine = sa.create_engine(url, connect_args={"timeout": 120})
+    if keys.key_path(url) is None:  # in memory: one connection shared by all users
+        engine = sa.create_engine(
+            url, connect_args={"check_same_thread": False}, poolclass=sa.pool.StaticPool
+        )
+    else:
+        engine = sa.create_engine(url, connect_args={"timeout": 120})
 
     @sa.event.listens_for(engine, "connect")
     def _no_implicit_transactions(dbapi_connection: Any, _record: Any) -> None:
@@ -404,7 +1066,7 @@ def dumps(value: Any) -> str:
 
 
 class DatasetAccountant:
-    """The :class:`mechanisms.session.Accountant` of one release on one dataset: every charge is a
+    """The :class:`mechanisms.choke_point.Accountant` of one release on one dataset: every charge is a
     committed ledger row, and the receipts are kept for the manifest."""
 
     def __init__(self, catalog: Catalog, *, dataset_id: str, release_id: str) -> None:
@@ -419,3 +1081,7 @@ class DatasetAccountant:
         )
         self.receipts.append(receipt)
         return receipt
+
+    def holds(self, receipt_id: str) -> bool:
+        """True when ``receipt_id`` is a charge on this dataset's ledger (a reusable payment)."""
+        return any(e.receipt_id == receipt_id for e in self.catalog.ledger_entries(self.dataset_id))

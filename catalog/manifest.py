@@ -53,6 +53,8 @@ class ReceiptRecord(_Record):
     label: str
     cost: dict[str, float]
     paid_by_release: str
+    seq: int | None = None
+    entry_hash: str | None = None
 
 
 class ValidationRecord(_Record):
@@ -81,7 +83,8 @@ class Manifest(_Record):
     spec_fingerprint: str
     workload_fingerprint: str
     input_fingerprint: str
-    input_key_id: str | None = None
+    input_fingerprint_key_id: str | None = None
+    """Id of the catalog key the (HMAC) input fingerprint was computed with."""
     input_files: list[str]
     code_version: dict[str, str | None]
     privacy_unit: str
@@ -89,7 +92,8 @@ class Manifest(_Record):
     privacy: PrivacyRecord
     budget: BudgetRecord
     ledger_receipts: list[ReceiptRecord]
-    ledger_head: str | None = None
+    ledger_chain_head: dict[str, Any] | None = None
+    """The dataset's last ledger entry (seq, entry_hash) after this release's charges."""
     plan: dict[str, Any]
     tables: list[str]
     table_uncertainty: dict[str, str] = {}

@@ -7,7 +7,8 @@ including OpenDP's discretisation slack); ``total_variance`` is the sum.
 
 Only what is needed is planned: a spec that names a mechanism plans that one; ``auto`` plans the
 registry's mechanisms cheapest first (predicted from sizes), stops once one is within
-:data:`EARLY_STOP` of the SVD lower bound, and skips those predicted to exceed the time budget.
+:data:`EARLY_STOP` of the SVD lower bound, and skips those predicted to exceed the time budget (once one candidate is planned, so a plan
+always exists).
 Every skipped or unavailable candidate is listed with its reason.  The chosen strategy travels in
 the plan: measure and reconstruct use that object, they never rebuild it.
 """
@@ -20,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from catalog.errors import SpecError
-from catalog.spec import ReleaseSpec, WorkloadItemSpec
+from catalog.spec import MAX_RELEASE_CELLS, ReleaseSpec, WorkloadItemSpec
 from catalog.strategy_store import StrategyStore
 from mechanisms import registry
-from mechanisms.error import svd_bound
+from mechanisms.lower_bound import svd_bound
 from mechanisms.noise import calibrate, noise_kind_for
 from mechanisms.operators import (
     AllRanges,
@@ -48,6 +49,7 @@ from mechanisms.workload import Workload, WorkloadItem
 
 MAX_MEASURED_ANSWERS = 1_000_000_000
 SUPPORT_TOLERANCE = 1e-4  # relative; an unsupported query leaves a residual of order 1
+MIN_TIME_LIMIT = 0.001  # seconds: an optimiser past the deadline still returns one valid strategy
 EARLY_STOP = 0.005  # auto stops once a candidate's rmse is within 0.5% of the lower bound
 DEFAULT_TIME_BUDGET = 120.0  # seconds of predicted planning work auto may spend on candidates
 
@@ -56,7 +58,7 @@ def build_workload(spec: ReleaseSpec) -> Workload:
     """The spec's workload as Kronecker items over the spec's domain (attribute order = spec order)."""
     return Workload(
         domain_shape=spec.domain_shape,
-        items=tuple(_build_item(spec, item) for item in spec.workload),
+        items=tuple(_build_item(spec, item) for item in spec.expanded_workload()),
     )
 
 
@@ -205,6 +207,7 @@ def make_plan(
     if not time_budget > 0:
         raise SpecError(f"the time budget ({time_budget!r} s) must be > 0")
     cache = cache if cache is not None else StrategyStore()
+    progress_callback = _optimiser_progress(progress)
     workload = build_workload(spec)
     lower_rmse, lower_note = _lower_bound(spec, workload)
     mechanisms = _by_predicted_cost(spec, workload)
@@ -212,12 +215,15 @@ def make_plan(
     planned: list[_Planned] = []
     stop_reason: str | None = None
     for mechanism, predicted in mechanisms:
-        requested = spec.mechanism == mechanism.name
+        # auto's only candidate (e.g. the local model's) is as good as requested: nothing to skip
+        requested = spec.mechanism == mechanism.name or len(mechanisms) == 1
         request = plan_request(
             spec,
             workload=workload,
             requested=requested,
-            time_limit=None if requested else max(0.0, deadline - time.monotonic()),
+            # optimisers stop at the deadline with their best strategy so far (never unbounded)
+            time_limit=max(MIN_TIME_LIMIT, deadline - time.monotonic()),
+            progress=progress_callback,
         )
         unavailable = mechanism.unavailable_reason(request)
         if unavailable is not None:
@@ -229,7 +235,10 @@ def make_plan(
                 _Planned(candidate=_not_planned(mechanism, unavailable, status="unavailable"))
             )
             continue
-        skip = stop_reason or _over_time_budget(mechanism, request, predicted, deadline)
+        has_fallback = any(p.candidate.total_variance is not None for p in planned)
+        skip = stop_reason or (
+            _over_time_budget(mechanism, request, predicted, deadline) if has_fallback else None
+        )
         if skip is not None:
             planned.append(_Planned(candidate=_not_planned(mechanism, skip, status="skipped")))
             continue
@@ -268,9 +277,18 @@ def make_plan(
     )
 
 
-def _by_predicted_cost(
-    spec: ReleaseSpec, workload: Workload
-) -> list[tuple[Mechanism, float]]:
+def _optimiser_progress(progress: Callable[[str], None] | None) -> Progress | None:
+    if progress is None:
+        return None
+
+    def report(fraction: float, message: str) -> None:
+        done = "" if fraction != fraction else f" ({fraction:.0%})"  # NaN: unknown fraction
+        progress(f"{message}{done}")
+
+    return report
+
+
+def _by_predicted_cost(spec: ReleaseSpec, workload: Workload) -> list[tuple[Mechanism, float]]:
     """The candidates with their predicted planning seconds, cheapest first (stable)."""
     try:
         mechanisms = registry.candidates(requested=spec.mechanism, model=spec.model)
@@ -329,6 +347,16 @@ def _plan_one(
     if num_answers > MAX_MEASURED_ANSWERS:
         note = f"plan only: {num_answers:,} noisy answers is too many to measure"
         status = "plan-only"
+    elif (
+        not requested
+        and mechanism.input_kind == "cells"
+        and request.workload.num_cells > MAX_RELEASE_CELLS
+    ):
+        note = (
+            f"plan only: it measures the full cell vector ({request.workload.num_cells:,} cells; "
+            f"a release counts at most {MAX_RELEASE_CELLS:,})"
+        )
+        status = "plan-only"
     return _Planned(
         candidate=Candidate(
             mechanism=mechanism.name,
@@ -366,7 +394,12 @@ def _choose(spec: ReleaseSpec, planned: list[_Planned]) -> tuple[_Planned, str]:
         if not runnable:
             raise SpecError(f"mechanism {spec.mechanism!r} does not support this workload")
         chosen = runnable[0]
-        return chosen, f"requested by the spec: {registry.get(spec.mechanism, model=spec.model).summary}"
+        return (
+            chosen,
+            f"requested by the spec: {registry.get(spec.mechanism, model=spec.model).summary}",
+        )
+    if not scored:  # nothing runnable (e.g. a domain too large to count): plan the best anyway
+        scored = [p for p in planned if p.candidate.total_variance is not None]
     if not scored:
         raise SpecError("no candidate mechanism supports this workload")
     chosen = min(scored, key=lambda p: p.candidate.total_variance or float("inf"))

@@ -15,6 +15,7 @@ chosen mechanism, carried by the plan, does the mechanism-specific work.  Order 
 from __future__ import annotations
 
 import json
+import tempfile
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,28 +26,47 @@ import numpy as np
 import pyarrow as pa
 
 from catalog import artifacts
-from catalog.errors import CatalogError, ValidationFailedError
+from catalog.errors import SpecError, ValidationFailedError
+from catalog.inputs import READERS, Ingested
 from catalog.ledger import Catalog, DatasetAccountant
 from catalog.manifest import Manifest
 from catalog.planning import Plan, build_workload
 from catalog.report import render_report
-from catalog.source import count_cells
-from catalog.spec import ReleaseSpec
+from catalog.source import resolve_source
+from catalog.spec import ReleaseSpec, check_runnable
 from catalog.strategy_store import StrategyStore
 from catalog.tables import build_table
 from catalog.validation import validate_tables
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import MeasureContext, Measurement
 
+
 def new_release_id(spec: ReleaseSpec) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{spec.name}-{stamp}-{uuid.uuid4().hex[:6]}"
 
 
-def register(spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, release_id: str) -> PrivacyCost:
-    """Register the dataset, refuse an over-budget request, record the intent; return spent-before."""
+def register(
+    spec: ReleaseSpec,
+    plan: Plan,
+    catalog: Catalog,
+    *,
+    release_id: str,
+    directory: Path | None = None,
+) -> PrivacyCost:
+    """Everything public, before any data is read: the input is one this machine can release,
+    the output folder (``directory``'s parent, when given) is writable, the budget admits the
+    cost; then the intent is recorded.  Returns the budget spent before this release."""
+    if plan.mechanism.input_kind == "cells":
+        check_runnable(spec)  # a full cell vector is counted: its size is bounded
+    elif spec.dataset.source is None:
+        raise SpecError(
+            "dataset.source is not set in the spec; plan works without it, run does not"
+        )
+    if directory is not None:
+        _check_writable(directory.parent)
     catalog.ensure_dataset(spec.dataset.id, cap=spec.dataset.budget_cap())
-    catalog.check_budget(spec.dataset.id, plan.expected_cost)  # privacy: before any data is read
+    catalog.check_budget(spec.dataset.id, cost_due(spec, plan, catalog))  # before any data is read
     before = catalog.spent(spec.dataset.id)
     catalog.create_release(
         release_id=release_id,
@@ -58,38 +78,45 @@ def register(spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, release_id: str
     return before
 
 
-@dataclass(frozen=True, kw_only=True)
-class Ingested:
-    """What the ingest stage hands to measure: the mechanism's input and public facts about it.
-
-    ``data`` is confidential for the central model (a ``ProtectedCells``: unpicklable, redacted).
-    """
-
-    data: Any
-    input_fingerprint: str
-    files: tuple[str, ...]
-    privacy_unit: str
-
-
-def ingest(spec: ReleaseSpec, plan: Plan) -> Ingested:
-    """Read the input the chosen mechanism measures (the only stage that touches data)."""
-    if plan.mechanism.input_kind == "responses":
-        from catalog.responses import ingest_responses  # local model only
-
-        return ingest_responses(spec, plan.strategy)
-    counted = count_cells(spec)
-    return Ingested(
-        data=counted.cells,
-        input_fingerprint=counted.input_fingerprint,
-        files=counted.files,
-        privacy_unit=_describe_unit(spec),
+def cost_due(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> PrivacyCost:
+    """What this release will charge: the plan's cost, unless the mechanism knows (from public
+    facts: the keyed fingerprint of the input files and its released intermediates) that part of
+    it was paid by an earlier release (e.g. a local-model collection already charged)."""
+    hook = getattr(plan.mechanism, "cost_due", None)
+    if hook is None or spec.dataset.source is None:
+        return plan.expected_cost
+    return hook(
+        plan.strategy,
+        dataset_id=spec.dataset.id,
+        input_fingerprint=resolve_source(spec.dataset.source, key=catalog.key).fingerprint,
+        released=StrategyStore.released(catalog.url),
     )
+
+
+def _check_writable(folder: Path) -> None:
+    """The output folder exists (or can be made) and accepts files; refused before any charge."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dprelease-write-check-"):
+            pass
+    except OSError as exc:
+        raise SpecError(
+            f"--out: cannot write release artifacts under {str(folder)!r} ({exc.strerror}); "
+            "choose a writable folder"
+        ) from None
+
+
+def ingest(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> Ingested:
+    """Read the input the chosen mechanism measures (the only stage that touches data)."""
+    read = READERS[plan.mechanism.input_kind]
+    return read(spec, plan, catalog.key)
 
 
 def measure(
     ingested: Ingested, spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, release_id: str
 ) -> Measurement:
     """The chosen mechanism measures its planned strategy (charge before noise, choke point)."""
+    catalog.heartbeat(release_id)  # the lease: a crashed run is found and marked by `recover`
     catalog.update_release(release_id, input_fingerprint=ingested.input_fingerprint)
     context = MeasureContext(
         target=spec.privacy_target(),
@@ -115,6 +142,8 @@ def reconstruct(spec: ReleaseSpec, plan: Plan, measurement: Measurement) -> dict
             unit_variances=answers[item.name].variances,
             noise_variance=1.0,
             nonnegative=spec.postprocess.nonnegative,
+            interval=answers[item.name].interval,
+            uncertainty=answers[item.name].uncertainty,
         )
         for item in workload.items
     }
@@ -164,12 +193,7 @@ def stage(
     cap = catalog.cap(spec.dataset.id)
     after = catalog.spent(spec.dataset.id)
     receipts = [
-        {
-            "receipt_id": entry.receipt_id,
-            "label": entry.label,
-            "cost": entry.cost.as_dict(),
-            "paid_by_release": entry.release_id,
-        }
+        entry.receipt()
         for entry in catalog.ledger_entries(spec.dataset.id)
         if entry.receipt_id in measurement.receipts
     ]
@@ -185,6 +209,7 @@ def stage(
             "spec_fingerprint": spec.fingerprint(),
             "workload_fingerprint": plan.workload_fingerprint,
             "input_fingerprint": ingested.input_fingerprint,
+            artifacts.MANIFEST_KEY_ID: catalog.fingerprint_key_id(),
             "input_files": [Path(f).name for f in ingested.files],
             "code_version": artifacts.code_version(),
             "privacy_unit": ingested.privacy_unit,
@@ -207,6 +232,7 @@ def stage(
                 "charged": measurement.charged.as_dict(),
                 "receipts_in_budget_measure": [r["cost"] for r in receipts],
                 "model": f"{plan.model}: {mechanism.summary}",
+                "allow_large_delta": spec.allow_large_delta,
             },
             "budget": {
                 "cap": cap.as_dict(),
@@ -215,6 +241,7 @@ def stage(
                 "remaining": after.remaining(cap).as_dict(),
             },
             "ledger_receipts": receipts,
+            artifacts.MANIFEST_CHAIN_HEAD: catalog.chain_head(spec.dataset.id).as_dict(),
             "plan": plan.to_json(),
             "tables": list(tables),
             "validation": {"success": validation["success"], "results": "validation/results.json"},
@@ -237,6 +264,8 @@ def stage(
 
 def mark_stopped(catalog: Catalog, release_id: str, directory: Path, *, status: str) -> None:
     """A release that stopped before staging is ``failed`` or ``aborted``; its charges stay."""
+    if status == "aborted":
+        catalog.mark_interrupted(release_id)
     if catalog.release(release_id).status == "measuring":
         catalog.update_release(
             release_id, status=status, directory=str(directory) if directory.exists() else None
@@ -275,51 +304,6 @@ def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) ->
         reviews=reviews,
     )
     (directory / "report.html").write_text(html_text)
-
-
-def review(
-    catalog: Catalog,
-    release_id: str,
-    *,
-    approve: bool,
-    reviewer: str,
-    note: str,
-    publish_dir: Path | None = None,
-) -> dict[str, Any]:
-    """Record a decision; approval publishes a copy, rejection keeps the spent budget spent."""
-    record = catalog.release(release_id)
-    if record.directory is None:
-        raise CatalogError(f"release {release_id!r} has no staged directory")
-    directory = Path(record.directory)
-    decision = catalog.record_review(
-        release_id, decision="approved" if approve else "rejected", reviewer=reviewer, note=note
-    )
-    entry = {"decision": decision.decision, "reviewer": reviewer, "note": note, "at": decision.at}
-    manifest = artifacts.read_manifest(directory)
-    manifest["review"]["trail"].append(entry)
-    manifest["review"]["status"] = decision.decision
-    write_report(directory, manifest, catalog)
-    digest = artifacts.write_manifest(directory, manifest)
-    catalog.update_release(release_id, manifest_sha256=digest)
-    result: dict[str, Any] = {"release_id": release_id, "status": decision.decision}
-    if approve:
-        destination = publish_dir or directory.parent.parent / "published"
-        manifest["review"]["status"] = "published"
-        write_report(directory, manifest, catalog)
-        digest = artifacts.write_manifest(directory, manifest)
-        target = artifacts.publish(directory, destination)
-        catalog.update_release(
-            release_id, status="published", published_directory=str(target), manifest_sha256=digest
-        )
-        result.update(status="published", published_directory=str(target))
-    return result
-
-
-def _describe_unit(spec: ReleaseSpec) -> str:
-    unit = spec.privacy_unit
-    if unit.person_column is not None:
-        return f"person column {unit.person_column!r}, at most {unit.max_rows} rows per person"
-    return f"{unit.rows_per_person} row(s) per person"
 
 
 def exact_answers(spec: ReleaseSpec, cells: np.ndarray) -> dict[str, np.ndarray]:

@@ -202,7 +202,11 @@ def render_report(
         f"<img alt='expected error by candidate' src='{error_plot(plan)}'>",
         *_details_section(manifest),
         "<h2>Released tables</h2>",
-        "<p>Intervals are approximate 95% normal intervals from the mechanism's error model (estimate ± 1.96 · std_error).</p>",
+        "<p>95% intervals from each row's error model (column <code>uncertainty</code> says what "
+        "<code>std_error</code> covers): estimate ± 1.96 · std_error where the error is close to "
+        "normal, the exact Laplace quantile (± 2.12 · std_error) where a row is one measured answer "
+        "plus one Laplace draw, and no interval on rows labelled <i>noise-only</i> (their "
+        "std_error omits a bias the release cannot estimate).</p>",
     ]
     for index, (name, table) in enumerate(tables.items()):
         columns = table.column_names

@@ -5,16 +5,19 @@ directory (hive partitions allowed) or a glob, reads only the domain's columns (
 column when contributions are bounded), and counts with Arrow's ``group_by``: the per-row work is
 Arrow compute; numpy then maps the *distinct* key combinations to cell indices.
 
-Input checks (missing column, wrong type, nulls, values outside the public domain) run before
-counting; the value checks run with Great Expectations over the distinct values of each column
-weighted by their row counts.  Out-of-domain rows are an error by default; with
-``on_out_of_domain: drop`` they are dropped (nulls count as out of domain).
+Input checks (missing column, wrong type, nulls, values outside the public domain) run with numpy
+over the distinct key combinations, the same encoding that counts them.  Out-of-domain rows are an
+error by default; with ``on_out_of_domain: drop`` they are dropped (nulls count as out of domain).
+
+Privacy: an input problem is reported by column and rule only (never a count, a row or a raw
+value, nor Arrow's error text, which can quote values); the exact figures are printed by the
+data custodian's local ``dprelease check SPEC`` (:mod:`catalog.check`) and stored nowhere.
 """
 
 from __future__ import annotations
 
 import glob as globlib
-import hashlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +29,21 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from catalog.errors import DataError
-from catalog.spec import Categorical, IntegerRange, NumericBins, ReleaseSpec
-from mechanisms.session import ProtectedCells
+from catalog.keys import CatalogKey, catalog_key
+from catalog.ledger import default_url
+from catalog.spec import (
+    MAX_RELEASE_CELLS,
+    Categorical,
+    IntegerRange,
+    NumericBins,
+    ReleaseSpec,
+    check_runnable,
+)
+from mechanisms.choke_point import ProtectedCells
 
-MAX_RELEASE_CELLS = 200_000_000  # float64 cell vector of 1.6 GB
+__all__ = ["MAX_RELEASE_CELLS", "CountResult", "count_cells"]
+
+CUSTODIAN_HINT = "as the data custodian, run `dprelease check SPEC` to see what is wrong"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,12 +55,13 @@ class SourceFiles:
     partitioned_dir: str | None
 
 
-def resolve_source(source: str) -> SourceFiles:
-    """Files behind a spec's ``dataset.source`` and a sha256 over their contents (sorted by path)."""
+def resolve_source(source: str, *, key: CatalogKey | None = None) -> SourceFiles:
+    """Files behind a spec's ``dataset.source`` and their keyed fingerprint (HMAC under ``key``,
+    default the default catalog's key; sorted by path).  Reads bytes, parses nothing."""
     files, partitioned_dir = list_source_files(source)
     return SourceFiles(
         files=files,
-        fingerprint=content_fingerprint(files, partitioned_dir),
+        fingerprint=content_fingerprint(files, partitioned_dir, key=key),
         partitioned_dir=partitioned_dir,
     )
 
@@ -69,21 +84,29 @@ def list_source_files(source: str) -> tuple[tuple[str, ...], str | None]:
     return tuple(files), partitioned_dir
 
 
-def content_fingerprint(files: tuple[str, ...], partitioned_dir: str | None) -> str:
-    """sha256 over (relative name, bytes) of every file. O(bytes), streaming; releases the GIL."""
-    digest = hashlib.sha256()
-    for name in files:
-        digest.update(
-            Path(name).name.encode()
-            if partitioned_dir is None
-            else str(Path(name).relative_to(partitioned_dir)).encode()
-        )
-        digest.update(b"\0")
-        with open(name, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        digest.update(b"\0")
-    return digest.hexdigest()
+def content_fingerprint(
+    files: tuple[str, ...], partitioned_dir: str | None, *, key: CatalogKey | None = None
+) -> str:
+    """HMAC-SHA256, under the catalog key, over (relative name, bytes) of every file.
+
+    Privacy: keyed, never a plain hash, so a published fingerprint cannot confirm a guessed file.
+    Deterministic for one key (re-runs and DAWA's partition cache still hit).  ``key`` defaults to
+    the key of the default catalog.  O(bytes), streaming; releases the GIL.
+    """
+
+    def parts() -> Iterator[bytes]:
+        for name in files:
+            yield (
+                Path(name).name.encode()
+                if partitioned_dir is None
+                else str(Path(name).relative_to(partitioned_dir)).encode()
+            )
+            yield b"\0"
+            with open(name, "rb") as handle:
+                yield from iter(lambda: handle.read(1 << 20), b"")
+            yield b"\0"
+
+    return (key or catalog_key(default_url())).fingerprint(parts())
 
 
 def open_dataset(files: SourceFiles, spec: ReleaseSpec) -> ds.Dataset:
@@ -93,21 +116,33 @@ def open_dataset(files: SourceFiles, spec: ReleaseSpec) -> ds.Dataset:
         if Path(name).stat().st_size == 0:
             raise DataError(f"input file {name!r} is empty (0 bytes); it is not a Parquet file")
     try:
-        if files.partitioned_dir is not None:
-            keys = _partition_keys(files)
-            schema = pa.schema(
-                [
-                    (key, _arrow_type(spec.domain[key]) if key in spec.domain else pa.string())
-                    for key in keys
-                ]
-            )
-            partitioning = ds.partitioning(schema, flavor="hive") if keys else None
-            return ds.dataset(files.partitioned_dir, format="parquet", partitioning=partitioning)
-        return ds.dataset(list(files.files), format="parquet")
-    except (pa.ArrowException, OSError) as exc:
-        raise DataError(
-            f"cannot read the input as Parquet ({', '.join(files.files[:3])}): {exc}"
-        ) from None
+        return open_dataset_unchecked(files, spec)
+    except (pa.ArrowException, OSError):
+        # Arrow's text may quote raw values (a partition key, a cast): never in the message.
+        raise unreadable("the input") from None
+
+
+def open_dataset_unchecked(files: SourceFiles, spec: ReleaseSpec) -> ds.Dataset:
+    """:func:`open_dataset` without the checks: raises Arrow's own errors (``dprelease check``)."""
+    if files.partitioned_dir is not None:
+        keys = _partition_keys(files)
+        schema = pa.schema(
+            [
+                (key, _arrow_type(spec.domain[key]) if key in spec.domain else pa.string())
+                for key in keys
+            ]
+        )
+        partitioning = ds.partitioning(schema, flavor="hive") if keys else None
+        return ds.dataset(files.partitioned_dir, format="parquet", partitioning=partitioning)
+    return ds.dataset(list(files.files), format="parquet")
+
+
+def unreadable(what: str) -> DataError:
+    """A read failure, named without Arrow's text (which may quote raw values)."""
+    return DataError(
+        f"cannot read {what} as Parquet (a damaged or non-Parquet file, or files whose columns "
+        f"disagree); {CUSTODIAN_HINT}"
+    )
 
 
 def _partition_keys(files: SourceFiles) -> list[str]:
@@ -121,31 +156,71 @@ def _arrow_type(attribute: Any) -> pa.DataType:
     return {"integer": pa.int64(), "numeric": pa.float64(), "string": pa.string()}[expected]
 
 
-def check_schema(dataset: ds.Dataset, spec: ReleaseSpec) -> None:
+@dataclass(frozen=True, kw_only=True)
+class SchemaProblem:
+    """A missing column, a wrong column type or an unreadable file footer.
+
+    ``message`` names the column (or file) and the rule only; ``detail`` (the type found, the
+    columns present, Arrow's error text) describes the confidential file and is printed by
+    ``dprelease check`` only, never raised or logged.
+    """
+
+    column: str | None
+    file: str | None
+    message: str
+    detail: str
+
+
+def schema_problems(dataset: ds.Dataset, spec: ReleaseSpec) -> list[SchemaProblem]:
     """Missing columns and wrong types in every file's schema (footers only, no rows read)."""
     partitioning = getattr(dataset, "partitioning", None)
     partition_names = set(partitioning.schema.names) if partitioning is not None else set()
-    _check_one_schema(dataset.schema, spec, set())
+    problems: list[SchemaProblem] = []
     for fragment in dataset.get_fragments():
         try:
             schema = fragment.physical_schema
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read {fragment.path!r} as Parquet: {exc}") from None
-        _check_one_schema(schema, spec, partition_names)
+            problems.append(
+                SchemaProblem(
+                    column=None,
+                    file=fragment.path,
+                    message=unreadable(repr(fragment.path)).args[0],
+                    detail=str(exc),
+                )
+            )
+            continue
+        problems += _one_schema_problems(schema, spec, partition_names, file=fragment.path)
+    return problems
 
 
-def _check_one_schema(schema: pa.Schema, spec: ReleaseSpec, partition_names: set[str]) -> None:
+def check_schema(dataset: ds.Dataset, spec: ReleaseSpec) -> None:
+    """Raise a rule-only :class:`DataError` for the first schema problem (footers only)."""
+    problems = schema_problems(dataset, spec)
+    if problems:
+        raise DataError(problems[0].message)
+
+
+def _one_schema_problems(
+    schema: pa.Schema, spec: ReleaseSpec, partition_names: set[str], *, file: str | None
+) -> list[SchemaProblem]:
     needed = list(spec.domain)
     if spec.privacy_unit.person_column is not None:
         needed.append(spec.privacy_unit.person_column)
+    problems = []
     missing = [name for name in needed if name not in schema.names and name not in partition_names]
     if missing:
-        raise DataError(
-            f"input is missing column(s) {missing} required by the spec; it has {schema.names}"
+        problems.append(
+            SchemaProblem(
+                column=missing[0],
+                file=file,
+                message=f"the input is missing column(s) {missing} required by the spec; "
+                f"{CUSTODIAN_HINT}",
+                detail=f"columns present: {schema.names}",
+            )
         )
     for name, attribute in spec.domain.items():
         if name not in schema.names:
-            continue  # a hive partition key: typed by the partitioning, not the file
+            continue  # missing, or a hive partition key: typed by the partitioning, not the file
         column_type = schema.field(name).type
         if pa.types.is_dictionary(column_type):
             column_type = column_type.value_type
@@ -156,10 +231,17 @@ def _check_one_schema(schema: pa.Schema, spec: ReleaseSpec, partition_names: set
             "string": pa.types.is_string(column_type) or pa.types.is_large_string(column_type),
         }[expected]
         if not ok:
-            raise DataError(
-                f"column {name!r} has type {column_type}, but the domain needs {expected} values "
-                f"({type(attribute).__name__})"
+            problems.append(
+                SchemaProblem(
+                    column=name,
+                    file=file,
+                    message=f"column {name!r} does not hold {expected} values, which the domain "
+                    f"({type(attribute).__name__}) needs: fix the data or the domain; "
+                    f"{CUSTODIAN_HINT}",
+                    detail=f"has type {column_type}",
+                )
             )
+    return problems
 
 
 def _expected_type(attribute: Any) -> str:
@@ -172,6 +254,91 @@ def _expected_type(attribute: Any) -> str:
     return "integer"
 
 
+def input_columns(spec: ReleaseSpec) -> list[str]:
+    """The columns a release reads: the domain's, and the person column when bounding."""
+    person = spec.privacy_unit.person_column
+    return list(spec.domain) + ([person] if person else [])
+
+
+def read_columns(dataset: ds.Dataset, columns: list[str]) -> pa.Table:
+    """Only ``columns`` of every file, dictionary columns decoded. O(rows × columns), Arrow."""
+    try:
+        table = dataset.to_table(columns=columns)
+    except (pa.ArrowException, OSError):
+        raise unreadable("the input") from None
+    return decode_dictionaries(table)
+
+
+def decode_dictionaries(table: pa.Table) -> pa.Table:
+    """Dictionary-encoded columns as plain ones (group keys then compare as values). O(rows)."""
+    for k, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(k, field.name, table[field.name].cast(field.type.value_type))
+    return table
+
+
+def group_counts(table: pa.Table, attributes: list[str]) -> pa.Table:
+    """Rows per distinct key combination (``count_all``). O(rows), Arrow's hash group-by."""
+    return table.group_by(attributes).aggregate([([], "count_all")])
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncodedGroups:
+    """The input's distinct key combinations mapped to cells.
+
+    Confidential (it holds exact group counts): it exists only inside :func:`count_cells` and
+    ``dprelease check``; the masks are per group, O(groups).
+    """
+
+    counts: np.ndarray
+    index: tuple[np.ndarray, ...]
+    null: dict[str, np.ndarray]
+    """Per attribute: the group's value in that column is null."""
+    outside: dict[str, np.ndarray]
+    """Per attribute: the group's value is not null and outside the public domain."""
+
+    @property
+    def valid(self) -> np.ndarray:
+        valid = np.ones(self.counts.size, dtype=bool)
+        for name in self.null:
+            valid &= ~(self.null[name] | self.outside[name])
+        return valid
+
+
+def encode_groups(groups: pa.Table, spec: ReleaseSpec) -> EncodedGroups:
+    """Cell index, null and out-of-domain masks per group. O(groups × attributes), numpy."""
+    index, null, outside = [], {}, {}
+    for name, attribute in spec.domain.items():
+        column = groups[name]
+        nulls = column.is_null().to_numpy(zero_copy_only=False)
+        values = column.fill_null(_fill_value(column.type)).to_numpy(zero_copy_only=False)
+        cell, in_domain = attribute.encode(values)
+        index.append(cell)
+        null[name] = nulls
+        outside[name] = ~in_domain & ~nulls
+    return EncodedGroups(
+        counts=groups["count_all"].to_numpy().astype(np.float64),
+        index=tuple(index),
+        null=null,
+        outside=outside,
+    )
+
+
+def null_values_error(name: str) -> DataError:
+    return DataError(
+        f"column {name!r} has null values; the domain has no null cell: set on_out_of_domain: "
+        f"drop to leave those rows out, or fix the data; {CUSTODIAN_HINT}"
+    )
+
+
+def outside_domain_error(name: str, spec: ReleaseSpec) -> DataError:
+    return DataError(
+        f"column {name!r} has values outside the public domain {describe(spec.domain[name])}: "
+        "set on_out_of_domain: drop to leave those rows out, or fix the data or the domain; "
+        f"{CUSTODIAN_HINT}"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class CountResult:
     """What counting returns: the protected cells and public facts about the input."""
@@ -179,91 +346,66 @@ class CountResult:
     cells: ProtectedCells
     input_fingerprint: str
     files: tuple[str, ...]
-    input_checks: dict[str, Any]
 
 
-def count_cells(spec: ReleaseSpec) -> CountResult:
-    """Read, check, bound contributions and count the spec's source into protected cells."""
-    if spec.dataset.source is None:
-        raise DataError(
-            "dataset.source is not set in the spec; plan works without it, run does not"
-        )
-    if spec.num_cells > MAX_RELEASE_CELLS:
-        raise DataError(
-            f"the domain has {spec.num_cells:,} cells; a release counts at most "
-            f"{MAX_RELEASE_CELLS:,} cells on one machine (plan works on any size)"
-        )
-    names, partitioned_dir = list_source_files(spec.dataset.source)
+def count_cells(spec: ReleaseSpec, *, key: CatalogKey | None = None) -> CountResult:
+    """Read, check, bound contributions and count the spec's source into protected cells.
+
+    ``key`` is the catalog's fingerprint key (default: the default catalog's).
+
+    Privacy: every input problem raises a :class:`DataError` that names the column and the rule,
+    never a count, a row or a raw value (those would be an unnoised release, and the message
+    reaches Prefect's database and logs).  The exact figures are for the data custodian's local
+    ``dprelease check``.  Whether a problem exists at all is the only thing a refusal reveals.
+    """
+    check_runnable(spec)
+    names, partitioned_dir = list_source_files(str(spec.dataset.source))
     with ThreadPoolExecutor(max_workers=1) as pool:
         # the content hash (hashlib releases the GIL) overlaps with Arrow reading the same files
-        hashing = pool.submit(content_fingerprint, names, partitioned_dir)
+        hashing = pool.submit(content_fingerprint, names, partitioned_dir, key=key)
         files = SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir)
         dataset = open_dataset(files, spec)
         check_schema(dataset, spec)
-        attributes = list(spec.domain)
-        person = spec.privacy_unit.person_column
-        columns = attributes + ([person] if person else [])
-        try:
-            table = dataset.to_table(columns=columns)
-        except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read the input as Parquet: {exc}") from None
+        table = read_columns(dataset, input_columns(spec))
         input_fingerprint = hashing.result()
     if table.num_rows == 0:
         raise DataError(f"input {spec.dataset.source!r} has no rows")
-    table = _decode_dictionaries(table)
+    person = spec.privacy_unit.person_column
     if person is not None:
         table = bound_contributions(
             table, person_column=person, max_rows=spec.privacy_unit.max_rows or 1
         )
-    groups = table.group_by(attributes).aggregate([([], "count_all")])  # O(rows), Arrow compute
-    # GX sees each column's distinct values (from the groups: O(groups)), never the rows.
-    input_checks = run_input_expectations(
-        {name: pc.unique(groups[name]) for name in attributes}, spec
-    )
-    counts = groups["count_all"].to_numpy().astype(np.float64)
-    index_per_attribute = []
-    valid = np.ones(groups.num_rows, dtype=bool)
-    problems: dict[str, dict[str, int]] = {}
-    for name in attributes:
-        column = groups[name]
-        nulls = column.is_null().to_numpy(zero_copy_only=False)
-        values = column.fill_null(_fill_value(column.type)).to_numpy(zero_copy_only=False)
-        index, in_domain = spec.domain[name].encode(values)
-        in_domain &= ~nulls
-        problems[name] = {
-            "null_rows": int(counts[nulls].sum()),
-            "out_of_domain_rows": int(counts[~in_domain & ~nulls].sum()),
-        }
-        index_per_attribute.append(index)
-        valid &= in_domain
+    encoded = encode_groups(group_counts(table, list(spec.domain)), spec)
     if spec.on_out_of_domain == "error":
-        for name, found in problems.items():
-            if found["null_rows"]:
-                raise DataError(
-                    f"column {name!r} has {found['null_rows']} null value(s); the domain has no null "
-                    "cell (fix the data, or set on_out_of_domain: drop to drop them)"
-                )
-            if found["out_of_domain_rows"]:
-                raise DataError(
-                    f"column {name!r} has {found['out_of_domain_rows']} row(s) outside the public "
-                    f"domain {_describe(spec.domain[name])} (fix the data or the domain, or set "
-                    "on_out_of_domain: drop)"
-                )
-    flat = np.ravel_multi_index(
-        tuple(ix[valid] for ix in index_per_attribute), spec.domain_shape
-    )  # O(groups)
-    cells = np.bincount(flat, weights=counts[valid], minlength=spec.num_cells)
+        for name in spec.domain:
+            if encoded.null[name].any():
+                raise null_values_error(name)
+            if encoded.outside[name].any():
+                raise outside_domain_error(name, spec)
+    valid = encoded.valid
+    flat = np.ravel_multi_index(tuple(ix[valid] for ix in encoded.index), spec.domain_shape)
+    cells = np.bincount(flat, weights=encoded.counts[valid], minlength=spec.num_cells)  # O(groups)
     protected = ProtectedCells(
         cells,
         domain_shape=spec.domain_shape,
         contribution_bound=spec.privacy_unit.contribution_bound,
     )
-    return CountResult(
-        cells=protected,
-        input_fingerprint=input_fingerprint,
-        files=files.files,
-        input_checks=input_checks,
-    )
+    return CountResult(cells=protected, input_fingerprint=input_fingerprint, files=files.files)
+
+
+def person_rows(persons: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """For non-null person ids: each row's rank among its person's rows (file order) and the row
+    count of every person. O(rows log rows)."""
+    codes = pc.dictionary_encode(persons).combine_chunks().indices.to_numpy()
+    if codes.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_codes)) + 1]
+    run_lengths = np.diff(np.r_[starts, sorted_codes.size])
+    rank = np.empty(sorted_codes.size, dtype=np.int64)
+    rank[order] = np.arange(sorted_codes.size) - np.repeat(starts, run_lengths)
+    return rank, run_lengths
 
 
 def bound_contributions(table: pa.Table, *, person_column: str, max_rows: int) -> pa.Table:
@@ -272,66 +414,16 @@ def bound_contributions(table: pa.Table, *, person_column: str, max_rows: int) -
     Privacy: after this, adding or removing one person changes at most ``max_rows`` cell counts by
     one each, which is the contribution bound every sensitivity is multiplied by.  Which rows are
     kept depends only on that person's own rows, so bounding is stable under neighbouring inputs.
+    Rows over the bound are dropped silently: how many there were is confidential.
     """
     persons = table[person_column]
     if persons.null_count:
-        raise DataError(f"person column {person_column!r} has {persons.null_count} null value(s)")
-    codes = pc.dictionary_encode(persons).combine_chunks().indices.to_numpy()
-    order = np.argsort(codes, kind="stable")
-    sorted_codes = codes[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(sorted_codes)) + 1]
-    run_lengths = np.diff(np.r_[starts, sorted_codes.size])
-    rank_sorted = np.arange(sorted_codes.size) - np.repeat(starts, run_lengths)
-    keep = np.empty(sorted_codes.size, dtype=bool)
-    keep[order] = rank_sorted < max_rows
-    return table.filter(pa.array(keep)).drop_columns([person_column])
-
-
-def run_input_expectations(distinct: dict[str, pa.Array], spec: ReleaseSpec) -> dict[str, Any]:
-    """Great Expectations over each column's distinct values: nulls and domain membership.
-
-    One small suite per column over that column's distinct values, so GX never sees the rows.  Returns a summary (expectation type, column, success); the row counts behind failures
-    are computed by :func:`count_cells` and are not part of any artifact.
-    """
-    from catalog.gx import run_suites
-
-    jobs = []
-    for name, attribute in spec.domain.items():
-        frame = pa.table({name: distinct[name]}).to_pandas()
-        expectations: list[tuple[str, dict[str, Any]]] = [
-            ("expect_column_to_exist", {"column": name})
-        ]
-        if spec.on_out_of_domain == "error":
-            expectations.append(("expect_column_values_to_not_be_null", {"column": name}))
-        if isinstance(attribute, Categorical):
-            expectations.append(
-                (
-                    "expect_column_values_to_be_in_set",
-                    {"column": name, "value_set": list(attribute.values)},
-                )
-            )
-        else:
-            low, high = (
-                (attribute.min, attribute.max)
-                if isinstance(attribute, IntegerRange)
-                else (float(attribute.pairs()[0, 0]), float(attribute.pairs()[-1, 1]))
-            )
-            expectations.append(
-                (
-                    "expect_column_values_to_be_between",
-                    {"column": name, "min_value": low, "max_value": high},
-                )
-            )
-        jobs.append((f"input_{name}", frame, expectations))
-    summaries = run_suites(jobs)
-    return {"success": all(s["success"] for s in summaries.values()), "columns": summaries}
-
-
-def _decode_dictionaries(table: pa.Table) -> pa.Table:
-    for k, field in enumerate(table.schema):
-        if pa.types.is_dictionary(field.type):
-            table = table.set_column(k, field.name, table[field.name].cast(field.type.value_type))
-    return table
+        raise DataError(
+            f"person column {person_column!r} has null values; every row needs the id of its "
+            f"person: fix the data; {CUSTODIAN_HINT}"
+        )
+    rank, _ = person_rows(persons)
+    return table.filter(pa.array(rank < max_rows)).drop_columns([person_column])
 
 
 def _fill_value(column_type: pa.DataType) -> Any:
@@ -340,7 +432,8 @@ def _fill_value(column_type: pa.DataType) -> Any:
     return 0
 
 
-def _describe(attribute: Any) -> str:
+def describe(attribute: Any) -> str:
+    """The public domain of one attribute, for messages."""
     if isinstance(attribute, IntegerRange):
         return f"integers {attribute.min}..{attribute.max}"
     if isinstance(attribute, NumericBins):

@@ -16,8 +16,10 @@ the *distinct* values of a column, never row by row):
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -33,35 +35,42 @@ from pydantic import (
 )
 
 from catalog.errors import SpecError
+from mechanisms import registry
 from mechanisms.privacy import PrivacyCost, cost_from_dict
-
-MECHANISMS = (
-    "auto",
-    "identity",
-    "hierarchical",
-    "wavelet",
-    "optimized",
-    "lrm",
-    "eigen",
-    "dawa",
-)
-# Mechanisms whose implementation is wired into the release flow today.
-RUNNABLE_MECHANISMS = (
-    "auto",
-    "identity",
-    "hierarchical",
-    "wavelet",
-    "optimized",
-    "eigen",
-    "lrm",
-    "dawa",
-)
 
 _ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
+# --- supported sizes and ranges (refused before any work, with the field and the range named) -----
+# Privacy parameters.  Outside these, the noise scale (Δ/ε for Laplace, Δ/√(2ρ) for Gaussian) or its
+# square overflows or underflows float64 once multiplied by a sensitivity and a contribution bound,
+# or the guarantee is void.  The ρ range is the ε range mapped by ρ = ε²/2 (ε-DP ⇒ ε²/2-zCDP).
+EPSILON_RANGE = (1e-6, 100.0)
+RHO_RANGE = (EPSILON_RANGE[0] ** 2 / 2, EPSILON_RANGE[1] ** 2 / 2)  # (5e-13, 5000)
+# δ: at most 1e-3 (≈ 1/n for a thousand people is already a weak guarantee) unless the spec says
+# ``allow_large_delta: true``; below 1e-30 ln(1/δ) adds nothing a smaller ε would not.
+DELTA_RANGE = (1e-30, 1e-3)
+# Lifetime caps of a dataset (``dataset.budget``): the same lower ends, 100 releases at the maximum.
+BUDGET_EPSILON_RANGE = (EPSILON_RANGE[0], 100 * EPSILON_RANGE[1])
+BUDGET_RHO_RANGE = (RHO_RANGE[0], 100 * RHO_RANGE[1])
+MAX_ROWS_PER_PERSON = 1_000_000  # contribution bound: keeps sensitivity × bound / ε finite
+MAX_DOMAIN_INTEGER = 2**53  # |min|, |max|, width of an integer range: exact in float64 encoding
+MAX_CELLS_PER_ATTRIBUTE = 10_000_000
+# Domain size.  ``plan`` works on implicit operators and never allocates the cell vector, but cell
+# indices and sizes are int64 and products of sizes are formed in float64: 1e18 < 2⁶³ ≈ 9.2e18.
+MAX_PLAN_CELLS = 10**18
+# A run holds the cell vector (float64) and the released tables (one row per query) in memory.
+MAX_RELEASE_CELLS = 200_000_000  # 1.6 GB of float64
+MAX_RELEASE_QUERIES = 200_000_000  # rows of all output tables together
+# YAML: a spec is a small hand-written file.  No anchors/aliases (an alias bomb expands
+# exponentially), bounded size and nesting (PyYAML composes recursively).
+MAX_SPEC_BYTES = 1 << 20
+MAX_SPEC_DEPTH = 32
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no coercion, so a boolean is never a number (``epsilon: true`` is not 1) and a quoted
+    # string is never a number or a flag.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # --- domain attributes ----------------------------------------------------------------------------
@@ -81,8 +90,16 @@ class IntegerRange(_Strict):
             raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
         if self.width < 1:
             raise ValueError(f"width ({self.width}) must be >= 1")
-        if self.size > 10_000_000:
-            raise ValueError(f"{self.size} cells is more than the 10,000,000 allowed per attribute")
+        for name in ("min", "max", "width"):
+            if abs(getattr(self, name)) > MAX_DOMAIN_INTEGER:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)}) must be within ±{MAX_DOMAIN_INTEGER:,} "
+                    "(2**53, the integers float64 represents exactly)"
+                )
+        if self.size > MAX_CELLS_PER_ATTRIBUTE:
+            raise ValueError(
+                f"{self.size} cells is more than the {MAX_CELLS_PER_ATTRIBUTE:,} allowed per attribute"
+            )
         return self
 
     @property
@@ -280,7 +297,7 @@ def _parse_attribute(name: str, raw: Any) -> Attribute:
             return kind(**raw)
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
+                f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {_error_message(e)}"
                 for e in exc.errors(include_url=False)
             )
             raise ValueError(f"domain.{name} ({raw!r}): {problems}") from None
@@ -328,6 +345,12 @@ class PrivacyUnit(_Strict):
                 raise ValueError("give either rows_per_person or person_column/max_rows, not both")
             if self.max_rows is None or self.max_rows < 1:
                 raise ValueError(f"max_rows ({self.max_rows}) must be an integer >= 1")
+        if self.contribution_bound > MAX_ROWS_PER_PERSON:
+            field = "max_rows" if self.person_column is not None else "rows_per_person"
+            raise ValueError(
+                f"{field} ({self.contribution_bound}) must be at most {MAX_ROWS_PER_PERSON:,} "
+                "(the noise scale grows with it)"
+            )
         return self
 
     @property
@@ -335,7 +358,32 @@ class PrivacyUnit(_Strict):
         return int(self.max_rows if self.person_column is not None else self.rows_per_person or 1)
 
 
-ITEM_KINDS = ("marginal", "prefix", "all_ranges", "ranges", "total", "matrix")
+ITEM_KINDS = ("marginal", "prefix", "all_ranges", "ranges", "total", "matrix", "marginals")
+MAX_EXPANDED_MARGINALS = 10_000
+"""Output tables one ``marginals`` item may expand to (C(14, 3) = 364 for Adult's 3-way)."""
+
+
+class MarginalsSelection(_Strict):
+    """``{attributes: [a, b, ...] | all, degree: k}``: every k-way marginal of those attributes."""
+
+    attributes: list[str] | Literal["all"]
+    degree: int
+
+    @model_validator(mode="after")
+    def _check(self) -> MarginalsSelection:
+        if self.degree < 1:
+            raise ValueError(f"marginals.degree ({self.degree}) must be an integer >= 1")
+        if isinstance(self.attributes, list):
+            if not self.attributes:
+                raise ValueError("marginals.attributes must list attributes (or be all)")
+            if len(set(self.attributes)) != len(self.attributes):
+                raise ValueError(f"marginals.attributes {self.attributes} lists an attribute twice")
+            if self.degree > len(self.attributes):
+                raise ValueError(
+                    f"marginals.degree ({self.degree}) exceeds the {len(self.attributes)} "
+                    "attributes listed"
+                )
+        return self
 
 
 class WorkloadItemSpec(_Strict):
@@ -348,14 +396,16 @@ class WorkloadItemSpec(_Strict):
     matrix: str | None = None
     """Path of a ``.npy`` file holding an m × n query matrix over the cells of ``attributes``."""
     attributes: list[str] | None = None
+    marginals: MarginalsSelection | None = None
+    """All k-way marginals of some attributes: one output table each (see :func:`expand_item`)."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> WorkloadItemSpec:
         given = [k for k in ITEM_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
-                f"workload item {self.name!r} must have exactly one of marginal, prefix, "
-                f"all_ranges, ranges, total, matrix (got {given or 'none'})"
+                f"workload item {self.name!r} must have exactly one of "
+                f"{', '.join(ITEM_KINDS)} (got {given or 'none'})"
             )
         if (self.matrix is None) != (self.attributes is None):
             raise ValueError(
@@ -397,6 +447,8 @@ class WorkloadItemSpec(_Strict):
             return list(self.ranges)
         if self.attributes is not None:
             return list(self.attributes)
+        if self.marginals is not None and self.marginals.attributes != "all":
+            return list(self.marginals.attributes)
         return []
 
     def load_matrix(self, *, columns: int) -> np.ndarray:
@@ -464,6 +516,8 @@ class ReleaseSpec(_Strict):
     ``privacy.epsilon`` is then the per-user ε and ``dataset.source`` holds their responses."""
     schedule: Schedule | None = None
     trigger: Literal["arrival"] | None = None
+    allow_large_delta: bool = False
+    """Accept ``delta`` above 1e-3 in ``privacy`` and ``dataset.budget`` (shown in manifest/report)."""
 
     @field_validator("domain", mode="before")
     @classmethod
@@ -480,9 +534,10 @@ class ReleaseSpec(_Strict):
     @field_validator("mechanism")
     @classmethod
     def _check_mechanism(cls, mechanism: str) -> str:
-        if mechanism not in MECHANISMS:
+        if mechanism != registry.AUTO and mechanism not in registry.names():
             raise ValueError(
-                f"unknown mechanism {mechanism!r}; choose one of {', '.join(MECHANISMS)}"
+                f"unknown mechanism {mechanism!r}; choose one of "
+                f"{', '.join((registry.AUTO, *registry.names()))}"
             )
         return mechanism
 
@@ -535,17 +590,13 @@ class ReleaseSpec(_Strict):
             raise ValueError(
                 f"privacy_unit.person_column ({self.privacy_unit.person_column!r}) must not be a domain attribute"
             )
-        if self.mechanism_options:
-            _check_mechanism_options(self.mechanism_options)
+        registry.check_options(
+            requested=self.mechanism, model=self.model, options=self.mechanism_options
+        )
         if self.model == "local":
             if set(self.privacy) != {"epsilon"}:
                 raise ValueError(
                     f"model: local needs privacy {{epsilon}} (the per-user epsilon); got {self.privacy}"
-                )
-            if self.mechanism not in ("auto", "optimized"):
-                raise ValueError(
-                    f"model: local releases use the optimised workload factorization (mechanism: "
-                    f"auto or optimized); got mechanism {self.mechanism!r}"
                 )
             if (
                 self.privacy_unit.person_column is not None
@@ -556,7 +607,64 @@ class ReleaseSpec(_Strict):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _check_sizes_and_delta(self) -> ReleaseSpec:
+        _check_large_delta(self.privacy, field="privacy", allowed=self.allow_large_delta)
+        _check_large_delta(
+            self.dataset.budget, field="dataset.budget", allowed=self.allow_large_delta
+        )
+        if self.num_cells > MAX_PLAN_CELLS:
+            raise ValueError(
+                f"domain has {self.num_cells:.3g} cells ({' × '.join(map(str, self.domain_shape))}); "
+                f"at most {MAX_PLAN_CELLS:.0e} are supported (cell indices are 64-bit integers)"
+            )
+        for k, item in enumerate(self.workload):
+            for attribute, pairs in (item.ranges or {}).items():
+                if any(isinstance(v, bool) for pair in pairs for v in pair):
+                    raise ValueError(
+                        f"workload[{k}] ({item.name!r}): ranges for {attribute!r} ({pairs}) hold a "
+                        "boolean; range bounds are numbers or category values, never true/false"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _check_marginals_items(self) -> ReleaseSpec:
+        """``marginals`` items: degree within the attributes, bounded table count, unique names."""
+        names = [item.name for item in self.workload if item.marginals is None]
+        for k, item in enumerate(self.workload):
+            if item.marginals is None:
+                continue
+            where = f"workload[{k}] ({item.name!r})"
+            chosen = _marginals_attributes(self, item)
+            degree = item.marginals.degree
+            if degree > len(chosen):
+                raise ValueError(
+                    f"{where}: marginals.degree ({degree}) exceeds the {len(chosen)} attributes"
+                )
+            tables = math.comb(len(chosen), degree)
+            if tables > MAX_EXPANDED_MARGINALS:
+                raise ValueError(
+                    f"{where}: all {degree}-way marginals of {len(chosen)} attributes are "
+                    f"{tables:,} tables; at most {MAX_EXPANDED_MARGINALS:,} per item"
+                )
+            names += [part.name for part in expand_item(self, item)]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(
+                f"workload: marginals items expand to table names that repeat {repeated[:5]} "
+                "(another item has that name, or attribute names differ only in characters "
+                "outside A-Z a-z 0-9 _ -): rename an item"
+            )
+        return self
+
     # --- derived, public -------------------------------------------------------------------------
+    def expanded_workload(self) -> list[WorkloadItemSpec]:
+        """The workload with every ``marginals`` item replaced by its marginal items (in order)."""
+        expanded: list[WorkloadItemSpec] = []
+        for item in self.workload:
+            expanded += expand_item(self, item) if item.marginals is not None else [item]
+        return expanded
+
     @property
     def attribute_names(self) -> list[str]:
         return list(self.domain)
@@ -592,37 +700,89 @@ class ReleaseSpec(_Strict):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-MECHANISM_OPTIONS = {
-    "branching": "hierarchical tree fan-out (integer >= 2)",
-    "ratio": "DAWA: share of epsilon spent on the partition (0 < ratio < 1, default 0.25)",
-    "intervals": "DAWA: candidate bucket lengths, 'dyadic' (default) or 'all'",
-    "noise_offset": "DAWA: public shift of step-1 noisy costs in scale units (>= 0, default 3)",
-}
-
-
-def _check_mechanism_options(options: dict[str, Any]) -> None:
-    unknown = sorted(set(options) - set(MECHANISM_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"mechanism_options {unknown} are not known; allowed: {sorted(MECHANISM_OPTIONS)}"
-        )
-    branching = options.get("branching", 2)
-    if not isinstance(branching, int) or isinstance(branching, bool) or branching < 2:
-        raise ValueError(f"mechanism_options.branching ({branching!r}) must be an integer >= 2")
-    ratio = options.get("ratio", 0.25)
-    if not isinstance(ratio, int | float) or not 0 < ratio < 1:
-        raise ValueError(f"mechanism_options.ratio ({ratio!r}) must be a number in (0, 1)")
-    if options.get("intervals", "dyadic") not in ("dyadic", "all"):
-        raise ValueError(
-            f"mechanism_options.intervals ({options['intervals']!r}) must be 'dyadic' or 'all'"
-        )
-    offset = options.get("noise_offset", 3.0)
-    if not isinstance(offset, int | float) or not (math.isfinite(offset) and offset >= 0):
-        raise ValueError(f"mechanism_options.noise_offset ({offset!r}) must be a number >= 0")
-
-
 def _is_ordered(attribute: Attribute) -> bool:
     return attribute.ordered if isinstance(attribute, Categorical) else True
+
+
+def _marginals_attributes(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[str]:
+    """A ``marginals`` item's attributes, in domain order."""
+    selection = item.marginals
+    if selection is None or selection.attributes == "all":
+        return list(spec.domain)
+    return [name for name in spec.domain if name in selection.attributes]
+
+
+def expand_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[WorkloadItemSpec]:
+    """A ``marginals`` item as one ``marginal`` item per k-subset of its attributes (domain order),
+    named ``<item>.<a>.<b>`` (characters outside ``A-Za-z0-9_-`` of an attribute name become
+    ``_``, so every name is a safe file name). O(C(attributes, k)).
+
+    The parts are built without re-validation: their attributes and names are checked by the
+    spec's validators (``_cross_checks``, ``_check_marginals_items``).
+    """
+    if item.marginals is None:
+        return [item]
+    chosen = _marginals_attributes(spec, item)
+    return [
+        WorkloadItemSpec.model_construct(
+            name=".".join([item.name, *(re.sub(r"[^A-Za-z0-9_-]", "_", a) for a in combo)]),
+            marginal=list(combo),
+        )
+        for combo in itertools.combinations(chosen, item.marginals.degree)
+    ]
+
+
+def item_num_queries(spec: ReleaseSpec, item: WorkloadItemSpec) -> int:
+    """Rows of the item's output table, from the spec alone (a matrix item reads only the .npy
+    header; a ``marginals`` item: of all its tables). O(attributes)."""
+    if item.marginals is not None:
+        return sum(item_num_queries(spec, part) for part in expand_item(spec, item))
+    count = 1
+    for name, attribute in spec.domain.items():
+        n = attribute.size
+        if (item.marginal is not None and name in item.marginal) or item.prefix == name:
+            count *= n
+        elif item.all_ranges is not None and name in item.all_ranges:
+            count *= n * (n + 1) // 2
+        elif item.attributes is not None and name in item.attributes and item.matrix is not None:
+            try:
+                count *= int(np.load(item.matrix, mmap_mode="r", allow_pickle=False).shape[0])
+            except (OSError, ValueError, IndexError) as exc:
+                raise SpecError(
+                    f"workload item {item.name!r}: cannot read {item.matrix!r}: {exc}"
+                ) from None
+        elif item.ranges is not None and name in item.ranges:
+            count *= len(item.ranges[name])
+    return count
+
+
+def check_runnable(spec: ReleaseSpec) -> None:
+    """Refuse, from the spec alone, a central release this machine cannot run; call it before any
+    data is read (``plan`` does not need it: it works up to ``MAX_PLAN_CELLS``).
+
+    Raises :class:`SpecError` naming the size and the limit: no ``dataset.source``, a cell vector of
+    more than ``MAX_RELEASE_CELLS`` cells, or output tables of more than ``MAX_RELEASE_QUERIES``
+    rows together.  O(attributes × workload items); reads no data.
+    """
+    if spec.dataset.source is None:
+        raise SpecError(
+            "dataset.source is not set in the spec; plan works without it, run does not"
+        )
+    if spec.num_cells > MAX_RELEASE_CELLS:
+        raise SpecError(
+            f"domain: the domain has {spec.num_cells:,} cells "
+            f"({' × '.join(map(str, spec.domain_shape))}); a release counts at most "
+            f"{MAX_RELEASE_CELLS:,} cells on one machine (plan works up to {MAX_PLAN_CELLS:.0e}): "
+            "use wider bins or fewer attributes"
+        )
+    sizes = {item.name: item_num_queries(spec, item) for item in spec.workload}
+    if sum(sizes.values()) > MAX_RELEASE_QUERIES:
+        largest = max(sizes, key=lambda name: sizes[name])
+        raise SpecError(
+            f"workload: the output tables would have {sum(sizes.values()):,} rows (item "
+            f"{largest!r}: {sizes[largest]:,}); a release writes at most {MAX_RELEASE_QUERIES:,} "
+            "rows: drop or narrow the largest items"
+        )
 
 
 def _check_privacy_dict(values: dict[str, float], *, field: str) -> dict[str, float]:
@@ -631,12 +791,43 @@ def _check_privacy_dict(values: dict[str, float], *, field: str) -> dict[str, fl
         raise ValueError(
             f"{field} keys {sorted(keys)} must be exactly one of {{epsilon}}, {{rho}}, {{epsilon, delta}}"
         )
-    for key in ("epsilon", "rho"):
-        if key in values and not (math.isfinite(values[key]) and values[key] > 0):
+    ranges = (
+        {"epsilon": EPSILON_RANGE, "rho": RHO_RANGE}
+        if field == "privacy"
+        else {"epsilon": BUDGET_EPSILON_RANGE, "rho": BUDGET_RHO_RANGE}
+    )
+    for key, (low, high) in ranges.items():
+        if key not in values:
+            continue
+        if not (math.isfinite(values[key]) and values[key] > 0):
             raise ValueError(f"{field}.{key} ({values[key]}) must be a finite number > 0")
-    if "delta" in values and not 0 < values["delta"] < 1:
-        raise ValueError(f"{field}.delta ({values['delta']}) must be in the open interval (0, 1)")
+        if not low <= values[key] <= high:
+            raise ValueError(
+                f"{field}.{key} ({values[key]:g}) is outside the supported range [{low:g}, {high:g}]: "
+                "a smaller value makes the noise scale overflow, a larger one protects nothing"
+            )
+    if "delta" in values:
+        if not 0 < values["delta"] < 1:
+            raise ValueError(
+                f"{field}.delta ({values['delta']}) must be in the open interval (0, 1)"
+            )
+        if values["delta"] < DELTA_RANGE[0]:
+            raise ValueError(
+                f"{field}.delta ({values['delta']:g}) is below the supported minimum "
+                f"{DELTA_RANGE[0]:g} (use pure epsilon, or rho, for no delta at all)"
+            )
     return values
+
+
+def _check_large_delta(values: dict[str, float], *, field: str, allowed: bool) -> None:
+    """δ above ``DELTA_RANGE[1]`` only with ``allow_large_delta: true`` (recorded in the spec)."""
+    delta = values.get("delta")
+    if delta is not None and delta > DELTA_RANGE[1] and not allowed:
+        raise ValueError(
+            f"{field}.delta ({delta:g}) must be at most {DELTA_RANGE[1]:g}: a larger delta allows "
+            "a total disclosure with that probability; set allow_large_delta: true in the spec "
+            "to accept it (the manifest and report show it)"
+        )
 
 
 def _file_sha256(path: str) -> str:
@@ -667,16 +858,75 @@ def parse_spec(data: Any, *, source: str = "<spec>") -> ReleaseSpec:
         raise SpecError(f"{source}: invalid release spec:\n" + _format_errors(exc)) from None
 
 
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without anchors and aliases, and with bounded nesting.
+
+    An alias re-uses a node, so nine nested aliases expand to 10⁹ strings ("billion laughs") while
+    the file stays under 1 kB; a spec never needs them.  Refused at the first anchor or alias
+    event, before anything is expanded: O(size of the file).
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            kind = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"YAML {kind}{event.anchor} is not allowed in a release spec (anchors, aliases "
+                "and merge keys are refused: write the value out)",
+                event.start_mark,
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_SPEC_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"YAML nesting deeper than {MAX_SPEC_DEPTH} levels is not allowed in a release spec",
+                    event.start_mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def read_spec_yaml(path: Path) -> Any:
+    """The YAML document of a spec file: at most ``MAX_SPEC_BYTES``, UTF-8, no anchors/aliases."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)  # never more, even from a growing file or a FIFO
+    except OSError as exc:
+        raise SpecError(f"spec file {str(path)!r} cannot be read: {exc.strerror}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"{path}: the spec file is larger than {MAX_SPEC_BYTES:,} bytes (1 MiB), the limit for "
+            "a release spec; put large workload matrices in .npy files (workload item `matrix`)"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"{path}: not UTF-8 text (byte {exc.start}); a release spec is a UTF-8 YAML file"
+        ) from None
+    try:
+        return yaml.load(text, Loader=_SpecLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+
+
 def load_spec(path: str | Path) -> ReleaseSpec:
     """Read and validate a YAML spec.  A relative ``dataset.source`` is resolved against the spec's folder."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"spec file {str(path)!r} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
-    spec = parse_spec(data, source=str(path))
+    spec = parse_spec(read_spec_yaml(path), source=str(path))
     items = [
         item.model_copy(update={"matrix": str((path.parent / item.matrix).resolve())})
         if item.matrix is not None and not Path(item.matrix).is_absolute()
@@ -703,10 +953,18 @@ def _format_errors(exc: ValidationError) -> str:
     lines = []
     for error in exc.errors(include_url=False):
         location = ".".join(str(part) for part in error["loc"]) or "spec"
-        message = error["msg"].removeprefix("Value error, ")
+        message = _error_message(error)
         value = error.get("input")
         shown = (
             "" if isinstance(value, dict | list) and len(repr(value)) > 120 else f" (got {value!r})"
         )
         lines.append(f"  - {location}: {message}{shown}")
     return "\n".join(lines)
+
+
+def _error_message(error: Any) -> str:
+    """One pydantic error's message, saying why a boolean was refused where a number belongs."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if isinstance(error.get("input"), bool) and error["type"] in ("float_type", "int_type"):
+        message += "; a boolean (true/false) is not a number"
+    return message

@@ -2,8 +2,18 @@
 
 Columns: the labels of each non-summed attribute — ``<attr>`` (a marginal's bin label),
 ``<attr>_upper`` (a CDF's upper bound), ``<attr>_low`` / ``<attr>_high`` (range bounds) — then
-``estimate``, ``std_error`` (from the mechanism's error model), ``ci_low`` and ``ci_high``
-(approximate 95% normal intervals).  Rows follow the Kronecker (row-major) order of the item.
+``estimate``, ``std_error`` (from the mechanism's error model), ``ci_low`` and ``ci_high`` (95%
+two-sided interval) and ``uncertainty``, which says what ``std_error`` and the interval cover:
+
+- ``"noise"``: the estimate is unbiased; ``std_error`` is the noise's standard deviation.
+- ``"noise+bias"``: ``std_error = √(noise variance + estimated squared bias)`` (a data-dependent
+  mechanism such as DAWA, whose reconstruction is biased; the mechanism documents its estimator).
+- ``"noise-only"``: the estimate may be biased and the bias could not be estimated: ``std_error``
+  covers the noise only and ``ci_low`` / ``ci_high`` are null (no interval is claimed).
+
+Intervals take the normal quantile (``± 1.96·std_error``), except for rows whose error is exactly one
+Laplace draw, which take the exact Laplace quantile (``± b·ln 20 ≈ ± 2.12·std_error``; see
+:mod:`mechanisms.intervals`).  Rows follow the Kronecker (row-major) order of the item.
 """
 
 from __future__ import annotations
@@ -14,10 +24,12 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.spec import ReleaseSpec
+from mechanisms.intervals import interval_half_widths
 from mechanisms.operators import AllRanges, Identity, Prefix, Ranges, Total
 from mechanisms.workload import WorkloadItem
 
-Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+UNCERTAINTY_LABELS = ("noise", "noise+bias", "noise-only")
+"""What ``std_error`` covers (the ``uncertainty`` column)."""
 
 
 def label_columns(spec: ReleaseSpec, item: WorkloadItem) -> dict[str, np.ndarray]:
@@ -58,17 +70,46 @@ def build_table(
     unit_variances: np.ndarray,
     noise_variance: float,
     nonnegative: bool,
+    interval: str | np.ndarray = "normal",
+    uncertainty: str | np.ndarray = "noise",
 ) -> pa.Table:
-    """Assemble one item's table from released estimates and the public error model."""
-    std_error = np.sqrt(noise_variance * np.asarray(unit_variances, dtype=np.float64))
+    """Assemble one item's table from released estimates and the public error model.
+
+    ``noise_variance × unit_variances`` is each row's squared ``std_error``.  ``interval`` (one
+    value or one per row, :data:`mechanisms.intervals.INTERVALS`) is ``"laplace"`` for rows whose
+    error is exactly one Laplace draw (exact Laplace quantile), ``"normal"`` otherwise, ``"none"``
+    for rows that claim no interval (null ``ci_low``/``ci_high``).  ``uncertainty`` (one label or
+    one per row) says what ``std_error`` covers: ``"noise"``, ``"noise+bias"`` or ``"noise-only"``.
+    """
     estimate = np.asarray(estimates, dtype=np.float64)
-    ci_low = estimate - Z_95 * std_error
-    ci_high = estimate + Z_95 * std_error
+    rows = estimate.shape
+    variance = noise_variance * np.asarray(unit_variances, dtype=np.float64)
+    if variance.shape != rows:
+        raise ValueError(
+            f"unit_variances (shape {variance.shape}) must have one entry per row {rows}"
+        )
+    labels = np.asarray(uncertainty, dtype=object)
+    if labels.ndim and labels.shape != rows:
+        raise ValueError(f"uncertainty (shape {labels.shape}) must be one label or one per row")
+    unknown = sorted({str(v) for v in np.unique(labels.astype(str))} - set(UNCERTAINTY_LABELS))
+    if unknown:
+        raise ValueError(f"uncertainty labels {unknown} must be one of {UNCERTAINTY_LABELS}")
+    std_error = np.sqrt(variance)
+    half_width = interval_half_widths(std_error, interval=interval)
+    claimed = np.isfinite(half_width)
+    ci_low = estimate - half_width
+    ci_high = estimate + half_width
     if nonnegative:
         # post-processing: clip at the last step (Li thesis §3.5.1); counts are never negative
         estimate, ci_low, ci_high = (np.maximum(v, 0.0) for v in (estimate, ci_low, ci_high))
     columns: dict[str, Any] = dict(label_columns(spec, item))
-    columns.update(estimate=estimate, std_error=std_error, ci_low=ci_low, ci_high=ci_high)
+    columns.update(
+        estimate=estimate,
+        std_error=std_error,
+        ci_low=pa.array(np.where(claimed, ci_low, 0.0), mask=~claimed),
+        ci_high=pa.array(np.where(claimed, ci_high, 0.0), mask=~claimed),
+        uncertainty=pa.array(np.broadcast_to(labels, rows).astype(str), pa.string()),
+    )
     return pa.table(columns)
 
 

@@ -1,7 +1,8 @@
 """Output validation of a candidate release, using only released (noisy) values and public metadata.
 
-Per table: the schema (label columns, ``estimate``, ``std_error``, ``ci_low``, ``ci_high``), finite
-values, ``std_error > 0``, ``ci_low <= estimate <= ci_high`` and exactly one row per query.  Nothing
+Per table: the schema (label columns, ``estimate``, ``std_error``, ``ci_low``, ``ci_high``,
+``uncertainty``), finite values, ``std_error > 0``, ``ci_low <= estimate <= ci_high`` (intervals
+may be absent only on rows labelled noise-only) and exactly one row per query.  Nothing
 here reads the confidential data: a pass/fail computed from true values would itself be a release.
 """
 
@@ -14,8 +15,12 @@ from typing import Any
 import pyarrow as pa
 
 from catalog.gx import run_suites
+from catalog.tables import UNCERTAINTY_LABELS
 
 VALUE_COLUMNS = ("estimate", "std_error", "ci_low", "ci_high")
+INTERVAL_COLUMNS = ("ci_low", "ci_high")
+NO_INTERVAL = "noise-only"  # the uncertainty label of rows published without an interval
+LABELS = list(UNCERTAINTY_LABELS)
 FINITE_LIMIT = 1e300
 
 
@@ -27,7 +32,10 @@ def table_expectations(table: pa.Table, *, expected_rows: int) -> list[tuple[str
     ]
     for name in VALUE_COLUMNS:
         expectations.append(("expect_column_to_exist", {"column": name}))
-        expectations.append(("expect_column_values_to_not_be_null", {"column": name}))
+        nulls: dict[str, Any] = {"column": name}
+        if name in INTERVAL_COLUMNS:  # a row that claims no interval has none
+            nulls["where_not"] = ("uncertainty", NO_INTERVAL)
+        expectations.append(("expect_column_values_to_not_be_null", nulls))
         expectations.append(
             (
                 "expect_column_values_to_be_between",
@@ -35,23 +43,26 @@ def table_expectations(table: pa.Table, *, expected_rows: int) -> list[tuple[str
             )
         )
     expectations.append(
+        ("expect_column_values_to_be_in_set", {"column": "uncertainty", "value_set": LABELS})
+    )
+    expectations.append(
         (
             "expect_column_values_to_be_between",
             {"column": "std_error", "min_value": 0, "strict_min": True},
         )
     )
-    expectations.append(
-        (
-            "expect_column_pair_values_a_to_be_greater_than_b",
-            {"column_A": "estimate", "column_B": "ci_low", "or_equal": True},
+    for low, high in (("estimate", "ci_low"), ("ci_high", "estimate")):
+        expectations.append(
+            (
+                "expect_column_pair_values_a_to_be_greater_than_b",
+                {
+                    "column_A": low,
+                    "column_B": high,
+                    "or_equal": True,
+                    "ignore_row_if": "either_value_is_missing",
+                },
+            )
         )
-    )
-    expectations.append(
-        (
-            "expect_column_pair_values_a_to_be_greater_than_b",
-            {"column_A": "ci_high", "column_B": "estimate", "or_equal": True},
-        )
-    )
     return expectations
 
 

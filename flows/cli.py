@@ -3,7 +3,14 @@ watch.
 
 Environment: ``DPRELEASE_HOME`` (default ``./.dprelease``) holds the SQLite catalog and Prefect's
 local state; ``DPRELEASE_CATALOG_URL`` points the catalog at any SQLAlchemy database instead.
-Flows run against a temporary local Prefect server unless ``PREFECT_API_URL`` is set.
+Flows run against one local Prefect server shared by all commands (``flows/server.py``: started
+on first use, stopped after ``DPRELEASE_SERVER_IDLE_SECONDS`` idle; ``dprelease server status|stop``)
+unless ``PREFECT_API_URL`` is set.
+
+Failures (``flows/errors.py``): a user error is one short block on stderr and exit 2, an internal
+error one line pointing to a log under ``$DPRELEASE_HOME/logs/`` and exit 1, Ctrl-C exit 130;
+``--debug`` shows tracebacks.  Spec errors are reported before Prefect is imported or a server
+starts; prefect, Great Expectations and matplotlib are imported only by the commands that need them.
 """
 
 from __future__ import annotations
@@ -14,27 +21,51 @@ import os
 # two cores (measured 10-50x slower under load).  Users can still override it.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import contextlib
+import gc
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import wraps
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from catalog.errors import CatalogError, DprReleaseError, SpecError
-from mechanisms.privacy import PrivacyError
+from catalog.errors import CatalogError, DprReleaseError
+from flows import errors
 
 console = Console(stderr=True, soft_wrap=True)
 stdout = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
-app = typer.Typer(
+
+class _ConsoleScript(typer.Typer):
+    """``dprelease`` run as a program (``app()``; ``CliRunner`` does not go through here)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from flows.interrupt import allow_hard_exit
+
+        allow_hard_exit()  # the Ctrl-C watchdog may end this process
+        try:
+            return super().__call__(*args, **kwargs)
+        except KeyboardInterrupt as exc:  # outside a command (e.g. a sub-app's)
+            sys.exit(errors.report_interrupt(console, str(exc)))
+        except Exception as exc:
+            sys.exit(errors.report(exc, console))
+        finally:
+            # Exit hooks still run (Prefect drains its event and log workers), but the final
+            # garbage collection skips the heap prefect, GX and pandas built: 1-3 s measured on
+            # two busy cores, which Ctrl-C's 5-second promise cannot afford.
+            gc.freeze()
+
+
+app = _ConsoleScript(
     name="dprelease",
     help=(
         "Publish differentially private statistics: a release spec names a Parquet dataset, a public "
@@ -58,20 +89,39 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_UI_ENABLED", "false")
+    if not errors.debug_enabled():
+        # Prefect prints a failed task's traceback on the console; we report the error ourselves.
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
 
 
 def _clear_errors(function: F) -> F:
-    """Report the project's errors as one clear message and a non-zero exit, not a traceback."""
+    """Report failures as ``flows/errors.py`` promises (short block, exit 2 / log file, exit 1)."""
 
     @wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
-        except (DprReleaseError, PrivacyError) as exc:
-            console.print(f"[bold red]error:[/] {exc}", highlight=False)
-            raise typer.Exit(code=2 if isinstance(exc, ValueError) else 1) from None
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt as exc:
+            raise typer.Exit(code=errors.report_interrupt(console, str(exc))) from None
+        except Exception as exc:
+            raise typer.Exit(code=errors.report(exc, console)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+@app.callback()
+def _global_options(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Show full tracebacks on this terminal (never stored) and Prefect's own log lines.",
+        ),
+    ] = False,
+) -> None:
+    errors.set_debug(debug)
 
 
 def bundled_spec() -> Path:
@@ -80,27 +130,78 @@ def bundled_spec() -> Path:
 
 
 def _run_release(spec_path: Path, out_dir: Path) -> Any:
-    _prefect_defaults()
     from catalog.spec import load_spec
 
-    spec = load_spec(spec_path)  # fail fast on a bad spec, before Prefect starts
+    spec = load_spec(spec_path)  # fail fast on a bad spec: before Prefect or any server starts
+    _prefect_defaults()
     console.print(
         f"[bold]dprelease[/] release [cyan]{spec.name}[/] of dataset [cyan]{spec.dataset.id}[/] "
         f"({spec.num_cells:,} cells, {len(spec.workload)} workload items)",
         highlight=False,
     )
     started = time.perf_counter()
-    with console.status("starting Prefect and running the release flow…", spinner="dots"):
-        if spec.model == "local":
-            from flows.ldp_flow import ldp_release_flow
+    with (
+        console.status("connecting to the local Prefect server…", spinner="dots") as status,
+        _prefect_api() as connection,
+    ):
+        # The server starts in the background while the flow's modules (and prefect) import.
+        from flows.release_flow import release_flow as flow
 
-            staged = ldp_release_flow(spec_path=str(spec_path), out_dir=str(out_dir))
-        else:
-            from flows.release_flow import release_flow
+        if connection is not None and connection.started:
+            # Data-free planning fills the strategy store on the other core while the server
+            # starts; the flow's plan task then finds the strategy there.
+            status.update("planning while the local Prefect server starts (reused later)…")
+            from catalog.planning import make_plan
 
-            staged = release_flow(spec_path=str(spec_path), out_dir=str(out_dir))
+            make_plan(spec)
+        with _server_ready(connection):
+            status.update("running the release flow…")
+            from flows.interrupt import InterruptGuard
+
+            with InterruptGuard(write=lambda text: console.print(text, highlight=False)):
+                staged = flow(spec_path=str(spec_path), out_dir=str(out_dir))
     console.print(f"finished in {time.perf_counter() - started:.1f} s", highlight=False)
     return staged
+
+
+@contextlib.contextmanager
+def _prefect_api() -> Iterator[Any]:
+    """The Prefect API for this command (``flows.server.connect``, not yet waited for), with
+    ``PREFECT_API_URL`` pointing at it; None when the user configured one."""
+    from flows import server
+
+    connection = server.connect(wait=False)
+    if connection.record is None:
+        yield None
+        return
+    if "prefect.settings" in sys.modules:  # already imported (in-process use): a context
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: connection.url}):
+            yield connection
+        return
+    previous = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = connection.url  # read when prefect is imported
+    try:
+        yield connection
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous
+
+
+@contextlib.contextmanager
+def _server_ready(connection: Any) -> Iterator[None]:
+    """Wait (bounded) until the shared server is healthy; keep its idle timer fresh meanwhile."""
+    if connection is None:
+        yield
+        return
+    from flows import server
+
+    connection.wait()
+    with server.keep_alive():
+        yield
 
 
 def _print_staged(staged: Any) -> None:
@@ -146,18 +247,28 @@ def plan(
         Path, typer.Argument(help="Release spec (YAML); dataset.source is not needed.")
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    time_budget: Annotated[
+        float,
+        typer.Option(
+            "--time-budget",
+            help="Seconds of predicted planning work auto may spend; candidates predicted to take "
+            "longer are skipped (and listed with the reason). A mechanism the spec names is "
+            "always planned.",
+            min=0.001,
+        ),
+    ] = 120.0,
 ) -> None:
-    """Data-free plan: each candidate's expected error, the SVD lower bound, the choice and the cost."""
+    """Data-free plan: the candidates' expected errors, the SVD lower bound, the choice and the cost.
+
+    A spec that names a mechanism plans only that one; auto plans the registry's mechanisms
+    cheapest first and stops once one is within 0.5% of the lower bound.  Optimised strategies
+    are kept in the strategy store, so `run` after `plan` reuses them.
+    """
     from catalog.planning import make_plan
     from catalog.spec import load_spec
 
     loaded = load_spec(spec)
-    if loaded.model == "local":
-        raise SpecError(
-            f"{spec}: model: local releases are planned by `dprelease ldp strategy {spec} --json` "
-            "(the optimised randomizer, its variance and the baselines'); plan covers central releases"
-        )
-    result = make_plan(loaded)
+    result = make_plan(loaded, time_budget=time_budget)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         return
@@ -186,6 +297,28 @@ def plan(
         f"privacy cost: {result.expected_cost.describe()} ({result.noise_kind} noise)",
         highlight=False,
     )
+
+
+@app.command()
+@_clear_errors
+def check(
+    spec: Annotated[
+        Path, typer.Argument(help="Release spec (YAML) whose dataset.source to check.")
+    ],
+) -> None:
+    """For the data custodian: the exact input problems a release reports only by column and rule.
+
+    Reads the spec's data here, without Prefect, and prints null and out-of-domain rows per column (with example values), wrong column types and persons above the contribution bound. The output is CONFIDENTIAL (exact counts and raw values); it is stored nowhere: no file, no catalog entry, no log.
+
+    Exit status: 0 when no problem was found, 3 when problems were found, 2 for an invalid spec or an unreadable source.
+    """
+    from catalog.check import check_data, format_report
+    from catalog.spec import load_spec
+
+    report = check_data(load_spec(spec))
+    typer.echo(format_report(report))
+    if report.problems:
+        raise SystemExit(3)  # not an error of the command: it found what it looks for
 
 
 @app.command()
@@ -273,7 +406,7 @@ def review(
     A release whose deployed flow run is paused for review is decided by resuming that run with
     the decision (the run records it); any other release is decided here, in the catalog.
     """
-    from catalog import release
+    from catalog import review as reviewing
     from catalog.ledger import Catalog
     from catalog.watch_state import ReviewRuns
 
@@ -285,7 +418,7 @@ def review(
         and _review_through_flow_run(paused_run, approve, reviewer, note, publish_dir, catalog)
     ):
         return
-    result = release.review(
+    result = reviewing.review(
         catalog,
         release_id,
         approve=approve,
@@ -484,16 +617,78 @@ def verify(
     release_dir: Annotated[
         Path, typer.Argument(help="A release directory (contains manifest.json).")
     ],
+    input_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--input",
+            help="The release's input (file, directory or glob): re-check its keyed fingerprint.",
+        ),
+    ] = None,
 ) -> None:
-    """Re-check a release offline: artifact hashes, manifest, ledger receipts, validation results."""
+    """Re-check a release offline: artifact hashes, manifest, catalog status, ledger chain and
+    receipts, input fingerprint key, validation results."""
     from catalog import artifacts
     from catalog.ledger import Catalog
 
-    artifacts.verify(release_dir, Catalog())
+    artifacts.verify(release_dir, Catalog(), input_path=input_path)
     stdout.print(
         f"OK: {release_dir} matches its manifest, the ledger and its validation results",
         highlight=False,
     )
+
+
+@app.command()
+@_clear_errors
+def recover(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    lease_seconds: Annotated[
+        float,
+        typer.Option(help="A release with no sign of life for this long counts as dead."),
+    ] = 3600.0,
+    adopt_ledger: Annotated[
+        str | None,
+        typer.Option(
+            "--adopt-ledger",
+            metavar="REASON",
+            help="Accept the ledger as it is now (e.g. a catalog restored from a backup on "
+            "purpose); the reason is kept with the ledger's anchor.",
+        ),
+    ] = None,
+) -> None:
+    """Move releases whose process died (stuck in `measuring`) to failed/aborted; charges stay."""
+    from catalog.ledger import Catalog
+
+    catalog = Catalog()
+    adopted = catalog.adopt_ledger(reason=adopt_ledger) if adopt_ledger is not None else None
+    moved = catalog.recover(lease_seconds=lease_seconds)
+    unfinished = [r.id for r in catalog.releases(status="approved")]
+    problems = catalog.verify_chain()
+    if as_json:
+        report = {
+            "recovered": [m.as_dict() for m in moved],
+            "unfinished_publications": unfinished,
+            "ledger_problems": problems,
+            "adopted_chain_head": None if adopted is None else adopted.as_dict(),
+        }
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    if adopted is not None:
+        stdout.print(f"ledger adopted at entry #{adopted.seq}", highlight=False)
+    for m in moved:
+        stdout.print(
+            f"{m.release_id}: measuring -> {m.status} ({m.reason}; {m.charges} charge(s) kept)",
+            highlight=False,
+        )
+    for release_id in unfinished:
+        stdout.print(
+            f"{release_id}: approved, publication unfinished: run `dprelease review {release_id} "
+            "--approve --reviewer NAME` to finish it",
+            highlight=False,
+        )
+    for problem in problems:
+        console.print(f"ledger problem: {problem}", highlight=False)
+    if not (moved or unfinished or problems):
+        stdout.print("nothing to recover", highlight=False)
 
 
 def _register_ldp() -> None:
@@ -507,6 +702,66 @@ def _register_ldp() -> None:
 
 
 _register_ldp()
+
+server_app = typer.Typer(
+    name="server",
+    help="The local Prefect server dprelease shares between commands (started on first use).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(server_app, name="server")
+
+
+@server_app.command("status")
+@_clear_errors
+def server_status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Whether the shared server runs, where, since when, and when it stops if left idle."""
+    from flows import server
+
+    current = server.status()
+    if as_json:
+        sys.stdout.write(json.dumps(current.as_dict(), indent=2) + "\n")
+        return
+    if current.state == "external":
+        stdout.print(f"external: PREFECT_API_URL={current.url} (dprelease starts no server)")
+        return
+    if current.record is None:
+        stdout.print("stopped: the next command that needs Prefect starts one", highlight=False)
+        return
+    record = current.record
+    stdout.print(f"{current.state}: {record.url}", highlight=False)
+    stdout.print(
+        f"  pid {record.pid} (processes {', '.join(map(str, current.processes)) or 'none'}); "
+        f"prefect {record.version}; started {record.started_at}",
+        highlight=False,
+    )
+    stdout.print(
+        f"  last used {current.last_used_at}; stops when idle at {current.stops_after_idle_at} "
+        f"(DPRELEASE_SERVER_IDLE_SECONDS={record.idle_seconds:g})",
+        highlight=False,
+    )
+    stdout.print(f"  home {record.prefect_home}; log {record.log}", highlight=False)
+
+
+@server_app.command("stop")
+@_clear_errors
+def server_stop() -> None:
+    """Stop the shared server now (by its recorded process id); the next command starts a new one."""
+    from flows import server
+
+    if os.environ.get("PREFECT_API_URL"):
+        raise DprReleaseError(
+            f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): that server was not "
+            "started by dprelease; stop it where it was started"
+        )
+    stopped = server.stop()
+    if stopped is None:
+        stdout.print("no server was running", highlight=False)
+    else:
+        stdout.print(f"stopped the server on {stopped.url} (pid {stopped.pid})", highlight=False)
 
 
 def main() -> None:  # pragma: no cover - console-script entry point

@@ -1,8 +1,9 @@
 """``dprelease ldp``: publish a local-model strategy and simulate client responses.
 
-* ``dprelease ldp strategy SPEC [--out DIR] [--json]`` optimises (or reuses from the strategy store)
-  the ε-LDP strategy Q for the spec's workload and writes ``strategy.npy`` and ``strategy.json``
-  into DIR (default ``./ldp-strategies/<spec name>/``): the public artifact clients randomise with.
+* ``dprelease ldp strategy SPEC [--out DIR] [--json]`` plans the spec (the ε-LDP strategy Q for
+  its workload, optimised or reused from the strategy store: the very strategy ``dprelease run``
+  uses) and writes ``strategy.npy`` and ``strategy.json`` into DIR (default
+  ``./ldp-strategies/<spec name>/``): the public artifact clients randomise with.
 * ``dprelease ldp simulate SPEC --strategy DIR --input TRUE.parquet --out RESPONSES.parquet
   [--seed N]`` plays the clients: each row's item is randomised with ``mechanisms.ldp.randomize``.
 
@@ -66,47 +67,44 @@ def strategy(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Optimise (or reuse) and publish the spec's epsilon-LDP strategy, with its promised variance
-    per user against the baselines (reconstruction of Thm 3.10)."""
-    from catalog import ldp_release
+    """Plan (optimise or reuse) and publish the spec's epsilon-LDP strategy, with its promised
+    variance per user against the baselines (reconstruction of Thm 3.10)."""
+    from catalog import responses
     from catalog.spec import load_spec
 
     loaded = load_spec(spec)
-    ldp_release.require_local(loaded)
+    responses.require_local(loaded)
     status = console.status("looking up the strategy store…", spinner="dots")
     status.start()
     try:
-        result, record = ldp_release.ensure_strategy(
-            loaded, on_optimize=lambda text: status.update(text + "…")
-        )
+        result = responses.plan_strategy(loaded, progress=lambda text: status.update(text + "…"))
     finally:
         status.stop()
-    directory = out or ldp_release.default_strategy_dir(loaded)
-    array_path, json_path = ldp_release.write_strategy_artifact(result, record, directory)
+    directory = out or responses.default_strategy_dir(loaded)
+    array_path, json_path = responses.write_strategy_artifact(loaded, result, directory)
     if as_json:
-        sys.stdout.write(json.dumps(record.cli_json(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(responses.strategy_summary(result), indent=2) + "\n")
         return
+    record = result.parameters
     table = Table(title=f"{loaded.name}: variance per user (N = 1), worst and average case")
-    for column in ("mechanism", "outputs", "worst", "average", "worst / optimized"):
+    for column in ("mechanism", "outputs", "worst", "average", f"worst / {result.name}"):
         table.add_column(column, justify="left" if column == "mechanism" else "right")
-    rows = [("optimized", record.rows, record.worst_variance, record.average_variance)] + [
-        (name, b.rows, b.worst_variance, b.average_variance) for name, b in record.baselines.items()
-    ]
-    for name, outputs, worst, average in rows:
+    rows = [(result.name, record), *record["baselines"].items()]
+    for name, values in rows:
         table.add_row(
             name,
-            str(outputs),
-            f"{worst:.6g}",
-            f"{average:.6g}",
-            f"{worst / record.worst_variance:.3f}",
+            str(values["rows"]),
+            f"{values['worst_variance']:.6g}",
+            f"{values['average_variance']:.6g}",
+            f"{values['worst_variance'] / record['worst_variance']:.3f}",
         )
     stdout.print(table)
     stdout.print(
-        f"lower bound (Cor 5.7): {record.lower_bound:.6g}; epsilon per user {record.epsilon:g}; "
-        f"optimised in {record.seconds:.1f} s",
+        f"lower bound (Cor 5.7): {record['lower_bound']:.6g}; epsilon per user "
+        f"{result.epsilon:g}; optimised in {record['seconds']:.1f} s",
         highlight=False,
     )
-    stdout.print(f"fingerprint: {record.fingerprint}", highlight=False)
+    stdout.print(f"fingerprint: {result.fingerprint}", highlight=False)
     stdout.print(f"wrote {array_path} and {json_path}", highlight=False)
 
 
@@ -137,15 +135,15 @@ def simulate(
 ) -> None:
     """Randomise every row of a Parquet of true items with the published strategy (simulation of
     the clients), writing one response index per user plus the strategy fingerprint."""
-    from catalog import ldp_release
+    from catalog import responses
     from catalog.spec import load_spec
 
     loaded = load_spec(spec)
-    ldp_release.require_local(loaded)
-    directory = strategy_dir or ldp_release.default_strategy_dir(loaded)
-    published, _ = ldp_release.read_strategy_artifact(directory)
+    responses.require_local(loaded)
+    directory = strategy_dir or responses.default_strategy_dir(loaded)
+    published = responses.read_strategy_artifact(directory)
     rng = np.random.default_rng(seed)  # None: fresh OS entropy, as on a real device
-    summary = ldp_release.simulate(
+    summary = responses.simulate(
         loaded, published, input_path=str(input_path), output_path=out, rng=rng
     )
     dropped = (

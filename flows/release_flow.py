@@ -38,9 +38,9 @@ def release_flow(
     plan = plan_task(spec)
     release_id = release.new_release_id(spec)
     directory = release.release_directory(out_dir, release_id)
-    spent_before = register_task(spec, plan, catalog_url, release_id)
+    spent_before = register_task(spec, plan, catalog_url, release_id, str(directory))
     try:
-        ingested = ingest_task(spec, plan)
+        ingested = ingest_task(spec, plan, catalog_url)
         measurement = measure_task(ingested, spec, plan, catalog_url, release_id)
         tables = reconstruct_task(spec, plan, measurement)
         validation = validate_task(tables, plan, str(directory))

@@ -39,6 +39,11 @@ Design notes (``seed-dawa.md`` §10 lists the thesis's open points; the choices 
   applies ``M⁻¹`` in O(k log k).  A level's leftover single node is carried up unchanged instead of
   getting a duplicate parent.  λ is searched on a 100-point grid over [0, 0.99] and refined by
   golden section.
+- Uncertainty (:func:`query_uncertainty`): a released answer's ``std_error`` combines the
+  measurement noise with an estimate of the bias of uniform expansion inside the buckets the
+  query cuts, computed from the released bucket estimates and the public partition only (cell
+  counts taken as Poisson around a linear trend fitted to the neighbouring buckets); queries whose
+  bias cannot be estimated (a single bucket) are flagged noise-only, with no interval.
 - Step 2 measures the budget-weighted tree ``A = diag(f)·Y`` (``f`` = budget fractions, every
   leaf-to-root path sums to 1) with one Laplace scale ``Δ(A)/ε₂``; this is the same mechanism as
   Laplace(1/(f_q ε₂)) per query, and ordinary least squares on ``A`` is the weighted least squares
@@ -56,8 +61,10 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import numpy as np
+import scipy.linalg
 import scipy.sparse as sp
 
+from mechanisms.intervals import single_term_rows
 from mechanisms.noise import NoiseSampler
 
 IntervalFamily = Literal["dyadic", "all"]
@@ -1030,6 +1037,19 @@ class HierarchicalStrategy:
         bounds = self.partition.boundaries
         return bounds[lo], bounds[hi] - 1, weight
 
+    def matrix(self) -> sp.csr_array:
+        """``A`` over buckets (rows as :meth:`query_buckets`), sparse.  O(k log k) non-zeros."""
+        lo, hi, weight = self.query_buckets()
+        lengths = hi - lo
+        first = np.repeat(lo - (np.cumsum(lengths) - lengths), lengths)
+        return sp.csr_array(
+            (
+                np.repeat(weight, lengths),
+                (np.repeat(np.arange(lo.size), lengths), first + np.arange(lengths.sum())),
+            ),
+            shape=(lo.size, self.n_buckets),
+        )
+
     def sensitivity(self, *, norm: int = 1) -> float:
         """Largest column norm of ``A`` over cells: L1 = max path sum of ``f`` (1), or L2."""
         if norm not in (1, 2):
@@ -1184,6 +1204,319 @@ def measure_and_reconstruct(
 ) -> np.ndarray:
     """Steps 2–3: measure (spends ``epsilon`` = ε₂), least squares, uniform expansion to cells."""
     return strategy.reconstruct(measure_buckets(x, strategy, epsilon=epsilon, sampler=sampler))
+
+
+# --------------------------------------------------------------------------------------------------
+# Uncertainty of the released answers: measurement noise plus the bias of uniform expansion
+
+
+# Rows of the per-query coverage matrix formed at once (bounds working memory to ~16 MB per chunk).
+_COVERAGE_CHUNK_ENTRIES = 2_000_000
+# A (row, bucket) whose weights vary by less than this (relative) is treated as evenly covered.
+_EVEN_COVER_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class QueryUncertainty:
+    """Per-query error model of DAWA's answers ``W x̂`` (public: computed from released values only).
+
+    ``std_error`` is ``√(noise_variance + bias_variance)`` where the bias could be estimated and
+    ``√noise_variance`` (a noise-only figure, to be published without an interval) where it could
+    not; :attr:`interval` and :attr:`uncertainty` are the per-row values a release table takes.
+    See :func:`query_uncertainty` for the estimator and its assumption.
+    """
+
+    noise_variance: np.ndarray
+    """``q (AᵀA)⁻¹ qᵀ · σ²``: variance from the Laplace measurement, given the public partition."""
+    bias_variance: np.ndarray
+    """Estimated mean squared bias of uniform expansion; 0 for unions of whole buckets; NaN where
+    it cannot be estimated from the release."""
+    single_laplace_term: np.ndarray
+    """The query's error is exactly one Laplace draw (no bias and one measurement), so its interval
+    takes the Laplace quantile."""
+
+    def __post_init__(self) -> None:
+        for name in ("noise_variance", "bias_variance", "single_laplace_term"):
+            object.__setattr__(self, name, _readonly(getattr(self, name)))
+
+    @property
+    def bias_estimated(self) -> np.ndarray:
+        """Whether the row's ``std_error`` includes the bias (False: noise-only, no interval)."""
+        return np.isfinite(self.bias_variance)
+
+    @property
+    def variance(self) -> np.ndarray:
+        """Squared ``std_error``: noise + estimated squared bias, or noise only where not estimable."""
+        return self.noise_variance + np.where(self.bias_estimated, self.bias_variance, 0.0)
+
+    @property
+    def std_error(self) -> np.ndarray:
+        """``√variance``."""
+        return np.sqrt(self.variance)
+
+    @property
+    def interval(self) -> np.ndarray:
+        """Per row: ``"laplace"`` (one Laplace draw), ``"normal"``, or ``"none"`` (noise-only)."""
+        kind = np.where(self.single_laplace_term, "laplace", "normal")
+        return np.where(self.bias_estimated, kind, "none").astype(object)
+
+    @property
+    def uncertainty(self) -> np.ndarray:
+        """Per row: ``"noise+bias"`` (``std_error`` includes the bias) or ``"noise-only"``."""
+        return np.where(self.bias_estimated, "noise+bias", "noise-only").astype(object)
+
+
+def cell_coordinates(shape: Sequence[int], cell_at: np.ndarray | None = None) -> np.ndarray:
+    """Grid coordinates ``(n_cells, len(shape))`` of DAWA's cells.
+
+    ``cell_at[p]`` is the row-major grid index of DAWA position ``p`` (a Hilbert layout's
+    ``cell_at`` without padding); ``None`` means positions are the grid in row-major order.
+    """
+    dims = tuple(int(s) for s in shape)
+    if not dims or min(dims) < 1:
+        raise ValueError(f"shape ({shape}) must be one or more positive sizes")
+    index = np.arange(math.prod(dims)) if cell_at is None else np.asarray(cell_at, dtype=np.int64)
+    if index.ndim != 1 or np.any((index < 0) | (index >= math.prod(dims))):
+        raise ValueError(f"cell_at must be 1-D row-major indices into a grid of shape {dims}")
+    return np.column_stack(np.unravel_index(index, dims)).astype(np.int64)
+
+
+def bucket_covariance(strategy: HierarchicalStrategy, *, noise_variance: float) -> np.ndarray:
+    """``Cov(ŝ) = σ² (AᵀA)⁻¹`` of the least-squares bucket counts; ``σ²`` = one draw's variance.
+
+    ``AᵀA`` has full rank (every leaf keeps a positive budget fraction).  O(k³) time, O(k²) memory.
+    """
+    if not (math.isfinite(noise_variance) and noise_variance > 0):
+        raise ValueError(f"noise_variance ({noise_variance}) must be finite and > 0")
+    a = strategy.matrix()
+    gram = (a.T @ a).toarray()
+    factor, info = scipy.linalg.lapack.dpotrf(gram, lower=False)  # O(k³/3)
+    if info == 0:
+        upper, info = scipy.linalg.lapack.dpotri(factor, lower=False)  # O(2k³/3)
+    if info != 0:  # numerically singular (budget fractions near 0): fall back to the pseudo-inverse
+        return noise_variance * scipy.linalg.pinvh(gram)
+    upper = np.triu(upper)
+    return noise_variance * (upper + np.triu(upper, 1).T)
+
+
+def _bucket_slopes_squared(
+    partition: Partition,
+    densities: np.ndarray,
+    density_covariance: np.ndarray,
+    coordinates: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Squared density slope of every bucket along every axis, from its neighbouring buckets.
+
+    Every grid edge between cells of buckets ``b ≠ b'`` gives, along the edge's axis, the sample
+    ``max(0, (d_b' − d_b)² − Var(d_b' − d_b)) / max(|m_b' − m_b|, 1)²`` (``d`` densities, ``m``
+    centroids; subtracting the noise variance removes the noise's upward bias, the floor at 0 keeps
+    it a square).  A bucket's value per
+    axis is the mean of its samples; an axis without samples takes the mean of the bucket's other
+    axes.  Returns ``(slopes², centroids, estimable)``; a bucket with no neighbour at all (only when
+    ``k = 1``) is not estimable.  O(n·axes + k).
+    """
+    k = partition.n_buckets
+    bucket = partition.bucket_of_cell()
+    sizes = partition.sizes.astype(np.float64)
+    n_axes = coordinates.shape[1]
+    centroids = np.column_stack(
+        [
+            np.bincount(bucket, coordinates[:, a].astype(np.float64), k) / sizes
+            for a in range(n_axes)
+        ]
+    )
+    shape = tuple(int(s) for s in coordinates.max(axis=0) + 1)
+    grid = np.ravel_multi_index(tuple(coordinates.T), shape)
+    position = np.full(math.prod(shape), -1, dtype=np.int64)
+    position[grid] = np.arange(grid.size)
+    variance = np.diag(density_covariance)
+    sums = np.zeros((k, n_axes))
+    counts = np.zeros((k, n_axes))
+    for axis in range(n_axes):  # O(n) per axis
+        has_next = coordinates[:, axis] < shape[axis] - 1
+        here = np.flatnonzero(has_next)
+        there = position[grid[here] + math.prod(shape[axis + 1 :])]
+        keep = there >= 0
+        here, there = here[keep], there[keep]
+        b, c = bucket[here], bucket[there]
+        cross = b != c
+        b, c = b[cross], c[cross]
+        contrast = (densities[c] - densities[b]) ** 2 - (
+            variance[b] + variance[c] - 2.0 * density_covariance[b, c]
+        )
+        distance = np.maximum(np.abs(centroids[c, axis] - centroids[b, axis]), 1.0)
+        sample = np.maximum(contrast, 0.0) / distance**2
+        sums[:, axis] = np.bincount(b, sample, k) + np.bincount(c, sample, k)
+        counts[:, axis] = np.bincount(b, minlength=k) + np.bincount(c, minlength=k)
+    seen = counts > 0
+    slopes = np.divide(sums, counts, out=np.zeros_like(sums), where=seen)
+    estimable = seen.any(axis=1)
+    axis_mean = slopes.sum(axis=1) / np.maximum(seen.sum(axis=1), 1)
+    slopes = np.where(seen, slopes, axis_mean[:, None])
+    return slopes, centroids, estimable
+
+
+def _partial_covers(
+    workload: IntervalWorkload, partition: Partition, coordinates: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every (row, bucket) a query covers unevenly, with its weight sums.
+
+    Returns ``(row, bucket, Σa, Σa², Σa·coord)`` over the bucket's cells, ``a`` the query's weight on
+    each cell (0 off the query).  Only a piece's first and last bucket can be cut; buckets strictly
+    inside a piece are covered evenly and no other piece of the row meets them.  O(P log P).
+    """
+    bucket = partition.bucket_of_cell()
+    starts, ends = partition.starts, partition.boundaries[1:]
+    prefix = np.vstack(
+        (np.zeros((1, coordinates.shape[1])), np.cumsum(coordinates, axis=0, dtype=np.float64))
+    )
+    first, last = bucket[workload.lo], bucket[workload.hi]
+    split = last != first
+    # (piece, bucket, lo, hi) of the piece's part in its first bucket, then in its last bucket.
+    rows = np.concatenate((workload.row, workload.row[split]))
+    buckets = np.concatenate((first, last[split]))
+    lo = np.concatenate((workload.lo, starts[last[split]]))
+    hi = np.concatenate((np.where(split, ends[first] - 1, workload.hi), workload.hi[split]))
+    weight = np.concatenate((workload.weight, workload.weight[split]))
+    count = (hi - lo + 1).astype(np.float64)
+    key = rows * partition.n_buckets + buckets
+    unique_key, inverse = np.unique(key, return_inverse=True)
+    inverse = inverse.ravel()
+    a1 = np.bincount(inverse, weight * count)
+    a2 = np.bincount(inverse, weight**2 * count)
+    coord = np.column_stack(
+        [
+            np.bincount(inverse, weight * (prefix[hi + 1, axis] - prefix[lo, axis]))
+            for axis in range(coordinates.shape[1])
+        ]
+    )
+    row, bucket_index = np.divmod(unique_key, partition.n_buckets)
+    size = partition.sizes[bucket_index].astype(np.float64)
+    uneven = a2 * size - a1**2 > _EVEN_COVER_TOLERANCE * np.maximum(a2 * size, 1e-300)
+    return row[uneven], bucket_index[uneven], a1[uneven], a2[uneven], coord[uneven]
+
+
+def _coverage_rows(
+    workload: IntervalWorkload, partition: Partition, first_row: int, last_row: int
+) -> sp.csr_array:
+    """``Q`` of rows ``first_row … last_row−1`` (sparse): each bucket's weight in the query's answer
+    ``Σ_b Q_rb ŝ_b`` (uniform expansion: covering c of a bucket's L cells gives weight·c/L).
+    O(pieces + Σ buckets spanned by the pieces)."""
+    begin, end = np.searchsorted(workload.row, [first_row, last_row])
+    piece = slice(begin, end)
+    lo, hi, weight = workload.lo[piece], workload.hi[piece], workload.weight[piece]
+    bucket = partition.bucket_of_cell()
+    first, last = bucket[lo], bucket[hi]
+    span = last - first + 1
+    entry_piece = np.repeat(np.arange(span.size), span)
+    entry_bucket = np.repeat(first - (np.cumsum(span) - span), span) + np.arange(span.sum())
+    cover_lo = np.maximum(partition.starts[entry_bucket], lo[entry_piece])
+    cover_hi = np.minimum(partition.boundaries[1:][entry_bucket], hi[entry_piece] + 1)
+    value = weight[entry_piece] * (cover_hi - cover_lo) / partition.sizes[entry_bucket]
+    return sp.csr_array(
+        (value, (workload.row[piece][entry_piece] - first_row, entry_bucket)),
+        shape=(last_row - first_row, partition.n_buckets),
+    )
+
+
+def query_uncertainty(
+    workload: IntervalWorkload,
+    strategy: HierarchicalStrategy,
+    bucket_estimates: np.ndarray,
+    *,
+    noise_variance: float,
+    coordinates: np.ndarray | None = None,
+) -> QueryUncertainty:
+    """Error model of every query's DAWA answer: noise variance plus the estimated expansion bias.
+
+    Uses only what the release already holds (the public partition, the public strategy and the
+    released bucket estimates ``ŝ``) — no extra budget, never the true cells.
+
+    For a query with weight ``a_j`` on cell ``j`` the answer's error is
+    ``Σ_b q_b(ŝ_b − s_b)`` (noise; ``q_b = Σ_{j∈b} a_j / |b|``) plus the bias
+    ``Σ_b Σ_{j∈b} a_j (s_b/|b| − x_j)``, which is zero in every bucket the query covers evenly
+    (all or none of its cells at one weight).  The bias in a bucket ``b`` that the query cuts is
+    estimated under this **assumption**: inside a bucket, the cell counts are independent
+    Poisson draws around a linear trend, ``x_j ~ Poisson(λ_b + g_b·(z_j − m_b))`` (``z_j`` the
+    cell's grid coordinates, ``m_b`` the bucket's centroid) — the counts are a sample from a
+    population whose density varies smoothly inside a bucket.  Then
+
+    ``E[bias_b²] = λ_b (Σa_j² − (Σa_j)²/|b|) + Σ_axes g_{b,axis}² (Σ a_j (z_j − m_b)_axis)²``
+
+    with ``λ_b`` estimated by ``max(ŝ_b/|b|, 0)`` and ``g_b²`` from the density contrasts with
+    the neighbouring buckets in the grid (:func:`_bucket_slopes_squared`, noise-corrected).
+    Buckets' terms are added (slopes of different buckets taken as independent).  Spikes or
+    heaping inside a bucket (a cell far from the trend by more than Poisson variation) break the
+    assumption: the intervals then cover less than they claim.  A bucket with no neighbour
+    (``k = 1``) has no slope estimate: queries that cut it get ``bias_variance = NaN``
+    (noise-only, publish no interval).
+
+    ``noise_variance`` is the variance of one unit-weight draw (``2·scale²`` for Laplace);
+    ``coordinates`` gives each cell's grid coordinates (:func:`cell_coordinates`; default: the 1-D
+    position).  O(k³ + m·k + P log P) time for m queries of P pieces, O(k² + chunk) memory.
+
+    References
+    ----------
+    Li thesis Prop. 6.1 (approximation + perturbation error of uniform expansion), eq. (6.1).
+    """
+    partition = strategy.partition
+    if workload.n_cells != partition.n_cells:
+        raise ValueError(
+            f"workload has {workload.n_cells} cells but the partition covers {partition.n_cells}"
+        )
+    estimates = np.asarray(bucket_estimates, dtype=np.float64)
+    if estimates.shape != (partition.n_buckets,) or not np.all(np.isfinite(estimates)):
+        raise ValueError(
+            f"bucket_estimates (shape {estimates.shape}) must be {partition.n_buckets} finite values"
+        )
+    coords = (
+        np.arange(partition.n_cells, dtype=np.int64)[:, None]
+        if coordinates is None
+        else np.asarray(coordinates)
+    )
+    if (
+        coords.ndim != 2
+        or coords.shape[0] != partition.n_cells
+        or not np.issubdtype(coords.dtype, np.integer)
+        or np.any(coords < 0)
+    ):
+        raise ValueError(
+            f"coordinates (shape {coords.shape}) must be non-negative integers, one row per cell "
+            f"({partition.n_cells})"
+        )
+    covariance = bucket_covariance(strategy, noise_variance=noise_variance)
+    sizes = partition.sizes.astype(np.float64)
+    densities = estimates / sizes
+    density_covariance = covariance / np.outer(sizes, sizes)
+    slopes, centroids, estimable = _bucket_slopes_squared(
+        partition, densities, density_covariance, coords
+    )
+
+    # Bias: one term per unevenly covered (row, bucket).  O(P log P)
+    row, bucket, a1, a2, coord_sum = _partial_covers(workload, partition, coords)
+    spread = coord_sum - a1[:, None] * centroids[bucket]
+    term = np.maximum(densities[bucket], 0.0) * (a2 - a1**2 / sizes[bucket]) + np.sum(
+        slopes[bucket] * spread**2, axis=1
+    )
+    bias = np.bincount(row, term, workload.n_rows).astype(np.float64)  # int when nothing is cut
+    cut = np.bincount(row, minlength=workload.n_rows) > 0
+    bias[np.bincount(row[~estimable[bucket]], minlength=workload.n_rows) > 0] = np.nan
+
+    # Noise and single-draw rows, a chunk of whole queries at a time.  O(nnz(Q)·k + m·k log k)
+    matrix = strategy.matrix()
+    inverse = covariance / noise_variance  # (AᵀA)⁻¹
+    noise = np.zeros(workload.n_rows)
+    single = np.zeros(workload.n_rows, dtype=bool)
+    rows_per_chunk = max(1, _COVERAGE_CHUNK_ENTRIES // max(partition.n_buckets, matrix.shape[0]))
+    for first_row in range(0, workload.n_rows, rows_per_chunk):
+        last_row = min(first_row + rows_per_chunk, workload.n_rows)
+        q = _coverage_rows(workload, partition, first_row, last_row)
+        noise[first_row:last_row] = np.asarray(q.multiply(q @ covariance).sum(axis=1)).ravel()
+        exact = np.flatnonzero(~cut[first_row:last_row])
+        if exact.size:
+            answer_rows = (matrix @ (q[exact] @ inverse).T).T  # q (AᵀA)⁻¹ Aᵀ
+            single[first_row + exact] = single_term_rows(answer_rows)
+    return QueryUncertainty(noise_variance=noise, bias_variance=bias, single_laplace_term=single)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ from mechanisms.dawa import (
     IntervalWorkload,
     Partition,
     PartitionSelector,
+    cell_coordinates,
     greedy_h_strategy,
+    query_uncertainty,
     split_budget,
 )
 from mechanisms.hilbert import HilbertLayout
@@ -131,7 +133,9 @@ class DawaMechanism:
     def unavailable_reason(self, request: PlanRequest) -> str | None:
         shape = request.workload.domain_shape
         if len(shape) not in (1, 2):
-            return f"DAWA needs a domain of one or two ordered attributes (this one has {len(shape)})"
+            return (
+                f"DAWA needs a domain of one or two ordered attributes (this one has {len(shape)})"
+            )
         if not all(request.ordered):
             return "DAWA needs ordered attributes (integer ranges, bins, or ordered categories)"
         if request.noise != "laplace":
@@ -139,7 +143,9 @@ class DawaMechanism:
         for item in request.workload.items:
             for factor in item.factors:
                 if not isinstance(factor, Identity | Total | Prefix | Ranges):
-                    return f"DAWA answers interval queries only; item {item.name!r} has other queries"
+                    return (
+                        f"DAWA answers interval queries only; item {item.name!r} has other queries"
+                    )
         work = request.workload.num_queries * request.workload.num_cells
         if work > MAX_VARIANCE_WORK:
             return (
@@ -193,13 +199,13 @@ class DawaMechanism:
             design.options.as_dict(),
         )
         stored = context.released.load(key)
-        if stored is not None and not context.accountant.holds(str(stored.parameters["receipt_id"])):
+        if stored is not None and not context.accountant.holds(
+            str(stored.parameters["receipt_id"])
+        ):
             stored = None  # its receipt is not on this catalog's ledger: select (and pay) again
         if stored is None:
             boundaries, receipt = self._select(design, data, context=context, cost=partition_cost)
-            stored = StoredStrategy(
-                parameters={"boundaries": boundaries, "receipt_id": receipt}
-            )
+            stored = StoredStrategy(parameters={"boundaries": boundaries, "receipt_id": receipt})
             context.released.save(key, stored)
             charged = partition_cost
             reused = False
@@ -257,8 +263,7 @@ class DawaMechanism:
             cost=cost,
             accountant=context.accountant,
             label=(
-                f"{context.label}: DAWA private partition "
-                f"(epsilon1={design.partition_epsilon:g})"
+                f"{context.label}: DAWA private partition (epsilon1={design.partition_epsilon:g})"
             ),
         )
         return [int(b) for b in partition.boundaries], receipt_id
@@ -266,25 +271,36 @@ class DawaMechanism:
     def reconstruct(
         self, measurement: Measurement, *, workload: Workload
     ) -> dict[str, ItemAnswers]:
-        """Bucket least squares, uniform expansion, per-query standard errors.
+        """Bucket least squares, uniform expansion, and each query's honest uncertainty.
 
-        The standard errors are the measurement's (conditional on the public partition); the bias
-        of assuming uniform buckets depends on the data and is not included.
+        ``std_error`` covers the noise and the estimated bias of assuming uniform buckets, both
+        from released values only (:func:`mechanisms.dawa.query_uncertainty`); rows whose bias
+        cannot be estimated get a noise-only figure and no interval.
         """
         measured: MeasuredDawa = measurement.strategy
         layout = measured.design.layout
-        cells = layout.from_dawa(measured.greedy.reconstruct(measurement.values))
-        variances = measurement.noise.variance * _query_variances(
-            measured.design.intervals, measured.greedy
+        buckets = measured.greedy.least_squares(measurement.values)
+        cells = layout.from_dawa(measured.greedy.partition.expand(buckets))
+        uncertainty = query_uncertainty(
+            measured.design.intervals,
+            measured.greedy,
+            buckets,
+            noise_variance=measurement.noise.variance,
+            coordinates=cell_coordinates(
+                layout.shape, None if layout.hilbert is None else layout.hilbert.cell_at
+            ),
         )
         answers = {}
         offset = 0
         for item in workload.items:
-            count = item.num_queries
+            rows = slice(offset, offset + item.num_queries)
             answers[item.name] = ItemAnswers(
-                estimates=item.answer(cells), variances=variances[offset : offset + count]
+                estimates=item.answer(cells),
+                variances=uncertainty.variance[rows],
+                interval=uncertainty.interval[rows],
+                uncertainty=uncertainty.uncertainty[rows],
             )
-            offset += count
+            offset += item.num_queries
         return answers
 
 
@@ -365,36 +381,6 @@ def interval_workload(workload: Workload, layout: DawaLayout) -> IntervalWorkloa
         hi=np.concatenate(his),
         weight=np.ones(row.size),
     )
-
-
-def _query_variances(intervals: IntervalWorkload, strategy: HierarchicalStrategy) -> np.ndarray:
-    """``q (AᵀA)⁻¹ qᵀ`` per query, with ``q`` the query's coverage of each bucket (uniform
-    expansion: a query covering c of a bucket's s cells gets c/s of its estimate). O(m·k²)."""
-    partition = strategy.partition
-    k = partition.n_buckets  # ≤ n_cells: the plan checked n_rows · n_cells ≤ MAX_VARIANCE_WORK
-    lo, hi, weight = strategy.query_buckets()
-    matrix = np.zeros((lo.size, k))
-    for row, (a, b, w) in enumerate(zip(lo, hi, weight, strict=True)):
-        matrix[row, a:b] = w
-    inverse = np.linalg.pinv(matrix.T @ matrix)  # O(k³)
-    starts = partition.starts.astype(np.float64)
-    sizes = partition.sizes.astype(np.float64)
-    variances = np.zeros(intervals.n_rows)
-    rows_per_chunk = max(1, 2_000_000 // max(k, 1))
-    for first_row in range(0, intervals.n_rows, rows_per_chunk):  # whole queries per chunk
-        last_row = min(first_row + rows_per_chunk, intervals.n_rows)
-        begin, end = np.searchsorted(intervals.row, [first_row, last_row])
-        piece = slice(begin, end)
-        upper = np.clip((intervals.hi[piece, None] + 1 - starts) / sizes, 0.0, 1.0)
-        lower = np.clip((intervals.lo[piece, None] - starts) / sizes, 0.0, 1.0)
-        per_query = np.zeros((last_row - first_row, k))
-        np.add.at(
-            per_query,
-            intervals.row[piece] - first_row,
-            intervals.weight[piece, None] * (upper - lower),
-        )
-        variances[first_row:last_row] = np.einsum("ij,jk,ik->i", per_query, inverse, per_query)
-    return variances
 
 
 MECHANISM = DawaMechanism()

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mechanisms.operators import kron_dense
+from mechanisms.error import dense_support_residual
+from mechanisms.operators import kron_query_variances
 from mechanisms.protocol import LeastSquaresAnswers
 from mechanisms.strategies import psd_pinv
 from mechanisms.workload import Workload, WorkloadItem
@@ -70,23 +71,15 @@ class DenseStrategy(LeastSquaresAnswers):
     def item_unit_variances(
         self, item: WorkloadItem, workload: Workload | None = None
     ) -> np.ndarray:
-        queries = kron_dense(item.factors)  # O(m N): small domains only
-        return np.einsum("ij,jk,ik->i", queries, self.covariance(), queries)
+        # Gram-first: never the item's m × N query matrix (2 M × 2,048 for all ranges of 2,048)
+        return kron_query_variances(item.factors, self.covariance())
 
     def item_unit_total(self, item: WorkloadItem, workload: Workload | None = None) -> float:
-        return float(self.item_unit_variances(item, workload).sum())
+        return float(np.sum(item.dense_gram() * self.covariance()))  # tr(WᵀW (AᵀA)⁺), O(N²)
 
     def support_residual(self, workload: Workload) -> float:
-        gram_a = self.matrix.T @ self.matrix
-        projector = self.covariance() @ gram_a
-        worst = 0.0
-        for item in workload.items:
-            queries = kron_dense(item.factors)
-            residual = queries - queries @ projector
-            worst = max(
-                worst, float(np.abs(residual).max()) / max(1.0, float(np.abs(queries).max()))
-            )
-        return worst
+        projector = self.covariance() @ (self.matrix.T @ self.matrix)  # (AᵀA)⁺AᵀA, O(p N² + N³)
+        return dense_support_residual(workload, projector)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ the Gram matrix G (or on its eigen-decomposition).  This module provides
 * small dense Gram builders (ranges, prefixes, marginals) and closed-form spectra for them.
 
 The result, :class:`EigenDesignStrategy`, is measured like any other strategy through
-``mechanisms.session.ProtectedCells.measure`` (it has ``name``, ``num_queries``,
+``mechanisms.choke_point.ProtectedCells.measure`` (it has ``name``, ``num_queries``,
 ``sensitivity(norm=...)``, ``apply`` and ``least_squares``); this module draws no noise.
 Strategy selection reads only the workload, which is public: it spends no privacy budget.
 
@@ -43,6 +43,10 @@ import numpy as np
 import scipy.fft
 import scipy.linalg
 import scipy.optimize
+
+from mechanisms.lower_bound import svd_bound_from_eigenvalues, svd_bound_gram, validated_gram
+from mechanisms.operators import AllRanges, Identity, Prefix, Total
+from mechanisms.workload import Workload, WorkloadItem
 
 SensitivityNorm = Literal["l2", "l1"]
 DesignMethod = Literal["full", "separation", "principal"]
@@ -77,7 +81,6 @@ __all__ = [
     "marginals_spectrum",
     "minimize_workload",
     "prefix_gram",
-    "svd_bound",
     "svd_bound_from_spectrum",
     "total_error_l1",
     "total_error_l2",
@@ -181,7 +184,7 @@ class MinimizedWorkload:
 class EigenDesignStrategy:
     """A strategy chosen by Eigen-Design, with what is needed to audit and reproduce it.
 
-    Satisfies ``mechanisms.session.MeasurableStrategy``, so the session measures it directly.
+    Satisfies ``mechanisms.choke_point.MeasurableStrategy``, so the session measures it directly.
 
     *Privacy*: ``A`` depends only on the (public) workload.  Its sensitivity in
     ``sensitivity_norm`` is 1 (max column norm), so answering ``A x`` costs what one
@@ -253,21 +256,6 @@ class EigenDesignStrategy:
 # ------------------------------------------------------------------------------------------------
 
 
-def _validated_gram(gram: np.ndarray) -> np.ndarray:
-    gram = np.asarray(gram, dtype=np.float64)
-    if gram.ndim != 2 or gram.shape[0] != gram.shape[1] or gram.shape[0] == 0:
-        raise ValueError(f"gram (shape {gram.shape}) must be a non-empty square matrix")
-    if not np.all(np.isfinite(gram)):
-        raise ValueError("gram must be finite")
-    scale = float(np.max(np.abs(gram)))
-    asymmetry = float(np.max(np.abs(gram - gram.T)))
-    if asymmetry > 1e-8 * scale:
-        raise ValueError(f"gram must be symmetric (max |G - G^T| = {asymmetry:.3g})")
-    if scale == 0.0:
-        raise ValueError("gram must not be all zero (the workload has no non-zero query)")
-    return gram
-
-
 def _validated_strategy(strategy: np.ndarray, n_cells: int | None = None) -> np.ndarray:
     strategy = np.asarray(strategy, dtype=np.float64)
     if strategy.ndim != 2 or strategy.size == 0:
@@ -313,9 +301,7 @@ def all_range_gram(n: int) -> np.ndarray:
            [2., 4., 2.],
            [1., 2., 3.]])
     """
-    n = _check_positive_int("n", n)
-    index = np.arange(1, n + 1, dtype=np.float64)
-    return np.minimum.outer(index, index) * (n + 1 - np.maximum.outer(index, index))
+    return AllRanges(_check_positive_int("n", n)).gram()
 
 
 def all_range_gram_nd(shape: Sequence[int]) -> np.ndarray:
@@ -324,17 +310,13 @@ def all_range_gram_nd(shape: Sequence[int]) -> np.ndarray:
     ALLRANGE(n1, n2, ...) is the cross product of 1-D ALLRANGE workloads (thesis Def 4.12).
     """
     shape = _validated_shape(shape)
-    gram = np.ones((1, 1))
-    for size in shape:
-        gram = np.kron(gram, all_range_gram(size))
-    return gram
+    item = WorkloadItem(name="ranges", factors=tuple(AllRanges(size) for size in shape))
+    return item.dense_gram()
 
 
 def prefix_gram(n: int) -> np.ndarray:
     """Gram matrix of the prefix (CDF) workload ``[1, i]``, i = 1..n: ``G_ij = n - max(i, j) + 1``."""
-    n = _check_positive_int("n", n)
-    index = np.arange(1, n + 1, dtype=np.float64)
-    return n + 1 - np.maximum.outer(index, index)
+    return Prefix(_check_positive_int("n", n)).gram()
 
 
 def k_way_cliques(n_attributes: int, k: int) -> list[tuple[int, ...]]:
@@ -354,15 +336,14 @@ def marginals_gram(shape: Sequence[int], cliques: Sequence[Sequence[int]]) -> np
     """
     shape = _validated_shape(shape)
     cliques = _validated_cliques(cliques, len(shape))
-    n_cells = math.prod(shape)
-    gram = np.zeros((n_cells, n_cells))
-    for clique in cliques:
-        term = np.ones((1, 1))
-        for attribute, size in enumerate(shape):
-            factor = np.eye(size) if attribute in clique else np.ones((size, size))
-            term = np.kron(term, factor)
-        gram += term
-    return gram
+    items = tuple(
+        WorkloadItem(
+            name=str(sorted(clique)),
+            factors=tuple(Identity(n) if a in clique else Total(n) for a, n in enumerate(shape)),
+        )
+        for clique in cliques
+    )
+    return Workload(domain_shape=shape, items=items).dense_gram()
 
 
 def _validated_shape(shape: Sequence[int]) -> tuple[int, ...]:
@@ -397,7 +378,7 @@ def workload_spectrum(
     gram: np.ndarray, *, eigenvalue_rtol: float = DEFAULT_EIGENVALUE_RTOL
 ) -> WorkloadSpectrum:
     """Dense eigen-decomposition of G, dropping eigenvalues ``<= eigenvalue_rtol * max`` (O(n^3))."""
-    gram = _validated_gram(gram)
+    gram = validated_gram(gram)
     eigenvalue_rtol = _check_unit_interval("eigenvalue_rtol", eigenvalue_rtol, include_one=False)
     eigenvalues, eigenvectors = np.linalg.eigh(gram)  # O(n^3)
     order = np.argsort(eigenvalues)[::-1]
@@ -417,7 +398,7 @@ def all_range_spectrum(n: int) -> WorkloadSpectrum:
     """
     n = _check_positive_int("n", n)
     index = np.arange(1, n + 1, dtype=np.float64)
-    eigenvalues = (n + 1) / (4.0 * np.sin(np.pi * index / (2.0 * (n + 1))) ** 2)
+    eigenvalues = AllRanges(n).gram_eigenvalues()  # decreasing in k
     eigenvectors = np.sqrt(2.0 / (n + 1)) * np.sin(np.pi * np.outer(index, index) / (n + 1))
     return WorkloadSpectrum(eigenvalues=eigenvalues, eigenvectors=eigenvectors)
 
@@ -468,33 +449,9 @@ def marginals_spectrum(shape: Sequence[int], cliques: Sequence[Sequence[int]]) -
 # ------------------------------------------------------------------------------------------------
 
 
-def svd_bound(gram: np.ndarray) -> float:
-    """The singular value bound ``SVDB(W) = (sum_i sqrt(sigma_i))^2 / n`` (Prop 4.3, O(n^3)).
-
-    sigma_i are the eigenvalues of ``G = W^T W`` (round-off below ``n eps sigma_max`` is set to 0)
-    and n is the number of cells.  ``P * SVDB`` is a lower bound on the total squared error of the matrix
-    mechanism with any strategy under L2 sensitivity (Thm 4.1).
-
-    References
-    ----------
-    Li thesis, Def 4.3, Prop 4.3, Thm 4.1.
-
-    Examples
-    --------
-    >>> round(svd_bound(all_range_gram(16)), 4)
-    404.4829
-    """
-    gram = _validated_gram(gram)
-    eigenvalues = np.linalg.eigvalsh(gram)  # O(n^3)
-    # Round-off makes zero eigenvalues ~ n eps max|sigma| either side of 0; sqrt would amplify it.
-    noise_level = gram.shape[0] * np.finfo(np.float64).eps * float(eigenvalues.max())
-    eigenvalues = np.where(eigenvalues > noise_level, eigenvalues, 0.0)
-    return float(np.sum(np.sqrt(eigenvalues)) ** 2 / gram.shape[0])
-
-
 def svd_bound_from_spectrum(spectrum: WorkloadSpectrum) -> float:
     """SVDB from a spectrum: ``(sum sqrt(sigma))^2 / n_cells`` (O(r))."""
-    return float(np.sum(np.sqrt(spectrum.eigenvalues)) ** 2 / spectrum.n_cells)
+    return svd_bound_from_eigenvalues(spectrum.eigenvalues, spectrum.n_cells)
 
 
 def minimize_workload(
@@ -506,7 +463,7 @@ def minimize_workload(
     zero iff ``G_jj = 0``.  Both tests use the tolerance ``duplicate_rtol * max_j G_jj``.
     Each merged group keeps its lowest-index cell as representative.
     """
-    gram = _validated_gram(gram)
+    gram = validated_gram(gram)
     duplicate_rtol = _check_unit_interval("duplicate_rtol", duplicate_rtol, include_one=False)
     diagonal = np.diag(gram)
     tolerance = duplicate_rtol * float(diagonal.max())
@@ -534,7 +491,7 @@ def cell_simplified_svd_bound(gram: np.ndarray) -> float:
     Both SVDB and SVDB+ are valid lower bounds, so ``max(svd_bound, cell_simplified_svd_bound)``
     is too (reference note A5); the two are not ordered in general (Example 4.4).
     """
-    return svd_bound(minimize_workload(gram).gram)
+    return svd_bound_gram(minimize_workload(gram).gram)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -565,7 +522,7 @@ def workload_variance_factor(gram: np.ndarray, strategy: np.ndarray) -> float:
     ValueError
         If A does not support the workload (the row space of G is not inside that of A).
     """
-    gram = _validated_gram(gram)
+    gram = validated_gram(gram)
     strategy = _validated_strategy(strategy, gram.shape[0])
     return _trace_gram_pinv(strategy.T @ strategy, gram=gram)
 
@@ -1125,7 +1082,7 @@ def eigen_design(
     _validated_design_options(
         sensitivity, method, group_size, principal_fraction, solver_rtol, max_iterations
     )
-    gram = _validated_gram(gram)
+    gram = validated_gram(gram)
     minimized = minimize_workload(gram, duplicate_rtol=duplicate_rtol)
     spectrum = workload_spectrum(minimized.gram, eigenvalue_rtol=eigenvalue_rtol)
     candidate, source, alternative, iterations, gap = _design(
@@ -1144,7 +1101,7 @@ def eigen_design(
     error_factor = _trace_gram_pinv(
         strategy_on_columns.T @ strategy_on_columns, gram=minimized.gram
     )
-    lower_bound = max(svd_bound(gram), svd_bound(minimized.gram))
+    lower_bound = max(svd_bound_gram(gram), svd_bound_gram(minimized.gram))
     return EigenDesignStrategy(
         A=minimized.expand_strategy(strategy_on_columns),
         weights=candidate.row_weights,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threadpoolctl
 
+from mechanisms.budget import predict_eigen_design_seconds
 from mechanisms.dense import DenseStrategy
 from mechanisms.eigen_design import eigen_design
 from mechanisms.protocol import (
@@ -31,16 +32,13 @@ class EigenDesignMechanism(MatrixMechanism):
     def unavailable_reason(self, request: PlanRequest) -> str | None:
         cells = request.workload.num_cells
         if cells > MAX_CELLS:
-            return (
-                f"Eigen-Design works on the dense {cells}-cell Gram matrix; at most {MAX_CELLS} cells"
-            )
+            return f"Eigen-Design works on the dense {cells}-cell Gram matrix; at most {MAX_CELLS} cells"
         if not request.requested and cells > AUTO_MAX_CELLS:
             return f"skipped by auto above {AUTO_MAX_CELLS} cells (ask for it with mechanism: {self.name})"
         return None
 
     def predicted_seconds(self, request: PlanRequest) -> float:
-        # Dense eigendecomposition plus the weighting program: O(N³), ~40 N³ flop at ~1e9 flop/s.
-        return 0.01 + 40 * request.workload.num_cells**3 * 1e-9
+        return predict_eigen_design_seconds(request.workload.num_cells)  # O(N³) eigendecompositions
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> DenseStrategy:
         reason = self.unavailable_reason(request)
@@ -64,7 +62,9 @@ class EigenDesignMechanism(MatrixMechanism):
                 arrays={"A": design.A},
             )
             cache.save(key, stored)
-        return DenseStrategy(name=self.name, matrix=stored.arrays["A"], parameters=stored.parameters)
+        return DenseStrategy(
+            name=self.name, matrix=stored.arrays["A"], parameters=stored.parameters
+        )
 
 
 MECHANISM = EigenDesignMechanism()

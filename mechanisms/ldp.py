@@ -36,14 +36,17 @@ import functools
 import hashlib
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from types import MappingProxyType
 from typing import ParamSpec, Protocol, TypeVar
 
 import numpy as np
 import scipy.linalg
 import threadpoolctl
+
+from mechanisms.budget import Progress, WorkLimit, report
 
 __all__ = [
     "FrequencyOracle",
@@ -58,6 +61,7 @@ __all__ = [
     "lower_bound",
     "optimize_strategy",
     "per_type_variance",
+    "predict_seconds",
     "query_worst_case_variance",
     "randomize",
     "randomized_response",
@@ -121,6 +125,9 @@ class LDPStrategy:
         ``m x n`` float64 matrix, ``Q[o, u] = Pr[response o | item u]``; stored as a read-only copy.
     epsilon:
         The privacy parameter the matrix is certified for.
+    details:
+        Public facts about how the strategy was made (``optimize_strategy``: ``objective``,
+        ``steps``, ``stopped_early``); empty otherwise.  Not part of the fingerprint.
 
     Privacy
     -------
@@ -139,6 +146,7 @@ class LDPStrategy:
     name: str
     Q: np.ndarray = field(repr=False)
     epsilon: float
+    details: Mapping[str, float | int | bool] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -158,6 +166,7 @@ class LDPStrategy:
         matrix.setflags(write=False)
         object.__setattr__(self, "Q", matrix)
         object.__setattr__(self, "epsilon", epsilon)
+        object.__setattr__(self, "details", MappingProxyType(dict(self.details)))
 
     @property
     def num_outputs(self) -> int:
@@ -809,20 +818,27 @@ class _Iterate:
 
 
 def _spectral_projected_gradient(
-    state: _Iterate, workload_gram: np.ndarray, *, max_steps: int, tolerance: float
+    state: _Iterate,
+    workload_gram: np.ndarray,
+    *,
+    max_steps: int,
+    tolerance: float,
+    limit: WorkLimit | None = None,
+    progress: Progress | None = None,
 ) -> tuple[_Iterate, int]:
     """Phase 1: projected gradient with ``z`` fixed, Barzilai-Borwein step, non-monotone Armijo
     search along ``d = Π_z(Q - β ∇L) - Q`` (Birgin, Martinez, Raydan 2000).  The feasible set is a
     product of bounded simplices, so ``Q + t d`` stays feasible for ``t ∈ [0, 1]``.
     Each step costs ``O(m n^2 + n^3)`` plus a few ``O(m n)`` projection passes.  Returns the best
-    iterate and the steps taken.
+    iterate and the steps taken; stops early once ``limit`` has passed (checked before every
+    objective evaluation).  ``progress(steps done / max_steps, message)`` after every step.
     """
     width = float(np.max(state.upper - state.lower))
     step = 0.5 / (state.matrix.shape[0] * max(float(np.abs(state.gradient).max()), 1e-300))
     history = [state.evaluation.value]
     best = state
     steps = 0
-    while steps < max_steps and _made_progress(history, tolerance):
+    while steps < max_steps and _made_progress(history, tolerance) and not _expired(limit):
         gradient_scale = max(float(np.abs(state.gradient).max()), 1e-300)
         step = min(step, _MAX_STEP_WIDTHS * width / gradient_scale)
         target = _project_columns(state.matrix - step * state.gradient, state.lower, state.upper)
@@ -833,7 +849,7 @@ def _spectral_projected_gradient(
         reference = max(history[-_SPG_MEMORY:])
         fraction = 1.0
         trial = None
-        while fraction > 1e-10:
+        while fraction > 1e-10 and not _expired(limit):
             candidate = state.matrix + fraction * direction
             trial = _evaluate(candidate, workload_gram)
             if trial is not None and trial.value <= reference + _ARMIJO_FRACTION * fraction * slope:
@@ -855,7 +871,32 @@ def _spectral_projected_gradient(
         history.append(trial.value)
         if trial.value < best.evaluation.value:
             best = state
+        _step_report(progress, steps, max_steps, limit, "projected gradient", best)
     return best, steps
+
+
+def _expired(limit: WorkLimit | None) -> bool:
+    return limit is not None and limit.expired()
+
+
+def _step_report(
+    progress: Progress | None,
+    steps: int,
+    max_steps: int,
+    limit: WorkLimit | None,
+    phase: str,
+    state: _Iterate,
+) -> None:
+    if progress is None:
+        return
+    share = steps / max(max_steps, 1)
+    used = math.nan if limit is None else limit.fraction_used()
+    report(
+        progress,
+        share if math.isnan(used) else max(share, used),
+        f"LDP strategy, {phase}: step {steps} of at most {max_steps}, "
+        f"objective {state.evaluation.value:.6g}",
+    )
 
 
 def _bound_descent(
@@ -865,24 +906,27 @@ def _bound_descent(
     epsilon: float,
     max_steps: int,
     tolerance: float,
+    limit: WorkLimit | None = None,
+    progress: Progress | None = None,
 ) -> tuple[_Iterate, int]:
     """Phase 2: Algorithm 2 of [McKenna20], ``z <- z - α ∇_z L``, ``Q <- Π_z(Q - β ∇_Q L)``, with
     ``α = 0.01 β / (n e^ε)`` and the exact chain rule for ``∇_z``.  Step search: halve ``β`` until
     the objective decreases with ``Σ z < 1 < e^ε Σ z``, then grow it by 25 %.  Rows whose ``z``
-    reaches 1e-10 are removed before projecting, so columns still sum to 1.  Monotone.
+    reaches 1e-10 are removed before projecting, so columns still sum to 1.  Monotone.  Stops
+    early once ``limit`` has passed (checked before every objective evaluation).
     """
     n = state.matrix.shape[1]
     exp_epsilon = math.exp(epsilon)
     step = 0.5 / (state.matrix.shape[0] * max(float(np.abs(state.gradient).max()), 1e-300))
     history = [state.evaluation.value]
     steps = 0
-    while steps < max_steps and _made_progress(history, tolerance):
+    while steps < max_steps and _made_progress(history, tolerance) and not _expired(limit):
         bound_gradient = _lower_bound_gradient(
             state.gradient, state.matrix, state.lower, state.upper, exp_epsilon
         )
         accepted = None
         gradient_scale = float(np.abs(state.gradient).max())
-        while step * gradient_scale > 1e-12 * float(state.matrix.max()):
+        while step * gradient_scale > 1e-12 * float(state.matrix.max()) and not _expired(limit):
             bound_step = _BOUND_STEP_FRACTION * step / (n * exp_epsilon)
             lower = np.maximum(state.lower - bound_step * bound_gradient, 0.0)
             keep = lower > _PRUNE_PROBABILITY
@@ -904,6 +948,7 @@ def _bound_descent(
         state = accepted
         steps += 1
         history.append(state.evaluation.value)
+        _step_report(progress, steps, max_steps, limit, "bound descent", state)
     return state, steps
 
 
@@ -934,6 +979,8 @@ def optimize_strategy(
     iterations: int = 500,
     tolerance: float = 1e-5,
     initial: LDPStrategy | None = None,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
 ) -> LDPStrategy:
     """Optimise an ε-LDP strategy for workload ``W`` (Problem 3.12 of [McKenna20]).
 
@@ -974,11 +1021,20 @@ def optimize_strategy(
     initial:
         Optional start strategy (for example a baseline) instead of the random start; it must
         have ``n`` columns and the same ε; its row minima are the start's ``z``.
+    time_limit:
+        Seconds; checked before every objective evaluation (one ``O(m n^2 + n^3)`` step).  Once
+        it has passed, the best iterate so far (every iterate is a valid strategy) is returned
+        with ``details["stopped_early"]`` True.  ``None``: no limit.
+    progress:
+        ``progress(fraction, message)`` after every step: steps done of ``iterations`` (or the
+        share of the time limit used, if larger).
 
     Returns
     -------
     LDPStrategy
-        Named ``"optimized"``, validated ε-LDP.
+        Named ``"optimized"``, validated ε-LDP, with ``details``: ``objective`` (the average-case
+        ``L(Q)`` of the optimised iterate; the returned matrix differs by at most one ulp per
+        entry), ``steps`` and ``stopped_early``.
 
     Privacy
     -------
@@ -990,6 +1046,7 @@ def optimize_strategy(
     Martinez, Raydan, "Nonmonotone spectral projected gradient methods on convex sets", SIAM J.
     Optim. 10(4), 2000.
     """
+    limit = WorkLimit(time_limit=time_limit)
     workload = _workload_matrix(W)
     epsilon = _check_epsilon(epsilon)
     if not isinstance(rng, np.random.Generator):
@@ -1020,14 +1077,33 @@ def optimize_strategy(
         raise ValueError("the start strategy does not have full column rank (Q^T D^-1 Q singular)")
     state = _Iterate(matrix, lower, upper, evaluation, _centered_gradient(evaluation))
     state, spent = _spectral_projected_gradient(
-        state, workload_gram, max_steps=iterations, tolerance=tolerance
+        state,
+        workload_gram,
+        max_steps=iterations,
+        tolerance=tolerance,
+        limit=limit,
+        progress=progress,
     )
-    state, _ = _bound_descent(
-        state, workload_gram, epsilon=epsilon, max_steps=iterations - spent, tolerance=tolerance
+    state, more = _bound_descent(
+        state,
+        workload_gram,
+        epsilon=epsilon,
+        max_steps=iterations - spent,
+        tolerance=tolerance,
+        limit=limit,
+        progress=progress,
     )
-    return LDPStrategy(
-        name="optimized", Q=_enforce_row_ratio(state.matrix, epsilon), epsilon=epsilon
+    stopped = limit.expired()
+    matrix = _enforce_row_ratio(state.matrix, epsilon)
+    details = {
+        "objective": state.evaluation.value,  # the matrix differs by at most one ulp per entry
+        "steps": spent + more,
+        "stopped_early": stopped,
+    }
+    report(
+        progress, 1.0, f"LDP strategy: {spent + more} steps, objective {details['objective']:.6g}"
     )
+    return LDPStrategy(name="optimized", Q=matrix, epsilon=epsilon, details=details)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1167,3 +1243,30 @@ def estimate(response_counts: np.ndarray, V: np.ndarray) -> LDPEstimate:
         variance=np.maximum(variance, 0.0),
         num_responses=round(num_responses),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Cost prediction (from sizes only)
+# --------------------------------------------------------------------------------------------
+
+# Seconds per optimiser step (one BLAS thread): 1.0e-3 + 1.28e-7·m·n + 3.2e-10·(m·n² + n³),
+# a relative least-squares fit to the process time per step of optimize_strategy on prefix and
+# identity workloads, ε = 1 and 4, n = 32…256, m = 4n (within 0.6-1.25× of every point), by
+#   .venv/bin/python benchmarks/predict_bench.py --calibrate ldp
+# Steps taken: 85-228 (n = 32), 78-358 (64), 91-500 (128), 23-500 (256) of the 500 allowed;
+# modelled as 100 + 2n, capped by `iterations`.
+_STEP_COEFFICIENTS = (1.0e-3, 1.28e-7, 3.2e-10)
+
+
+def predict_seconds(n: int, *, rows: int | None = None, iterations: int = 500) -> float:
+    """Predicted seconds of :func:`optimize_strategy` on an n-item domain, from sizes only.
+
+    ``rows`` as in :func:`optimize_strategy` (default 4n).  ``min(iterations, 100 + 2n)`` steps
+    of ``O(m n² + n³)`` each, calibrated on this machine (one BLAS thread).  O(1).
+    """
+    n = _check_domain_size(n)
+    num_rows = 4 * n if rows is None else _check_domain_size(rows, name="rows")
+    steps = min(_check_domain_size(iterations, name="iterations", minimum=0), 100 + 2 * n)
+    fixed, per_entry, per_flop = _STEP_COEFFICIENTS
+    per_step = fixed + per_entry * num_rows * n + per_flop * (num_rows * n * n + n**3)
+    return steps * per_step

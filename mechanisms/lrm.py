@@ -31,7 +31,18 @@ from numbers import Integral, Real
 
 import numpy as np
 import scipy.linalg
+import scipy.optimize
 
+from mechanisms.budget import (
+    DGEMM_FLOPS_PER_SECOND,
+    Progress,
+    TimeLimitReached,
+    WorkLimit,
+    blocked_matmul,
+    interruptible,
+    report,
+    svd_seconds,
+)
 from mechanisms.noise import NoiseSampler
 
 __all__ = [
@@ -43,6 +54,7 @@ __all__ = [
     "l1_sensitivity",
     "measure",
     "noise_on_data_error",
+    "predict_seconds",
     "project_columns_to_l1_ball",
     "query_variances",
     "wdiscrete_workload",
@@ -65,6 +77,10 @@ _FIRST_STEP_FACTOR = 100.0
 _HINT_SHRINK = 0.5
 # The L-step updates BᵀB·L incrementally; it is recomputed every this many steps.
 _REFRESH_PERIOD = 16
+# Seconds between deadline checks in the worst case (one product block or projection block).
+_CHECK_INTERVAL = 0.5
+# Largest array the L1-ball projection sorts in one call (about 0.1 s of work).
+_PROJECTION_BLOCK = 1 << 21
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -91,6 +107,9 @@ class LowRankDecomposition:
     bias_sq : float
         ``‖W − B·L‖²_F`` (the paper's τ²): the squared bias per unit squared L2 norm of the data
         (Theorem 3, with its γ corrected to γ²).
+    stopped_early : bool
+        True iff ``decompose`` stopped at its time limit and returned its best exact
+        decomposition so far (see :func:`decompose`).
     """
 
     B: np.ndarray
@@ -100,6 +119,7 @@ class LowRankDecomposition:
     converged: bool
     sensitivity_l1: float
     bias_sq: float
+    stopped_early: bool = False
 
     def __post_init__(self) -> None:
         factor_b = _finite_matrix(self.B, "B")
@@ -132,6 +152,7 @@ class LowRankDecomposition:
         object.__setattr__(self, "rank", int(self.rank))
         object.__setattr__(self, "iterations", int(self.iterations))
         object.__setattr__(self, "converged", bool(self.converged))
+        object.__setattr__(self, "stopped_early", bool(self.stopped_early))
         object.__setattr__(self, "sensitivity_l1", actual)
         object.__setattr__(self, "bias_sq", float(self.bias_sq))
 
@@ -149,6 +170,12 @@ class LowRankDecomposition:
     def query_scale(self) -> float:
         """``Φ(B, L) = ‖B‖²_F`` (Definition 1)."""
         return float(np.sum(self.B * self.B))
+
+    @property
+    def unit_noise_error(self) -> float:
+        """``Δ(L)²·‖B‖²_F``: total noise variance over the m answers per unit noise variance per
+        unit data sensitivity (times ``2/ε²`` for the Laplace release; no bias). O(mr)."""
+        return self.sensitivity_l1**2 * self.query_scale
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,8 +212,24 @@ def project_columns_to_l1_ball(matrix: np.ndarray, *, radius: float = 1.0) -> np
     return np.ascontiguousarray(_project_rows(np.ascontiguousarray(values.T), radius).T)
 
 
-def _project_rows(rows: np.ndarray, radius: float) -> np.ndarray:
-    """Project every row of a C-contiguous (n, r) array onto the L1 ball. O(n r log r)."""
+def _project_rows(rows: np.ndarray, radius: float, *, limit: WorkLimit | None = None) -> np.ndarray:
+    """Project every row of a C-contiguous (n, r) array onto the L1 ball. O(n r log r).
+
+    Rows are independent: large arrays go in blocks of :data:`_PROJECTION_BLOCK` entries, with
+    ``limit`` checked (and Ctrl-C seen) between blocks; the result is the same.
+    """
+    if rows.size <= _PROJECTION_BLOCK:
+        return _project_block(rows, radius)
+    step = max(1, _PROJECTION_BLOCK // rows.shape[1])
+    out = np.empty_like(rows)
+    for start in range(0, rows.shape[0], step):
+        if limit is not None:
+            limit.check()
+        out[start : start + step] = _project_block(rows[start : start + step], radius)
+    return out
+
+
+def _project_block(rows: np.ndarray, radius: float) -> np.ndarray:
     magnitudes = np.abs(rows)
     if magnitudes.sum(axis=1).max() <= radius:
         return rows.copy()
@@ -263,6 +306,8 @@ def decompose(
     beta_growth: float = 2.0,
     beta_period: int = 10,
     beta_max: float = 1e10,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
 ) -> LowRankDecomposition:
     """Factor ``W ≈ B·L`` minimising ``‖B‖²_F`` with every column of ``L`` in the unit L1 ball.
 
@@ -294,19 +339,35 @@ def decompose(
         Penalty schedule: β ← ``beta_growth``·β every ``beta_period`` outer iterations.
     beta_max : float
         Stop once β reaches this ("β sufficiently large", Alg. 1 line 8).
+    time_limit : float, optional
+        Seconds after which the run stops at its next safe point (checked at least every ~0.5 s
+        of work, with time kept in reserve to assemble the result) and returns its best *exact*
+        decomposition so far (``stopped_early=True``): among noise on data (``B = W``,
+        ``L = I``) and, for the last completed alternation and the best outer-iteration end,
+        the iterate itself if ``τ ≤ γ``, else its exact completion
+        ``[B/α, R·diag(1/s)]·[αL; diag(s)] = W`` (``R = W − B·L``, ``s_j = 1 − α‖L_j‖₁``, α
+        minimising the noise), the one with the lowest noise.  If even the initial SVD is
+        predicted to overrun the limit, noise on data is returned at once.  ``None``: no limit
+        (results are bit-identical to a run without the argument).
+    progress : callable, optional
+        ``progress(fraction, message)`` after every outer iteration: the largest of the
+        iteration share, the log-progress of τ towards γ and the share of the time limit used.
 
     Returns
     -------
     LowRankDecomposition
-        ``converged`` is True iff ``τ ≤ γ``; ``bias_sq`` is τ².
+        ``converged`` is True iff ``τ ≤ γ``; ``bias_sq`` is τ²; ``stopped_early`` as above.
 
     Notes
     -----
     Privacy: none spent; ``measure`` calibrates the noise to the actual ``Δ(L)`` of the returned L,
     so the result is safe to use even if the optimiser is stopped early.
 
-    Cost: per alternation ``O(mnr + nr² + r³ + n·r log r)`` (the paper's ``O(r²(m+n))`` omits the
-    ``mnr`` products with W and π and the r×r factorisations).  Memory ``O(mn + (m+n)r)``.
+    Cost: one SVD ``O(mn·min(m, n))``, then per alternation ``O(mnr + nr² + r³ + n·r log r)``
+    (the paper's ``O(r²(m+n))`` omits the ``mnr`` products with W and π and the r×r
+    factorisations); :func:`predict_seconds` predicts a whole run.  Memory ``O(mn + (m+n)r)``.
+    Ctrl-C: products above ~0.25 s are split into row blocks and the SVD runs in a worker thread,
+    so ``KeyboardInterrupt`` is raised within about half a second.
 
     Decisions (paper silent or inconsistent; ``seed-lrm.md`` §6.1):
 
@@ -344,10 +405,13 @@ def decompose(
     >>> round(expected_total_error(W, decomposition, epsilon=1.0), 1)
     38.0
     """
+    limit = WorkLimit(time_limit=time_limit)
     workload = _finite_matrix(W, "W")
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    inner_dim = default_rank(workload) if rank is None else _positive_int(rank, "rank")
+    if rank is None and not np.any(workload):
+        raise ValueError("W has rank 0 (all zero); there is nothing to decompose")
+    requested_rank = None if rank is None else _positive_int(rank, "rank")
     if not (math.isfinite(gamma) and gamma >= 0):
         raise ValueError(f"gamma ({gamma}) must be finite and >= 0")
     max_outer = _positive_int(max_outer, "max_outer")
@@ -361,32 +425,86 @@ def decompose(
     if not np.any(workload):
         raise ValueError("W is all zero; there is nothing to decompose")
 
-    factor_b, factor_lt = _svd_initial_point(workload, inner_dim)  # O(mn·min(m, n))
+    m, n = workload.shape
+    report(progress, 0.0, f"LRM: SVD of the {m}×{n} workload")
+    if time_limit is not None:  # keep time to assemble the result after the last safe point
+        guess = requested_rank or (6 * min(m, n) + 4) // 5
+        reserve = _finish_seconds(m, n, guess, max_inner)
+        limit = WorkLimit(time_limit=max(0.0, time_limit - reserve), started=limit.started)
+    if svd_seconds(m, n) > limit.remaining():
+        return _stopped_result(workload, [], gamma=gamma, iterations=0)
+    left, singular, right_t = interruptible(  # O(mn·min(m, n)), one LAPACK call
+        lambda: np.linalg.svd(workload, full_matrices=False),
+        flops=svd_seconds(m, n) * DGEMM_FLOPS_PER_SECOND,
+    )
+    workload_rank_value = _numerical_rank(singular, m, n)  # numpy's matrix_rank tolerance
+    inner_dim = (6 * workload_rank_value + 4) // 5 if requested_rank is None else requested_rank
+    factor_b, factor_lt = _svd_initial_point(
+        left, singular, right_t, workload_rank_value, inner_dim
+    )
+    del left, right_t
     multiplier = np.zeros_like(workload)
     beta = 1.0
-    stop_step = inner_dim * workload.shape[1] * 1e-12
-    tau = math.inf
+    stop_step = inner_dim * n * 1e-12
+    tau = first_tau = math.inf
     omega_hint = 0.0
     iteration = 0
-    while iteration < max_outer:
-        iteration += 1
-        target_t = np.ascontiguousarray((beta * workload + multiplier).T)  # (βW + π)ᵀ, n×m
-        for _ in range(max_inner):
-            factor_lt, omega_hint = _l_step(
-                factor_b, factor_lt, target_t, beta, max_gradient_steps, stop_step, omega_hint
+    # With a time limit: the outer-iteration end whose exact completion has the lowest noise.
+    best_bound, checkpoint = math.inf, (factor_b, factor_lt)
+    try:
+        while iteration < max_outer:
+            limit.check()
+            iteration += 1
+            target_t = np.ascontiguousarray((beta * workload + multiplier).T)  # (βW + π)ᵀ, n×m
+            for inner in range(max_inner):
+                limit.check()
+                new_lt, omega_hint = _l_step(
+                    factor_b,
+                    factor_lt,
+                    target_t,
+                    beta,
+                    max_gradient_steps,
+                    stop_step,
+                    omega_hint,
+                    limit=limit,
+                )
+                _reseed_dead_rows(new_lt, rng)
+                factor_b = _b_step(new_lt, target_t, beta, limit=limit)
+                factor_lt = new_lt  # (B, Lᵀ) is a completed alternation: a safe point
+                if progress is not None and inner + 1 < max_inner:
+                    report(
+                        progress,
+                        _lrm_fraction(iteration - 1, max_outer, tau, first_tau, gamma, limit),
+                        f"LRM: outer iteration {iteration} of at most {max_outer}, "
+                        f"alternation {inner + 1} of {max_inner}",
+                    )
+            residual = workload - blocked_matmul(factor_b, factor_lt.T, limit=limit)  # O(mnr)
+            tau = float(np.linalg.norm(residual))
+            first_tau = tau if math.isinf(first_tau) else first_tau
+            if time_limit is not None:
+                _, bound = _completion(factor_b, factor_lt, residual)  # O(mn + nr)
+                if bound < best_bound:
+                    best_bound, checkpoint = bound, (factor_b, factor_lt)
+            report(
+                progress,
+                _lrm_fraction(iteration, max_outer, tau, first_tau, gamma, limit),
+                f"LRM: outer iteration {iteration} of at most {max_outer}, "
+                f"residual {tau:.3g} (target {gamma:g})",
             )
-            _reseed_dead_rows(factor_lt, rng)
-            factor_b = _b_step(factor_lt, target_t, beta)
-        residual = workload - factor_b @ factor_lt.T  # O(mnr)
-        tau = float(np.linalg.norm(residual))
-        if tau <= gamma or beta >= beta_max:
-            break
-        if iteration % beta_period == 0:
-            omega_hint *= min(beta * beta_growth, beta_max) / beta
-            beta = min(beta * beta_growth, beta_max)
-        multiplier += beta * residual
+            if tau <= gamma or beta >= beta_max:
+                break
+            if iteration % beta_period == 0:
+                omega_hint *= min(beta * beta_growth, beta_max) / beta
+                beta = min(beta * beta_growth, beta_max)
+            multiplier += beta * residual
+    except TimeLimitReached:
+        iterates = [(factor_b, factor_lt)]
+        if checkpoint[0] is not factor_b:
+            iterates.append(checkpoint)
+        return _stopped_result(workload, iterates, gamma=gamma, iterations=iteration)
 
     factor_l = np.ascontiguousarray(factor_lt.T)
+    report(progress, 1.0, f"LRM: done after {iteration} outer iterations, residual {tau:.3g}")
     return LowRankDecomposition(
         B=factor_b,
         L=factor_l,
@@ -398,15 +516,180 @@ def decompose(
     )
 
 
-def _svd_initial_point(workload: np.ndarray, inner_dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Lemma 3's feasible point: ``B = √r·U_kΣ_k``, ``Lᵀ = V_k/√r``, k = min(r, rank).
+# Cost model of one outer iteration at the default max_inner = max_gradient_steps = 5 (seconds,
+# one BLAS thread): least-squares fit (relative error, non-negative coefficients) of
+#   c0 + c1·mnr + c2·mr² + c3·r³ + c4·nr·log2(r) + c5·mn
+# to the process time per outer iteration of `decompose` on WRange workloads of 15 shapes from
+# 64×64 to 1024×1024, 4096×256 and 64×2048 (r = ⌈1.2·rank⌉), measured by
+#   .venv/bin/python benchmarks/predict_bench.py --calibrate lrm
+# Every shape is within 14 % of the fit.  Outer iterations to converge (γ = 0.01) measured
+# 86-135 on WRange, WDiscrete, WRelated, prefix and all-range workloads with n ≤ 256 (10 for an
+# identity workload), so a run is predicted at _TYPICAL_OUTER iterations.
+_OUTER_COEFFICIENTS = (7.5e-3, 1.35e-10, 1.0e-9, 8.9e-10, 1.27e-7, 2.2e-7)
+_TYPICAL_OUTER = 150
+
+
+def predict_seconds(
+    num_queries: int,
+    num_cells: int,
+    *,
+    workload_rank: int | None = None,
+    rank: int | None = None,
+    max_outer: int = 300,
+    max_inner: int = 5,
+) -> float:
+    """Predicted seconds of :func:`decompose` on an ``m×n`` workload, from sizes only.
+
+    ``workload_rank`` defaults to ``min(m, n)`` (an upper bound); ``rank`` (the inner dimension)
+    to ``⌈1.2·workload_rank⌉``.  SVD plus ``min(max_outer, 150)`` outer iterations of the fitted
+    cost model (one BLAS thread, an idle core; see ``_OUTER_COEFFICIENTS``).  Workloads that
+    converge fast (identity-like) take as little as a tenth of this.  O(1).
+    """
+    m, n = _positive_int(num_queries, "num_queries"), _positive_int(num_cells, "num_cells")
+    k = min(m, n) if workload_rank is None else _positive_int(workload_rank, "workload_rank")
+    r = (6 * k + 4) // 5 if rank is None else _positive_int(rank, "rank")
+    outer = min(_positive_int(max_outer, "max_outer"), _TYPICAL_OUTER)
+    inner = _positive_int(max_inner, "max_inner")
+    return svd_seconds(m, n) + outer * _outer_seconds(m, n, r, inner)
+
+
+def _outer_seconds(m: int, n: int, r: int, max_inner: int) -> float:
+    """Predicted seconds of one outer iteration (``_OUTER_COEFFICIENTS``). O(1)."""
+    c0, c1, c2, c3, c4, c5 = _OUTER_COEFFICIENTS
+    alternations = c1 * m * n * r + c2 * m * r * r + c3 * r**3 + c4 * n * r * math.log2(max(r, 2))
+    return c0 + max_inner / 5.0 * alternations + c5 * m * n
+
+
+def _lrm_fraction(
+    iteration: int, max_outer: int, tau: float, first_tau: float, gamma: float, limit: WorkLimit
+) -> float:
+    """Share of the work done: the largest of three public progress measures, in [0, 1]."""
+    shares = [iteration / max_outer]
+    if gamma > 0 and math.isfinite(first_tau) and first_tau > gamma and 0 < tau < first_tau:
+        shares.append(math.log(first_tau / tau) / math.log(first_tau / gamma))
+    used = limit.fraction_used()
+    if not math.isnan(used):
+        shares.append(used)
+    return min(1.0, max(shares))
+
+
+def _numerical_rank(singular: np.ndarray, m: int, n: int) -> int:
+    """Singular values above σ_max·max(m, n)·eps (numpy's ``matrix_rank`` default)."""
+    tolerance = singular[0] * max(m, n) * np.finfo(np.float64).eps
+    return int(np.count_nonzero(singular > tolerance))
+
+
+def _stopped_result(
+    workload: np.ndarray,
+    iterates: list[tuple[np.ndarray, np.ndarray]],
+    *,
+    gamma: float,
+    iterations: int,
+) -> LowRankDecomposition:
+    """Best exact decomposition available when ``decompose`` stops at its time limit.
+
+    Candidates: noise on data (``B = W``, ``L = I``: exact, noise ``‖W‖²_F``) and, for every
+    ``(B, Lᵀ)`` in ``iterates``, with ``R = W − B·L``: the iterate itself if ``‖R‖_F ≤ γ``,
+    else the completion of :func:`_completion` (exact, columns in the unit L1 ball).  The one
+    with the lowest noise ``Δ(L)²‖B‖²_F`` is returned.  O(mnr) per iterate.
+    """
+    n = workload.shape[1]
+    best_noise = float(np.sum(workload * workload))
+    best = (workload, np.eye(n), 0.0)  # W·I = W exactly
+    for factor_b, factor_lt in iterates:
+        factor_l = np.ascontiguousarray(factor_lt.T)
+        residual = workload - factor_b @ factor_l  # O(mnr)
+        tau = float(np.linalg.norm(residual))
+        if tau <= gamma:
+            noise = l1_sensitivity(factor_l) ** 2 * float(np.sum(factor_b * factor_b))
+            if noise < best_noise:
+                best_noise, best = noise, (factor_b, factor_l, tau)
+            continue
+        alpha, bound = _completion(factor_b, factor_lt, residual)
+        if bound >= best_noise:
+            continue
+        slack = 1.0 - alpha * np.abs(factor_l).sum(axis=0)  # > 0: every column L1 norm ≤ 1
+        scaled_b, scaled_r = factor_b / alpha, residual / slack
+        completed_l = np.zeros((factor_l.shape[0] + n, n))
+        completed_l[: factor_l.shape[0]] = factor_l * alpha
+        completed_l[factor_l.shape[0] :][np.diag_indices(n)] = slack
+        completed_b = np.hstack([scaled_b, scaled_r])
+        noise = l1_sensitivity(completed_l) ** 2 * float(np.sum(completed_b * completed_b))
+        if noise < best_noise:
+            # B'·L' = (B/α)(αL) + (R/s)·diag(s): the diagonal block needs no product.
+            formed = scaled_b @ completed_l[: factor_l.shape[0]]  # O(mnr)
+            formed += scaled_r * slack
+            completed_tau = float(np.linalg.norm(workload - formed))
+            best_noise, best = noise, (completed_b, completed_l, completed_tau)
+    return _early(*best, iterations=iterations, gamma=gamma)
+
+
+def _completion(
+    factor_b: np.ndarray, factor_lt: np.ndarray, residual: np.ndarray
+) -> tuple[float, float]:
+    """``(α, noise)`` of the exact completion ``[B/α, R·diag(1/s)]·[αL; diag(s)] = W`` with
+    ``s_j = 1 − α‖L_j‖₁``: every column of the new L has L1 norm exactly 1 (given ``‖L_j‖₁ ≤ 1``)
+    and its noise is ``f(α) = a/α² + Σ_j ‖R_j‖²/s_j²`` (``a = ‖B‖²_F``), convex on (0, 1) and
+    minimised by a bounded scalar search.  With uniform ``s = 1 − α`` it is at most
+    ``(a^⅓ + b^⅓)³`` (``b = ‖R‖²_F``), the value at the uniform optimum ``α = a^⅓/(a^⅓ + b^⅓)``.
+    O(mn + nr).
+    """
+    scale = float(np.sum(factor_b * factor_b))
+    if not scale > 0:
+        return 0.5, math.inf
+    column_l1 = np.minimum(np.abs(factor_lt).sum(axis=1), 1.0)  # ‖L_j‖₁, ≤ 1 by feasibility
+    column_r2 = np.einsum("ij,ij->j", residual, residual)  # ‖R_j‖²
+
+    def noise(alpha: float) -> float:
+        return scale / alpha**2 + float(np.sum(column_r2 / (1.0 - alpha * column_l1) ** 2))
+
+    root_b, root_r = scale ** (1 / 3), float(column_r2.sum()) ** (1 / 3)
+    uniform = root_b / (root_b + root_r)
+    result = scipy.optimize.minimize_scalar(
+        noise, bounds=(uniform * 1e-3, 1.0 - (1.0 - uniform) * 1e-3), method="bounded"
+    )
+    best = min((float(result.x), uniform), key=noise)
+    return best, noise(best)
+
+
+def _early(
+    factor_b: np.ndarray, factor_l: np.ndarray, tau: float, *, iterations: int, gamma: float
+) -> LowRankDecomposition:
+    return LowRankDecomposition(
+        B=factor_b,
+        L=factor_l,
+        rank=factor_l.shape[0],
+        iterations=iterations,
+        converged=tau <= gamma,
+        sensitivity_l1=l1_sensitivity(factor_l),
+        bias_sq=tau * tau,
+        stopped_early=True,
+    )
+
+
+def _finish_seconds(m: int, n: int, inner_dim: int, max_inner: int) -> float:
+    """Seconds kept in reserve for ``_stopped_result`` on two iterates after the last check:
+    twice the predicted gap between checks (at most ``_CHECK_INTERVAL``) plus three times the
+    predicted work (a loaded machine runs slower than the calibration)."""
+    gap = min(_CHECK_INTERVAL, _outer_seconds(m, n, inner_dim, max_inner) / max_inner)
+    flops = 2 * (2.0 * m * n * inner_dim * 2 + 30.0 * m * (n + inner_dim))
+    return 2 * gap + 1.5 * flops / DGEMM_FLOPS_PER_SECOND
+
+
+def _svd_initial_point(
+    left: np.ndarray,
+    singular: np.ndarray,
+    right_t: np.ndarray,
+    workload_rank_value: int,
+    inner_dim: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lemma 3's feasible point from the thin SVD: ``B = √r·U_kΣ_k``, ``Lᵀ = V_k/√r``,
+    k = min(r, rank).
 
     Columns of ``V_k`` have L2 norm ≤ 1, so L1 ≤ √k ≤ √r and ``Δ(L) ≤ 1``.  Returns (B, Lᵀ).
     """
-    m, n = workload.shape
-    left, singular, right_t = np.linalg.svd(workload, full_matrices=False)
-    tolerance = singular[0] * max(m, n) * np.finfo(np.float64).eps  # numpy's matrix_rank default
-    kept = min(inner_dim, int(np.count_nonzero(singular > tolerance)))
+    m, n = left.shape[0], right_t.shape[1]
+    kept = min(inner_dim, workload_rank_value)
     factor_b = np.zeros((m, inner_dim))
     factor_lt = np.zeros((n, inner_dim))
     factor_b[:, :kept] = left[:, :kept] * (singular[:kept] * math.sqrt(inner_dim))
@@ -414,15 +697,17 @@ def _svd_initial_point(workload: np.ndarray, inner_dim: int) -> tuple[np.ndarray
     return factor_b, factor_lt
 
 
-def _b_step(factor_lt: np.ndarray, target_t: np.ndarray, beta: float) -> np.ndarray:
+def _b_step(
+    factor_lt: np.ndarray, target_t: np.ndarray, beta: float, *, limit: WorkLimit | None = None
+) -> np.ndarray:
     """Eq. (9): ``B = (βW + π)Lᵀ(βLLᵀ + I)⁻¹`` by a Cholesky solve. O(mnr + nr² + r³).
 
     ``βLLᵀ + I`` is symmetric with eigenvalues ≥ 1, so the Cholesky factorisation exists.
     """
     inner_dim = factor_lt.shape[1]
-    system = beta * (factor_lt.T @ factor_lt)  # O(n r²)
+    system = beta * blocked_matmul(factor_lt.T, factor_lt, limit=limit)  # O(n r²)
     system[np.diag_indices(inner_dim)] += 1.0
-    right_side = factor_lt.T @ target_t  # ((βW + π)Lᵀ)ᵀ, O(mnr)
+    right_side = blocked_matmul(factor_lt.T, target_t, limit=limit)  # ((βW + π)Lᵀ)ᵀ, O(mnr)
     factor = scipy.linalg.cho_factor(system, lower=False, overwrite_a=True, check_finite=False)
     return scipy.linalg.cho_solve(factor, right_side, overwrite_b=True, check_finite=False).T
 
@@ -436,6 +721,8 @@ def _l_step(
     stop_step: float,
     omega_hint: float,
     dtype: type[np.floating] = np.float32,
+    *,
+    limit: WorkLimit | None = None,
 ) -> tuple[np.ndarray, float]:
     """Algorithm 2 on Eq. (10): FISTA with backtracking for ``min G(L)`` over the L1 balls.
 
@@ -447,18 +734,24 @@ def _l_step(
 
     ``omega_hint`` is the previous call's accepted ω (0 for none); ``dtype`` is the working
     precision (float32 in ``decompose``).  Returns the new Lᵀ (float64, feasible) and the last ω.
+    ``limit`` is checked between row blocks of the large products and projections.
     """
-    gram64 = factor_b.T @ factor_b  # O(m r²)
+    gram64 = blocked_matmul(factor_b.T, factor_b, limit=limit)  # O(m r²)
     top = gram64.shape[0] - 1
-    safe_omega = beta * float(scipy.linalg.eigvalsh(gram64, subset_by_index=[top, top])[0])
+    safe_omega = beta * float(
+        interruptible(
+            lambda: scipy.linalg.eigvalsh(gram64, subset_by_index=[top, top])[0],
+            flops=4.0 * float(top + 1) ** 3,  # tridiagonal reduction dominates
+        )
+    )
     gram = gram64.astype(dtype)
-    linear_t = (target_t @ factor_b).astype(dtype)  # (Bᵀ(βW + π))ᵀ = −∇G(0), O(mnr)
+    linear_t = blocked_matmul(target_t, factor_b, limit=limit).astype(dtype)  # −∇G(0)ᵀ, O(mnr)
     factor_lt = factor_lt.astype(dtype)
     if not safe_omega > 0:  # B = 0: G is linear; any step is exact after projection
         safe_omega = 1.0
     omega = min(max(omega_hint * _HINT_SHRINK, safe_omega / _FIRST_STEP_FACTOR), safe_omega)
     previous = current = factor_lt
-    gram_previous = gram_current = factor_lt @ gram  # O(n r²)
+    gram_previous = gram_current = blocked_matmul(factor_lt, gram, limit=limit)  # O(n r²)
     momentum_prev, momentum = 1.0, 1.0
     for step in range(max_steps):
         if step == 0:
@@ -476,9 +769,9 @@ def _l_step(
         while True:
             point = descent * (1.0 / omega)
             point += search
-            candidate = _project_rows(point, 1.0)  # O(n r log r)
+            candidate = _project_rows(point, 1.0, limit=limit)  # O(n r log r)
             move = candidate - search
-            gram_move = move @ gram  # O(n r²)
+            gram_move = blocked_matmul(move, gram, limit=limit)  # O(n r²)
             move_sq = float(np.vdot(move, move))
             curvature = beta * float(np.vdot(move, gram_move))
             if curvature <= omega * move_sq * (1.0 + 1e-12) or omega >= safe_omega:
@@ -490,7 +783,8 @@ def _l_step(
         if step % _REFRESH_PERIOD == _REFRESH_PERIOD - 1:
             # Bound the rounding drift of the running products; both are refreshed, or the
             # extrapolation (weight → 1) would turn their mismatch into a linearly growing error.
-            gram_previous, gram_current = previous @ gram, current @ gram
+            gram_previous = blocked_matmul(previous, gram, limit=limit)
+            gram_current = blocked_matmul(current, gram, limit=limit)
         momentum_prev, momentum = momentum, (1.0 + math.sqrt(1.0 + 4.0 * momentum * momentum)) / 2
         if math.sqrt(move_sq) < stop_step:
             break

@@ -13,8 +13,7 @@ import numpy as np
 import threadpoolctl
 
 from mechanisms.dense import FactorizationStrategy
-from mechanisms.lrm import decompose
-from mechanisms.operators import kron_dense
+from mechanisms.lrm import decompose, predict_seconds
 from mechanisms.protocol import (
     CandidateUnavailable,
     Evaluation,
@@ -49,9 +48,8 @@ class LowRankMechanism(MatrixMechanism):
         return None
 
     def predicted_seconds(self, request: PlanRequest) -> float:
-        # Augmented Lagrangian: ~1500 inner steps of O(m r N) with r ≈ 1.2 rank ≤ 1.2 N.
         workload = request.workload
-        return 0.05 + 1500 * 1.2 * workload.num_queries * workload.num_cells**2 * 2e-10
+        return predict_seconds(workload.num_queries, workload.num_cells)
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> FactorizationStrategy:
         reason = self.unavailable_reason(request)
@@ -61,9 +59,14 @@ class LowRankMechanism(MatrixMechanism):
         key = cache_key("lrm", request.workload_fingerprint)
         stored = cache.load(key)
         if stored is None:
-            matrix = np.vstack([kron_dense(item.factors) for item in workload.items])  # O(m N)
+            matrix = workload.dense_matrix()  # O(m N); refused past its size limit
             with threadpoolctl.threadpool_limits(limits=1):
-                decomposition = decompose(matrix, rng=np.random.default_rng(request.seed))
+                decomposition = decompose(
+                    matrix,
+                    rng=np.random.default_rng(request.seed),
+                    time_limit=request.time_limit,
+                    progress=request.progress,
+                )
             stored = StoredStrategy(
                 parameters={
                     "template": "lrm",
@@ -71,6 +74,7 @@ class LowRankMechanism(MatrixMechanism):
                     "iterations": decomposition.iterations,
                     "converged": decomposition.converged,
                     "bias_sq": decomposition.bias_sq,
+                    "stopped_early": decomposition.stopped_early,
                     "seed": request.seed,
                 },
                 arrays={"B": decomposition.B, "L": decomposition.L},

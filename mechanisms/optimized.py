@@ -22,7 +22,7 @@ Templates (each returns a strategy of sensitivity 1):
   :mod:`mechanisms.optimized_marginals`); works for any terms, not only marginal workloads.
 
 :func:`optimize_workload` tries the Kronecker and marginals templates and keeps the lower error;
-:func:`svd_bound` is the matching lower bound.
+:func:`mechanisms.lower_bound.svd_bound_terms` is the matching lower bound.
 
 *Privacy*: nothing here touches data or consumes budget; strategies are public and may be cached.
 The strategy's ``sensitivity`` is what a mechanism must calibrate noise to (times the dataset's
@@ -44,12 +44,12 @@ from typing import Literal
 
 import numpy as np
 
+from mechanisms.budget import DGEMM_FLOPS_PER_SECOND, Progress, WorkLimit, report, scaled
 from mechanisms.optimized_marginals import (
     MAX_MARGINAL_ATTRIBUTES,
-    eigenspace_multiplicities,
     marginals_sensitivity,
     marginals_unit_error,
-    optimize_marginal_weights,
+    search_marginal_weights,
     subsets_projections,
     validate_domain_sizes,
     workload_projections,
@@ -59,10 +59,12 @@ from mechanisms.optimized_templates import (
     FactorSolution,
     NoiseKind,
     column_sensitivity,
+    identity_factor,
     optimize_factor,
     optimize_gaussian_full_rank,
     optimize_pidentity_factor,
     pidentity_strategy,
+    predict_factor_seconds,
     strategy_from_gram,
     unit_error,
     validate_gram,
@@ -72,9 +74,6 @@ from mechanisms.optimized_templates import (
 Term = tuple[np.ndarray, ...]
 StrategyKind = Literal["pidentity", "fullrank", "kron", "marginals"]
 STRATEGY_KINDS: tuple[str, ...] = ("pidentity", "fullrank", "kron", "marginals")
-
-SVD_BOUND_DENSE_LIMIT = 2048
-"""Largest product of the sizes of attributes that are not ``a I + b J`` for the exact bound."""
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -115,6 +114,9 @@ class OptimizedStrategy:
     iterations: int = 0
     details: Mapping[str, float] = field(default_factory=dict)
     """Total error of every candidate template considered (by kind), for reports."""
+    stopped_early: bool = False
+    """True when a time limit stopped the search: the strategy is the best found so far (it
+    supports the workload and ``total_error`` is its exact error)."""
 
     def __post_init__(self) -> None:
         if self.kind not in STRATEGY_KINDS:
@@ -182,26 +184,31 @@ def optimize_pidentity(
     noise: NoiseKind,
     rng: np.random.Generator,
     restarts: int = 2,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
 ) -> OptimizedStrategy:
     """p-Identity strategy ``[I; Θ] diag(1/s)`` for one attribute with Gram ``gram``.
 
     Laplace: ``Θ ≥ 0``, unit L1 columns.  Gaussian: real ``Θ``, unit L2 columns, restart 0 from
     the SVD-bound strategy's top-p eigenspace.  L-BFGS(-B) with the analytic gradient, O(n² p)
     per evaluation; the best of ``restarts`` runs (and of the identity) is returned.
+    ``time_limit`` (seconds) stops at the next evaluation with the best Θ so far
+    (``stopped_early``); ``progress(fraction, message)`` after every L-BFGS iteration.
 
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
 
     References: HDMM §5 (p-Identity / OPT₀).
     """
     start = time.perf_counter()
+    limit = WorkLimit(time_limit=time_limit)
     gram = validate_gram(gram)
     validate_noise(noise)
     _validate_restarts(restarts)
     n = gram.shape[0]
     if not 1 <= p <= max(1, 4 * n):
         raise ValueError(f"p ({p}) must be in [1, 4n] = [1, {max(1, 4 * n)}]")
-    theta, error, iterations = optimize_pidentity_factor(
-        gram, p=p, noise=noise, rng=rng, restarts=restarts
+    theta, error, iterations, stopped = optimize_pidentity_factor(
+        gram, p=p, noise=noise, rng=rng, restarts=restarts, limit=limit, progress=progress
     )
     strategy = pidentity_strategy(theta, noise=noise)
     return OptimizedStrategy(
@@ -215,25 +222,37 @@ def optimize_pidentity(
         factors=(strategy,),
         factor_templates=("pidentity",),
         iterations=iterations,
+        stopped_early=stopped,
     )
 
 
 def optimize_full_rank(
-    gram: np.ndarray, *, tolerance: float = 1e-5, max_iterations: int = 100
+    gram: np.ndarray,
+    *,
+    tolerance: float = 1e-5,
+    max_iterations: int = 100,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
 ) -> OptimizedStrategy:
     """The L2-optimal (Gaussian) strategy for one attribute, to a relative duality gap.
 
     Deterministic convex optimisation (see
     :func:`mechanisms.optimized_templates.optimize_gaussian_full_rank`), O(n³) per iteration;
     ``lower_bound`` is the dual certificate, so ``total_error ≤ (1 + tolerance) · lower_bound``
-    unless ``max_iterations`` ran out.
+    unless ``max_iterations`` or ``time_limit`` (seconds; then ``stopped_early``) ran out.
 
     *Privacy*: none consumed.
 
     References: Yuan et al. 2016 (convex L2 formulation); Li thesis §4.2.2 (completion).
     """
     start = time.perf_counter()
-    solution = optimize_gaussian_full_rank(gram, tolerance=tolerance, max_iterations=max_iterations)
+    solution = optimize_gaussian_full_rank(
+        gram,
+        tolerance=tolerance,
+        max_iterations=max_iterations,
+        time_limit=time_limit,
+        progress=progress,
+    )
     strategy = strategy_from_gram(solution.strategy_gram)
     return OptimizedStrategy(
         kind="fullrank",
@@ -247,6 +266,7 @@ def optimize_full_rank(
         factor_templates=("fullrank",),
         lower_bound=solution.lower_bound,
         iterations=solution.iterations,
+        stopped_early=solution.stopped_early,
     )
 
 
@@ -265,6 +285,8 @@ def optimize_kron(
     template: str = "auto",
     max_sweeps: int = 10,
     tolerance: float = 1e-5,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
 ) -> OptimizedStrategy:
     """Kronecker strategy ``A_1 ⊗ … ⊗ A_d`` for a union of Kronecker terms, by alternation.
 
@@ -277,11 +299,17 @@ def optimize_kron(
     (default ``max(1, n_i // 16)``); ``template`` is as in
     :func:`mechanisms.optimized_templates.optimize_factor`.
 
+    ``time_limit`` (seconds): the factor being optimised stops at its next evaluation with its
+    best point so far, no further factors, sweeps or restarts start, and the best strategy is
+    returned with ``stopped_early`` (every factor is at least as good as the identity).
+    ``progress(fraction, message)``: after every inner iteration.
+
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
 
     References: HDMM §6 (OPT_⊗ and unions of Kronecker products).
     """
     start = time.perf_counter()
+    limit = WorkLimit(time_limit=time_limit)
     grams, sizes = validate_terms(terms)
     validate_noise(noise)
     _validate_restarts(restarts)
@@ -312,6 +340,8 @@ def optimize_kron(
         max_sweeps=max_sweeps,
         tolerance=tolerance,
         start=start,
+        limit=limit,
+        progress=progress,
     )
 
 
@@ -327,26 +357,34 @@ def _optimize_kron_checked(
     max_sweeps: int,
     tolerance: float,
     start: float,
+    limit: WorkLimit,
+    progress: Progress | None,
 ) -> OptimizedStrategy:
     """:func:`optimize_kron` after validation (``start``: its perf_counter at entry)."""
     d = len(sizes)
     deterministic = noise == "gaussian" and template in ("auto", "fullrank", "identity")
     runs = 1 if deterministic else restarts
-    results = [
-        _alternate(
-            grams,
-            sizes,
-            ps,
-            noise=noise,
-            rng=rng,
-            template=template,
-            max_sweeps=max_sweeps,
-            tolerance=tolerance,
+    results: list[tuple[list[FactorSolution], float, int, bool]] = []
+    for run in range(runs):
+        if results and limit.expired():
+            break
+        results.append(
+            _alternate(
+                grams,
+                sizes,
+                ps,
+                noise=noise,
+                rng=rng,
+                template=template,
+                max_sweeps=max_sweeps,
+                tolerance=tolerance,
+                limit=limit,
+                progress=scaled(progress, run / runs, (run + 1) / runs),
+            )
         )
-        for _ in range(runs)
-    ]
-    solutions, total, _ = min(results, key=lambda result: result[1])
+    solutions, total, _, _ = min(results, key=lambda result: result[1])
     iterations = sum(result[2] for result in results)
+    stopped = len(results) < runs or any(result[3] for result in results)
     bounds = [s.lower_bound for s in solutions]
     lower_bound = None
     if len(grams) == 1 and noise == "gaussian" and all(b is not None for b in bounds):
@@ -369,6 +407,7 @@ def _optimize_kron_checked(
         factor_templates=templates,
         lower_bound=lower_bound,
         iterations=iterations,
+        stopped_early=stopped,
     )
 
 
@@ -382,8 +421,15 @@ def _alternate(
     template: str,
     max_sweeps: int,
     tolerance: float,
-) -> tuple[list[FactorSolution], float, int]:
-    """One run of the Kronecker alternation from identity factors; (factors, error, iterations)."""
+    limit: WorkLimit,
+    progress: Progress | None,
+) -> tuple[list[FactorSolution], float, int, bool]:
+    """One run of the Kronecker alternation from identity factors.
+
+    Returns (factors, error, iterations, stopped early).  Once ``limit`` has passed, the factor
+    in progress returns its best point so far and no further factor is optimised; factors never
+    optimised stay the identity.
+    """
     d = len(sizes)
     # errors[t, i] = tr(G_{t,i} (A_iᵀA_i)⁻¹); identity factors to start
     errors = np.array([[float(np.trace(g)) for g in term] for term in grams])
@@ -392,8 +438,14 @@ def _alternate(
     dual_weights: list[np.ndarray | None] = [None] * d
     previous = float(np.sum(np.prod(errors, axis=1)))
     iterations = 0
-    for _ in range(max_sweeps):
+    stopped = False
+    sweeps = 1 if len(grams) == 1 else max_sweeps
+    for sweep in range(max_sweeps):
         for i in range(d):
+            if limit.expired():
+                stopped = True
+                break
+            done = (sweep * d + i) / (sweeps * d)
             others = np.prod(np.delete(errors, i, axis=1), axis=1)
             weights = others / max(float(others.max()), 1e-300)
             effective = sum(w * term[i] for w, term in zip(weights, grams, strict=True))
@@ -408,7 +460,10 @@ def _alternate(
                 warm_theta=thetas[i],
                 warm_weights=dual_weights[i],
                 tolerance=tolerance,
+                limit=limit,
+                progress=scaled(progress, done, done + 1 / (sweeps * d)),
             )
+            stopped = stopped or solution.stopped_early
             iterations += solution.iterations
             if len(grams) == 1:  # weights == [1.0]: the effective Gram is the term's own
                 errors[0, i] = solution.unit_error
@@ -419,10 +474,21 @@ def _alternate(
         total = float(np.sum(np.prod(errors, axis=1)))
         converged = total >= previous * (1 - tolerance)
         previous = min(previous, total)
-        if len(grams) == 1 or converged:
+        report(
+            progress,
+            (sweep + 1) / sweeps,
+            f"Kronecker template: sweep {sweep + 1}, unit error {total:.6g}",
+        )
+        if len(grams) == 1 or converged or stopped:
             break
-    final = [s for s in solutions if s is not None]
-    return final, float(np.sum(np.prod(errors, axis=1))), iterations
+    final = [
+        # an attribute the alternation never reached before its time limit keeps the identity
+        solution
+        if solution is not None
+        else identity_factor(n, unit_error=float(errors[0, i]), noise=noise)
+        for i, (solution, n) in enumerate(zip(solutions, sizes, strict=True))
+    ]
+    return final, float(np.sum(np.prod(errors, axis=1))), iterations, stopped
 
 
 # --------------------------------------------------------------------------------------------
@@ -445,18 +511,23 @@ def optimize_marginals(
     noise: NoiseKind,
     rng: np.random.Generator,
     restarts: int = 2,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
 ) -> OptimizedStrategy:
     """Weighted-marginals strategy (one weight per attribute subset) for a workload.
 
     ``workload`` is either Kronecker Gram terms (any Grams: the error formula projects them on
     the marginals algebra) or subsets of attribute indices, meaning the workload of those
     marginals.  The objective is O(d 2^d) per evaluation and never touches N-sized arrays.
+    ``time_limit`` (seconds) and ``progress`` as in
+    :func:`mechanisms.optimized_marginals.search_marginal_weights`.
 
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
 
     References: HDMM §6 (OPT_M).
     """
     start = time.perf_counter()
+    limit = WorkLimit(time_limit=time_limit)
     sizes = validate_domain_sizes(domain_sizes)
     validate_noise(noise)
     _validate_restarts(restarts)
@@ -473,7 +544,14 @@ def optimize_marginals(
     else:
         raise ValueError("workload must be all Gram terms or all attribute subsets, not a mix")
     return _optimize_marginals_checked(
-        projections, sizes, noise=noise, rng=rng, restarts=restarts, start=start
+        projections,
+        sizes,
+        noise=noise,
+        rng=rng,
+        restarts=restarts,
+        start=start,
+        limit=limit,
+        progress=progress,
     )
 
 
@@ -485,11 +563,32 @@ def _optimize_marginals_checked(
     rng: np.random.Generator,
     restarts: int,
     start: float,
+    limit: WorkLimit,
+    progress: Progress | None,
 ) -> OptimizedStrategy:
-    """:func:`optimize_marginals` from validated workload projections ``tr(WᵀW P_U)``."""
-    weights, error, iterations = optimize_marginal_weights(
-        projections, sizes, noise=noise, rng=rng, restarts=restarts
-    )
+    """:func:`optimize_marginals` from validated workload projections ``tr(WᵀW P_U)``.
+
+    If ``limit`` has already passed, one L-BFGS-B iteration from one start still runs (every
+    point it evaluates keeps the full-identity weight > 0, so the strategy supports the
+    workload) and the result is ``stopped_early``.
+    """
+    if limit.expired():
+        search = search_marginal_weights(
+            projections, sizes, noise=noise, rng=rng, restarts=1, max_iterations=1
+        )
+        search = dataclasses.replace(search, stopped_early=True)
+    else:
+        remaining = limit.remaining()
+        search = search_marginal_weights(
+            projections,
+            sizes,
+            noise=noise,
+            rng=rng,
+            restarts=restarts,
+            time_limit=None if remaining == float("inf") else max(remaining, 1e-3),
+            progress=progress,
+        )
+    weights, error, iterations = search.weights, search.unit_error, search.iterations
     return OptimizedStrategy(
         kind="marginals",
         domain_sizes=sizes,
@@ -500,6 +599,7 @@ def _optimize_marginals_checked(
         seconds=time.perf_counter() - start,
         weights=weights,
         iterations=iterations,
+        stopped_early=search.stopped_early,
     )
 
 
@@ -514,6 +614,8 @@ def optimize_workload(
     noise: NoiseKind,
     rng: np.random.Generator,
     restarts: int = 1,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
 ) -> OptimizedStrategy:
     """The lowest-error strategy among the Kronecker template and the marginals template.
 
@@ -521,11 +623,17 @@ def optimize_workload(
     alternated over a union of terms.  Marginals: tried when ``d ≤ 20``.  The returned
     ``details`` maps each candidate to its total error.
 
+    ``time_limit`` (seconds) bounds both templates together: the Kronecker search stops at its
+    next evaluation with its best strategy so far, and the marginals template is skipped if
+    the limit has already passed (``details`` then has no ``"marginals"`` entry); the result
+    has ``stopped_early``.  ``progress(fraction, message)``: Kronecker 0-0.8, marginals 0.8-1.
+
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
 
     References: HDMM §7 (choosing among templates).
     """
     start = time.perf_counter()
+    limit = WorkLimit(time_limit=time_limit)
     grams, sizes = validate_terms(terms)
     validate_noise(noise)
     _validate_restarts(restarts)
@@ -541,26 +649,38 @@ def optimize_workload(
             max_sweeps=10,
             tolerance=1e-5,
             start=time.perf_counter(),
+            limit=limit,
+            progress=scaled(progress, 0.0, 0.8),
         )
     ]
+    stopped = candidates[0].stopped_early
     if len(sizes) <= MAX_MARGINAL_ATTRIBUTES:
-        candidates.append(
-            _optimize_marginals_checked(
-                workload_projections(grams),
-                sizes,
-                noise=noise,
-                rng=rng,
-                restarts=max(restarts, 2),
-                start=time.perf_counter(),
+        if limit.expired():
+            stopped = True
+        else:
+            candidates.append(
+                _optimize_marginals_checked(
+                    workload_projections(grams),
+                    sizes,
+                    noise=noise,
+                    rng=rng,
+                    restarts=max(restarts, 2),
+                    start=time.perf_counter(),
+                    limit=limit,
+                    progress=scaled(progress, 0.8, 1.0),
+                )
             )
-        )
+            stopped = stopped or candidates[-1].stopped_early
     best = min(candidates, key=lambda c: c.total_error)
     details = {c.kind: c.total_error for c in candidates}
-    return dataclasses.replace(best, seconds=time.perf_counter() - start, details=details)
+    report(progress, 1.0, f"optimised templates: best unit error {best.total_error:.6g}")
+    return dataclasses.replace(
+        best, seconds=time.perf_counter() - start, details=details, stopped_early=stopped
+    )
 
 
 # --------------------------------------------------------------------------------------------
-# Error and bound
+# Error
 # --------------------------------------------------------------------------------------------
 
 
@@ -592,96 +712,48 @@ def expected_total_error(
     return sensitivity**2 * total
 
 
-def _identity_total_parts(gram: np.ndarray) -> tuple[float, float] | None:
-    """``(a, b)`` with ``gram = a I + b J`` exactly (to round-off), else None."""
-    n = gram.shape[0]
-    if n == 1:
-        return float(gram[0, 0]), 0.0
-    b = float(gram[0, 1])
-    a = float(gram[0, 0]) - b
-    scale = max(float(np.abs(gram).max()), 1e-300)
-    if np.allclose(gram, a * np.eye(n) + b, rtol=0.0, atol=1e-12 * scale):
-        return a, b
-    return None
+# --------------------------------------------------------------------------------------------
+# Cost prediction (from sizes only)
+# --------------------------------------------------------------------------------------------
+
+# A union of terms alternates: warm-started factors converge faster on later sweeps, and three
+# 2-attribute terms cost about 1.5 single-term runs (measured, all-range × prefix unions, n_1 up
+# to 256; benchmarks/predict_bench.py --calibrate templates).
+_KRON_UNION_FACTOR = 1.5
+# Marginals template (mechanisms.optimized_marginals.search_marginal_weights, 2 starts): per
+# L-BFGS-B iteration 2e-4 s + 2e-8 s·d·2^d; iterations over both starts ≈ 200 (Laplace) and
+# 50 (Gaussian), measured for all 2-way marginals of d = 4…14 attributes of size 4.
+_MARGINAL_ITERATIONS = {"laplace": 200, "gaussian": 50}
 
 
-def _root_eigen_sum(gram: np.ndarray) -> float:
-    """``Σ √λ_i(G)``, eigenvalues clipped at 0 (a PSD matrix's round-off). O(n³)."""
-    values = np.linalg.eigvalsh(gram)
-    return float(np.sqrt(np.clip(values, 0.0, None)).sum())
+def predict_seconds(
+    domain_sizes: Sequence[int],
+    *,
+    num_terms: int = 1,
+    noise: NoiseKind,
+    restarts: int = 1,
+) -> float:
+    """Predicted seconds of :func:`optimize_workload` from the sizes only (one BLAS thread).
 
-
-def svd_bound(terms: Sequence[Sequence[np.ndarray]]) -> float:
-    """``SVDB(W) = (Σ_i √λ_i(WᵀW))² / N``: no strategy has lower total error at unit noise.
-
-    The unit is total squared error at noise variance 1 per unit L2 sensitivity; it bounds the
-    Laplace total error (unit variance per unit L1 sensitivity) too, since L1 ≥ L2.  Exact in all
-    cases it accepts:
-
-    * one term: per factor, ``Π_i (Σ √λ(G_i))² / Π n_i`` (eigenvalues of a Kronecker product are
-      products), O(Σ n_i³);
-    * attributes on which every term is ``a I + b J`` (marginal-like) split into the mean
-      eigenspace (``a + b n``, multiplicity 1) and its complement (``a``, multiplicity n − 1);
-      the remaining attributes (product of sizes ≤ 2048) are eigendecomposed densely per block.
-      Pure marginal workloads are the closed form ``(Σ_U mult_U √λ_U)² / N``.
-
-    Raises ``ValueError`` when the dense part is too large.
-
-    References: Li thesis Def 4.3, Prop 4.3, Thm 4.13 (products), Thm 4.9 (marginals).
+    ``num_terms``: Kronecker terms in the workload's Gram (``len(workload.gram_terms())``).
+    Kronecker template: every attribute's factor (p-Identity, or the full-rank optimum for
+    Gaussian noise), times 1.5 for a union of terms, times the runs (``restarts`` for Laplace);
+    marginals template (d ≤ 20): its iterations at O(d 2^d).  Calibrated in
+    ``benchmarks/predict_bench.py``; O(d).
     """
-    grams, sizes = validate_terms(terms)
-    cells = float(np.prod(sizes, dtype=np.float64))
-    if len(grams) == 1:
-        root = float(np.prod([_root_eigen_sum(g) for g in grams[0]]))
-        return root**2 / cells
+    sizes = validate_domain_sizes(domain_sizes)
+    validate_noise(noise)
+    _validate_restarts(restarts)
+    if num_terms < 1:
+        raise ValueError(f"num_terms ({num_terms}) must be >= 1")
+    runs = 1 if noise == "gaussian" else restarts
+    kron = sum(predict_factor_seconds(n, noise=noise) for n in sizes) * runs
+    if num_terms > 1:
+        kron *= _KRON_UNION_FACTOR
+        kron += num_terms * sum(float(n) ** 3 for n in sizes) / DGEMM_FLOPS_PER_SECOND
     d = len(sizes)
-    parts = [[_identity_total_parts(term[i]) for term in grams] for i in range(d)]
-    split = [i for i in range(d) if all(part is not None for part in parts[i])]
-    dense = [i for i in range(d) if i not in split]
-    dense_size = int(np.prod([sizes[i] for i in dense], dtype=np.int64))
-    if dense_size > SVD_BOUND_DENSE_LIMIT:
-        raise ValueError(
-            f"the attributes that are not a·I + b·J have {dense_size} cells together; the exact "
-            f"SVD bound is limited to {SVD_BOUND_DENSE_LIMIT}"
-        )
-    if len(split) > MAX_MARGINAL_ATTRIBUTES:
-        raise ValueError(f"{len(split)} marginal-like attributes exceed {MAX_MARGINAL_ATTRIBUTES}")
-    split_sizes = [sizes[i] for i in split]
-    # scalars[t, U]: term t's eigenvalue on split eigenspace U (bit k ⇔ complement of split[k])
-    scalars = []
-    for t in range(len(grams)):
-        mean_values, rest_values = [], []
-        for k, i in enumerate(split):
-            a, b = parts[i][t] or (0.0, 0.0)  # never None on a split attribute
-            mean_values.append(a + b * split_sizes[k])
-            rest_values.append(a)
-        product = np.ones(1)
-        for mean_value, rest_value in zip(mean_values, rest_values, strict=True):
-            product = np.concatenate([product * mean_value, product * rest_value])
-        scalars.append(product)
-    scalar_table = np.array(scalars)  # (terms, 2^k)
-    multiplicity = (
-        eigenspace_multiplicities(split_sizes) if split else np.ones(1)
-    )  # Π_{k∈U} (n_k − 1)
-    if not dense:
-        eigenvalues = np.clip(scalar_table.sum(axis=0), 0.0, None)
-        root = float(np.sum(multiplicity * np.sqrt(eigenvalues)))
-        return root**2 / cells
-    blocks = []
-    for term in grams:
-        block = np.ones((1, 1))
-        for i in dense:
-            block = np.kron(block, term[i])  # O(D²)
-        blocks.append(block)
-    root = 0.0
-    cache: dict[bytes, float] = {}
-    for index in range(scalar_table.shape[1]):
-        if multiplicity[index] == 0:
-            continue
-        column = scalar_table[:, index]
-        key = column.tobytes()
-        if key not in cache:
-            matrix = sum(s * block for s, block in zip(column, blocks, strict=True) if s != 0)
-            cache[key] = 0.0 if isinstance(matrix, int) else _root_eigen_sum(np.asarray(matrix))
-        root += float(multiplicity[index]) * cache[key]
-    return root**2 / cells
+    marginals = 0.0
+    if d <= MAX_MARGINAL_ATTRIBUTES:
+        per_iteration = 2e-4 + 2e-8 * d * 2.0**d
+        marginals = _MARGINAL_ITERATIONS[noise] * max(restarts, 2) / 2 * per_iteration
+    return kron + marginals

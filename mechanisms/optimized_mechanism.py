@@ -6,7 +6,10 @@ Templates tried, each at unit noise (see :mod:`mechanisms.optimized`):
   hierarchical or wavelet), weights optimised for the workload (:mod:`mechanisms.union`);
 * ``kron``: optimised per-attribute factors (p-Identity for Laplace, the full-rank optimum for
   Gaussian), alternated over the workload's terms;
-* ``marginals``: one weight per attribute subset (measuring weighted marginals).
+* ``marginals``: one weight per attribute subset (measuring weighted marginals);
+* ``subset``: for workloads of marginals, subset-space Eigen-Design (L2 noise: reaches the SVD
+  bound) or HDMM's marginals template (L1), at a cost independent of the domain size
+  (:mod:`mechanisms.marginal_strategies`).
 
 The winner is kept in the strategy cache under the workload fingerprint with the public seed it
 was optimised with, so a later plan (or another process) rebuilds exactly the same strategy.
@@ -20,8 +23,17 @@ from typing import Any
 import numpy as np
 
 from mechanisms.hierarchical import TreeOptions
-from mechanisms.operators import MatrixFactor
+from mechanisms.marginal_strategies import (
+    MarginalWeights,
+    SubsetStrategy,
+    marginal_weights_l1,
+    marginal_weights_l2,
+    subset_strategy,
+)
+from mechanisms.operators import Identity, MatrixFactor, Total
 from mechanisms.optimized import OptimizedStrategy, optimize_workload
+from mechanisms.optimized import predict_seconds as predict_template_seconds
+from mechanisms.optimized_marginals import MAX_MARGINAL_ATTRIBUTES
 from mechanisms.protocol import (
     CandidateUnavailable,
     MatrixMechanism,
@@ -31,12 +43,20 @@ from mechanisms.protocol import (
     cache_key,
 )
 from mechanisms.strategies import FAMILIES, KronStrategy, identity_strategy, total_strategy
-from mechanisms.union import UnionStrategy, UnionTerm, optimize_weights, per_item_terms, unit_error
+from mechanisms.union import (
+    UnionStrategy,
+    UnionTerm,
+    optimize_weights,
+    per_item_terms,
+    unit_error,
+    weight_problem_sizes,
+)
+from mechanisms.union import predict_seconds as predict_union_seconds
 from mechanisms.workload import Workload
 
 MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item (finite differences)
 
-Optimized = KronStrategy | UnionStrategy
+Optimized = KronStrategy | UnionStrategy | SubsetStrategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,13 +66,28 @@ class OptimizedOptions(TreeOptions):
 
 class OptimizedMechanism(MatrixMechanism):
     name = "optimized"
-    summary = "workload-optimised strategy: best of weighted unions, Kronecker and marginal templates"
+    summary = (
+        "workload-optimised strategy: best of weighted unions, Kronecker and marginal templates"
+    )
     options = OptimizedOptions
 
     def predicted_seconds(self, request: PlanRequest) -> float:
-        # Template search: per-attribute O(n_i³) factor steps over a few sweeps and restarts.
-        sizes = request.workload.domain_shape
-        return 0.05 + 40 * sum(n**3 for n in sizes) * 1e-9 * max(1, len(request.workload.items))
+        workload = request.workload
+        if _is_marginal_workload(workload):  # subset space: O(items · 2^d) per evaluation
+            return 0.05 + len(workload.items) * 2 ** len(workload.domain_shape) * 2e-6
+        seconds = predict_template_seconds(
+            workload.domain_shape, num_terms=len(workload.items), noise=request.noise
+        )
+        if len(workload.items) <= MAX_UNION_ITEMS:
+            terms = per_item_terms(workload, ordered=request.ordered, family=FAMILIES[0])
+            dense, blocks = weight_problem_sizes(workload, terms)
+            seconds += len(FAMILIES) * predict_union_seconds(
+                dense_cells=dense,
+                split_blocks=blocks,
+                num_terms=len(terms),
+                num_cells=workload.num_cells,
+            )
+        return seconds
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> Optimized:
         branching = OptimizedOptions.parse(request.options).branching
@@ -87,8 +122,20 @@ class OptimizedMechanism(MatrixMechanism):
                 notes["union"] = best_error
             except CandidateUnavailable as exc:
                 notes["union"] = f"not available: {exc.reason}"
+        if _is_marginal_workload(workload):
+            # Subset space: cost independent of the domain size; for L2 noise it is the SVD bound,
+            # which no other template can beat, so nothing else is tried.
+            weights = _subset_weights(request)
+            notes["subset"] = weights.unit_total_error
+            if weights.unit_total_error < best_error:
+                best = subset_strategy(weights, name="optimized", parameters={"seed": request.seed})
+            return best, notes  # type: ignore[return-value]
         optimized = optimize_workload(
-            workload.gram_terms(), noise=request.noise, rng=np.random.default_rng(request.seed)
+            workload.gram_terms(),
+            noise=request.noise,
+            rng=np.random.default_rng(request.seed),
+            time_limit=request.time_limit,
+            progress=request.progress,
         )
         notes.update({k: float(v) for k, v in optimized.details.items()})
         if optimized.total_error < best_error:
@@ -98,6 +145,27 @@ class OptimizedMechanism(MatrixMechanism):
         return best, notes
 
 
+def _is_marginal_workload(workload: Workload) -> bool:
+    """Every item a marginal (each factor Identity or Total), over at most 20 attributes."""
+    return len(workload.domain_shape) <= MAX_MARGINAL_ATTRIBUTES and all(
+        isinstance(factor, Identity | Total) for item in workload.items for factor in item.factors
+    )
+
+
+def _subset_weights(request: PlanRequest) -> MarginalWeights:
+    """Subset-space weights: Eigen-Design (L2, exact bound) or HDMM's marginals template (L1)."""
+    if request.norm == 2:
+        return marginal_weights_l2(
+            request.workload, time_limit=request.time_limit, progress=request.progress
+        )
+    return marginal_weights_l1(
+        request.workload,
+        rng=np.random.default_rng(request.seed),
+        time_limit=request.time_limit,
+        progress=request.progress,
+    )
+
+
 def _best_union(request: PlanRequest, *, branching: int) -> tuple[UnionStrategy, float]:
     best: UnionStrategy | None = None
     best_error = float("inf")
@@ -105,7 +173,14 @@ def _best_union(request: PlanRequest, *, branching: int) -> tuple[UnionStrategy,
         terms = per_item_terms(
             request.workload, ordered=request.ordered, family=family, branching=branching
         )
-        candidate = optimize_weights(request.workload, terms, norm=request.norm, name="optimized")
+        candidate = optimize_weights(
+            request.workload,
+            terms,
+            norm=request.norm,
+            name="optimized",
+            time_limit=request.time_limit,
+            progress=request.progress,
+        )
         error = unit_error(candidate, request.workload, norm=request.norm)
         if error < best_error:
             best_error = error
@@ -180,6 +255,9 @@ def _restore(request: PlanRequest, stored: StoredStrategy, *, branching: int) ->
             ),
             parameters=parameters,
         )
+    if "subset_weights" in parameters:
+        weights = MarginalWeights.from_parameters(workload.domain_shape, parameters)
+        return subset_strategy(weights, name="optimized", parameters=parameters)
     if template == "marginals":
         return marginal_union(
             np.asarray(parameters["marginal_weights"]), workload.domain_shape, parameters
@@ -189,6 +267,8 @@ def _restore(request: PlanRequest, stored: StoredStrategy, *, branching: int) ->
 
 
 def _with_parameters(strategy: Optimized, parameters: dict[str, Any]) -> Optimized:
+    if isinstance(strategy, SubsetStrategy):
+        return SubsetStrategy(name=strategy.name, weights=strategy.weights, parameters=parameters)
     if isinstance(strategy, UnionStrategy):
         return UnionStrategy(
             name=strategy.name,

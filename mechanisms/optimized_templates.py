@@ -31,6 +31,7 @@ no code was taken from HDMM (AGPL).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,6 +39,17 @@ import numpy as np
 import scipy.linalg
 import scipy.linalg.lapack
 import scipy.optimize
+
+from mechanisms.budget import (
+    DGEMM_FLOPS_PER_SECOND,
+    Progress,
+    TimeLimitReached,
+    WorkLimit,
+    blocked_matmul,
+    eigh_seconds,
+    interruptible,
+    report,
+)
 
 NoiseKind = Literal["laplace", "gaussian"]
 NOISE_KINDS: tuple[str, ...] = ("laplace", "gaussian")
@@ -62,6 +74,8 @@ class FactorSolution:
     iterations: int
     lower_bound: float | None = None
     """A certified lower bound on the unit error of *any* strategy (full-rank dual), if known."""
+    stopped_early: bool = False
+    """True when a time limit stopped the optimisation (the strategy is the best found so far)."""
 
 
 def validate_noise(noise: str) -> None:
@@ -92,19 +106,30 @@ def unit_error(gram: np.ndarray, strategy_gram: np.ndarray) -> float:
     an eigendecomposition and the pseudo-inverse, with a support check (``G`` must vanish on the
     null space of ``X``).
     """
-    factor, info = scipy.linalg.lapack.dpotrf(strategy_gram, lower=False, clean=True)
+    flops = float(strategy_gram.shape[0]) ** 3  # potrf n³/3 + potri 2n³/3
+    factor, info = interruptible(
+        lambda: scipy.linalg.lapack.dpotrf(strategy_gram, lower=False, clean=True), flops=flops
+    )
     if info == 0:
         # potri writes the upper triangle only; the strict lower one stays as potrf cleaned it (0)
-        upper, info = scipy.linalg.lapack.dpotri(factor, lower=False)
+        upper, info = interruptible(
+            lambda: scipy.linalg.lapack.dpotri(factor, lower=False), flops=flops
+        )
         if info == 0 and np.all(np.isfinite(upper)):
             return float(2.0 * np.sum(gram * upper) - np.sum(np.diag(gram) * np.diag(upper)))
-    eigenvalues, vectors = np.linalg.eigh(strategy_gram)  # O(n³)
+    eigenvalues, vectors = _eigh(strategy_gram)  # O(n³)
     keep = eigenvalues > 1e-12 * max(float(eigenvalues.max()), 1e-300)
     rotated = vectors.T @ gram @ vectors  # O(n³)
     scale = max(float(np.trace(gram)), 1e-300)
     if np.abs(np.diag(rotated)[~keep]).sum() > 1e-9 * scale:
         return float("inf")
     return float(np.sum(np.diag(rotated)[keep] / eigenvalues[keep]))
+
+
+def _eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.linalg.eigh`` that Ctrl-C can interrupt (a worker thread above ~1 s). O(n³)."""
+    flops = eigh_seconds(matrix.shape[0]) * DGEMM_FLOPS_PER_SECOND
+    return interruptible(lambda: np.linalg.eigh(matrix), flops=flops)
 
 
 def column_sensitivity(strategy: np.ndarray, *, noise: NoiseKind) -> float:
@@ -228,8 +253,10 @@ def optimize_pidentity_factor(
     restarts: int,
     max_iterations: int = 2000,
     initial_theta: np.ndarray | None = None,
-) -> tuple[np.ndarray, float, int]:
-    """Best ``Θ`` over ``restarts`` L-BFGS(-B) runs; returns (Θ, unit error, total iterations).
+    limit: WorkLimit | None = None,
+    progress: Progress | None = None,
+) -> tuple[np.ndarray, float, int, bool]:
+    """Best ``Θ`` over ``restarts`` L-BFGS(-B) runs: (Θ, unit error, total iterations, stopped).
 
     Θ = 0 (the identity) is always a local minimum of the Laplace loss (extra mass raises the L1
     sensitivity linearly but lowers the trace only quadratically), so Laplace starts stay away
@@ -237,6 +264,11 @@ def optimize_pidentity_factor(
     ``Uniform[0, 1)`` (bounds Θ ≥ 0).  Gaussian restart 0 starts at the
     SVD-bound-like Θ of :func:`_gaussian_pidentity_start`, later ones perturb it with ``rng``.
     ``initial_theta`` (for warm starts inside the Kronecker alternation) replaces restart 0.
+
+    ``limit``: checked at every loss evaluation (O(n² p) each); once it has passed, the run in
+    progress stops and the best Θ evaluated so far (over all runs, and the identity) is returned
+    with ``stopped = True``.  L-BFGS-B only evaluates points inside the bounds, so that Θ is
+    feasible.  ``progress`` is called after every L-BFGS iteration.
     """
     n = gram.shape[0]
     scale = max(float(np.trace(gram)) / n, 1e-300)
@@ -245,7 +277,31 @@ def optimize_pidentity_factor(
     best_loss = float(np.sum(np.diag(normalised)))  # Θ = 0 is the identity strategy
     iterations = 0
     gaussian_start: np.ndarray | None = None
+    seen = {"loss": best_loss, "theta": best_theta, "iterations": 0}
+
+    def evaluate(params: np.ndarray) -> tuple[float, np.ndarray]:
+        if limit is not None:
+            limit.check()
+        loss, gradient = pidentity_loss_and_gradient(params, normalised, p, noise)
+        if np.isfinite(loss) and loss < seen["loss"]:
+            seen["loss"], seen["theta"] = loss, params.reshape(p, n).copy()
+        return loss, gradient
+
+    def iterated(_: scipy.optimize.OptimizeResult) -> None:
+        seen["iterations"] += 1
+        if progress is not None:
+            used = math.nan if limit is None else limit.fraction_used()
+            share = (restart + min(1.0, seen["iterations"] / max_iterations)) / restarts
+            report(
+                progress,
+                share if math.isnan(used) else max(share, used),
+                f"p-Identity (n = {n}, p = {p}): start {restart + 1} of {restarts}, "
+                f"unit error {float(seen['loss']) * scale:.6g}",
+            )
+
     for restart in range(restarts):
+        if limit is not None and limit.expired():
+            return (*_pidentity_best(seen, noise, scale, iterations), True)
         if restart == 0 and initial_theta is not None:
             start = np.array(initial_theta, dtype=np.float64)
         elif noise == "laplace" and restart == 0:
@@ -257,22 +313,37 @@ def optimize_pidentity_factor(
                 gaussian_start = _gaussian_pidentity_start(normalised, p, rng=rng)
             spread = 0.0 if restart == 0 else 0.3 * float(np.sqrt(np.mean(gaussian_start**2)))
             start = gaussian_start + spread * rng.standard_normal((p, n))
-        result = scipy.optimize.minimize(
-            pidentity_loss_and_gradient,
-            start.ravel(),
-            args=(normalised, p, noise),
-            jac=True,
-            method="L-BFGS-B",
-            bounds=[(0.0, None)] * (p * n) if noise == "laplace" else None,
-            options={"maxiter": max_iterations, "ftol": 1e-12, "gtol": 1e-9, "maxcor": 20},
-        )
+        seen["iterations"] = 0
+        try:
+            result = scipy.optimize.minimize(
+                evaluate,
+                start.ravel(),
+                jac=True,
+                method="L-BFGS-B",
+                bounds=[(0.0, None)] * (p * n) if noise == "laplace" else None,
+                callback=iterated,
+                options={"maxiter": max_iterations, "ftol": 1e-12, "gtol": 1e-9, "maxcor": 20},
+            )
+        except TimeLimitReached:
+            iterations += int(seen["iterations"])
+            return (*_pidentity_best(seen, noise, scale, iterations), True)
         iterations += int(result.nit)
         if np.isfinite(result.fun) and result.fun < best_loss:
             best_loss = float(result.fun)
             best_theta = result.x.reshape(p, n)
     if noise == "laplace":
         best_theta = np.maximum(best_theta, 0.0)
-    return best_theta, best_loss * scale, iterations
+    return best_theta, best_loss * scale, iterations, False
+
+
+def _pidentity_best(
+    seen: dict[str, object], noise: NoiseKind, scale: float, iterations: int
+) -> tuple[np.ndarray, float, int]:
+    """(Θ, unit error, iterations) of the best point evaluated before a time limit stopped."""
+    theta = np.asarray(seen["theta"])
+    if noise == "laplace":
+        theta = np.maximum(theta, 0.0)
+    return theta, float(seen["loss"]) * scale, iterations  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,6 +364,8 @@ class FullRankSolution:
     iterations: int
     dual_weights: np.ndarray
     """The dual point ``v`` (a warm start for a neighbouring problem)."""
+    stopped_early: bool = False
+    """True when a time limit stopped the iterations (the best strategy so far is returned)."""
 
 
 def optimize_gaussian_full_rank(
@@ -301,6 +374,8 @@ def optimize_gaussian_full_rank(
     tolerance: float = 1e-5,
     max_iterations: int = 100,
     initial_weights: np.ndarray | None = None,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
 ) -> FullRankSolution:
     """The L2-optimal strategy Gram for ``gram`` to a relative duality gap of ``tolerance``.
 
@@ -312,17 +387,25 @@ def optimize_gaussian_full_rank(
     ``diag(X_v) − 1`` (step ω = 2; ω = 1 from the first time the dual decreases).  Cells with ``G_ii = 0``
     are not needed by the workload and get an identity query.
 
+    ``time_limit`` (seconds): checked before every O(n³) step; once passed, the best strategy
+    so far (the identity before the first iteration) and the best dual bound are returned with
+    ``stopped_early``.  ``progress`` is called after every iteration (fraction: the share of
+    the log duality gap closed, or of the time limit used if larger).
+
     *Privacy*: none consumed; public computation on the workload only.
 
     References: Li thesis §4.2.2 (proof structure, completion Lemma 3); Yuan et al. 2016 (the
     convex L2 formulation).  The dual derivation and the fixed-point update are ours.
     """
+    limit = WorkLimit(time_limit=time_limit)
     gram = validate_gram(gram)
     if not tolerance > 0:
         raise ValueError(f"tolerance ({tolerance}) must be > 0")
     if max_iterations < 1:
         raise ValueError(f"max_iterations ({max_iterations}) must be >= 1")
-    return _gaussian_full_rank(gram, tolerance, max_iterations, initial_weights)
+    return _gaussian_full_rank(
+        gram, tolerance, max_iterations, initial_weights, limit=limit, progress=progress
+    )
 
 
 def gaussian_dual(gram: np.ndarray, weights: np.ndarray) -> tuple[float, np.ndarray]:
@@ -334,10 +417,10 @@ def gaussian_dual(gram: np.ndarray, weights: np.ndarray) -> tuple[float, np.ndar
     Lagrangian, whose unit error after dividing by ``max diag(X_v)`` is ``T · max diag(X_v)``.
     The dual's gradient in ``μ`` is ``diag(X_μ) − 1``.  O(n³): one eigendecomposition.
     """
-    values, vectors = np.linalg.eigh(gram * np.outer(weights, weights))  # O(n³)
+    values, vectors = _eigh(gram * np.outer(weights, weights))  # O(n³)
     roots = np.sqrt(np.clip(values, 0.0, None))
     dual = float(roots.sum()) ** 2 / float(weights @ weights)
-    root_k = (vectors * roots) @ vectors.T  # √K, O(n³)
+    root_k = blocked_matmul(vectors * roots, vectors.T)  # √K, O(n³), Ctrl-C between blocks
     return dual, root_k / np.outer(weights, weights)
 
 
@@ -346,6 +429,9 @@ def _gaussian_full_rank(
     tolerance: float,
     max_iterations: int,
     initial_weights: np.ndarray | None,
+    *,
+    limit: WorkLimit | None = None,
+    progress: Progress | None = None,
 ) -> FullRankSolution:
     """:func:`optimize_gaussian_full_rank` on an already validated symmetric ``gram``."""
     n = gram.shape[0]
@@ -374,7 +460,21 @@ def _gaussian_full_rank(
     best_weights = weights
     omega, previous_dual, previous_weights = 2.0, -np.inf, weights
     iterations = 0
+    stopped = False
+    first_gap = math.nan
     for _ in range(max_iterations):
+        if limit is not None and limit.expired():
+            stopped = True
+            break
+        if progress is not None and iterations > 0:
+            gap = (best_error - best_bound) / max(best_bound, 1e-300)
+            if math.isnan(first_gap) and math.isfinite(gap):
+                first_gap = gap
+            report(
+                progress,
+                _gap_fraction(first_gap, gap, tolerance, limit),
+                f"full-rank strategy (n = {n}): iteration {iterations}, duality gap {gap:.3g}",
+            )
         iterations += 1
         dual, primal = gaussian_dual(sub, weights)  # O(n³)
         if dual < previous_dual * (1 - 1e-12) and omega > 1.0:
@@ -390,6 +490,8 @@ def _gaussian_full_rank(
         completed = (primal + np.diag(top - primal_diag)) / top
         rescaled = primal / np.sqrt(np.outer(primal_diag, primal_diag))
         for repaired in (rescaled, completed):
+            if limit is not None and limit.expired():
+                break
             candidate = (1.0 - FULL_RANK_RIDGE) * repaired + FULL_RANK_RIDGE * np.eye(size)
             error = unit_error(sub, candidate)  # O(n³)
             if error < best_error:
@@ -403,13 +505,27 @@ def _gaussian_full_rank(
     strategy_gram[np.ix_(active, active)] = best_gram
     dual_weights = np.ones(n)
     dual_weights[active] = best_weights
+    if not np.isfinite(best_error):  # stopped before the first primal: the identity
+        best_error = unit_error(sub, best_gram)
     return FullRankSolution(
         strategy_gram=strategy_gram,
         unit_error=float(best_error * scale),
         lower_bound=float(min(best_bound, best_error) * scale),
         iterations=iterations,
         dual_weights=dual_weights,
+        stopped_early=stopped,
     )
+
+
+def _gap_fraction(first: float, gap: float, tolerance: float, limit: WorkLimit | None) -> float:
+    """Share of the log duality gap closed (first gap → tolerance), or of the time used."""
+    share = math.nan
+    if first > tolerance and gap > 0:
+        share = math.log(first / gap) / math.log(first / tolerance)
+    used = math.nan if limit is None else limit.fraction_used()
+    if math.isnan(share):
+        return used
+    return share if math.isnan(used) else max(share, used)
 
 
 def strategy_from_gram(strategy_gram: np.ndarray) -> np.ndarray:
@@ -433,6 +549,18 @@ FULL_RANK_MAX_CELLS = 4096
 FACTOR_TEMPLATES: tuple[str, ...] = ("auto", "pidentity", "fullrank", "identity")
 
 
+def identity_factor(n: int, *, unit_error: float, noise: NoiseKind) -> FactorSolution:
+    """The identity strategy on n cells as a factor solution (``unit_error``: its tr G)."""
+    return FactorSolution(
+        strategy=np.eye(n),
+        unit_error=unit_error,
+        template="identity",
+        noise=noise,
+        restarts=0,
+        iterations=0,
+    )
+
+
 def optimize_factor(
     gram: np.ndarray,
     *,
@@ -445,13 +573,17 @@ def optimize_factor(
     warm_theta: np.ndarray | None = None,
     warm_weights: np.ndarray | None = None,
     tolerance: float = 1e-5,
+    limit: WorkLimit | None = None,
+    progress: Progress | None = None,
 ) -> tuple[FactorSolution, np.ndarray | None, np.ndarray | None]:
     """Best sensitivity-1 strategy for one attribute among identity and the chosen template.
 
     ``template``: ``"auto"`` (Gaussian → full rank when n ≤ :data:`FULL_RANK_MAX_CELLS`, else
     p-Identity; Laplace → p-Identity), ``"pidentity"``, ``"fullrank"`` (Gaussian only) or
     ``"identity"``.  Returns the solution plus the state for a warm start (Θ or dual weights).
-    ``gram`` must already be validated (:func:`validate_gram`).
+    ``gram`` must already be validated (:func:`validate_gram`).  ``limit``: an expired limit
+    returns the best strategy found so far (never worse than the identity or ``warm_start``)
+    with ``stopped_early``.
     """
     if template not in FACTOR_TEMPLATES:
         raise ValueError(f"template ({template!r}) must be one of {FACTOR_TEMPLATES}")
@@ -460,15 +592,7 @@ def optimize_factor(
             "the full-rank template optimises L2 sensitivity: noise must be 'gaussian'"
         )
     n = gram.shape[0]
-    identity_error = float(np.trace(gram))
-    best = FactorSolution(
-        strategy=np.eye(n),
-        unit_error=identity_error,
-        template="identity",
-        noise=noise,
-        restarts=0,
-        iterations=0,
-    )
+    best = identity_factor(n, unit_error=float(np.trace(gram)), noise=noise)
     if warm_start is not None and warm_start.strategy.shape[1] == n:
         # the previous factor stays admissible: never return something worse than it
         x = warm_start.strategy.T @ warm_start.strategy
@@ -489,7 +613,9 @@ def optimize_factor(
     if template == "auto":
         template = "fullrank" if noise == "gaussian" and n <= FULL_RANK_MAX_CELLS else "pidentity"
     if template == "fullrank":
-        solution = _gaussian_full_rank(gram, tolerance, 100, warm_weights)
+        solution = _gaussian_full_rank(
+            gram, tolerance, 100, warm_weights, limit=limit, progress=progress
+        )
         if solution.unit_error <= best.unit_error:
             best = FactorSolution(
                 strategy=strategy_from_gram(solution.strategy_gram),
@@ -502,15 +628,18 @@ def optimize_factor(
             )
         else:  # the dual bound holds whichever strategy is kept
             best = dataclasses.replace(best, lower_bound=solution.lower_bound)
+        best = dataclasses.replace(best, stopped_early=solution.stopped_early)
         return best, warm_theta, solution.dual_weights
     p = default_p(n) if p is None else p
-    theta, error, iterations = optimize_pidentity_factor(
+    theta, error, iterations, stopped = optimize_pidentity_factor(
         gram,
         p=p,
         noise=noise,
         rng=rng,
         restarts=restarts,
         initial_theta=warm_theta if warm_theta is not None and warm_theta.shape == (p, n) else None,
+        limit=limit,
+        progress=progress,
     )
     if error < best.unit_error:  # ties go to the identity (fewer rows)
         best = FactorSolution(
@@ -521,4 +650,63 @@ def optimize_factor(
             restarts=restarts,
             iterations=iterations,
         )
-    return best, theta, warm_weights
+    return dataclasses.replace(best, stopped_early=stopped), theta, warm_weights
+
+
+# --------------------------------------------------------------------------------------------
+# Cost prediction (from sizes only)
+# --------------------------------------------------------------------------------------------
+
+# p-Identity, per L-BFGS-B iteration (one BLAS thread): fixed 2e-4 s, 2.3e-7 s per variable
+# (L-BFGS-B's own O(maxcor·pn) updates dominate) and ~1.2 loss evaluations of 2n²p flops.
+# Iterations to converge: 70 (n = 64), 281-450 (n = 128), the 2000 cap from n = 256 on, on
+# all-range and prefix Grams (Laplace), i.e. about 0.03·n².  Measured (process time) by
+#   .venv/bin/python benchmarks/predict_bench.py --calibrate templates
+# n = 256, 512, 1024 (p = n/16): 1.5, 4.9, 19 ms per iteration.
+_PIDENTITY_ITERATION_FIXED = 2.0e-4
+_PIDENTITY_PER_VARIABLE = 2.3e-7
+_PIDENTITY_EVALUATIONS_PER_ITERATION = 1.2
+# Full-rank Gaussian: 2-11 iterations on the same Grams (n = 64…1024), each about 1.8 eighs
+# (eigh of VGV, √K, two Cholesky inverses): 0.48 s per iteration at n = 1024.
+_FULL_RANK_ITERATIONS = 6
+_FULL_RANK_EIGHS_PER_ITERATION = 1.8
+
+
+def predict_pidentity_seconds(
+    n: int, *, p: int | None = None, restarts: int = 1, max_iterations: int = 2000
+) -> float:
+    """Predicted seconds of :func:`optimize_pidentity_factor` for an n-cell attribute. O(1)."""
+    if n <= 1:
+        return 0.0
+    extra = default_p(n) if p is None else p
+    iterations = min(max_iterations, 20 + 0.03 * n * n)
+    per_iteration = (
+        _PIDENTITY_ITERATION_FIXED
+        + _PIDENTITY_PER_VARIABLE * extra * n
+        + _PIDENTITY_EVALUATIONS_PER_ITERATION * 2.0 * n * n * extra / DGEMM_FLOPS_PER_SECOND
+    )
+    return restarts * iterations * per_iteration
+
+
+def predict_full_rank_seconds(n: int) -> float:
+    """Predicted seconds of :func:`optimize_gaussian_full_rank` for an n-cell attribute. O(1)."""
+    if n <= 1:
+        return 0.0
+    per_iteration = _FULL_RANK_EIGHS_PER_ITERATION * eigh_seconds(n) + 2e-4
+    return _FULL_RANK_ITERATIONS * per_iteration
+
+
+def predict_factor_seconds(
+    n: int, *, noise: NoiseKind, template: str = "auto", p: int | None = None, restarts: int = 1
+) -> float:
+    """Predicted seconds of :func:`optimize_factor` (the template ``"auto"`` would choose). O(1)."""
+    validate_noise(noise)
+    if template not in FACTOR_TEMPLATES:
+        raise ValueError(f"template ({template!r}) must be one of {FACTOR_TEMPLATES}")
+    if template == "identity" or n <= 1:
+        return 0.0
+    if template == "auto":
+        template = "fullrank" if noise == "gaussian" and n <= FULL_RANK_MAX_CELLS else "pidentity"
+    if template == "fullrank":
+        return predict_full_rank_seconds(n)
+    return predict_pidentity_seconds(n, p=p, restarts=restarts)

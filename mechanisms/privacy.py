@@ -41,7 +41,10 @@ class PrivacyCost:
     """A privacy cost in one measure.
 
     Only the fields of ``measure`` are meaningful: ``epsilon`` for pure, ``rho`` for zCDP,
-    ``epsilon`` and ``delta`` for approx.
+    ``epsilon`` and ``delta`` for approx.  Costs of one measure add up (sequential composition):
+
+    >>> (PrivacyCost(measure="pure", epsilon=0.25) + PrivacyCost(measure="pure", epsilon=0.75)).epsilon
+    1.0
     """
 
     measure: Measure

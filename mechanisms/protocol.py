@@ -30,7 +30,7 @@ from mechanisms.privacy import PrivacyCost
 from mechanisms.workload import Workload, WorkloadItem
 
 Model = Literal["central", "local"]
-InputKind = Literal["cells", "responses"]
+InputKind = Literal["cells", "responses", "marginals"]
 Interval = Literal["normal", "laplace", "none"]
 STORE_VERSION = "2"
 # OpenDP's slack depends on the vector size; beyond 1e8 answers (plan-only domains) the calibration
@@ -77,7 +77,9 @@ class MechanismOptions:
 
 def require_int(value: Any, *, option: str, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise OptionsError(f"mechanism_options.{option} ({value!r}) must be an integer >= {minimum}")
+        raise OptionsError(
+            f"mechanism_options.{option} ({value!r}) must be an integer >= {minimum}"
+        )
 
 
 def require_number(
@@ -114,7 +116,13 @@ class StrategyCache(Protocol):
 
 
 def cache_key(*parts: Any) -> str:
-    """sha256 of the JSON of ``parts`` (public values only: fingerprints, names, settings)."""
+    """sha256 of the JSON of ``parts`` (public values only: fingerprints, names, settings).
+
+    >>> cache_key("eigen", "ab12", {"norm": "l2"}) == cache_key("eigen", "ab12", {"norm": "l2"})
+    True
+    >>> cache_key("eigen", "ab12", {"norm": "l2"}) == cache_key("eigen", "ab12", {"norm": "l1"})
+    False
+    """
     raw = json.dumps([STORE_VERSION, *parts], sort_keys=True, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()
 
@@ -218,8 +226,10 @@ class ItemAnswers:
 
     estimates: np.ndarray
     variances: np.ndarray
-    interval: Interval = "normal"
-    uncertainty: str = "noise"
+    interval: Interval | np.ndarray = "normal"
+    """One value, or one per row (e.g. Laplace only for rows that are one measured answer)."""
+    uncertainty: str | np.ndarray = "noise"
+    """What ``variances`` cover, one label or one per row: noise, noise+bias or noise-only."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,6 +347,13 @@ class Mechanism(Protocol):
         ...
 
 
+# Optional hook, for mechanisms whose charge can be smaller than the plan's cost because part of it
+# was paid by an earlier release (checked before any data is read, from public facts only):
+#
+#     def cost_due(self, strategy, *, dataset_id: str, input_fingerprint: str,
+#                  released: StrategyCache) -> PrivacyCost
+
+
 class MatrixMechanism:
     """Shared behaviour of data-independent central mechanisms (the matrix mechanism).
 
@@ -396,11 +413,7 @@ class MatrixMechanism:
             item.name: ItemAnswers(
                 estimates=estimates[item.name],
                 variances=noise.variance * strategy.item_unit_variances(item, workload),
-                interval=(
-                    "laplace"
-                    if noise.kind == "laplace" and single_noise_term(strategy, item)
-                    else "normal"
-                ),
+                interval=_intervals(strategy, item, laplace=noise.kind == "laplace"),
             )
             for item in workload.items
         }
@@ -417,10 +430,13 @@ class LeastSquaresAnswers:
         return {item.name: item.answer(estimate) for item in workload.items}
 
 
-def single_noise_term(strategy: Strategy, item: WorkloadItem) -> bool:
-    """True when each estimate of ``item`` is one measured answer plus one noise draw."""
-    check = getattr(strategy, "is_single_answer", None)
-    return bool(check(item)) if check is not None else False
+def _intervals(strategy: Strategy, item: WorkloadItem, *, laplace: bool) -> Interval | np.ndarray:
+    """``laplace`` for the rows whose estimate is one measured answer plus one Laplace draw (the
+    strategy says which, if it can), ``normal`` for every other row."""
+    rows = getattr(strategy, "single_answer_rows", None)
+    if not laplace or rows is None:
+        return "normal"
+    return np.where(rows(item), "laplace", "normal").astype(object)
 
 
 def describe_template(strategy: Strategy) -> str | None:

@@ -17,6 +17,7 @@ from mechanisms import (
     identity,
     local_mechanism,
     lrm_mechanism,
+    marginals_mechanism,
     optimized_mechanism,
     wavelet,
 )
@@ -29,6 +30,7 @@ BUILTIN: tuple[Mechanism, ...] = (
     hierarchical.MECHANISM,
     wavelet.MECHANISM,
     optimized_mechanism.MECHANISM,
+    marginals_mechanism.MECHANISM,
     eigen_mechanism.MECHANISM,
     lrm_mechanism.MECHANISM,
     dawa_mechanism.MECHANISM,
@@ -68,6 +70,11 @@ def names(*, model: str | None = None) -> tuple[str, ...]:
 
 
 def get(name: str, *, model: str) -> Mechanism:
+    """The mechanism called ``name`` in privacy model ``model``.
+
+    >>> get("hierarchical", model="central").options.parse({"branching": 4})
+    TreeOptions(branching=4)
+    """
     try:
         return _REGISTRY[(model, name)]
     except KeyError:

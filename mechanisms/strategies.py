@@ -22,11 +22,10 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from mechanisms.intervals import kron_single_term_rows
 from mechanisms.operators import (
     Factor,
-    Identity,
     MatrixFactor,
-    Total,
     kron_apply,
     kron_apply_transpose,
 )
@@ -155,12 +154,10 @@ class KronStrategy(LeastSquaresAnswers):
             total *= float(np.sum(factor.gram() * pinv))
         return total
 
-    def is_single_answer(self, item: WorkloadItem) -> bool:
-        """Each query of ``item`` is exactly one measured answer (its estimate has one noise term)."""
-        return all(
-            _is_unit_rows(strategy_factor, query_factor)
-            for strategy_factor, query_factor in zip(self.factors, item.factors, strict=True)
-        )
+    def single_answer_rows(self, item: WorkloadItem) -> np.ndarray:
+        """Per query of ``item``: its least-squares answer uses one measured answer only (so its
+        error is one noise draw).  O(Σ m_i n_i p_i)."""
+        return kron_single_term_rows(item.factors, self.factors, self.gram_pinvs())
 
     def support_residual(self, workload: Workload) -> float:
         """Largest ‖W_iᵀW_i (I − M_i A_iᵀA_i)‖ (relative) over items and attributes; ≈ 0 iff A
@@ -175,23 +172,6 @@ class KronStrategy(LeastSquaresAnswers):
                 scale = max(1.0, float(np.abs(gram_w).max()))
                 worst = max(worst, float(np.abs(residual).max()) / scale)
         return worst
-
-
-def _is_unit_rows(strategy_factor: Factor, query_factor: Factor) -> bool:
-    """Query factor and strategy factor are the same identity (or the same total row)."""
-    if not isinstance(strategy_factor, MatrixFactor):
-        return False
-    n = strategy_factor.n
-    if isinstance(query_factor, Identity):
-        expected = sp.identity(n, format="csr")
-    elif isinstance(query_factor, Total):
-        expected = sp.csr_array(np.ones((1, n)))
-    else:
-        return False
-    if strategy_factor.shape != expected.shape:
-        return False
-    difference = sp.csr_array(strategy_factor.matrix) - expected
-    return bool(difference.count_nonzero() == 0)
 
 
 def psd_pinv(matrix: np.ndarray) -> np.ndarray:

@@ -31,7 +31,24 @@ import scipy.linalg
 import scipy.optimize
 import threadpoolctl
 
-from mechanisms.operators import Factor, Identity, Total, kron_apply, kron_dense, kron_matrices
+from mechanisms.budget import (
+    DGEMM_FLOPS_PER_SECOND,
+    Progress,
+    TimeLimitReached,
+    WorkLimit,
+    eigh_seconds,
+    interruptible,
+    report,
+)
+from mechanisms.operators import (
+    Factor,
+    Identity,
+    Total,
+    kron_apply,
+    kron_matrices,
+    kron_query_variances,
+)
+from mechanisms.protocol import CandidateUnavailable, LeastSquaresAnswers
 from mechanisms.strategies import (
     hierarchical_strategy,
     identity_strategy,
@@ -83,7 +100,7 @@ class _Structure:
 
 
 @dataclass(frozen=True, kw_only=True)
-class UnionStrategy:
+class UnionStrategy(LeastSquaresAnswers):
     """``A = [w_1 ⊗A_{1,·}; …; w_T ⊗A_{T,·}]`` over one domain (public)."""
 
     name: str
@@ -145,20 +162,11 @@ class UnionStrategy:
         if cached is not None and cached[0] is workload:
             return cached[1]
         shape = self.domain_shape
-        split = []
-        for axis in range(len(shape)):
-            strategy_ok = all(
-                ij_coefficients(t.factors[axis].gram()) is not None for t in self.terms
-            )
-            workload_ok = all(
-                isinstance(item.factors[axis], Identity | Total) for item in workload.items
-            )
-            if strategy_ok and workload_ok:
-                split.append(axis)
+        split = _split_axes([t.factors for t in self.terms], workload)
         dense = tuple(axis for axis in range(len(shape)) if axis not in split)
         dense_size = math.prod(shape[a] for a in dense)
         if dense_size > MAX_DENSE_CELLS or 2 ** len(split) > MAX_SPLIT_BLOCKS:
-            raise ValueError(
+            raise CandidateUnavailable(
                 f"union strategy algebra needs the non-split attributes to have at most "
                 f"{MAX_DENSE_CELLS} cells together (got {dense_size}) and at most "
                 f"{MAX_SPLIT_BLOCKS} split blocks (got {2 ** len(split)})"
@@ -252,6 +260,17 @@ class UnionStrategy:
         return worst
 
 
+def _split_axes(term_factors: Sequence[tuple[Factor, ...]], workload: Workload) -> list[int]:
+    """Attributes where every strategy term's Gram is ``aI + bJ`` and every workload item is an
+    identity or a total: there the Gram algebra splits into ``span{1} ⊕ 1^⊥``. O(T Σ n_i²)."""
+    return [
+        axis
+        for axis in range(len(workload.domain_shape))
+        if all(ij_coefficients(factors[axis].gram()) is not None for factors in term_factors)
+        and all(isinstance(item.factors[axis], Identity | Total) for item in workload.items)
+    ]
+
+
 def _blocks_of(
     terms: Sequence[UnionTerm], structure: _Structure, shape: tuple[int, ...], *, weight_power: int
 ) -> list[np.ndarray]:
@@ -291,8 +310,7 @@ def _dense_query_variances(factors: Sequence[Factor], covariance: np.ndarray) ->
         return np.array([covariance[0, 0]])
     if len(factors) == 1:
         return factors[0].query_variances(covariance)
-    dense = kron_dense(factors)  # O(m_d D): only used for multi-attribute dense parts
-    return np.einsum("ij,jk,ik->i", dense, covariance, dense)
+    return kron_query_variances(factors, covariance)  # never the m_d × D query matrix
 
 
 # --- default terms and weight optimisation ---------------------------------------------------------
@@ -377,7 +395,8 @@ class _WeightProblem:
             size = max(c.size for c in self.column_powers)
             self.column_powers = [np.broadcast_to(c, (size,)) for c in self.column_powers]
 
-    def __call__(self, weights: np.ndarray) -> float:
+    def __call__(self, weights: np.ndarray, *, limit: WorkLimit | None = None) -> float:
+        """``f(weights)``; ``limit`` is checked before every block (raises TimeLimitReached)."""
         columns = sum(w**self.norm * c for w, c in zip(weights, self.column_powers, strict=True))
         sensitivity_sq = float(np.max(columns)) ** (2 / self.norm)
         trace = 0.0
@@ -387,7 +406,15 @@ class _WeightProblem:
             block = sum(
                 w**2 * blocks[index] for w, blocks in zip(weights, self.term_blocks, strict=True)
             )
-            trace += multiplicity * float(np.sum(workload_block * scipy.linalg.pinvh(block)))
+            if limit is not None:
+                limit.check()
+            pinv = interruptible(  # O(D³); Ctrl-C is seen at once even for D in the thousands
+                lambda block=block: scipy.linalg.pinvh(block),
+                flops=_BLOCK_EVALUATION_EIGHS
+                * eigh_seconds(block.shape[0])
+                * DGEMM_FLOPS_PER_SECOND,
+            )
+            trace += multiplicity * float(np.sum(workload_block * pinv))
         return sensitivity_sq * trace
 
 
@@ -398,6 +425,8 @@ def optimize_weights(
     norm: int,
     name: str,
     max_evaluations: int = 400,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
 ) -> UnionStrategy:
     """Weights minimising sensitivity² × total variance, then pruning of terms it drove to ~0.
 
@@ -405,14 +434,30 @@ def optimize_weights(
     objective is scale-free) with L-BFGS-B and finite differences.  A term whose weight ends below
     e^-5 of the largest is dropped when the others still support the workload and the error does
     not grow.  BLAS runs single-threaded here: the matrices are small and threads only contend.
+
+    ``time_limit`` (seconds): checked at every objective evaluation (O(2^k D³) each); once
+    passed, the best weights evaluated so far are kept (every term stays, so the strategy still
+    supports the workload), pruning is skipped, and ``parameters["stopped_early"]`` is True.
+    ``progress(fraction, message)``: after every L-BFGS iteration (fraction: evaluations used of
+    ``max_evaluations``, or the share of the time limit if larger).
     """
+    limit = WorkLimit(time_limit=time_limit)
+
+    def optimise(candidate_terms: list[tuple[Factor, ...]]) -> tuple[np.ndarray, int, bool]:
+        return _optimize_log_weights(
+            workload,
+            candidate_terms,
+            norm=norm,
+            max_evaluations=max_evaluations,
+            limit=limit,
+            progress=progress,
+        )
+
     with threadpoolctl.threadpool_limits(limits=1):
         terms = list(term_factors)
         kept = list(range(len(terms)))
-        weights, evaluations = _optimize_log_weights(
-            workload, terms, norm=norm, max_evaluations=max_evaluations
-        )
-        while len(terms) > 1:
+        weights, evaluations, stopped = optimise(terms)
+        while len(terms) > 1 and not stopped:
             smallest = int(np.argmin(weights))
             if weights[smallest] > np.exp(-5.0) * weights.max():
                 break
@@ -424,16 +469,17 @@ def optimize_weights(
             )
             if trial.support_residual(workload) > 1e-8:
                 break
-            new_weights, more = _optimize_log_weights(
-                workload, reduced, norm=norm, max_evaluations=max_evaluations
-            )
+            new_weights, more, stopped = optimise(reduced)
             evaluations += more
+            if stopped:
+                break  # keep the full, unpruned weights: the reduced run was cut short
             problem = _WeightProblem(workload, terms, norm=norm)
             if _WeightProblem(workload, reduced, norm=norm)(new_weights) > problem(weights):
                 break
             terms, weights = reduced, new_weights
             del kept[smallest]
     weights = weights / weights.max()
+    report(progress, 1.0, f"union weights: {len(terms)} terms after {evaluations} evaluations")
     return UnionStrategy(
         name=name,
         domain_shape=workload.domain_shape,
@@ -444,23 +490,114 @@ def optimize_weights(
             "weights": [float(w) for w in weights],
             "kept_terms": kept,
             "evaluations": evaluations,
+            "stopped_early": stopped,
         },
     )
 
 
 def _optimize_log_weights(
-    workload: Workload, terms: Sequence[tuple[Factor, ...]], *, norm: int, max_evaluations: int
-) -> tuple[np.ndarray, int]:
+    workload: Workload,
+    terms: Sequence[tuple[Factor, ...]],
+    *,
+    norm: int,
+    max_evaluations: int,
+    limit: WorkLimit,
+    progress: Progress | None,
+) -> tuple[np.ndarray, int, bool]:
+    """(weights, evaluations, stopped early): L-BFGS-B on the log-weights from equal weights."""
     problem = _WeightProblem(workload, terms, norm=norm)
     start = np.zeros(len(terms))
     if len(terms) == 1:
-        return np.ones(1), 0
-    result = scipy.optimize.minimize(
-        lambda v: problem(np.exp(v)),
-        start,
-        method="L-BFGS-B",
-        bounds=[(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND)] * start.size,
-        options={"maxfun": max_evaluations},
-    )
+        return np.ones(1), 0, False
+    seen = {"value": math.inf, "point": start, "evaluations": 0}
+
+    def objective(point: np.ndarray) -> float:
+        value = problem(np.exp(point), limit=limit)
+        seen["evaluations"] += 1
+        if value < seen["value"]:
+            seen["value"], seen["point"] = value, point.copy()
+        return value
+
+    def iterated(_: scipy.optimize.OptimizeResult) -> None:
+        if progress is not None:
+            share = seen["evaluations"] / max_evaluations
+            used = limit.fraction_used()
+            report(
+                progress,
+                share if math.isnan(used) else max(share, used),
+                f"union weights ({len(terms)} terms): {seen['evaluations']} evaluations, "
+                f"unit error {seen['value']:.6g}",
+            )
+
+    try:
+        result = scipy.optimize.minimize(
+            objective,
+            start,
+            method="L-BFGS-B",
+            bounds=[(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND)] * start.size,
+            callback=iterated,
+            options={"maxfun": max_evaluations},
+        )
+    except TimeLimitReached:
+        return np.exp(np.asarray(seen["point"])), int(seen["evaluations"]), True
     best = result.x if result.fun <= problem(np.exp(start)) else start
-    return np.exp(best), int(result.nfev)
+    return np.exp(best), int(result.nfev), False
+
+
+# --- cost prediction ------------------------------------------------------------------------------
+
+# One objective evaluation per split block (a pinvh of the D × D block and the weighted sum of
+# the term blocks): 2.5e-4 s + 2.5 eighs of size D; measured (process time, one BLAS thread) per
+# evaluation and block: D = 16: 0.29 ms, 64: 0.6-0.85 ms, 256: 10-17 ms, 512: 84 ms.  Evaluations
+# per optimize_weights call (finite differences, pruning re-runs included): 194-259 for 4 terms,
+# modelled as 50·(T + 1).  Workloads: prefix, all-range and marginal items over one ordered
+# attribute of size D and 2-4 categorical ones; benchmarks/predict_bench.py --calibrate union.
+_BLOCK_EVALUATION_FIXED = 2.5e-4
+_BLOCK_EVALUATION_EIGHS = 2.5
+_EVALUATIONS_PER_TERM = 50
+
+
+def weight_problem_sizes(
+    workload: Workload, term_factors: Sequence[tuple[Factor, ...]]
+) -> tuple[int, int]:
+    """``(D, blocks)``: the dense cells and the split blocks of :func:`optimize_weights`'s Gram
+    algebra for these terms, without building any block.  O(T Σ n_i²)."""
+    split = _split_axes(term_factors, workload)
+    shape = workload.domain_shape
+    dense = math.prod(n for axis, n in enumerate(shape) if axis not in split)
+    blocks = math.prod(2 if shape[axis] > 1 else 1 for axis in split)
+    return dense, blocks
+
+
+def predict_seconds(
+    *,
+    dense_cells: int,
+    split_blocks: int,
+    num_terms: int,
+    num_cells: int,
+    max_evaluations: int = 400,
+) -> float:
+    """Predicted seconds of :func:`optimize_weights` from sizes (see :func:`weight_problem_sizes`).
+
+    ``min(max_evaluations·T, 50·(T + 1))`` evaluations, each ``split_blocks`` pinvh's of the
+    ``dense_cells``-sized block plus the O(T·N) sensitivity.  One BLAS thread.  O(1).
+    """
+    for name, value in (
+        ("dense_cells", dense_cells),
+        ("split_blocks", split_blocks),
+        ("num_terms", num_terms),
+        ("num_cells", num_cells),
+        ("max_evaluations", max_evaluations),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
+    if num_terms == 1:
+        return 0.0  # a single term needs no weights
+    evaluations = min(max_evaluations * num_terms, _EVALUATIONS_PER_TERM * (num_terms + 1))
+    per_block = (
+        _BLOCK_EVALUATION_FIXED
+        + _BLOCK_EVALUATION_EIGHS * eigh_seconds(dense_cells)
+        + num_terms * dense_cells**2 / DGEMM_FLOPS_PER_SECOND
+    )
+    per_evaluation = split_blocks * per_block + num_terms * num_cells * 1e-9
+    return evaluations * per_evaluation

@@ -12,7 +12,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mechanisms.operators import Factor, Total, kron_apply, kron_matrices
+from mechanisms.operators import Factor, Total, kron_apply, kron_dense, kron_matrices
+
+DENSE_GRAM_MAX_CELLS = 8192
+"""Largest domain whose N × N Gram is formed densely (8,192² float64 = 512 MiB)."""
+
+DENSE_MATRIX_MAX_ENTRIES = 1 << 25
+"""Largest explicit ``m × N`` workload matrix formed (2^25 float64 = 256 MiB)."""
+
+
+def check_dense_gram_cells(num_cells: int, *, max_cells: int = DENSE_GRAM_MAX_CELLS) -> None:
+    """Refuse, before any work, a dense N × N Gram over more than ``max_cells`` cells."""
+    if num_cells > max_cells:
+        raise ValueError(
+            f"the dense Gram WᵀW of a {num_cells:,}-cell domain needs "
+            f"{num_cells * num_cells * 8 / 2**30:.1f} GiB; the limit is {max_cells:,} cells"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +48,15 @@ class WorkloadItem:
     def gram_factors(self) -> tuple[np.ndarray, ...]:
         """Per-attribute ``W_iᵀW_i``: the item's Gram is their Kronecker product."""
         return tuple(f.gram() for f in self.factors)
+
+    def dense_gram(self, *, max_cells: int = DENSE_GRAM_MAX_CELLS) -> np.ndarray:
+        """``WᵀW = ⊗_i W_iᵀW_i`` as a dense N × N array from closed-form factor Grams, O(N²).
+
+        Never forms the item's ``m × N`` query matrix (2,098,176 × 2,048 for all ranges of 2,048
+        cells; its Gram is 2,048 × 2,048).
+        """
+        check_dense_gram_cells(math.prod(f.n for f in self.factors), max_cells=max_cells)
+        return kron_matrices(self.gram_factors())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,12 +88,29 @@ class Workload:
         """``WᵀW = Σ_items ⊗_i G_{item,i}`` as a list of per-attribute Gram tuples."""
         return [item.gram_factors() for item in self.items]
 
-    def dense_gram(self) -> np.ndarray:
-        """``WᵀW`` as a dense N × N array (small domains only). O(items · N²)."""
-        return sum(
-            (kron_matrices(term) for term in self.gram_terms()),
-            start=np.zeros((self.num_cells, self.num_cells)),
-        )
+    def dense_gram(self, *, max_cells: int = DENSE_GRAM_MAX_CELLS) -> np.ndarray:
+        """``WᵀW = Σ_items ⊗_i W_iᵀW_i`` as a dense N × N array. O(items · N²), no ``m × N`` W.
+
+        Raises ``ValueError`` naming the size before any work when N > ``max_cells``.
+        """
+        check_dense_gram_cells(self.num_cells, max_cells=max_cells)
+        gram = np.zeros((self.num_cells, self.num_cells))
+        for item in self.items:
+            gram += item.dense_gram(max_cells=max_cells)
+        return gram
+
+    def dense_matrix(self, *, max_entries: int = DENSE_MATRIX_MAX_ENTRIES) -> np.ndarray:
+        """The explicit stacked ``m × N`` query matrix (items in order), for methods that need W
+        itself (e.g. LRM's factorisation).  Raises ``ValueError`` naming the size before any work
+        when ``m · N`` exceeds ``max_entries``.  O(m N).
+        """
+        entries = self.num_queries * self.num_cells
+        if entries > max_entries:
+            raise ValueError(
+                f"the explicit workload matrix is {self.num_queries:,} × {self.num_cells:,} "
+                f"({entries * 8 / 2**30:.2f} GiB); the limit is {max_entries:,} entries"
+            )
+        return np.vstack([kron_dense(item.factors) for item in self.items])
 
     def attribute_roles(self, ordered: tuple[bool, ...]) -> list[tuple[int, str]]:
         """Per attribute: ``total`` when every item sums it out, else ``ordered``/``categorical``."""

@@ -11,10 +11,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from catalog import release
+from catalog.ledger import Catalog
 from catalog.planning import Plan
 from catalog.spec import ReleaseSpec
 
 
 @task(name="ingest", retries=0, cache_policy=NO_CACHE, persist_result=False, log_prints=False)
-def ingest_task(spec: ReleaseSpec, plan: Plan) -> release.Ingested:
-    return release.ingest(spec, plan)
+def ingest_task(spec: ReleaseSpec, plan: Plan, catalog_url: str) -> release.Ingested:
+    return release.ingest(spec, plan, Catalog(catalog_url))

@@ -1,6 +1,8 @@
-"""Task: register the dataset, refuse an over-budget request before any data is read, record intent."""
+"""Task: every public check (input size, output folder, budget) before any data is read; record intent."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -13,5 +15,9 @@ from mechanisms.privacy import PrivacyCost
 
 
 @task(name="check-budget", cache_policy=NO_CACHE, retries=0)
-def register_task(spec: ReleaseSpec, plan: Plan, catalog_url: str, release_id: str) -> PrivacyCost:
-    return release.register(spec, plan, Catalog(catalog_url), release_id=release_id)
+def register_task(
+    spec: ReleaseSpec, plan: Plan, catalog_url: str, release_id: str, directory: str
+) -> PrivacyCost:
+    return release.register(
+        spec, plan, Catalog(catalog_url), release_id=release_id, directory=Path(directory)
+    )

@@ -38,7 +38,8 @@ def test_run_review_reject_budget_and_verify(tmp_path: Path, tiny_dataset: Path)
     after = runner.invoke(app, ["budget", dataset_id]).stdout
     assert "spent epsilon=1" in before and "spent epsilon=1" in after  # rejection refunds nothing
     again = runner.invoke(app, ["review", release_id, "--approve", "--reviewer", "Grace"])
-    assert again.exit_code == 1 and "only a staged release can be reviewed" in again.output
+    # a refused review is a user error: exit 2 with what to do (issue 13)
+    assert again.exit_code == 2 and "only a staged release can be reviewed" in again.output
     assert runner.invoke(app, ["verify", str(directory)]).exit_code == 0
 
     manifest_path = directory / "manifest.json"

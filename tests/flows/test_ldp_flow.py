@@ -1,4 +1,5 @@
-"""The local-model pipeline end to end: `ldp strategy` → `ldp simulate` → the ldp-release flow.
+"""The local model end to end: `ldp strategy` → `ldp simulate` → `dprelease run` (the one release
+flow, as for every spec).
 
 Accuracy bound: every non-total query must be within Z_BOUND estimated standard errors of the
 truth.  With about 30 queries and Z_BOUND = 7 the normal false-failure rate is below 30 · 2.6e-12,
@@ -18,10 +19,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from catalog import artifacts, ldp_release
-from catalog.errors import DataError
+from catalog import artifacts, responses
 from catalog.ledger import Catalog
+from flows.cli import app
 from flows.ldp_cli import ldp_app
+from mechanisms.local_mechanism import COLLECTION_LABEL
 
 runner = CliRunner()
 USERS = 4000
@@ -90,15 +92,21 @@ def test_ldp_cli_reports_errors_clearly(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "cannot read the LDP strategy" in missing.output
 
 
+def _run(spec: Path, out: Path) -> tuple[Path, dict]:
+    """`dprelease run SPEC`: the release directory and its manifest."""
+    result = runner.invoke(app, ["run", str(spec), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    directory = out / result.stdout.split("release id:")[1].split()[0]
+    return directory, json.loads((directory / "manifest.json").read_text())
+
+
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_harness")
 def test_strategy_simulate_release_and_rerelease(tmp_path: Path) -> None:
-    from flows.ldp_flow import ldp_release_flow
-
     dataset = "ldp-" + tmp_path.name[-10:]
     values = _items(tmp_path / "items.parquet")
-    responses = tmp_path / "responses.parquet"
-    spec = _spec(tmp_path, responses, dataset)
+    source = tmp_path / "responses.parquet"
+    spec = _spec(tmp_path, source, dataset)
     strategy_dir = tmp_path / "strategy"
     made = runner.invoke(ldp_app, ["strategy", str(spec), "--out", str(strategy_dir)])
     assert made.exit_code == 0, made.output
@@ -112,7 +120,7 @@ def test_strategy_simulate_release_and_rerelease(tmp_path: Path) -> None:
             "--input",
             str(tmp_path / "items.parquet"),
             "--out",
-            str(responses),
+            str(source),
             "--seed",
             "5",
         ],
@@ -120,11 +128,7 @@ def test_strategy_simulate_release_and_rerelease(tmp_path: Path) -> None:
     assert simulated.exit_code == 0, simulated.output
     assert f"wrote {USERS:,} responses" in simulated.stdout
 
-    catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
-    first = ldp_release_flow(
-        spec_path=str(spec), out_dir=str(tmp_path / "out"), catalog_url=catalog_url
-    )
-    directory = Path(first.directory)
+    directory, manifest = _run(spec, tmp_path / "out")
     histogram = np.bincount(values, minlength=16)
     truth = {"v_cdf": np.cumsum(histogram), "v_hist": histogram}
     for name, expected in truth.items():
@@ -144,54 +148,51 @@ def test_strategy_simulate_release_and_rerelease(tmp_path: Path) -> None:
         np.abs(table["estimate"].to_numpy() - wrong) / table["std_error"].to_numpy()
     ).max() > Z_BOUND
 
-    catalog = Catalog(catalog_url)
+    catalog = Catalog()  # the default catalog `dprelease run` uses
     entries = catalog.ledger_entries(dataset)
-    assert len(entries) == 1 and ldp_release.COLLECTION_LABEL in entries[0].label
+    assert len(entries) == 1 and COLLECTION_LABEL in entries[0].label
     assert entries[0].cost.epsilon == 1.0
-    manifest = json.loads((directory / "manifest.json").read_text())
-    assert manifest["ldp"]["collection_reused"] is False
-    assert manifest["ldp"]["num_responses"] == USERS
+    mechanism = manifest["mechanism"]
+    assert mechanism["model"] == "local"
+    assert mechanism["noise"]["kind"] == "client-side epsilon-LDP randomiser"
+    assert manifest["privacy"]["model"].startswith("local:")
+    assert manifest["privacy_unit"] == responses.PRIVACY_UNIT
+    assert manifest["plan"]["model"] == "local"
+    details = mechanism["details"]
+    assert details["collection_reused"] is False
+    assert details["num_responses"] == USERS
     strategy_json = json.loads((strategy_dir / "strategy.json").read_text())
-    assert manifest["ldp"]["strategy_fingerprint"] == strategy_json["fingerprint"]
-    assert first.charged == {"epsilon": 1.0}
+    assert details["strategy_fingerprint"] == strategy_json["fingerprint"]
+    assert manifest["privacy"]["charged"] == {"epsilon": 1.0}
+    assert [r["receipt_id"] for r in manifest["ledger_receipts"]] == [entries[0].receipt_id]
     artifacts.verify(directory, catalog)
 
-    second = ldp_release_flow(
-        spec_path=str(spec),
-        out_dir=str(tmp_path / "out"),
-        catalog_url=catalog_url,
-        strategy_dir=str(strategy_dir),
-    )
-    assert second.charged == {"epsilon": 0.0}
+    second_directory, second = _run(spec, tmp_path / "out")
+    assert second["privacy"]["charged"] == {"epsilon": 0.0}
     assert len(catalog.ledger_entries(dataset)) == 1  # the same collection is not charged again
-    second_manifest = json.loads((Path(second.directory) / "manifest.json").read_text())
-    assert second_manifest["ldp"]["collection_reused"] is True
-    artifacts.verify(Path(second.directory), catalog)
+    assert second["mechanism"]["details"]["collection_reused"] is True
+    assert second["ledger_receipts"][0]["paid_by_release"] == manifest["release_id"]
+    artifacts.verify(second_directory, catalog)
     assert catalog.spent(dataset).epsilon == 1.0
 
 
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_harness")
 def test_bad_responses_fail_the_release_and_charge_nothing(tmp_path: Path) -> None:
-    from flows.ldp_flow import ldp_release_flow
-
     dataset = "ldpbad-" + tmp_path.name[-8:]
-    responses = tmp_path / "responses.parquet"
-    spec = _spec(tmp_path, responses, dataset)
+    source = tmp_path / "responses.parquet"
+    spec = _spec(tmp_path, source, dataset)
     strategy_dir = tmp_path / "strategy"
     assert (
         runner.invoke(ldp_app, ["strategy", str(spec), "--out", str(strategy_dir)]).exit_code == 0
     )
     fingerprint = json.loads((strategy_dir / "strategy.json").read_text())["fingerprint"]
     table = pa.table({"response": [0, 1, 10_000]}).replace_schema_metadata(
-        {ldp_release.FINGERPRINT_METADATA_KEY: fingerprint.encode()}
+        {responses.FINGERPRINT_METADATA_KEY: fingerprint.encode()}
     )
-    pq.write_table(table, responses)
-    catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
-    with pytest.raises(DataError, match="outside"):
-        ldp_release_flow(
-            spec_path=str(spec), out_dir=str(tmp_path / "out"), catalog_url=catalog_url
-        )
-    catalog = Catalog(catalog_url)
+    pq.write_table(table, source)
+    result = runner.invoke(app, ["run", str(spec), "--out", str(tmp_path / "out")])
+    assert result.exit_code != 0 and "outside [0," in result.output
+    catalog = Catalog()
     assert catalog.ledger_entries(dataset) == []
     assert [r.status for r in catalog.releases(dataset_id=dataset)] == ["failed"]

@@ -18,7 +18,7 @@ from mechanisms.privacy import (
     cost_from_dict,
     rho_for_epsilon_delta,
 )
-from mechanisms.session import ProtectedCells
+from mechanisms.choke_point import ProtectedCells
 from mechanisms.strategies import build_kron_strategy
 
 dp.enable_features("contrib")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
+from mechanisms.choke_point import ProtectedCells
 from mechanisms.eigen_design import (
     EigenDesignStrategy,
     WorkloadSpectrum,
@@ -34,15 +35,14 @@ from mechanisms.eigen_design import (
     marginals_spectrum,
     minimize_workload,
     prefix_gram,
-    svd_bound,
     svd_bound_from_spectrum,
     total_error_l1,
     total_error_l2,
     workload_spectrum,
     workload_variance_factor,
 )
+from mechanisms.lower_bound import svd_bound_gram as svd_bound
 from mechanisms.privacy import PrivacyCost
-from mechanisms.session import ProtectedCells
 
 # ------------------------------------------------------------------------------------------------
 # Helpers (competitor strategies from the thesis, note A11; dense workloads)
@@ -551,7 +551,7 @@ def test_l1_variant_has_unit_l1_sensitivity_and_exact_error():
 
 
 # ------------------------------------------------------------------------------------------------
-# The strategy as a measurable object (mechanisms.session.MeasurableStrategy)
+# The strategy as a measurable object (mechanisms.choke_point.MeasurableStrategy)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -583,7 +583,7 @@ class RecordingAccountant:
 
 
 def test_session_measures_an_eigen_design_strategy():
-    # Contract with mechanisms.session: sensitivity 1 times the contribution bound, one charge.
+    # Contract with mechanisms.choke_point: sensitivity 1 times the contribution bound, one charge.
     result = eigen_design(all_range_gram(8))
     cells = ProtectedCells(np.arange(8.0), domain_shape=(8,), contribution_bound=2)
     accountant = RecordingAccountant()

@@ -18,6 +18,7 @@ import scipy.linalg
 import threadpoolctl
 
 from mechanisms import ldp
+from tests.fake_clock import install_fake_clock
 
 ALPHA = 0.01  # normalised-variance target of the §9.3 sample complexities
 
@@ -931,3 +932,88 @@ PROTOCOL_ERRORS = [
 def test_protocol_rejects_invalid_input(call, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+# --------------------------------------------------------------------------------------------
+# Optimiser: time limit, progress, Ctrl-C and cost prediction
+# --------------------------------------------------------------------------------------------
+
+
+def test_optimiser_time_limit_returns_a_valid_better_strategy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One second passes per step: the run stops after a few steps with an ε-LDP strategy that
+    supports the workload, reports its objective and already beats its random start."""
+    clock = install_fake_clock(monkeypatch)
+    fractions: list[float] = []
+
+    def tick(fraction: float, message: str) -> None:
+        fractions.append(fraction)
+        clock.advance(1.0)
+
+    W = prefix(12)
+    start = ldp.optimize_strategy(W, epsilon=1.0, rng=np.random.default_rng(0), iterations=0)
+    stopped = ldp.optimize_strategy(
+        W, epsilon=1.0, rng=np.random.default_rng(0), time_limit=3.5, progress=tick
+    )
+    assert stopped.details["stopped_early"] and not start.details["stopped_early"]
+    assert 1 <= stopped.details["steps"] <= 4
+    objective = stopped.details["objective"]
+    assert math.isfinite(objective) and objective < start.details["objective"]
+    assert ldp.average_case_variance(W, stopped) > 0  # reconstruction exists: W is supported
+    np.testing.assert_allclose(ldp.reconstruction(W, stopped) @ stopped.Q, W, atol=1e-8)
+    assert all(0.0 <= f <= 1.0 for f in fractions)
+
+
+def test_optimiser_zero_time_limit_returns_the_start() -> None:
+    W = prefix(8)
+    start = ldp.optimize_strategy(W, epsilon=2.0, rng=np.random.default_rng(1), iterations=0)
+    stopped = ldp.optimize_strategy(W, epsilon=2.0, rng=np.random.default_rng(1), time_limit=0.0)
+    assert stopped.details == {**start.details, "stopped_early": True}
+    np.testing.assert_array_equal(stopped.Q, start.Q)
+
+
+def test_optimiser_generous_time_limit_changes_nothing() -> None:
+    fractions: list[float] = []
+    W = all_range(8)
+    plain = ldp.optimize_strategy(W, epsilon=1.0, rng=np.random.default_rng(2))
+    limited = ldp.optimize_strategy(
+        W,
+        epsilon=1.0,
+        rng=np.random.default_rng(2),
+        time_limit=1e6,
+        progress=lambda f, m: fractions.append(f),
+    )
+    np.testing.assert_array_equal(plain.Q, limited.Q)
+    assert dict(plain.details) == dict(limited.details)
+    assert not plain.details["stopped_early"] and plain.details["steps"] > 0
+    assert fractions and fractions[-1] == 1.0 and all(0.0 <= f <= 1.0 for f in fractions)
+    assert ldp.strategy_fingerprint(plain) == ldp.strategy_fingerprint(
+        ldp.LDPStrategy(name="stored", Q=plain.Q, epsilon=1.0)
+    )  # details are not part of the fingerprint
+
+
+def test_optimiser_ctrl_c_propagates() -> None:
+    def interrupt(fraction: float, message: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ldp.optimize_strategy(
+            prefix(8), epsilon=1.0, rng=np.random.default_rng(0), progress=interrupt
+        )
+
+
+def test_optimiser_time_limit_validator() -> None:
+    with pytest.raises(ValueError, match=re.escape("time_limit (-2) must be None or a finite")):
+        ldp.optimize_strategy(prefix(4), epsilon=1.0, rng=np.random.default_rng(0), time_limit=-2)
+
+
+def test_predict_seconds_grows_with_size() -> None:
+    assert 0 < ldp.predict_seconds(32) < ldp.predict_seconds(256)
+    assert ldp.predict_seconds(64, rows=512) > ldp.predict_seconds(64)
+    assert ldp.predict_seconds(64, iterations=0) == 0.0
+    assert ldp.predict_seconds(64, iterations=10) < ldp.predict_seconds(64)
+    with pytest.raises(ValueError, match=re.escape("n (0) must be")):
+        ldp.predict_seconds(0)
+    with pytest.raises(ValueError, match=re.escape("rows (0) must be")):
+        ldp.predict_seconds(4, rows=0)

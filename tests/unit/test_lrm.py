@@ -20,6 +20,7 @@ from mechanisms.lrm import (
     _l_step,
     _project_rows,
     _reseed_dead_rows,
+    _stopped_result,
     decompose,
     default_rank,
     error_bounds,
@@ -27,6 +28,7 @@ from mechanisms.lrm import (
     l1_sensitivity,
     measure,
     noise_on_data_error,
+    predict_seconds,
     project_columns_to_l1_ball,
     query_variances,
     wdiscrete_workload,
@@ -34,6 +36,7 @@ from mechanisms.lrm import (
     wrange_workload,
     wrelated_workload,
 )
+from tests.fake_clock import install_fake_clock
 from tests.samplers import SeededNumpyNoise, ZeroNoise
 
 # seed-lrm.md §1.5, Example 2: domain (NY, NJ, CA, WA).
@@ -725,3 +728,123 @@ def test_helper_validators(call, message: str) -> None:
 def test_workloads_require_a_generator(call) -> None:
     with pytest.raises(TypeError, match=re.escape("rng must be a numpy.random.Generator")):
         call()
+
+
+# --------------------------------------------------------------------------------------------
+# Time limit, progress, Ctrl-C and the cost prediction
+# --------------------------------------------------------------------------------------------
+
+
+def _exact_and_feasible(W: np.ndarray, decomposition: LowRankDecomposition) -> None:
+    np.testing.assert_allclose(decomposition.B @ decomposition.L, W, atol=1e-9)
+    assert decomposition.converged and decomposition.bias_sq <= 1e-18
+    assert decomposition.sensitivity_l1 <= 1.0 + 1e-12
+    error = expected_total_error(W, decomposition, epsilon=1.0)
+    assert math.isfinite(error) and error <= noise_on_data_error(W, epsilon=1.0) * (1 + 1e-12)
+
+
+def test_zero_time_limit_returns_noise_on_data() -> None:
+    W = wrange_workload(12, 20, rng=np.random.default_rng(0))
+    decomposition = decompose(W, rng=np.random.default_rng(0), time_limit=0.0)
+    assert decomposition.stopped_early and decomposition.iterations == 0
+    np.testing.assert_array_equal(decomposition.L, np.eye(20))
+    np.testing.assert_array_equal(decomposition.B, W)
+    _exact_and_feasible(W, decomposition)
+
+
+def test_time_limit_stops_mid_run_with_an_exact_decomposition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One second passes per progress report: the run stops after a few alternations and returns
+    the best exact decomposition, better than noise on data on this workload."""
+    clock = install_fake_clock(monkeypatch)
+    W = np.vstack([np.ones((3, 24)), np.kron(np.eye(2), np.ones((1, 12)))])  # totals and halves
+    fractions: list[float] = []
+
+    def tick(fraction: float, message: str) -> None:
+        fractions.append(fraction)
+        clock.advance(1.0)
+
+    decomposition = decompose(W, rng=np.random.default_rng(0), time_limit=6.0, progress=tick)
+    assert decomposition.stopped_early
+    assert 1 <= decomposition.iterations <= 2
+    assert 2 <= len(fractions) <= 6
+    _exact_and_feasible(W, decomposition)
+    lrm_error = expected_total_error(W, decomposition, epsilon=1.0)
+    assert lrm_error < 0.5 * noise_on_data_error(W, epsilon=1.0)
+    assert all(0.0 <= f <= 1.0 or math.isnan(f) for f in fractions)
+
+
+def test_stopped_result_completes_a_partial_iterate() -> None:
+    """R = W − B·L ≠ 0: the completion [B/α, R/(1−α)]·[αL; (1−α)I] is exact, in the unit ball,
+    and its noise is at most (‖B‖^⅔ + ‖R‖^⅔)³, far below noise on data for repeated totals."""
+    W = np.ones((3, 16))
+    factor_b, factor_lt = np.full((3, 1), 0.9), np.ones((16, 1))  # B·L = 0.9·W
+    decomposition = _stopped_result(W, [(factor_b, factor_lt)], gamma=0.01, iterations=3)
+    assert decomposition.rank == 1 + 16 and decomposition.iterations == 3
+    _exact_and_feasible(W, decomposition)
+    a, b = 3 * 0.81, 0.01 * 48
+    assert decomposition.unit_noise_error <= (a ** (1 / 3) + b ** (1 / 3)) ** 3 * (1 + 1e-12)
+    assert decomposition.unit_noise_error < 48.0 / 4
+    # An iterate already within γ is returned as it is.
+    close = _stopped_result(W, [(np.ones((3, 1)), factor_lt)], gamma=0.01, iterations=1)
+    assert close.rank == 1 and close.unit_noise_error == pytest.approx(3.0)
+    # An iterate whose completion is worse than noise on data loses to it.
+    poor = _stopped_result(W, [(np.full((3, 1), 1e-3), factor_lt)], gamma=0.01, iterations=1)
+    np.testing.assert_array_equal(poor.L, np.eye(16))
+
+
+def test_time_limit_without_expiry_changes_nothing() -> None:
+    W = wrange_workload(16, 32, rng=np.random.default_rng(5))
+    reports: list[tuple[float, str]] = []
+    plain = decompose(W, rng=np.random.default_rng(9))
+    limited = decompose(
+        W,
+        rng=np.random.default_rng(9),
+        time_limit=1e6,
+        progress=lambda f, m: reports.append((f, m)),
+    )
+    assert not plain.stopped_early and not limited.stopped_early
+    np.testing.assert_array_equal(plain.B, limited.B)
+    np.testing.assert_array_equal(plain.L, limited.L)
+    fractions = [f for f, _ in reports]
+    assert all(0.0 <= f <= 1.0 for f in fractions) and fractions[-1] == 1.0
+    assert len(reports) >= plain.iterations
+    assert all("LRM" in message for _, message in reports)
+
+
+def test_ctrl_c_propagates() -> None:
+    def interrupt(fraction: float, message: str) -> None:
+        if "outer iteration" in message:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        decompose(EXAMPLE_2_W, rng=np.random.default_rng(0), time_limit=10.0, progress=interrupt)
+
+
+def test_time_limit_validator() -> None:
+    with pytest.raises(ValueError, match=re.escape("time_limit (-1.0) must be None or a finite")):
+        decompose(EXAMPLE_2_W, rng=np.random.default_rng(0), time_limit=-1.0)
+
+
+def test_predict_seconds_grows_with_size() -> None:
+    small, large = predict_seconds(64, 64), predict_seconds(1024, 1024)
+    assert 0 < small < large
+    assert predict_seconds(1024, 1024, workload_rank=10) < large
+    assert predict_seconds(1024, 1024, max_outer=10) < large / 10
+    assert predict_seconds(4096, 128) > predict_seconds(128, 128)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_queries": 0, "num_cells": 4}, "num_queries (0) must be an integer >= 1"),
+        ({"num_queries": 4, "num_cells": 2.5}, "num_cells (2.5) must be an integer >= 1"),
+        ({"num_queries": 4, "num_cells": 4, "rank": 0}, "rank (0) must be an integer >= 1"),
+        ({"num_queries": 4, "num_cells": 4, "max_outer": 0}, "max_outer (0) must be an integer"),
+    ],
+    ids=["queries", "cells", "rank", "max-outer"],
+)
+def test_predict_seconds_validators(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        predict_seconds(**kwargs)  # type: ignore[arg-type]

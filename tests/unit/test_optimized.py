@@ -1,4 +1,4 @@
-"""Deterministic tests of the optimised strategy templates, the marginals algebra and the SVD bound.
+"""Deterministic tests of the optimised strategy templates and the marginals algebra.
 
 Test vectors: /work/shared/reference/seed-eigen.md §4 item 6 and §9 (SVD bounds; Identity, H and Y
 error ratios) and anchors.md §2/§12 (HDMM's optimised errors, which ours must not exceed).  Every
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
+from mechanisms.lower_bound import svd_bound_terms as svd_bound
 from mechanisms.optimized import (
     OptimizedStrategy,
     expected_total_error,
@@ -24,7 +25,7 @@ from mechanisms.optimized import (
     optimize_marginals,
     optimize_pidentity,
     optimize_workload,
-    svd_bound,
+    predict_seconds,
     validate_terms,
 )
 from mechanisms.optimized_marginals import (
@@ -53,9 +54,12 @@ from mechanisms.optimized_templates import (
     optimize_gaussian_full_rank,
     pidentity_loss_and_gradient,
     pidentity_strategy,
+    predict_factor_seconds,
+    predict_pidentity_seconds,
     unit_error,
     validate_gram,
 )
+from tests.fake_clock import install_fake_clock
 
 # ------------------------------------------------------------------------------------------------
 # Helpers: dense workloads and competitor strategies
@@ -83,11 +87,6 @@ def dense_kron(matrices: tuple[np.ndarray, ...]) -> np.ndarray:
 
 def dense_workload_gram(terms: list[tuple[np.ndarray, ...]]) -> np.ndarray:
     return sum(dense_kron(term) for term in terms)
-
-
-def dense_svd_bound(gram: np.ndarray) -> float:
-    values = np.clip(np.linalg.eigvalsh(gram), 0.0, None)
-    return float(np.sqrt(values).sum() ** 2 / gram.shape[0])
 
 
 def dense_error(gram: np.ndarray, strategy: np.ndarray, *, norm: int) -> float:
@@ -155,105 +154,6 @@ def dense_strategy(
         factors=factors,
         factor_templates=("identity",) * len(factors),
     )
-
-
-# ------------------------------------------------------------------------------------------------
-# SVD bound: reference values (seed-eigen.md §4 item 6, §9) and dense agreement
-# ------------------------------------------------------------------------------------------------
-
-ALL_RANGE_SVDB = {
-    2: 3.732051,
-    4: 16.31224,
-    8: 79.17234,
-    16: 404.4829,
-    32: 2095.567,
-    64: 10787.15,
-    128: 54677.51,
-    256: 2.721630e5,
-    512: 1.330722e6,
-}
-
-
-@pytest.mark.parametrize("n", list(ALL_RANGE_SVDB), ids=[f"ALLRANGE({n})" for n in ALL_RANGE_SVDB])
-def test_svd_bound_all_range_matches_reference(n: int) -> None:
-    assert svd_bound([(all_range_gram(n),)]) == pytest.approx(ALL_RANGE_SVDB[n], rel=2e-6)
-
-
-def test_svd_bound_all_range_two_exact() -> None:
-    assert svd_bound([(all_range_gram(2),)]) == pytest.approx(2 + math.sqrt(3), rel=1e-14)
-
-
-@pytest.mark.parametrize(
-    ("terms", "expected"),
-    [
-        ([(all_range_gram(64), all_range_gram(32))], 2.2605e7),
-        ([tuple(all_range_gram(2) for _ in range(10))], (2 + math.sqrt(3)) ** 10),
-        (marginal_terms([(0, 1), (0, 2), (1, 2)], (8, 16, 16)), 1.3606e3),
-        (
-            [
-                (
-                    np.array([[1.0, 1.0, 1.0], [0.0, 1.0, 1.0]]).T
-                    @ np.array([[1.0, 1, 1], [0, 1, 1]]),
-                )
-            ],
-            2.6095,
-        ),
-    ],
-    ids=["ALLRANGE(64,32)", "ALLRANGE(2^x10)", "2-way-marginals-8x16x16", "example-4.4"],
-)
-def test_svd_bound_reference_vectors(terms, expected: float) -> None:
-    assert svd_bound(terms) == pytest.approx(expected, rel=1e-4)
-
-
-@pytest.mark.parametrize(
-    "one_term", [False, True], ids=["identity-plus-total-terms", "one-term-dense-eigen"]
-)
-def test_svd_bound_all_predicate_1024(one_term: bool) -> None:
-    """ALLPREDICATE(n) has Gram 2^(n−2) (I + J); SVDB(1024) = 4.8851e310 (§9, printed e156).
-
-    The two-term form uses the a·I + b·J closed form at n = 1024; the one-term form
-    eigendecomposes, so it runs at n = 128 against Cor 4.4's closed form.
-    """
-    n = 128 if one_term else 1024
-    terms = [(np.eye(n) + np.ones((n, n)),)] if one_term else [(np.eye(n),), (np.ones((n, n)),)]
-    closed_form = (n - 1 + math.sqrt(n + 1)) ** 2 / n
-    assert svd_bound(terms) == pytest.approx(closed_form, rel=1e-10)
-    if not one_term:
-        log10_bound = math.log10(svd_bound(terms)) + (n - 2) * math.log10(2.0)
-        assert log10_bound == pytest.approx(310 + math.log10(4.8851), abs=1e-4)
-
-
-def _mixed_terms(rng: np.random.Generator):
-    sizes = (3, 4, 2)
-    return [
-        (np.eye(3), random_gram(rng, 4), np.ones((2, 2))),
-        (2.0 * np.eye(3) + 0.5 * np.ones((3, 3)), random_gram(rng, 4), np.eye(2)),
-        (np.ones((3, 3)), random_gram(rng, 4), np.ones((2, 2))),
-    ], sizes
-
-
-@pytest.mark.parametrize(
-    "case",
-    ["single-term-product", "marginals-closed-form", "mixed-split-and-dense", "dense-fallback"],
-)
-def test_svd_bound_equals_dense(case: str) -> None:
-    rng = np.random.default_rng(7)
-    if case == "single-term-product":
-        terms = [(all_range_gram(8), prefix_gram(4), random_gram(rng, 3))]
-    elif case == "marginals-closed-form":
-        terms = marginal_terms([(0,), (1, 2), (0, 1, 2), ()], (2, 3, 4))
-    elif case == "mixed-split-and-dense":
-        terms, _ = _mixed_terms(rng)
-    else:
-        terms = [(random_gram(rng, 3), random_gram(rng, 4)), (random_gram(rng, 3), np.eye(4))]
-    expected = dense_svd_bound(dense_workload_gram(terms))
-    assert svd_bound(terms) == pytest.approx(expected, rel=1e-7)
-
-
-def test_svd_bound_refuses_a_large_dense_part() -> None:
-    big = all_range_gram(64)
-    with pytest.raises(ValueError, match=re.escape("4096 cells together")):
-        svd_bound([(big, big), (np.eye(64), big)])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -837,5 +737,173 @@ VALIDATOR_CASES = [
     ("call", "message"), VALIDATOR_CASES, ids=[message for _, message in VALIDATOR_CASES]
 )
 def test_validators_fire(call, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
+
+
+# ------------------------------------------------------------------------------------------------
+# Time limits, progress, Ctrl-C and cost prediction
+# ------------------------------------------------------------------------------------------------
+
+UNION_TERMS = [
+    (all_range_gram(16), prefix_gram(8)),
+    (np.eye(16), np.ones((8, 8))),
+    (np.ones((16, 16)), all_range_gram(8)),
+]
+
+
+def _ticking(clock, seconds: float, fractions: list[float]):
+    """A progress callback that lets ``seconds`` pass on every report."""
+
+    def tick(fraction: float, message: str) -> None:
+        assert isinstance(message, str) and message
+        fractions.append(fraction)
+        clock.advance(seconds)
+
+    return tick
+
+
+def _valid(terms, result: OptimizedStrategy, noise: str) -> None:
+    """Supports the workload, reports its own exact error, no worse than the identity."""
+    recomputed = expected_total_error(terms, result, noise=noise)
+    assert math.isfinite(result.total_error)
+    assert recomputed == pytest.approx(result.total_error, rel=1e-8)
+    identity = sum(math.prod(float(np.trace(g)) for g in term) for term in terms)
+    assert result.total_error <= identity * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_pidentity_time_limit_returns_the_best_point_so_far(
+    noise: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = install_fake_clock(monkeypatch)
+    fractions: list[float] = []
+    gram = all_range_gram(32)
+    result = optimize_pidentity(
+        gram,
+        p=2,
+        noise=noise,
+        rng=np.random.default_rng(0),
+        restarts=2,
+        time_limit=5.0,
+        progress=_ticking(clock, 1.0, fractions),
+    )
+    assert result.stopped_early
+    assert 1 <= result.iterations <= 6
+    _valid([(gram,)], result, noise)
+    assert result.total_error < float(np.trace(gram))  # a few iterations already beat identity
+    assert all(0.0 <= f <= 1.0 for f in fractions)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_kron_union_time_limit_is_consistent(noise: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = install_fake_clock(monkeypatch)
+    fractions: list[float] = []
+    result = optimize_kron(
+        UNION_TERMS,
+        noise=noise,
+        rng=np.random.default_rng(0),
+        restarts=2,
+        time_limit=4.0,
+        progress=_ticking(clock, 1.0, fractions),
+    )
+    assert result.stopped_early
+    _valid(UNION_TERMS, result, noise)
+    assert all(0.0 <= f <= 1.0 for f in fractions)
+
+
+def test_full_rank_time_limit_keeps_its_certificate(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = install_fake_clock(monkeypatch)
+    fractions: list[float] = []
+    gram = prefix_gram(48)
+    full = optimize_full_rank(gram)
+    stopped = optimize_full_rank(gram, time_limit=1.5, progress=_ticking(clock, 1.0, fractions))
+    assert stopped.stopped_early and not full.stopped_early
+    assert stopped.iterations < full.iterations
+    _valid([(gram,)], stopped, "gaussian")
+    assert stopped.lower_bound is not None and full.lower_bound is not None
+    assert stopped.lower_bound <= full.total_error * (1 + 1e-9)  # still a valid lower bound
+    assert stopped.total_error >= full.total_error * (1 - 1e-9)
+    assert all(0.0 <= f <= 1.0 or math.isnan(f) for f in fractions)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_zero_time_limit_still_returns_a_strategy(noise: str) -> None:
+    workload = optimize_workload(
+        UNION_TERMS, noise=noise, rng=np.random.default_rng(0), time_limit=0.0
+    )
+    assert workload.stopped_early and set(workload.details) == {"kron"}
+    _valid(UNION_TERMS, workload, noise)
+    marginals = optimize_marginals(
+        [(0, 1), (1, 2)], (3, 4, 5), noise=noise, rng=np.random.default_rng(0), time_limit=0.0
+    )
+    assert marginals.stopped_early and math.isfinite(marginals.total_error)
+    gram = all_range_gram(12)
+    assert optimize_full_rank(gram, time_limit=0.0).total_error == pytest.approx(np.trace(gram))
+    single = optimize_pidentity(
+        gram, p=1, noise=noise, rng=np.random.default_rng(0), time_limit=0.0
+    )
+    assert single.stopped_early and single.total_error == pytest.approx(np.trace(gram))
+
+
+def test_generous_time_limit_changes_nothing() -> None:
+    fractions: list[float] = []
+    plain = optimize_workload(UNION_TERMS, noise="laplace", rng=np.random.default_rng(3))
+    limited = optimize_workload(
+        UNION_TERMS,
+        noise="laplace",
+        rng=np.random.default_rng(3),
+        time_limit=1e6,
+        progress=lambda f, m: fractions.append(f),
+    )
+    assert not plain.stopped_early and not limited.stopped_early
+    assert plain.total_error == limited.total_error and dict(plain.details) == dict(limited.details)
+    for a, b in zip(plain.factors, limited.factors, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert fractions and fractions[-1] == 1.0
+    assert all(0.0 <= f <= 1.0 or math.isnan(f) for f in fractions)
+
+
+def test_ctrl_c_propagates_from_the_optimisers() -> None:
+    def interrupt(fraction: float, message: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        optimize_workload(UNION_TERMS, noise="laplace", rng=RNG, progress=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        optimize_full_rank(prefix_gram(24), time_limit=60.0, progress=interrupt)
+
+
+def test_predictors_grow_with_size() -> None:
+    assert predict_factor_seconds(1, noise="laplace") == 0.0
+    assert predict_factor_seconds(64, noise="laplace", template="identity") == 0.0
+    for noise in ("laplace", "gaussian"):
+        small = predict_seconds((64,), noise=noise)
+        large = predict_seconds((1024,), noise=noise)
+        assert 0 < small < large
+        assert predict_seconds((64, 32), num_terms=3, noise=noise) > predict_seconds(
+            (64, 32), noise=noise
+        )
+    assert predict_seconds((256,), noise="laplace", restarts=3) > predict_seconds(
+        (256,), noise="laplace"
+    )
+    assert predict_factor_seconds(8192, noise="gaussian") == pytest.approx(
+        predict_pidentity_seconds(8192)
+    )
+
+
+PREDICTOR_CASES = [
+    (lambda: predict_seconds((4,), noise="poisson"), "noise ('poisson') must be one of"),
+    (lambda: predict_seconds((4,), noise="laplace", num_terms=0), "num_terms (0) must be >= 1"),
+    (lambda: predict_seconds((4,), noise="laplace", restarts=0), "restarts (0) must be >= 1"),
+    (lambda: predict_seconds((4, 0), noise="laplace"), "must all be >= 1"),
+    (lambda: predict_factor_seconds(4, noise="laplace", template="svd"), "template ('svd')"),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"), PREDICTOR_CASES, ids=[message for _, message in PREDICTOR_CASES]
+)
+def test_predictor_validators(call, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         call()

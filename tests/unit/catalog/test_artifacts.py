@@ -25,10 +25,9 @@ from catalog import artifacts, release
 from catalog.artifacts import verify
 from catalog.errors import BudgetExceededError, VerificationError
 from catalog.ledger import Catalog
-from catalog.planning import CANDIDATES, Plan, make_plan
-from catalog.source import count_cells
+from catalog.planning import Plan, make_plan
 from catalog.spec import ReleaseSpec, parse_spec
-from mechanisms import noise
+from mechanisms import noise, registry
 from tests.samplers import ZeroNoise
 
 ROWS = 400
@@ -83,8 +82,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
         release_id = release.new_release_id(spec)
         directory = release.release_directory(root / "out", release_id)
         spent_before = release.register(spec, plan, catalog, release_id=release_id)
-        counted = count_cells(spec)
-        measurement = release.measure(counted, spec, plan, catalog, release_id=release_id)
+        ingested = release.ingest(spec, plan, catalog)
+        measurement = release.measure(ingested, spec, plan, catalog, release_id=release_id)
         tables = release.reconstruct(spec, plan, measurement)
         validation = release.validate(tables, plan, directory=directory)
         release.stage(
@@ -92,7 +91,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
             plan=plan,
             release_id=release_id,
             directory=directory,
-            counted=counted,
+            ingested=ingested,
             measurement=measurement,
             tables=tables,
             validation=validation,
@@ -138,7 +137,7 @@ def true_cells(data: pa.Table) -> np.ndarray:
 
 
 def test_release_with_zero_noise_equals_the_exact_answers(built: Built) -> None:
-    assert built.plan.chosen in CANDIDATES
+    assert built.plan.chosen in registry.names(model="central")
     assert len(built.sampler.calls) == 1  # one measurement, through the patched sampler
     cells = true_cells(built.data)
     exact = release.exact_answers(built.spec, cells.ravel())
@@ -173,6 +172,8 @@ def test_manifest_records_the_charge_and_every_artifact(built: Built) -> None:
             "label": entry.label,
             "cost": entry.cost.as_dict(),
             "paid_by_release": built.release_id,
+            "seq": entry.seq,
+            "entry_hash": entry.entry_hash,
         }
     ]
     assert 0 < entry.cost.epsilon <= 1.0

@@ -38,7 +38,7 @@ def _release(tmp_path: Path, mechanism: str, privacy: dict) -> tuple[dict, np.nd
     plan = make_plan(spec)
     release_id = release.new_release_id(spec)
     release.register(spec, plan, catalog, release_id=release_id)
-    ingested = release.ingest(spec, plan)
+    ingested = release.ingest(spec, plan, catalog)
     measurement = release.measure(ingested, spec, plan, catalog, release_id=release_id)
     tables = release.reconstruct(spec, plan, measurement)
     counts = np.bincount(values, minlength=32)

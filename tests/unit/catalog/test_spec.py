@@ -267,8 +267,8 @@ INVALID = [
     ),
     pytest.param(
         {"mechanism_options": {"depth": 3}},
-        r"mechanism_options \['depth'\] are not known; allowed: \['branching', 'intervals', "
-        r"'noise_offset', 'ratio'\]",
+        r"mechanism_options \['depth'\] do not apply to mechanism 'auto'; allowed: "
+        r"\['branching', 'intervals', 'noise_offset', 'ratio'\]",
         id="unknown-mechanism-option",
     ),
     pytest.param(
@@ -452,7 +452,7 @@ INVALID = [
     ),
     pytest.param(
         {"model": "local", "mechanism": "wavelet"},
-        r"model: local releases use the optimised workload factorization",
+        r"unknown mechanism 'wavelet' for model: local; choose one of auto",
         id="model-local-mechanism",
     ),
 ]
@@ -575,7 +575,6 @@ def test_fingerprints_change_with_the_spec(changes: dict[str, Any], workload_cha
 
 
 def test_a_domain_too_large_to_count_is_valid_for_plan_but_refused_by_count() -> None:
-    from catalog.errors import DataError
     from catalog.source import count_cells
 
     spec = parse_spec(
@@ -589,6 +588,7 @@ def test_a_domain_too_large_to_count_is_valid_for_plan_but_refused_by_count() ->
     )
     assert spec.num_cells == 1_000_000_000
     with pytest.raises(
-        DataError, match=r"the domain has 1,000,000,000 cells; a release counts at most"
+        SpecError,
+        match=r"the domain has 1,000,000,000 cells \(1000 × 1000 × 1000\); a release counts at most",
     ):
         count_cells(spec)

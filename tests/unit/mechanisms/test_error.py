@@ -1,79 +1,19 @@
-"""Expected error and the SVD lower bound against dense computations and seed-eigen.md §9."""
+"""Expected error against dense computations (the SVD bound's tests are in test_lower_bound.py)."""
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 import pytest
 
-from mechanisms.error import expected_error, support_residual, svd_bound
-from mechanisms.operators import AllRanges, Identity, Prefix, Ranges, Total, kron_dense
+from mechanisms.error import expected_error, support_residual
+from mechanisms.lower_bound import svd_bound
+from mechanisms.operators import AllRanges, Identity, Prefix, Total, kron_dense
 from mechanisms.strategies import FAMILIES, build_kron_strategy
 from mechanisms.workload import Workload, WorkloadItem
 
 
 def _dense_gram(workload: Workload) -> np.ndarray:
     return sum(kron_dense(item.factors).T @ kron_dense(item.factors) for item in workload.items)
-
-
-def _dense_svdb(workload: Workload) -> float:
-    eigenvalues = np.clip(np.linalg.eigvalsh(_dense_gram(workload)), 0, None)
-    return float(np.sqrt(eigenvalues).sum() ** 2 / workload.num_cells)
-
-
-@pytest.mark.parametrize(
-    ("n", "expected"),
-    [(16, 404.4829), (64, 10787.15), (256, 2.721630e5), (1024, 6.400694e6)],
-    ids=["ALLRANGE(16)", "ALLRANGE(64)", "ALLRANGE(256)", "ALLRANGE(1024)"],
-)
-def test_svd_bound_all_ranges_matches_seed_eigen(n: int, expected: float) -> None:
-    workload = Workload(domain_shape=(n,), items=(WorkloadItem(name="r", factors=(AllRanges(n),)),))
-    assert svd_bound(workload) == pytest.approx(expected, rel=1e-6)
-
-
-def test_svd_bound_2d_all_ranges_64_by_32() -> None:
-    """ALLRANGE(64,32): 2.2605e7 (Table 4.1: 2.261e7); a single Kronecker item, per-factor spectra."""
-    workload = Workload(
-        domain_shape=(64, 32),
-        items=(WorkloadItem(name="r", factors=(AllRanges(64), AllRanges(32))),),
-    )
-    assert svd_bound(workload) == pytest.approx(2.2605e7, rel=1e-4)
-
-
-def test_svd_bound_two_way_marginals_8_16_16() -> None:
-    shape = (8, 16, 16)
-    items = tuple(
-        WorkloadItem(
-            name=f"m{a}{b}",
-            factors=tuple(
-                Identity(n) if axis in (a, b) else Total(n) for axis, n in enumerate(shape)
-            ),
-        )
-        for a, b in itertools.combinations(range(3), 2)
-    )
-    assert svd_bound(Workload(domain_shape=shape, items=items)) == pytest.approx(1.3606e3, rel=1e-4)
-
-
-def test_svd_bound_of_mixed_union_equals_dense() -> None:
-    shape = (6, 2, 3)
-    items = (
-        WorkloadItem(name="cdf", factors=(Prefix(6), Total(2), Total(3))),
-        WorkloadItem(name="marg", factors=(Identity(6), Identity(2), Total(3))),
-        WorkloadItem(name="rng", factors=(AllRanges(6), Total(2), Identity(3))),
-        WorkloadItem(name="tot", factors=(Total(6), Total(2), Total(3))),
-        WorkloadItem(name="few", factors=(Ranges(6, [0, 2], [3, 5]), Identity(2), Total(3))),
-    )
-    workload = Workload(domain_shape=shape, items=items)
-    assert svd_bound(workload) == pytest.approx(_dense_svdb(workload), rel=1e-7)
-
-
-def test_svd_bound_is_none_when_too_large() -> None:
-    items = (
-        WorkloadItem(name="a", factors=(Prefix(5000), Total(2))),
-        WorkloadItem(name="b", factors=(AllRanges(5000), Identity(2))),
-    )
-    assert svd_bound(Workload(domain_shape=(5000, 2), items=items)) is None
 
 
 def _demo_like_workload() -> Workload:

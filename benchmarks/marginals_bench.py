@@ -1,0 +1,254 @@
+"""Marginal-space releases of the bundled Adult data (issue 15): time, memory, accuracy, honesty.
+
+Usage (from the repository root)::
+
+    .venv/bin/python benchmarks/marginals_bench.py                  # 2-way and 3-way, 3 repeats
+    .venv/bin/python benchmarks/marginals_bench.py --degrees 2 --repeats 5
+
+For each degree k, a spec over Adult's 14 attributes (the private-pgm domain: 6.4·10¹⁷ cells)
+asks for all k-way marginals (one ``marginals`` workload item) with ``mechanism:
+marginal_space`` at ε = 1, and one release runs in-process through the pipeline's stage
+functions (no Prefect: "beyond orchestration").  Printed per stage: seconds and peak MB (numpy /
+Python via tracemalloc plus Arrow's pool), with the process's peak RSS at the end.
+
+Accuracy, over ``--repeats`` releases (each charges ε = 1 to a benchmark-only catalog; the input
+is counted once): total squared error of all released tables against the true marginals,
+against (a) the plan's predicted total variance and (b) the baseline of measuring each marginal
+separately with Laplace noise at ε/K (K tables), both its expected value 2(K/ε)²·cells and one
+draw made here.  std_error honesty: mean over cells of ((estimate − truth)/std_error)².  The
+true marginals are computed here from the public example file, for the benchmark only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from pipeline_bench import (  # noqa: E402  (a sibling script)
+    ADULT,
+    baseline_group_by,
+    baseline_numpy_noise,
+    measured,
+    print_rows,
+    write_spec,
+)
+
+ADULT_SIZES = {
+    "age": 85,
+    "workclass": 9,
+    "fnlwgt": 100,
+    "education-num": 16,
+    "marital-status": 7,
+    "occupation": 15,
+    "relationship": 6,
+    "race": 5,
+    "sex": 2,
+    "capital-gain": 100,
+    "capital-loss": 100,
+    "hours-per-week": 99,
+    "native-country": 42,
+    "income>50K": 2,
+}
+"""private-pgm's ``adult-domain.json`` sizes (anchors.md §3); codes are 0..n−1."""
+EPSILON = 1.0
+
+
+def adult_marginals_spec(home: Path, degree: int) -> Path:
+    return write_spec(
+        home,
+        f"bench-adult-{degree}way",
+        {
+            "dataset": {
+                "id": "bench-adult-marginals",
+                "source": str(ADULT),
+                "budget": {"epsilon": 1000},
+            },
+            "domain": {name: {"min": 0, "max": n - 1} for name, n in ADULT_SIZES.items()},
+            "workload": [{"name": "m", "marginals": {"attributes": "all", "degree": degree}}],
+            "mechanism": "marginal_space",
+            "privacy": {"epsilon": EPSILON},
+        },
+    )
+
+
+def true_marginals(workload: Any, names: list[str]) -> dict[str, np.ndarray]:
+    """Exact marginal counts of the public example file, per workload item (benchmark only)."""
+    from mechanisms.marginals_mechanism import axes_of, item_subset
+
+    data = pq.read_table(ADULT, columns=names)
+    codes = [data[name].to_numpy().astype(np.int64) for name in names]
+    shape = workload.domain_shape
+    truth = {}
+    for item in workload.items:
+        axes = axes_of(item_subset(item), len(shape))
+        sizes = tuple(shape[a] for a in axes)
+        flat = np.ravel_multi_index(tuple(codes[a] for a in axes), sizes)
+        truth[item.name] = np.bincount(flat, minlength=math.prod(sizes)).astype(np.float64)
+    return truth
+
+
+def run_case(home: Path, degree: int, *, repeats: int) -> None:
+    from catalog import release
+    from catalog.ledger import Catalog
+    from catalog.planning import make_plan
+    from catalog.spec import load_spec
+
+    spec_path = adult_marginals_spec(home, degree)
+    catalog = Catalog(f"sqlite:///{home / 'bench-catalog.db'}")
+    rows = []
+    spec, seconds, memory = measured(lambda: load_spec(spec_path))
+    rows.append(("load spec", seconds, memory, "", 0.0))
+    plan, seconds, memory = measured(lambda: make_plan(spec))
+    rows.append((f"plan ({plan.chosen}, cold)", seconds, memory, "", 0.0))
+    release_id = release.new_release_id(spec)
+    before, seconds, memory = measured(
+        lambda: release.register(spec, plan, catalog, release_id=release_id)
+    )
+    rows.append(("check budget + register", seconds, memory, "", 0.0))
+    ingested, seconds, memory = measured(lambda: release.ingest(spec, plan, catalog))
+    rows.append(
+        (
+            "ingest (read, check, count marginals)",
+            seconds,
+            memory,
+            "pyarrow group_by",
+            baseline_group_by(spec_path),
+        )
+    )
+    measurement, seconds, memory = measured(
+        lambda: release.measure(ingested, spec, plan, catalog, release_id=release_id)
+    )
+    rows.append(
+        (
+            "measure (charge + noise)",
+            seconds,
+            memory,
+            "numpy laplace",
+            baseline_numpy_noise(plan.strategy.num_queries),
+        )
+    )
+    tables, seconds, memory = measured(lambda: release.reconstruct(spec, plan, measurement))
+    rows.append(("reconstruct (marginal-space least squares)", seconds, memory, "", 0.0))
+    directory = release.release_directory(home / "out", release_id)
+    validation, seconds, memory = measured(
+        lambda: release.validate(tables, plan, directory=directory)
+    )
+    rows.append(("validate (GX)", seconds, memory, "", 0.0))
+    _, seconds, memory = measured(
+        lambda: release.stage(
+            spec=spec,
+            plan=plan,
+            release_id=release_id,
+            directory=directory,
+            ingested=ingested,
+            measurement=measurement,
+            tables=tables,
+            validation=validation,
+            spent_before=before,
+            catalog=catalog,
+        )
+    )
+    rows.append(("stage (manifest + report)", seconds, memory, "", 0.0))
+    workload = plan.workload
+    k = len(workload.items)
+    print_rows(
+        f"run: all {degree}-way marginals of Adult ({k} tables, {workload.num_queries:,} cells; "
+        f"{plan.strategy.num_queries:,} noisy answers over {len(plan.strategy.marginal_subsets)} "
+        "marginals)",
+        rows,
+    )
+    run_seconds = sum(r[1] for r in rows)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB → MiB on Linux
+
+    truth = true_marginals(workload, list(spec.domain))
+    cells = sum(t.size for t in truth.values())
+    predicted = plan.candidate(plan.chosen).total_variance or math.nan
+    errors, honesty = [], []
+    for repeat in range(repeats):
+        if repeat:
+            release_id = release.new_release_id(spec)
+            release.register(spec, plan, catalog, release_id=release_id)
+            measurement = release.measure(ingested, spec, plan, catalog, release_id=release_id)
+            tables = release.reconstruct(spec, plan, measurement)
+        squared, z2 = 0.0, 0.0
+        for name, table in tables.items():
+            diff = table["estimate"].to_numpy() - truth[name]
+            squared += float(diff @ diff)
+            z2 += float(np.sum((diff / table["std_error"].to_numpy()) ** 2))
+        errors.append(squared)
+        honesty.append(z2 / cells)
+    rng = np.random.default_rng(2026)  # benchmark-only baseline draw, never released
+    separate_expected = 2 * (k / EPSILON) ** 2 * cells
+    separate_draw = float(np.sum(rng.laplace(0.0, k / EPSILON, size=cells) ** 2))
+    observed = float(np.mean(errors))
+    print(f"\n## accuracy, all {degree}-way marginals, epsilon = {EPSILON:g}, {repeats} releases")
+    print(f"{'figure':<58} {'value':>14} {'target':>16} {'ratio':>8}")
+    table_rows = [
+        (
+            "run seconds (stages above, no orchestration)",
+            run_seconds,
+            "<= 60 s (2-way), 300 s (3-way)",
+            None,
+        ),
+        ("peak RSS of the process, MB", peak_rss, "<= 2048 MB", None),
+        (
+            "separate Laplace at eps/K: expected total sq. error",
+            separate_expected,
+            "baseline",
+            None,
+        ),
+        (
+            "separate Laplace at eps/K: one draw",
+            separate_draw,
+            "",
+            separate_draw / separate_expected,
+        ),
+        ("plan's predicted total variance", predicted, "", predicted / separate_expected),
+        (
+            "observed total sq. error (mean of releases)",
+            observed,
+            "<= 0.5 x baseline",
+            observed / separate_expected,
+        ),
+        ("observed / predicted", observed / predicted, "within 5%", None),
+        (
+            "mean ((estimate - truth)/std_error)^2, per release",
+            float(np.mean(honesty)),
+            "[0.8, 1.25]",
+            None,
+        ),
+    ]
+    for name, value, target, ratio in table_rows:
+        shown = f"{ratio:8.3f}" if ratio is not None else f"{'':>8}"
+        print(f"{name:<58} {value:14.6g} {target:>16} {shown}")
+    print(f"{'  per release: total sq. error':<58} " + ", ".join(f"{e:.5g}" for e in errors))
+    print(f"{'  per release: mean z^2':<58} " + ", ".join(f"{h:.4f}" for h in honesty))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--degrees", default="2,3", help="comma-separated marginal degrees")
+    parser.add_argument("--repeats", type=int, default=3, help="releases for the accuracy figures")
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dprelease-marginals-bench-") as tmp:
+        home = Path(tmp)
+        os.environ["DPRELEASE_HOME"] = str(home / "state")
+        for degree in (int(part) for part in options.degrees.split(",") if part):
+            run_case(home, degree, repeats=options.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""What the ingest stage hands to measure, and the reader of each input kind.
+
+A mechanism declares the kind of input it measures (``input_kind``): the full cell vector
+(``cells``), only the marginals its strategy measures (``marginals``), or local-model responses
+(``responses``).  Each reader is the only code that touches that input; it returns the
+mechanism's input (confidential for the central model: ``ProtectedCells``/``ProtectedMarginals``,
+unpicklable and redacted) with public facts about it.  Fingerprints are keyed with the catalog's
+key, never a plain hash of confidential files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.keys import CatalogKey
+from catalog.spec import ReleaseSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ingested:
+    """The mechanism's input and public facts about it (files, keyed fingerprint, privacy unit)."""
+
+    data: Any
+    input_fingerprint: str
+    files: tuple[str, ...]
+    privacy_unit: str
+
+
+def describe_unit(spec: ReleaseSpec) -> str:
+    unit = spec.privacy_unit
+    if unit.person_column is not None:
+        return f"person column {unit.person_column!r}, at most {unit.max_rows} rows per person"
+    return f"{unit.rows_per_person} row(s) per person"
+
+
+def read_cells(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
+    from catalog.source import count_cells
+
+    counted = count_cells(spec, key=key)
+    return Ingested(
+        data=counted.cells,
+        input_fingerprint=counted.input_fingerprint,
+        files=counted.files,
+        privacy_unit=describe_unit(spec),
+    )
+
+
+def read_marginals(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
+    from catalog.marginal_source import count_marginals
+
+    marginals = count_marginals(
+        spec, subsets=plan.strategy.marginal_subsets, output_rows=plan.num_queries, key=key
+    )
+    return Ingested(
+        data=marginals.marginals,
+        input_fingerprint=marginals.input_fingerprint,
+        files=marginals.files,
+        privacy_unit=describe_unit(spec),
+    )
+
+
+def read_responses(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
+    from catalog.responses import ingest_responses
+
+    return ingest_responses(spec, plan.strategy, key=key)
+
+
+READERS = {"cells": read_cells, "marginals": read_marginals, "responses": read_responses}

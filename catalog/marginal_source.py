@@ -1,0 +1,138 @@
+"""Parquet source → the marginal tables a plan measures, inside a :class:`ProtectedMarginals`.
+
+For domains whose full cell vector is too large to hold (Adult's 14 attributes: 6.4·10¹⁷ cells),
+a marginal-space plan needs only some marginals.  They are counted in one scan: the domain's
+columns are read once (and the person column when contributions are bounded), Arrow groups the
+rows by all domain attributes (at most one group per row), and numpy projects the distinct
+groups onto every needed attribute subset with ``bincount``.  The full cell vector is never
+formed: memory is O(groups + Σ marginal sizes).
+
+Input checks and contribution bounding are :mod:`catalog.source`'s own functions, so both paths
+accept and refuse exactly the same inputs (the checks cover every domain attribute, not only the
+measured ones, so both paths count the same rows).
+
+Privacy: as in :func:`catalog.source.count_cells`, a problem is named by column and rule only,
+never a count, a row or a raw value; the tables never leave the :class:`ProtectedMarginals`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from catalog.errors import DataError, SpecError
+from catalog.keys import CatalogKey
+from catalog.source import (
+    SourceFiles,
+    bound_contributions,
+    check_schema,
+    content_fingerprint,
+    encode_groups,
+    group_counts,
+    input_columns,
+    list_source_files,
+    null_values_error,
+    open_dataset,
+    outside_domain_error,
+    read_columns,
+)
+from catalog.spec import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES, ReleaseSpec
+from mechanisms.choke_point import ProtectedMarginals
+
+MAX_MARGINAL_CELLS = MAX_RELEASE_CELLS
+"""Cells of all counted marginal tables together (float64: the memory of the largest cell vector)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MarginalCountResult:
+    """What counting returns: the protected marginals and public facts about the input."""
+
+    marginals: ProtectedMarginals
+    input_fingerprint: str
+    files: tuple[str, ...]
+
+
+def check_marginals_runnable(
+    spec: ReleaseSpec, *, subsets: Sequence[tuple[int, ...]], output_rows: int
+) -> None:
+    """Refuse, from public sizes alone and before any data is read, a marginal-space release this
+    machine cannot run: no ``dataset.source``, more than ``MAX_MARGINAL_CELLS`` counted cells, or
+    more than ``MAX_RELEASE_QUERIES`` output rows.  O(subsets × attributes)."""
+    if spec.dataset.source is None:
+        raise SpecError(
+            "dataset.source is not set in the spec; plan works without it, run does not"
+        )
+    shape = spec.domain_shape
+    cells = sum(math.prod(shape[a] for a in axes) for axes in subsets)
+    if cells > MAX_MARGINAL_CELLS:
+        raise SpecError(
+            f"the plan measures {len(subsets)} marginals of {cells:,} cells together; a release "
+            f"counts at most {MAX_MARGINAL_CELLS:,} on one machine: use wider bins or fewer or "
+            "smaller marginals"
+        )
+    if output_rows > MAX_RELEASE_QUERIES:
+        raise SpecError(
+            f"workload: the output tables would have {output_rows:,} rows; a release writes at "
+            f"most {MAX_RELEASE_QUERIES:,} rows: drop or narrow the largest items"
+        )
+
+
+def count_marginals(
+    spec: ReleaseSpec,
+    *,
+    subsets: Sequence[tuple[int, ...]],
+    output_rows: int,
+    key: CatalogKey | None = None,
+) -> MarginalCountResult:
+    """Read, check, bound contributions and count the ``subsets``-marginals of the spec's source.
+
+    ``subsets`` are ascending axis tuples (``()`` = the total); ``key`` is the catalog's
+    fingerprint key (default: the default catalog's), as for :func:`~catalog.source.count_cells`.  O(rows) Arrow work for the read
+    and group-by, then O(groups × subsets) numpy; the content fingerprint (keyed, as for
+    :func:`~catalog.source.count_cells`) is hashed on a second thread meanwhile.
+    """
+    check_marginals_runnable(spec, subsets=subsets, output_rows=output_rows)
+    names, partitioned_dir = list_source_files(str(spec.dataset.source))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashing = pool.submit(content_fingerprint, names, partitioned_dir, key=key)
+        files = SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir)
+        dataset = open_dataset(files, spec)
+        check_schema(dataset, spec)
+        table = read_columns(dataset, input_columns(spec))
+        input_fingerprint = hashing.result()
+    if table.num_rows == 0:
+        raise DataError(f"input {spec.dataset.source!r} has no rows")
+    person = spec.privacy_unit.person_column
+    if person is not None:
+        table = bound_contributions(
+            table, person_column=person, max_rows=spec.privacy_unit.max_rows or 1
+        )
+    encoded = encode_groups(group_counts(table, list(spec.domain)), spec)
+    if spec.on_out_of_domain == "error":
+        for name in spec.domain:
+            if encoded.null[name].any():
+                raise null_values_error(name)
+            if encoded.outside[name].any():
+                raise outside_domain_error(name, spec)
+    valid = encoded.valid
+    index = [axis_index[valid] for axis_index in encoded.index]
+    counts = encoded.counts[valid]
+    shape = spec.domain_shape
+    tables = {}
+    for axes in dict.fromkeys(tuple(int(a) for a in axes) for axes in subsets):
+        sizes = tuple(shape[a] for a in axes)
+        if not axes:
+            tables[axes] = np.array(counts.sum())
+            continue
+        flat = np.ravel_multi_index(tuple(index[a] for a in axes), sizes)
+        tables[axes] = np.bincount(flat, weights=counts, minlength=math.prod(sizes))  # O(groups)
+    protected = ProtectedMarginals(
+        tables, domain_shape=shape, contribution_bound=spec.privacy_unit.contribution_bound
+    )
+    return MarginalCountResult(
+        marginals=protected, input_fingerprint=input_fingerprint, files=files.files
+    )

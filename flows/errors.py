@@ -1,0 +1,288 @@
+"""How ``dprelease`` reports a failure (issue 13): short, actionable, and never a data value.
+
+* A user error (the spec, the data against the spec, the budget, the privacy parameters, the
+  catalog refusing an operation, a path that cannot be used) prints one short block on stderr:
+  what failed with the field, value and rule (the exception's message), then what to do; exit 2.
+* A failed check (``verify`` finds a mismatch, a release fails validation) prints the same kind of
+  block and exits 1: the command worked and its answer is "no".
+* Anything else is an internal error: one line naming the exception type and a log file under
+  ``$DPRELEASE_HOME/logs/`` that holds the traceback; exit 1.
+* ``--debug`` (or ``DPRELEASE_DEBUG=1``) also prints the full traceback on the terminal.
+* Ctrl-C: exit 130 with one line.
+
+The log never holds local variables.  It holds the messages of this project's exceptions (which
+name columns and rules, never counts or values) and of interpreter errors about code
+(:data:`SAFE_MESSAGE_TYPES`); any other message may quote a data value (pyarrow's and numpy's do),
+so only its type and the code locations are logged.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from catalog.errors import (
+    CatalogError,
+    DataError,
+    DprReleaseError,
+    SpecError,
+    ValidationFailedError,
+    VerificationError,
+)
+from mechanisms.privacy import BudgetExceededError, PrivacyError
+
+EXIT_INTERNAL = 1
+EXIT_CHECK_FAILED = 1
+EXIT_USER = 2
+EXIT_INTERRUPTED = 130
+MAX_MESSAGE_LINES = 12
+OUR_PACKAGES = ("catalog", "mechanisms", "tasks", "flows")
+# Messages of these exact types come from the interpreter about code, not data ("takes 2
+# positional arguments but 3 were given", "has no attribute"); subclasses (pyarrow's ArrowTypeError
+# quotes values) do not count.  The catalog database holds no confidential value: SQLAlchemy's
+# messages are safe too.
+SAFE_MESSAGE_TYPES = (
+    TypeError,
+    AttributeError,
+    NameError,
+    ImportError,
+    ModuleNotFoundError,
+    NotImplementedError,
+    RecursionError,
+    ZeroDivisionError,
+)
+SAFE_MESSAGE_PACKAGES = (*OUR_PACKAGES, "sqlalchemy")
+
+_debug = False
+
+
+def set_debug(enabled: bool) -> None:
+    global _debug
+    _debug = enabled
+
+
+def debug_enabled() -> bool:
+    return _debug or os.environ.get("DPRELEASE_DEBUG", "") not in ("", "0", "false", "no")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failure:
+    """How one exception is reported."""
+
+    title: str  # what failed
+    hint: str  # what to do
+    exit_code: int
+
+
+# Most specific first.
+_USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
+    (
+        SpecError,
+        Failure(
+            title="invalid release spec",
+            hint="fix the spec and run again; `dprelease plan SPEC` checks a spec without "
+            "reading any data",
+            exit_code=EXIT_USER,
+        ),
+    ),
+    (
+        DataError,
+        Failure(
+            title="the input data does not fit the spec",
+            hint="fix the data, or the spec's domain and privacy unit (out-of-domain rows can be "
+            "dropped with on_out_of_domain: drop), then run again",
+            exit_code=EXIT_USER,
+        ),
+    ),
+    (
+        BudgetExceededError,
+        Failure(
+            title="privacy budget exceeded",
+            hint="see `dprelease budget DATASET`; ask for less (a lower epsilon or rho) or use a "
+            "dataset whose budget allows it",
+            exit_code=EXIT_USER,
+        ),
+    ),
+    (
+        PrivacyError,
+        Failure(
+            title="privacy accounting refused the request",
+            hint="check the spec's privacy and dataset.budget sections (same measure, valid values)",
+            exit_code=EXIT_USER,
+        ),
+    ),
+    (
+        VerificationError,
+        Failure(
+            title="verification failed",
+            hint="do not publish this release; compare it with the original release directory",
+            exit_code=EXIT_CHECK_FAILED,
+        ),
+    ),
+    (
+        ValidationFailedError,
+        Failure(
+            title="the release failed validation",
+            hint="nothing was staged and the budget stays spent; see the validation results and "
+            "the spec's privacy level",
+            exit_code=EXIT_CHECK_FAILED,
+        ),
+    ),
+    (
+        CatalogError,
+        Failure(
+            title="the catalog refused the operation",
+            hint="see `dprelease releases` and `dprelease budget`",
+            exit_code=EXIT_USER,
+        ),
+    ),
+    (
+        DprReleaseError,
+        Failure(title="dprelease refused", hint="fix the input named above", exit_code=EXIT_USER),
+    ),
+)
+
+_PATH_ERROR = Failure(
+    title="a path cannot be used",
+    hint="check that the path exists and that you may read or write it",
+    exit_code=EXIT_USER,
+)
+
+
+def classify(exc: BaseException) -> Failure | None:
+    """The user-facing report of ``exc``; None for an internal error."""
+    for kind, failure in _USER_ERRORS:
+        if isinstance(exc, kind):
+            return failure
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return _PATH_ERROR
+    return None
+
+
+def user_message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}"
+    return str(exc) or type(exc).__name__
+
+
+def report(exc: BaseException, console: Console, *, argv: list[str] | None = None) -> int:
+    """Print ``exc`` the way this module promises and return the exit code."""
+    if debug_enabled():
+        console.print(Text("".join(traceback.format_exception(exc)).rstrip(), style="dim"))
+    failure = classify(exc)
+    if failure is None:
+        return _report_internal(exc, console, argv=argv)
+    message = _shorten(user_message(exc))
+    head = message if failure.title in message.lower() else f"{failure.title}: {message}"
+    block = Text("error: ", style="bold red")
+    block.append(head)
+    block.append("\nwhat to do: ", style="bold")
+    block.append(failure.hint)
+    console.print(block, soft_wrap=True)
+    return failure.exit_code
+
+
+def _shorten(message: str) -> str:
+    lines = message.strip().splitlines() or [""]
+    if len(lines) <= MAX_MESSAGE_LINES:
+        return "\n".join(lines)
+    kept = lines[: MAX_MESSAGE_LINES - 1]
+    return "\n".join([*kept, f"  … and {len(lines) - len(kept)} more line(s)"])
+
+
+def _report_internal(exc: BaseException, console: Console, *, argv: list[str] | None) -> int:
+    what = type(exc).__qualname__
+    if _message_is_safe(exc) and str(exc):
+        what += f": {_shorten(str(exc)).splitlines()[0]}"
+    try:
+        log = write_log(exc, argv=argv if argv is not None else sys.argv)
+        where = f"the traceback is in {log}"
+    except OSError as log_error:
+        where = f"the traceback could not be written ({log_error.strerror}); run with --debug"
+    line = Text("internal error: ", style="bold red")
+    line.append(f"{what}; {where}" + ("" if debug_enabled() else " (or run with --debug)"))
+    console.print(line, soft_wrap=True)
+    return EXIT_INTERNAL
+
+
+def report_interrupt(console: Console, detail: str = "") -> int:
+    console.print(Text(f"interrupted{': ' + detail if detail else ''}", style="bold yellow"))
+    return EXIT_INTERRUPTED
+
+
+def logs_dir() -> Path:
+    return Path(os.environ.get("DPRELEASE_HOME", ".dprelease")).resolve() / "logs"
+
+
+def write_log(exc: BaseException, *, argv: list[str]) -> Path:
+    """Write the safe traceback of ``exc`` to a new timestamped file under ``logs_dir()``."""
+    directory = logs_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    path = directory / f"dprelease-{stamp}-{os.getpid()}.log"
+    header = [
+        f"dprelease internal error at {datetime.now(UTC).isoformat(timespec='seconds')}",
+        f"command: {' '.join(argv)}",
+        f"versions: dprelease {_version('dprelease')}, prefect {_version('prefect')}, "
+        f"python {sys.version.split()[0]}",
+        "",
+    ]
+    path.write_text("\n".join(header) + safe_traceback(exc))
+    return path
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _message_is_safe(exc: BaseException) -> bool:
+    return type(exc) in SAFE_MESSAGE_TYPES or (
+        type(exc).__module__.split(".")[0] in SAFE_MESSAGE_PACKAGES
+    )
+
+
+def safe_traceback(exc: BaseException) -> str:
+    """The traceback chain of ``exc`` (code locations, never local variables) with the messages of
+    this project's exceptions and of :data:`SAFE_MESSAGE_TYPES` only: another message may quote a
+    confidential value."""
+    chain: list[tuple[BaseException, str]] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    link = ""
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append((current, link))
+        if current.__cause__ is not None:
+            current, link = current.__cause__, "The above exception was the direct cause of:"
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current, link = current.__context__, "During handling of the above, another occurred:"
+        else:
+            current = None
+    parts = []
+    for item, link_text in reversed(chain):
+        frames = traceback.extract_tb(item.__traceback__)
+        parts.append(
+            "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+        )
+        name = f"{type(item).__module__}.{type(item).__qualname__}"
+        message = (
+            str(item)
+            if _message_is_safe(item)
+            else "(message withheld: a third-party message may quote a data value; "
+            "--debug shows it on the terminal)"
+        )
+        parts.append(f"{name}: {message}\n")
+        if link_text:
+            parts.append(f"\n{link_text}\n\n")
+    return "".join(parts)

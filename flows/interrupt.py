@@ -1,0 +1,281 @@
+"""Ctrl-C during a release (issue 13 item 4): out within 5 s, the release ``aborted``, no child left.
+
+The release flow itself marks its release ``aborted`` when ``KeyboardInterrupt`` reaches it.  This
+module is the CLI's side, which does not depend on the flow's cooperation:
+
+* :func:`abort_own_releases` moves every release this process still holds in ``measuring`` (the
+  catalog records each release's owner: pid, host and process start) to ``aborted``; the ledger
+  is untouched, so its charges stay spent.
+* :class:`InterruptGuard` wraps the flow call: on ``KeyboardInterrupt`` it aborts this process's releases,
+  stops this process's own children and raises :class:`Interrupted`.  In the console script it
+  also arms a watchdog: the C-level signal handler writes to a wake-up fd that a thread reads at
+  once, even while the main thread is stuck in one long C call (a big ``eigh``, an Arrow scan),
+  and ``GRACE_SECONDS`` after the first Ctrl-C (or at a second one) the watchdog does the same
+  clean-up itself and ends the process with ``os._exit(130)``.
+
+The shared Prefect server (``flows.server``) runs in its own session: it is not a child to stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+from flows.errors import EXIT_INTERRUPTED, debug_enabled
+from flows.server import pid_alive, proc_fields
+
+GRACE_SECONDS = 3.5  # + at most ~1 s of clean-up: exit within 5 s of the first Ctrl-C
+CLEANUP_SECONDS = 0.8
+CHILD_GRACE_SECONDS = 0.3
+
+_hard_exit_allowed = False
+
+
+def allow_hard_exit() -> None:
+    """Called by the console script: the watchdog may end this process (never inside pytest)."""
+    global _hard_exit_allowed
+    _hard_exit_allowed = True
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the command; the message says what was recorded."""
+
+
+def abort_own_releases(catalog_url: str | None = None) -> list[str]:
+    """After Ctrl-C: move this process's ``measuring`` or ``failed`` releases to ``aborted``
+    (charges stay); return the ids of all its aborted releases.
+
+    ``failed`` too: Prefect can turn the interrupt into another exception (a ``KeyboardInterrupt``
+    while a task run is being created ends as ``ValueError: Task run is not set``), so the flow
+    recorded a failure that was an abort.  Called only once this process has seen a SIGINT.
+    """
+    from catalog.ledger import Catalog, _owner
+
+    catalog = Catalog(catalog_url)
+    owner = _owner()
+    mine = (owner["owner_pid"], owner["owner_host"], owner["owner_start"])
+    aborted = []
+    for record in catalog.releases():
+        if (record.owner_pid, record.owner_host, record.owner_start) != mine:
+            continue
+        if record.status in ("measuring", "failed"):
+            with contextlib.suppress(Exception):
+                catalog.mark_interrupted(record.id)  # `recover` says aborted even if we die now
+            catalog.update_release(record.id, status="aborted")
+        if record.status in ("measuring", "failed", "aborted"):  # aborted: by the flow itself
+            aborted.append(record.id)
+    return aborted
+
+
+def stop_own_children(*, grace: float = CHILD_GRACE_SECONDS) -> list[int]:
+    """SIGTERM (then SIGKILL) this process's descendants in its own session; return their pids.
+
+    A descendant in another session (the shared Prefect server) is left alone.
+    """
+    victims = _descendants(os.getpid())
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(pid_alive(pid) for pid in victims):
+        time.sleep(0.02)
+    for pid in victims:
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    return victims
+
+
+def _descendants(root: int) -> list[int]:
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():  # pragma: no cover - no procfs
+        return []
+    session = os.getsid(0)
+    parents: dict[int, list[int]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = proc_fields(int(entry.name))
+        if fields is None or fields[0] in ("Z", "X") or int(fields[3]) != session:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """SIGINT while cleaning up after the first one: the watchdog (wake-up fd) still sees it."""
+
+
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _describe(aborted: list[str]) -> str:
+    if not aborted:
+        return "no release was being measured; nothing was charged by this command"
+    names = ", ".join(aborted)
+    return f"release {names} recorded as aborted; its privacy charges stay spent"
+
+
+class InterruptGuard:
+    """``with InterruptGuard(): release_flow(...)``: see the module docstring."""
+
+    def __init__(
+        self, *, catalog_url: str | None = None, write: Callable[[str], None] | None = None
+    ):
+        self.catalog_url = catalog_url
+        self.write = write or (lambda text: sys.stderr.write(text + "\n"))
+        self._done = threading.Event()
+        self._cleaned = threading.Lock()
+        self._aborted: list[str] | None = None
+        self._reader: socket.socket | None = None
+        self._writer: socket.socket | None = None
+        self._previous_fd: int | None = None
+        self._thread: threading.Thread | None = None
+        self._previous_handler: Any = None
+        self.sigint_seen = False
+
+    # --- context manager ----------------------------------------------------------------------------
+    def __enter__(self) -> InterruptGuard:
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+            if _hard_exit_allowed:
+                self._arm()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if exc is not None and (self.sigint_seen or _caused_by_interrupt(exc)):
+            if self._previous_handler is not None:
+                # a second Ctrl-C must not break the clean-up: the watchdog answers it
+                signal.signal(signal.SIGINT, _ignore)
+                self._previous_handler = None
+            aborted = self._clean_up()
+            # the watchdog stays armed until the process is gone: exit hooks must not hang it
+            raise Interrupted(_describe(aborted)) from None
+        self._restore_handler()
+        self._disarm()
+        return False
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self.sigint_seen = True  # whatever exception Prefect turns the interrupt into
+        raise KeyboardInterrupt
+
+    def _restore_handler(self) -> None:
+        if self._previous_handler is not None:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGINT, self._previous_handler)
+            self._previous_handler = None
+
+    # --- clean-up, once ------------------------------------------------------------------------------
+    def _clean_up(self) -> list[str]:
+        with self._cleaned:
+            if self._aborted is None:
+                try:
+                    self._aborted = abort_own_releases(self.catalog_url)
+                except Exception as error:  # reporting must not hide the interrupt
+                    self.write(
+                        f"could not record the abort ({type(error).__name__}); "
+                        "`dprelease recover` will"
+                    )
+                    self._aborted = []
+                stop_own_children()
+            return self._aborted
+
+    # --- the watchdog ----------------------------------------------------------------------------------
+    def _arm(self) -> None:
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        try:
+            self._previous_fd = signal.set_wakeup_fd(
+                self._writer.fileno(), warn_on_full_buffer=False
+            )
+        except ValueError:  # pragma: no cover - not the main thread after all
+            self._close_sockets()
+            return
+        self._thread = threading.Thread(target=self._watch, name="dprelease-ctrl-c", daemon=True)
+        self._thread.start()
+
+    def _disarm(self) -> None:
+        if self._thread is None:
+            return
+        self._done.set()
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(self._previous_fd if self._previous_fd is not None else -1)
+        self._thread.join(timeout=1.0)
+        self._thread = None
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for sock in (self._reader, self._writer):
+            if sock is not None:
+                sock.close()
+        self._reader = self._writer = None
+
+    def _watch(self) -> None:
+        reader = self._reader
+        if reader is None:
+            return
+        deadline: float | None = None
+        while not self._done.is_set():
+            timeout = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
+            try:
+                ready, _, _ = select.select([reader], [], [], timeout)
+                data = reader.recv(64) if ready else b""
+            except OSError:
+                return
+            if bytes([signal.SIGINT]) in data:
+                if deadline is not None:  # a second Ctrl-C: stop now
+                    self._hard_exit()
+                deadline = time.monotonic() + GRACE_SECONDS
+            if deadline is not None and time.monotonic() >= deadline:
+                self._hard_exit()
+
+    def _hard_exit(self) -> None:
+        """The main thread did not get out in time: clean up from here and end the process."""
+        worker = threading.Thread(target=self._clean_up, daemon=True)
+        worker.start()
+        worker.join(timeout=CLEANUP_SECONDS)  # a locked catalog must not hold the exit
+        aborted = self._aborted
+        if debug_enabled():  # where the main thread was stuck
+            with contextlib.suppress(Exception):
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        detail = (
+            "could not record the abort in time; `dprelease recover` will"
+            if aborted is None
+            else _describe(aborted)
+        )
+        with contextlib.suppress(Exception):
+            self.write(f"interrupted: {detail}")
+            sys.stderr.flush()
+            sys.stdout.flush()
+        os._exit(EXIT_INTERRUPTED)

@@ -1,0 +1,747 @@
+"""One local Prefect server shared by every ``dprelease`` command (issue 14).
+
+The first command that needs Prefect starts ``prefect server start`` on 127.0.0.1 and a free port,
+in the background, under a small supervisor process (``python -m flows.server supervise``) that
+leads its own process group and session, so Ctrl-C in a terminal never reaches it.  Later
+commands find it again through ``$DPRELEASE_HOME/server.json`` (pid, port, url, started_at,
+version) and a health check on ``/api/health``; each command touches
+``$DPRELEASE_HOME/server.last-used`` (and keeps touching it while it runs), and the supervisor stops
+the server once nothing touched it for ``DPRELEASE_SERVER_IDLE_SECONDS`` (default 1800).
+
+* ``PREFECT_API_URL`` set by the user (or an active Prefect settings context, e.g. a test harness):
+  that server is used and nothing is started.
+* Start-up and clean-up run under an exclusive ``fcntl`` lock on ``server.lock``: two commands that
+  start at once share one server.
+* An orphan from an earlier crash (``server.json`` whose process is alive but not healthy after the
+  start-up window, or whose Prefect version or home differ) is stopped by process group; a stale
+  file whose process is gone is removed.
+* A fresh state home would spend ~20-30 s on Prefect's database migrations; a migrated, empty
+  Prefect database is kept once per Prefect version in the user cache (``DPRELEASE_CACHE_DIR``,
+  default ``$XDG_CACHE_HOME/dprelease``) and copied into new homes.
+
+This module imports neither prefect nor the catalog: the supervisor must stay small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks, one command at a time
+    fcntl = None  # type: ignore[assignment]
+
+SERVER_FILE = "server.json"
+LOCK_FILE = "server.lock"
+LAST_USED_FILE = "server.last-used"
+DEFAULT_IDLE_SECONDS = 1800.0
+DEFAULT_START_TIMEOUT = 180.0  # a fresh Prefect database migrates for 20-30 s on 2 busy cores
+STOP_GRACE_SECONDS = 10.0
+HEALTH_REQUEST_SECONDS = 2.0
+# A recorded server past its start-up window gets this long to answer before it counts as an
+# orphan: a busy but working server (SQLite under load) must not be killed under another command.
+ORPHAN_PATIENCE_SECONDS = 10.0
+SUPERVISOR_MARKER = "flows.server"
+MAX_LOG_BYTES = 5_000_000
+UNRECORDED_GRACE_SECONDS = 30.0  # a supervisor missing from server.json this long stops
+
+
+class ServerError(RuntimeError):
+    """The shared Prefect server could not be started or reached (an environment problem)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerRecord:
+    """What ``server.json`` holds about the running server."""
+
+    pid: int  # the supervisor: leader of the server's process group
+    port: int
+    url: str  # the API URL, ``http://127.0.0.1:PORT/api``
+    started_at: str  # ISO 8601, UTC
+    version: str  # Prefect's version
+    prefect_home: str
+    log: str
+    idle_seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerStatus:
+    """``dprelease server status``: ``state`` is running, starting, unhealthy, stale, stopped or
+    external (a user-configured ``PREFECT_API_URL``)."""
+
+    state: str
+    url: str | None
+    record: ServerRecord | None = None
+    processes: tuple[int, ...] = ()
+    last_used_at: str | None = None
+    stops_after_idle_at: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "url": self.url,
+            **({} if self.record is None else self.record.as_dict()),
+            "processes": list(self.processes),
+            "last_used_at": self.last_used_at,
+            "stops_after_idle_at": self.stops_after_idle_at,
+        }
+
+
+# --- locations and settings -----------------------------------------------------------------------
+def state_home() -> Path:
+    """``$DPRELEASE_HOME`` (default ``./.dprelease``), created."""
+    home = Path(os.environ.get("DPRELEASE_HOME", ".dprelease")).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or state_home() / "prefect").resolve()
+
+
+def idle_seconds() -> float:
+    return _positive_env("DPRELEASE_SERVER_IDLE_SECONDS", DEFAULT_IDLE_SECONDS)
+
+
+def start_timeout() -> float:
+    return _positive_env("DPRELEASE_SERVER_START_TIMEOUT", DEFAULT_START_TIMEOUT)
+
+
+def _positive_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ServerError(f"{name} ({raw!r}) must be a finite number of seconds > 0")
+    return value
+
+
+def prefect_version() -> str:
+    return metadata.version("prefect")
+
+
+def configured_api_url() -> str | None:
+    """The Prefect API the user configured: ``PREFECT_API_URL`` in the environment, or the active
+    settings context when prefect is already imported (a test harness).  None: use ours."""
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        return url
+    if "prefect.settings" in sys.modules:
+        from prefect.settings import get_current_settings
+
+        configured = get_current_settings().api.url
+        return str(configured) if configured else None
+    return None
+
+
+def _cache_dir() -> Path:
+    explicit = os.environ.get("DPRELEASE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dprelease"
+
+
+def _template_db() -> Path:
+    return _cache_dir() / f"prefect-{prefect_version()}.db"
+
+
+def _uses_default_database() -> bool:
+    return not any(
+        os.environ.get(name)
+        for name in (
+            "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+            "PREFECT_API_DATABASE_CONNECTION_URL",
+        )
+    )
+
+
+# --- server.json and the lock ---------------------------------------------------------------------
+def read_record(home: Path | None = None) -> ServerRecord | None:
+    path = (home or state_home()) / SERVER_FILE
+    try:
+        data = json.loads(path.read_text())
+        return ServerRecord(**data)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError):
+        return _unreadable_record(path)
+
+
+def _unreadable_record(path: Path) -> None:
+    """A half-written or foreign ``server.json`` says nothing usable: it is removed."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return None
+
+
+def _write_record(home: Path, record: ServerRecord) -> None:
+    path = home / SERVER_FILE
+    tmp = path.with_name(f".{SERVER_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record.as_dict(), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _remove_record(home: Path, pid: int) -> None:
+    """Remove ``server.json`` if it still describes the server led by ``pid``."""
+    current = read_record(home)
+    if current is not None and current.pid == pid:
+        with contextlib.suppress(FileNotFoundError):
+            (home / SERVER_FILE).unlink()
+
+
+def touch(home: Path | None = None) -> None:
+    """Record a use of the server (the idle clock restarts)."""
+    path = (home or state_home()) / LAST_USED_FILE
+    path.touch()
+    os.utime(path)
+
+
+def _last_used(home: Path) -> float | None:
+    try:
+        return (home / LAST_USED_FILE).stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def _locked(home: Path, *, timeout: float, blocking: bool = True) -> Iterator[bool]:
+    """Hold the exclusive server lock (True), or yield False if ``blocking`` is off and it is busy."""
+    with open(home / LOCK_FILE, "a+") as handle:
+        if fcntl is None:  # pragma: no cover
+            yield True
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not blocking:
+                    yield False
+                    return
+                if time.monotonic() > deadline:
+                    raise ServerError(
+                        f"another dprelease command held {home / LOCK_FILE} for {timeout:.0f} s "
+                        "while starting the Prefect server; run `dprelease server status`"
+                    ) from None
+                time.sleep(0.05)
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+# --- processes --------------------------------------------------------------------------------------
+def proc_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name: [state, ppid, pgrp, ...] (Linux)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` runs (a zombie does not count)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    fields = proc_fields(pid)
+    return fields is None or fields[0] not in ("Z", "X")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (Linux ``/proc``; elsewhere the leader if alive)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():  # pragma: no cover - no procfs
+        return [pgid] if pid_alive(pgid) else []
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = proc_fields(int(entry.name))
+        if fields is not None and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def _is_ours(pid: int, port: int) -> bool:
+    """The process is our supervisor or the Prefect server it started on ``port`` (pid reuse)."""
+    line = _cmdline(pid)
+    if not line:
+        return not Path("/proc/self/cmdline").exists()  # no procfs: trust the record
+    return SUPERVISOR_MARKER in line or ("prefect" in line and f"--port {port}" in line)
+
+
+def _our_members(record: ServerRecord) -> list[int]:
+    return [pid for pid in group_members(record.pid) if _is_ours(pid, record.port)]
+
+
+def stop_processes(record: ServerRecord, *, grace: float = STOP_GRACE_SECONDS) -> bool:
+    """Stop the server's process group (SIGTERM, then SIGKILL after ``grace``); True if it ran."""
+    members = _our_members(record)
+    if not members:
+        return False
+    _signal_group(record.pid, members, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not _our_members(record):
+            return True
+        time.sleep(0.05)
+    _signal_group(record.pid, _our_members(record), signal.SIGKILL)
+    deadline = time.monotonic() + grace
+    while _our_members(record) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return True
+
+
+def _signal_group(pgid: int, members: list[int], signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        for pid in members:  # the group is gone or not ours as a whole: signal the members
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+
+# --- health -----------------------------------------------------------------------------------------
+def healthy(url: str, *, timeout: float = HEALTH_REQUEST_SECONDS) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
+            return response.status == 200 and response.read().strip() == b"true"
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def _wait_healthy(record: ServerRecord, *, until: float) -> bool:
+    """Poll until healthy (True), the supervisor died or ``until`` (monotonic) passed (False)."""
+    while True:
+        if healthy(record.url):
+            return True
+        if not pid_alive(record.pid) or time.monotonic() >= until:
+            return False
+        time.sleep(0.1)
+
+
+def _started_seconds_ago(record: ServerRecord) -> float:
+    try:
+        started = datetime.fromisoformat(record.started_at)
+    except ValueError:
+        return float("inf")
+    return (datetime.now(UTC) - started).total_seconds()
+
+
+# --- connect: find or start -------------------------------------------------------------------------
+@dataclass
+class Connection:
+    """A started or found server; ``wait()`` blocks until it is healthy (bounded)."""
+
+    record: ServerRecord | None  # None: a user-configured API (``url``)
+    url: str
+    started: bool = False  # this command started it
+    _home: Path | None = None
+    _pending: bool = False  # started and not yet seen healthy
+    _fresh_db: bool = False
+
+    def wait(self) -> Connection:
+        if not self._pending or self.record is None or self._home is None:
+            return self
+        if not _wait_healthy(self.record, until=time.monotonic() + start_timeout()):
+            with _locked(self._home, timeout=STOP_GRACE_SECONDS * 3):
+                stop_processes(self.record)
+                _remove_record(self._home, self.record.pid)
+            raise ServerError(
+                f"the local Prefect server did not become healthy within {start_timeout():.0f} s "
+                f"(DPRELEASE_SERVER_START_TIMEOUT); its log: {self.record.log}"
+            )
+        self._pending = False
+        if self._fresh_db:
+            _save_template(Path(self.record.prefect_home) / "prefect.db")
+        touch(self._home)
+        return self
+
+
+def connect(*, wait: bool = True) -> Connection:
+    """The Prefect API for this command: the user's, or the shared local server (started if needed).
+
+    With ``wait=False`` a server this call starts is not waited for: call ``Connection.wait()``
+    before the first Prefect call.  The lock covers finding, cleaning and launching only: a
+    command that comes meanwhile finds the recorded server and waits for it in its start-up window.
+    """
+    configured = configured_api_url()
+    if configured:
+        return Connection(record=None, url=configured)
+    home = state_home()
+    with _locked(home, timeout=start_timeout() + STOP_GRACE_SECONDS * 3):
+        found = _reuse(home)
+        if found is not None:
+            return Connection(record=found, url=found.url, _home=home)
+        connection = _start(home)
+    return connection.wait() if wait else connection
+
+
+def _reuse(home: Path) -> ServerRecord | None:
+    """The recorded server if it is (or becomes, while still in its start-up window) healthy;
+    otherwise clean up after it (orphan, stale file, other Prefect version or home) and None."""
+    record = read_record(home)
+    if record is None:
+        return None
+    compatible = record.version == prefect_version() and record.prefect_home == str(prefect_home())
+    if compatible and pid_alive(record.pid) and _is_ours(record.pid, record.port):
+        remaining = start_timeout() - _started_seconds_ago(record)
+        until = time.monotonic() + max(remaining, ORPHAN_PATIENCE_SECONDS)
+        if _wait_healthy(record, until=until):
+            touch(home)
+            return record
+    stop_processes(record)
+    _remove_record(home, record.pid)
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start(home: Path) -> Connection:
+    phome = prefect_home()
+    phome.mkdir(parents=True, exist_ok=True)
+    fresh_db = _uses_default_database() and not (phome / "prefect.db").exists()
+    if fresh_db and _restore_template(phome / "prefect.db"):
+        fresh_db = False
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / "prefect-server.log"
+    if log.exists() and log.stat().st_size > MAX_LOG_BYTES:
+        os.replace(log, log.with_suffix(".log.old"))
+    port = _free_port()
+    idle = idle_seconds()
+    command = [
+        sys.executable,
+        "-m",
+        "flows.server",
+        "supervise",
+        "--port",
+        str(port),
+        "--home",
+        str(home),
+        "--idle-seconds",
+        repr(idle),
+    ]
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(phome),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_SERVER_LOGGING_LEVEL": os.environ.get("PREFECT_SERVER_LOGGING_LEVEL", "WARNING"),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (_project_root(), os.environ.get("PYTHONPATH")) if p
+        ),
+    }
+    env.pop("PREFECT_API_URL", None)
+    with open(log, "ab") as log_file:
+        launcher = subprocess.run(
+            command,
+            env=env,
+            cwd=home,  # not the user's folder: its .env / prefect.toml must not shape a shared server
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            start_new_session=True,
+            timeout=60,
+            check=False,
+        )
+    try:
+        pid = int(launcher.stdout.decode().strip())
+    except ValueError:
+        raise ServerError(
+            f"could not start the local Prefect server (exit {launcher.returncode}); its log: {log}"
+        ) from None
+    record = ServerRecord(
+        pid=pid,
+        port=port,
+        url=f"http://127.0.0.1:{port}/api",
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        version=prefect_version(),
+        prefect_home=str(phome),
+        log=str(log),
+        idle_seconds=idle,
+    )
+    _write_record(home, record)
+    touch(home)
+    return Connection(
+        record=record, url=record.url, started=True, _home=home, _pending=True, _fresh_db=fresh_db
+    )
+
+
+def _project_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def _restore_template(target: Path) -> bool:
+    template = _template_db()
+    if not template.is_file():
+        return False
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.copyfile(template, tmp)
+    os.replace(tmp, target)
+    return True
+
+
+def _save_template(source: Path) -> None:
+    """Keep the freshly migrated (still empty) Prefect database for the next new home."""
+    template = _template_db()
+    if template.exists() or not source.is_file():
+        return
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        tmp = template.with_name(f".{template.name}.{os.getpid()}.tmp")
+        with (
+            contextlib.closing(sqlite3.connect(source)) as src,
+            contextlib.closing(sqlite3.connect(tmp)) as dst,
+        ):
+            src.backup(dst)  # a consistent copy of a live WAL database
+        os.replace(tmp, template)
+    except (OSError, sqlite3.Error):
+        return  # a cache: the next fresh home migrates instead
+
+
+# --- status and stop --------------------------------------------------------------------------------
+def status() -> ServerStatus:
+    configured = os.environ.get("PREFECT_API_URL")
+    if configured:
+        return ServerStatus(state="external", url=configured)
+    home = state_home()
+    record = read_record(home)
+    if record is None:
+        return ServerStatus(state="stopped", url=None)
+    members = tuple(_our_members(record))
+    last = _last_used(home)
+    last_at = None if last is None else _iso(last)
+    stops_at = None if last is None else _iso(last + record.idle_seconds)
+    if not members:
+        state = "stale"
+    elif healthy(record.url):
+        state = "running"
+    elif _started_seconds_ago(record) < start_timeout():
+        state = "starting"
+    else:
+        state = "unhealthy"
+    return ServerStatus(
+        state=state,
+        url=record.url,
+        record=record,
+        processes=members,
+        last_used_at=last_at,
+        stops_after_idle_at=stops_at,
+    )
+
+
+def stop() -> ServerRecord | None:
+    """Stop the shared server (by its recorded process group); None if none was recorded."""
+    home = state_home()
+    with _locked(home, timeout=start_timeout() + STOP_GRACE_SECONDS * 3):
+        record = read_record(home)
+        if record is None:
+            return None
+        stop_processes(record)
+        _remove_record(home, record.pid)
+        return record
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def keep_alive(home: Path | None = None, *, every: float | None = None) -> Iterator[None]:
+    """Touch the last-used file while the block runs, so a long command outlives the idle timer."""
+    where = home or state_home()
+    period = every or max(0.5, min(60.0, idle_seconds() / 3))
+    stopped = threading.Event()
+
+    def beat() -> None:
+        while not stopped.wait(period):
+            with contextlib.suppress(OSError):
+                touch(where)
+
+    thread = threading.Thread(target=beat, name="dprelease-server-keepalive", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join(timeout=1.0)
+        with contextlib.suppress(OSError):
+            touch(where)
+
+
+# --- the supervisor ---------------------------------------------------------------------------------
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child before exec
+    """Linux: the Prefect server gets SIGTERM when its supervisor dies, even by SIGKILL."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def supervise(*, port: int, home: Path, idle: float) -> int:
+    """Run ``prefect server start`` until it exits, is stopped, or stays unused for ``idle`` s."""
+    stop_requested = threading.Event()
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        stop_requested.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, request_stop)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-ui",
+            "--analytics-off",
+        ],
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,  # the supervisor is single-threaded here
+    )
+    _log(f"supervisor {os.getpid()}: prefect server pid {child.pid} on port {port}")
+    interval = max(0.2, min(5.0, idle / 4))
+    reason = "stopped"
+    unrecorded_since: float | None = None
+    url = f"http://127.0.0.1:{port}/api"
+    serving = False  # the idle clock starts once the server answered (start-up can outlast it)
+    try:
+        while True:
+            if stop_requested.wait(timeout=interval):
+                break
+            if child.poll() is not None:
+                reason = f"the prefect server exited with {child.returncode}"
+                break
+            # A server no server.json points to (its starter was killed before writing it, or
+            # another server replaced it) could never be found or stopped: it stops itself.
+            record = read_record(home)
+            if record is not None and record.pid == os.getpid():
+                unrecorded_since = None
+            elif unrecorded_since is None:
+                unrecorded_since = time.monotonic()
+            elif time.monotonic() - unrecorded_since > min(UNRECORDED_GRACE_SECONDS, idle):
+                reason = f"not recorded in {home / SERVER_FILE}"
+                break
+            if not serving:
+                serving = healthy(url, timeout=1.0)
+                continue
+            last = _last_used(home)
+            if last is None or time.time() - last < idle:
+                continue
+            with _locked(home, timeout=0, blocking=False) as held:
+                last = _last_used(home)
+                if held and (last is None or time.time() - last >= idle):
+                    reason = f"idle for {idle:g} s"
+                    _terminate(child)
+                    _remove_record(home, os.getpid())
+                    break
+    finally:
+        _terminate(child)
+        # A busy lock means `stop` or a starting command holds it: that holder cleans up.
+        with contextlib.suppress(OSError), _locked(home, timeout=0, blocking=False) as held:
+            if held:
+                _remove_record(home, os.getpid())
+        _log(f"supervisor {os.getpid()}: {reason}; exiting")
+    return 0
+
+
+def _terminate(child: subprocess.Popen[bytes]) -> None:
+    if child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(timeout=STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def _log(message: str) -> None:
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    sys.stderr.write(f"{stamp} dprelease {message}\n")
+    sys.stderr.flush()
+
+
+def _daemonize() -> None:
+    """Leave the launcher: fork, print the daemon's pid for the launcher, start a new session."""
+    pid = os.fork()
+    if pid > 0:
+        sys.stdout.write(f"{pid}\n")
+        sys.stdout.flush()
+        os._exit(0)
+    os.setsid()  # the daemon leads its own session and process group (pgid == pid)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)  # stdout to the log as well: the launcher stops reading after the pid
+    os.close(devnull)
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flows.server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("supervise", help="(internal) run the shared Prefect server")
+    run.add_argument("--port", type=int, required=True)
+    run.add_argument("--home", type=Path, required=True)
+    run.add_argument("--idle-seconds", type=float, required=True)
+    args = parser.parse_args(argv)
+    _daemonize()
+    return supervise(port=args.port, home=args.home, idle=args.idle_seconds)
+
+
+if __name__ == "__main__":  # pragma: no cover - the supervisor's entry point
+    raise SystemExit(_main(sys.argv[1:]))

@@ -1,0 +1,431 @@
+"""``marginal_space``: unions of marginals measured and answered without ever forming the cell vector.
+
+For a workload whose every item is a marginal (each factor ``Identity`` or ``Total``), the plan is
+one weight per attribute subset (``reference/marginals.md``; bit i of a subset = attribute i):
+
+* Laplace noise (ε-DP, L1): HDMM's marginals template, weights ``w_S`` of plain marginals ``M_S``
+  (``Δ₁ = Σ w_S``), optimised over the subsets no larger than the workload's largest marginal;
+* Gaussian noise (ρ-zCDP, (ε, δ), L2): Eigen-Design in subset space (centred marginals, closed
+  form, equal to the SVD bound), :func:`mechanisms.marginal_strategies.marginal_weights_l2`.
+
+Measuring needs only the measured marginals (:class:`~mechanisms.choke_point.ProtectedMarginals`,
+one noise mechanism, charge before noise).  Least squares decouples over the subset lattice: with
+``AᵀA = Σ_T μ_T Q_T``, the centred T-component of the estimate is
+
+    v̂_T = C_T M_T x̂ = μ_T⁻¹ Σ_{S ⊇ T measured} w_S c_S · centre_T(Σ_{S∖T} y_S)
+
+(``c_S = Π_{i∉S} n_i``; for centred terms only ``S = T`` contributes), and each workload marginal
+is ``M_R x̂ = Σ_{T ⊆ R} v̂_T`` spread evenly over the axes ``R∖T``.  Its per-cell variance is the
+constant ``σ² Σ_{T⊆R} μ_T⁻¹ Π_{i∈T}(1 − 1/n_i) Π_{i∈R∖T} n_i⁻¹ Π_{i∉R} n_i``.  Everything costs a
+function of the marginal sizes and of 2^d, never of N = Π n_i; each shortcut is checked against
+the dense matrices in ``tests/unit/mechanisms/test_marginal_space.py``.
+
+Privacy: planning reads only the public workload (the optimiser's restarts use the public seed of
+the workload fingerprint); the data are read only by the choke point.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import scipy.optimize
+import threadpoolctl
+
+from mechanisms.marginal_strategies import (
+    MarginalWeights,
+    SubsetStrategy,
+    SubsetWorkload,
+    marginal_weights_l2,
+    subset_workload,
+)
+from mechanisms.operators import Identity, Total
+from mechanisms.optimized_marginals import (
+    MAX_MARGINAL_ATTRIBUTES,
+    eigenspace_multiplicities,
+    marginals_loss_and_gradient,
+    marginals_sensitivity,
+    marginals_unit_error,
+    summed_out_sizes,
+)
+from mechanisms.protocol import (
+    CandidateUnavailable,
+    InputKind,
+    MatrixMechanism,
+    PlanRequest,
+    Progress,
+    StoredStrategy,
+    StrategyCache,
+    cache_key,
+)
+from mechanisms.workload import Workload, WorkloadItem
+
+RESTARTS = 2
+"""Random starts of the L1 template after the closed-form start (public rng from the seed)."""
+MAX_ITERATIONS = 2000
+_RELATIVE_FLOOR = 1e-9  # lower bound of the workload's own weights (keeps every μ_T > 0)
+_PRUNE = 1e-4  # weights below this fraction of the largest are dropped when that costs < 1e-6
+
+
+# ------------------------------------------------------------------------------------------------
+# Subsets and tables
+# ------------------------------------------------------------------------------------------------
+
+
+def axes_of(mask: int, num_attributes: int) -> tuple[int, ...]:
+    """Ascending attribute indices of a bitmask.
+
+    >>> axes_of(0b101, 3)
+    (0, 2)
+    """
+    return tuple(i for i in range(num_attributes) if mask >> i & 1)
+
+
+def mask_of(axes: Iterable[int]) -> int:
+    return sum(1 << int(a) for a in set(axes))
+
+
+def item_subset(item: WorkloadItem) -> int | None:
+    """Bitmask of the attributes a marginal item keeps; None when a factor is not Identity/Total."""
+    mask = 0
+    for axis, factor in enumerate(item.factors):
+        if isinstance(factor, Identity):
+            mask |= 1 << axis
+        elif not isinstance(factor, Total):
+            return None
+    return mask
+
+
+def down_closure(masks: Iterable[int]) -> list[int]:
+    """Every subset of every mask, ascending. O(Σ 2^|R|)."""
+    closed: set[int] = set()
+    for mask in set(masks):
+        sub = mask
+        while True:  # enumerate the subsets of `mask` (Gosper-free: sub = (sub − 1) & mask)
+            closed.add(sub)
+            if sub == 0:
+                break
+            sub = (sub - 1) & mask
+    return sorted(closed)
+
+
+def subset_cells(domain_shape: Sequence[int]) -> np.ndarray:
+    """``Π_{i∈S} n_i`` (cells of the S-marginal) for every bitmask S. O(2^d)."""
+    out = np.ones(1)
+    for n in domain_shape:
+        out = np.concatenate([out, out * float(n)])
+    return out
+
+
+def marginal_of(x: np.ndarray, domain_shape: tuple[int, ...], axes: tuple[int, ...]) -> np.ndarray:
+    """The ``axes``-marginal of a full cell vector (tests and small domains). O(N)."""
+    summed = tuple(i for i in range(len(domain_shape)) if i not in axes)
+    return np.asarray(x, dtype=np.float64).reshape(domain_shape).sum(axis=summed)
+
+
+def _centre(table: np.ndarray) -> np.ndarray:
+    """``⊗ (I − J/n)`` along every axis of a table. O(size × axes)."""
+    out = np.array(table, dtype=np.float64)
+    for axis in range(out.ndim):
+        out -= out.mean(axis=axis, keepdims=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The strategy
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class MarginalSpaceStrategy(SubsetStrategy):
+    """Weighted (plain or centred) marginals, measured and answered in marginal space.
+
+    Planning algebra (sensitivity, per-item error and per-query variances, support) is
+    :class:`~mechanisms.marginal_strategies.SubsetStrategy`'s; ``apply`` and ``answers`` work on
+    the measured marginals only.  Answers are ordered by ascending subset bitmask, each term
+    row-major over its ascending axes (the same order as ``to_union()``).
+    """
+
+    @property
+    def marginal_subsets(self) -> tuple[tuple[int, ...], ...]:
+        """The measured marginals (ascending axes), in answer order."""
+        d = len(self.domain_shape)
+        return tuple(axes_of(int(mask), d) for mask in self.weights.subsets)
+
+    def term_answers(self, axes: tuple[int, ...], table: np.ndarray) -> np.ndarray:
+        """One term's answers from its own marginal: ``w_S · table`` (centred for the centred
+        basis). Confidential in, confidential out; O(table size)."""
+        weight = float(self.weights.weights[mask_of(axes)])
+        values = np.asarray(table, dtype=np.float64)
+        if self.weights.basis == "centred":
+            values = _centre(values)
+        return weight * values.ravel()
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """``A·x`` from a full cell vector, marginal by marginal (small domains and tests)."""
+        return np.concatenate(
+            [
+                self.term_answers(axes, marginal_of(x, self.domain_shape, axes))
+                for axes in self.marginal_subsets
+            ]
+        )
+
+    def _split(self, y: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
+        shape = self.domain_shape
+        y = np.asarray(y, dtype=np.float64)
+        if y.size != self.num_queries:
+            raise ValueError(f"y has {y.size} answers; the strategy measures {self.num_queries}")
+        start = 0
+        for axes in self.marginal_subsets:
+            sizes = tuple(shape[a] for a in axes)
+            stop = start + math.prod(sizes)
+            yield mask_of(axes), y[start:stop].reshape(sizes)
+            start = stop
+
+    def components(self, y: np.ndarray, needed: Iterable[int]) -> dict[int, np.ndarray]:
+        """``v̂_T = C_T M_T x̂`` (a table over T's axes) for every needed subset T of positive rank.
+
+        O(Σ_S |y_S| · #{needed T ⊆ S}): sums of each measured table over the axes ``S∖T``.
+        Raises ``ValueError`` when a needed component has no measurement (``μ_T = 0``).
+        """
+        shape = self.domain_shape
+        d = len(shape)
+        mu = self.weights.strategy_eigenvalues()
+        rank = eigenspace_multiplicities(shape)
+        sizes_out = summed_out_sizes(shape)
+        targets = [int(t) for t in needed if rank[int(t)] > 0]
+        unsupported = [axes_of(t, d) for t in targets if not mu[t] > 0]
+        if unsupported:
+            raise ValueError(f"the strategy measures no marginal covering {unsupported[:3]}")
+        totals = {t: np.zeros(tuple(shape[a] for a in axes_of(t, d))) for t in targets}
+        centred = self.weights.basis == "centred"
+        for mask, table in self._split(y):
+            factor = float(self.weights.weights[mask]) * float(sizes_out[mask])
+            axes = axes_of(mask, d)
+            for t in [mask] if centred else targets:
+                if t not in totals or t & ~mask:
+                    continue
+                summed = tuple(k for k, a in enumerate(axes) if not t >> a & 1)
+                totals[t] += factor * (table.sum(axis=summed) if summed else table)
+        return {t: _centre(total) / float(mu[t]) for t, total in totals.items()}
+
+    def item_unit_variances(
+        self, item: WorkloadItem, workload: Workload | None = None
+    ) -> np.ndarray:
+        """Per-cell variance of a marginal item at unit noise: the same for every cell,
+        ``Σ_{T⊆R} μ_T⁻¹ Π_{i∈T}(1 − 1/n_i) Π_{i∈R∖T} n_i⁻¹ Π_{i∉R} n_i``. O(2^|R| + |M_R|)."""
+        mask = item_subset(item)
+        if mask is None:
+            return super().item_unit_variances(item, workload)
+        shape = self.domain_shape
+        inverse = self._inverse_eigenvalues()
+        outside = math.prod(n for i, n in enumerate(shape) if not mask >> i & 1)
+        variance = 0.0
+        for t in down_closure([mask]):
+            factor = math.prod(
+                (1.0 - 1.0 / shape[i]) if t >> i & 1 else 1.0 / shape[i]
+                for i in axes_of(mask, len(shape))
+            )
+            variance += float(inverse[t]) * factor * outside
+        return np.full(item.num_queries, variance)
+
+    def answers(self, y: np.ndarray, workload: Workload) -> dict[str, np.ndarray]:
+        """Least-squares answers of every (marginal) item: ``M_R x̂ = Σ_{T⊆R} spread(v̂_T)``.
+
+        O(Σ_R 2^|R| |M_R|) after :meth:`components`; never forms the N-vector.
+        """
+        shape = self.domain_shape
+        d = len(shape)
+        kept = {}
+        for item in workload.items:
+            mask = item_subset(item)
+            if mask is None:
+                raise ValueError(f"item {item.name!r} is not a marginal (Identity/Total factors)")
+            kept[item.name] = mask
+        parts = self.components(y, down_closure(kept.values()))
+        out = {}
+        for name, mask in kept.items():
+            axes = axes_of(mask, d)
+            estimate = np.zeros(tuple(shape[a] for a in axes))
+            for t, part in parts.items():
+                if t & ~mask:
+                    continue
+                spread = [shape[a] if t >> a & 1 else 1 for a in axes]
+                divisor = math.prod(shape[a] for a in axes if not t >> a & 1)
+                estimate += part.reshape(spread) / divisor
+            out[name] = estimate.ravel()
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Weights for Laplace noise (the marginals template)
+# ------------------------------------------------------------------------------------------------
+
+
+def l1_template_weights(
+    subset: SubsetWorkload,
+    *,
+    rng: np.random.Generator,
+    restarts: int = RESTARTS,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
+) -> MarginalWeights:
+    """Plain-marginal weights (L1 sensitivity 1) minimising ``Δ₁² Σ_T g_T / μ_T``.
+
+    Candidates: subsets whose marginal has at most as many cells as the workload's largest (so
+    the measurement never outgrows the workload).  L-BFGS-B on the loss divided by its value at
+    the start, which keeps gradients O(1) whatever the domain size (``c_S`` reaches 10¹⁵ on
+    Adult), from the closed-form optimum of measuring each workload marginal on its own
+    (``w_R ∝ |M_R|^{1/3}``) and then ``restarts`` ``Uniform(0, 1)`` points.  One evaluation is
+    O(d 2^d); ``time_limit`` returns the best weights so far.
+    """
+    started = time.perf_counter()
+    deadline = math.inf if time_limit is None else started + time_limit
+    sizes = subset.domain_shape
+    own = sorted(set(subset.own_subsets))
+    cells = subset_cells(sizes)
+    candidates = np.flatnonzero(cells <= cells[own].max())
+    position = {int(mask): k for k, mask in enumerate(candidates)}
+    floor = np.zeros(candidates.size)
+    projections = subset.projections / float(subset.projections.max())
+
+    def full(params: np.ndarray) -> np.ndarray:
+        weights = np.zeros(2 ** len(sizes))
+        weights[candidates] = params
+        return weights
+
+    def raw_loss(params: np.ndarray) -> tuple[float, np.ndarray]:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            loss, gradient = marginals_loss_and_gradient(
+                full(params), projections, sizes, "laplace"
+            )
+        if not (np.isfinite(loss) and np.all(np.isfinite(gradient))):
+            return math.inf, np.zeros_like(params)
+        return float(loss), gradient[candidates]
+
+    def stop_at_deadline(intermediate_result: scipy.optimize.OptimizeResult) -> None:
+        if time.perf_counter() > deadline:
+            raise StopIteration
+
+    first = np.zeros(candidates.size)
+    for mask in own:
+        first[position[mask]] = np.cbrt(cells[mask])
+    first /= first.sum()
+    for mask in own:
+        floor[position[mask]] = _RELATIVE_FLOOR * first.max()
+    best, best_loss = first, raw_loss(first)[0]
+    total_runs = 1 + restarts
+    with threadpoolctl.threadpool_limits(limits=1):
+        for run in range(total_runs):
+            if run > 0 and time.perf_counter() > deadline:
+                break
+            start = first if run == 0 else np.maximum(rng.random(candidates.size), floor)
+            scale = raw_loss(start)[0]
+            if not math.isfinite(scale):
+                continue
+
+            def objective(params: np.ndarray, scale: float = scale) -> tuple[float, np.ndarray]:
+                loss, gradient = raw_loss(params)
+                return loss / scale, gradient / scale
+
+            result = scipy.optimize.minimize(
+                objective,
+                start,
+                jac=True,
+                method="L-BFGS-B",
+                bounds=list(zip(floor, [None] * candidates.size, strict=True)),
+                callback=stop_at_deadline,
+                options={"maxiter": MAX_ITERATIONS, "ftol": 1e-12, "gtol": 1e-9},
+            )
+            loss = raw_loss(np.maximum(result.x, floor))[0]
+            if loss < best_loss:
+                best, best_loss = np.maximum(result.x, floor), loss
+            if progress is not None:
+                progress((run + 1) / total_runs, f"marginals template: start {run + 1}")
+    weights = full(best) / float(best.sum())
+    error = marginals_unit_error(weights, subset.projections, sizes)
+    pruned = np.where(weights >= _PRUNE * weights.max(), weights, 0.0)
+    pruned /= pruned.sum()
+    pruned_error = marginals_unit_error(pruned, subset.projections, sizes)
+    if pruned_error <= error * (1 + 1e-6):
+        weights, error = pruned, pruned_error
+    return MarginalWeights(
+        domain_shape=sizes,
+        basis="marginal",
+        weights=weights,
+        norm=1,
+        unit_total_error=marginals_sensitivity(weights, noise="laplace") ** 2 * error,
+        stopped_early=time.perf_counter() > deadline,
+        seconds=time.perf_counter() - started,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The mechanism
+# ------------------------------------------------------------------------------------------------
+
+
+class MarginalSpaceMechanism(MatrixMechanism):
+    name = "marginal_space"
+    summary = (
+        "weighted marginals measured and reconstructed in marginal space (never the full cell "
+        "vector): HDMM's marginals template for Laplace, subset-space Eigen-Design for Gaussian"
+    )
+    input_kind: ClassVar[InputKind] = "marginals"
+
+    def unavailable_reason(self, request: PlanRequest) -> str | None:
+        d = len(request.workload.domain_shape)
+        if d > MAX_MARGINAL_ATTRIBUTES:
+            return f"at most {MAX_MARGINAL_ATTRIBUTES} attributes (this domain has {d})"
+        for item in request.workload.items:
+            if item_subset(item) is None:
+                return f"answers marginals only; item {item.name!r} has other queries"
+        return None
+
+    def predicted_seconds(self, request: PlanRequest) -> float:
+        # subset projections O(items · 2^d); the L1 template adds ~300 evaluations of O(d 2^d)
+        # per start (~1 ms per 2^14 subsets on one core).
+        d = len(request.workload.domain_shape)
+        seconds = 1e-3 + len(request.workload.items) * 2**d * 1e-7
+        if request.norm == 1:
+            seconds += (1 + RESTARTS) * 300 * d * 2**d * 5e-9
+        return seconds
+
+    def plan(self, request: PlanRequest, *, cache: StrategyCache) -> MarginalSpaceStrategy:
+        reason = self.unavailable_reason(request)
+        if reason is not None:
+            raise CandidateUnavailable(reason)
+        workload = request.workload
+        key = cache_key(self.name, request.workload_fingerprint, {"norm": request.norm})
+        stored = cache.load(key)
+        if stored is not None:
+            weights = MarginalWeights.from_parameters(workload.domain_shape, stored.parameters)
+        else:
+            subset = subset_workload(workload)
+            if request.norm == 2:
+                weights = marginal_weights_l2(
+                    subset, time_limit=request.time_limit or None, progress=request.progress
+                )
+            else:
+                weights = l1_template_weights(
+                    subset,
+                    rng=np.random.default_rng(request.seed),
+                    time_limit=request.time_limit,
+                    progress=request.progress,
+                )
+            cache.save(key, StoredStrategy(parameters=weights.to_parameters()))
+        template = "subset-eigen" if weights.basis == "centred" else "marginals"
+        parameters = {
+            "template": template,
+            "measured_marginals": int(weights.subsets.size),
+            "measured_answers": weights.num_answers,
+            **weights.to_parameters(),
+        }
+        return MarginalSpaceStrategy(name=self.name, weights=weights, parameters=parameters)
+
+
+MECHANISM = MarginalSpaceMechanism()

@@ -1,0 +1,102 @@
+"""Only the registry and the mechanism modules name concrete mechanisms; the pipeline iterates.
+
+Checked by reading the source: in ``catalog/``, ``tasks/``, ``flows/`` and the pure core of
+``mechanisms/`` (protocol, choke point, noise, privacy, operators, workloads, error, bounds), no
+string literal equals a registered mechanism's name and no module that defines a mechanism is
+imported.  The release flow calls its tasks without any branch.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from mechanisms import registry
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE_PACKAGES = ("catalog", "tasks", "flows")
+CORE = (
+    "mechanisms/__init__.py",
+    "mechanisms/protocol.py",
+    "mechanisms/choke_point.py",
+    "mechanisms/noise.py",
+    "mechanisms/privacy.py",
+    "mechanisms/operators.py",
+    "mechanisms/workload.py",
+    "mechanisms/error.py",
+)
+
+
+def _mechanism_modules() -> set[str]:
+    return {type(m).__module__ for m in registry.mechanisms()}
+
+
+def _checked_files() -> list[Path]:
+    files = [p for package in PIPELINE_PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
+    return files + [ROOT / name for name in CORE if (ROOT / name).exists()]
+
+
+def _violations(path: Path, names: set[str], modules: set[str]) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+            found.append(f"line {node.lineno}: the literal {node.value!r}")
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported = {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+            found += [f"line {node.lineno}: imports {m}" for m in sorted(imported & modules)]
+        if isinstance(node, ast.Import):
+            found += [
+                f"line {node.lineno}: imports {alias.name}"
+                for alias in node.names
+                if alias.name in modules
+            ]
+    return found
+
+
+@pytest.mark.parametrize("path", _checked_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_concrete_mechanism_outside_the_registry(path: Path) -> None:
+    found = _violations(path, set(registry.names()), _mechanism_modules())
+    assert not found, f"{path.relative_to(ROOT)} names a concrete mechanism: {found}"
+
+
+def test_the_boundary_check_can_fail(tmp_path: Path) -> None:
+    module = tmp_path / "bad.py"
+    module.write_text(
+        "from mechanisms import dawa_mechanism\nif plan.chosen == 'dawa':\n    pass\n"
+    )
+    found = _violations(module, {"dawa"}, {"mechanisms.dawa_mechanism"})
+    assert sorted(found) == [
+        "line 1: imports mechanisms.dawa_mechanism",
+        "line 2: the literal 'dawa'",
+    ]
+
+
+def test_the_release_flow_has_no_branches() -> None:
+    source = (ROOT / "flows" / "release_flow.py").read_text()
+    function = next(
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef) and node.name == "release_flow"
+    )
+    branches = [
+        node for node in ast.walk(function) if isinstance(node, ast.If | ast.IfExp | ast.Match)
+    ]
+    assert not branches, "the release flow must not branch on the mechanism"
+
+
+def test_every_registered_mechanism_follows_the_protocol() -> None:
+    for mechanism in registry.mechanisms():
+        assert mechanism.model in ("central", "local")
+        assert mechanism.input_kind in ("cells", "responses", "marginals")
+        assert isinstance(mechanism.summary, str) and mechanism.summary
+        for method in ("unavailable_reason", "predicted_seconds", "plan", "evaluate"):
+            assert callable(getattr(mechanism, method)), (mechanism.name, method)
+        for method in ("measure", "reconstruct"):
+            assert callable(getattr(mechanism, method)), (mechanism.name, method)
+        mechanism.options.parse({})  # every option has a default
+        module = sys.modules[type(mechanism).__module__]
+        assert module.MECHANISM is mechanism  # one module, one MECHANISM

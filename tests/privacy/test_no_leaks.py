@@ -1,0 +1,305 @@
+"""No confidential value leaves the choke point when the input is wrong (issue 13, item 1).
+
+Each data-error class is planted with sentinel figures that occur nowhere else: an exact count
+(7919 null ages, 3313 rows of the out-of-domain age 4242, 6661 rows of one person, 2719 rows without
+a person id) or a raw value (age 4242, the text "5077" in an integer column, person id 9433).  The
+errors go through the counting code (in process: the exception, its pickle, the log records) and
+through ``dprelease run`` as a subprocess; then stdout, stderr and every file under the state home,
+the Prefect home (its SQLite database read as bytes), result storage, the user cache and the
+release directory are searched for the sentinels' decimal forms.
+
+The sentinels are real: ``dprelease check`` (the custodian's local view) prints each of them, and
+the scanner finds the old message format ("column 'age' has 7919 null value(s)"), so a leak would
+fail these tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from catalog.check import check_data, format_report
+from catalog.errors import DataError
+from catalog.source import count_cells
+from catalog.spec import load_spec
+
+NORMAL_ROWS = 1000  # in-domain rows in every file: ages 20..69, one person each
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    table: pa.Table
+    sentinels: tuple[int, ...]
+    spec: dict[str, Any]
+    rule: str
+    """What ``run`` must say instead (column and rule), or None when the run succeeds."""
+
+
+def _ages(extra: list[Any], *, type_: pa.DataType = pa.int64()) -> pa.Array:
+    normal = [int(20 + k % 50) for k in range(NORMAL_ROWS)]
+    if type_ == pa.string():
+        normal = [str(v) for v in normal]
+    return pa.array(extra + normal, type_)
+
+
+def _persons(extra: list[Any]) -> pa.Array:
+    return pa.array(extra + [100_000 + k for k in range(NORMAL_ROWS)], pa.int64())
+
+
+def cases() -> list[Case]:
+    bounded = {"privacy_unit": {"person_column": "pid", "max_rows": 5}}
+    return [
+        Case(
+            "nulls",
+            pa.table({"age": _ages([None] * 7919)}),
+            (7919, 7919 + NORMAL_ROWS),
+            {},
+            "column 'age' has null values",
+        ),
+        Case(
+            "out-of-domain",
+            pa.table({"age": _ages([4242] * 3313)}),
+            (4242, 3313, 3313 + NORMAL_ROWS),
+            {},
+            "column 'age' has values outside the public domain integers 0..99",
+        ),
+        Case(
+            "wrong-type",
+            pa.table({"age": _ages(["5077"] * 2221, type_=pa.string())}),
+            (5077, 2221, 2221 + NORMAL_ROWS),
+            {},
+            "column 'age' does not hold integer values",
+        ),
+        Case(
+            "over-the-bound",
+            pa.table({"age": _ages([30] * 6661), "pid": _persons([9433] * 6661)}),
+            (6661, 6661 - 5, 9433, 6661 + NORMAL_ROWS),
+            bounded,
+            "",  # bounding is silent: the release is staged
+        ),
+        Case(
+            "null-person",
+            pa.table({"age": _ages([31] * 2719), "pid": _persons([None] * 2719)}),
+            (2719, 2719 + NORMAL_ROWS),
+            bounded,
+            "person column 'pid' has null values",
+        ),
+    ]
+
+
+CASES = cases()
+ALL_SENTINELS = sorted({s for case in CASES for s in case.sentinels})
+
+
+def leaks(data: bytes, sentinels: tuple[int, ...] | list[int] = ALL_SENTINELS) -> list[str]:
+    """Every decimal form ("7919", "7,919", "7 919", "7_919") of a sentinel standing alone: not
+    inside a longer number, word, hex id or UUID (where 4 digits turn up by chance)."""
+    found = []
+    for value in sentinels:
+        plain = str(value)
+        forms = {plain, f"{value:,}", f"{value:_}", f"{value:,}".replace(",", " ")}
+        for form in forms:
+            pattern = rb"(?<![0-9A-Za-z._\-])" + re.escape(form.encode()) + rb"(?![0-9A-Za-z_\-])"
+            for match in re.finditer(pattern, data):
+                context = data[max(0, match.start() - 60) : match.end() + 60]
+                found.append(f"{form}: ...{context!r}...")
+    return found
+
+
+def write_case(folder: Path, case: Case) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(case.table, folder / f"{case.name}.parquet")
+    spec = {
+        "name": f"leak-{case.name}",
+        "dataset": {
+            "id": f"leak-{case.name}",
+            "source": f"{case.name}.parquet",
+            "budget": {"epsilon": 10.0},
+        },
+        "domain": {"age": {"min": 0, "max": 99}},
+        "workload": [{"name": "ages", "marginal": ["age"]}],
+        "mechanism": "identity",
+        "privacy": {"epsilon": 1.0},
+        **case.spec,
+    }
+    path = folder / f"{case.name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+# --- the scanner and the sentinels can catch a leak ------------------------------------------------
+
+
+def test_the_scanner_finds_a_count_in_the_old_message_format() -> None:
+    assert leaks(b"DataError: column 'age' has 7919 null value(s); the domain")
+    assert leaks(b'{"null_rows": 7919}')
+    assert leaks(b"out of domain: 3,313 rows, e.g. 4242")
+    assert not leaks(b"uuid 0a1b6661-6661-4c3d-8e9f-000000006661 sha 0f6661ab 0.66610 16661")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_custodian_check_shows_every_sentinel(tmp_path: Path, case: Case) -> None:
+    """Power: the planted figures are in the data and computable, so a leak is detectable."""
+    report = format_report(check_data(load_spec(write_case(tmp_path, case))))
+    shown = {int(v) for v in re.findall(r"(?<![\d.])\d[\d,]*(?![\d.])", report.replace(",", ""))}
+    expected = set(case.sentinels) - {6661 - 5, 9433}  # (the id and the dropped rows: not counts)
+    if case.name == "wrong-type":
+        expected = {2221 + NORMAL_ROWS}  # the type is shown, the values of a wrong column are not
+    assert expected <= shown, report
+
+
+# --- the counting code path (in process) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_counting_errors_carry_no_sentinel(
+    tmp_path: Path, case: Case, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = load_spec(write_case(tmp_path, case))
+    caplog.set_level(logging.DEBUG)
+    if not case.rule:
+        result = count_cells(spec)
+        assert not leaks(repr(result).encode(), case.sentinels)
+        assert not leaks(caplog.text.encode(), case.sentinels)
+        return
+    with pytest.raises(DataError) as raised:
+        count_cells(spec)
+    error = raised.value
+    for text in (str(error), repr(error), repr(error.args), caplog.text):
+        assert not leaks(text.encode(), case.sentinels), text
+    assert case.rule in str(error)
+    assert "dprelease check SPEC" in str(error)
+    # what Prefect would persist for a failed task: the pickled exception; and a chained cause
+    assert not leaks(pickle.dumps(error), case.sentinels)
+    for chained in (error.__cause__, error.__context__):
+        if chained is not None and not error.__suppress_context__:
+            assert not leaks(str(chained).encode(), case.sentinels), str(chained)
+
+
+# --- dprelease run (subprocess, shared Prefect server, everything scanned) ------------------------
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    case: Case
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _env(root: Path) -> dict[str, str]:
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_", "DPRELEASE_", "XDG_", "GX_"))
+    }
+    return {
+        **keep,
+        "HOME": str(root / "user"),
+        "XDG_CACHE_HOME": str(root / "user" / "cache"),
+        "DPRELEASE_HOME": str(root / "state"),
+        "PREFECT_HOME": str(root / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def _dprelease(*args: str, root: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("dprelease")), *args],
+        cwd=cwd,
+        env=_env(root),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[RunOutcome]]]:
+    root = tmp_path_factory.mktemp("leaks")
+    data = root / "data"
+    (root / "user").mkdir()
+    outcomes = []
+    try:
+        for case in CASES:
+            spec = write_case(data, case)
+            done = _dprelease(
+                "run", str(spec), "--out", str(root / "releases"), root=root, cwd=data
+            )
+            outcomes.append(RunOutcome(case, done.returncode, done.stdout, done.stderr))
+    finally:
+        # the shared server flushes and stops: the database is complete when scanned
+        _dprelease("server", "stop", root=root, cwd=data)
+    yield root, outcomes
+
+
+@pytest.mark.flow
+def test_run_reports_each_problem_by_column_and_rule(
+    runs: tuple[Path, list[RunOutcome]],
+) -> None:
+    _, outcomes = runs
+    for outcome in outcomes:
+        where = f"{outcome.case.name}: {outcome.stdout}\n{outcome.stderr}"
+        if outcome.case.rule:
+            assert outcome.returncode == 2, where
+            assert outcome.case.rule in outcome.stderr, where
+            assert "dprelease check SPEC" in outcome.stderr, where
+        else:
+            assert outcome.returncode == 0, where
+            assert "release id:" in outcome.stdout, where
+
+
+@pytest.mark.flow
+def test_run_output_carries_no_sentinel(runs: tuple[Path, list[RunOutcome]]) -> None:
+    _, outcomes = runs
+    for outcome in outcomes:
+        for stream in (outcome.stdout, outcome.stderr):
+            assert not leaks(stream.encode()), f"{outcome.case.name}: {stream}"
+
+
+@pytest.mark.flow
+def test_no_file_written_by_run_carries_a_sentinel(runs: tuple[Path, list[RunOutcome]]) -> None:
+    root, _ = runs
+    scanned = {"prefect database": 0, "release files": 0, "state files": 0}
+    found = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.is_relative_to(root / "data"):
+            continue  # the confidential input and the specs themselves
+        content = path.read_bytes()
+        if path.name.startswith("prefect.db"):
+            scanned["prefect database"] += len(content)
+        elif path.is_relative_to(root / "releases"):
+            scanned["release files"] += 1
+        elif path.is_relative_to(root / "state"):
+            scanned["state files"] += 1
+        found += [f"{path.relative_to(root)}: {hit}" for hit in leaks(content)]
+    assert not found, "\n".join(found)
+    # the scan covered what it claims: Prefect's database, a staged release, the state home
+    assert scanned["prefect database"] > 100_000 and scanned["release files"] >= 3, scanned
+    assert scanned["state files"] >= 1, scanned
+
+
+def test_sentinels_are_distinct_from_the_normal_rows() -> None:
+    """No sentinel is a figure the normal part of a file produces (ages 20..69, 20 rows each)."""
+    normal = set(range(20, 70)) | {NORMAL_ROWS, NORMAL_ROWS // 50}
+    assert not normal & set(ALL_SENTINELS)
+    assert np.all(np.asarray(ALL_SENTINELS) > 999)

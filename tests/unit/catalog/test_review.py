@@ -1,0 +1,338 @@
+"""Audited review (``catalog.review``): idempotent approval and normalised reviewer names.
+
+A staged release is built by hand (a table, validation results, a report, a manifest recorded in
+the catalog, one ledger charge) so these tests depend only on the catalog and artifacts layers.  The
+report renderer is replaced by one that writes the review trail it was given, so each test can see
+that the report was re-rendered with the decision.  Crashes are simulated at each step of an
+approval; re-running the approval must finish the publication without a second review record.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from catalog import artifacts
+from catalog import review as review_module
+from catalog.artifacts import verify
+from catalog.errors import CatalogError, VerificationError
+from catalog.ledger import Catalog
+from catalog.review import review
+from mechanisms.privacy import PrivacyCost
+from tests.privacy.test_stuck_releases import measuring
+
+RELEASE = "rel-1"
+
+
+class SimulatedCrash(Exception):
+    pass
+
+
+def fake_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) -> None:
+    (directory / "report.html").write_text(
+        "<html>" + json.dumps(manifest["review"], sort_keys=True) + "</html>"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Staged:
+    catalog: Catalog
+    directory: Path
+    published: Path
+    input_path: Path
+
+
+def build_staged(root: Path, *, release_id: str = RELEASE) -> Staged:
+    """A staged release under ``root/releases`` whose catalog is ``root/catalog.db``."""
+    catalog = Catalog(f"sqlite:///{root}/catalog.db")
+    catalog.ensure_dataset("ds", cap=PrivacyCost(measure="pure", epsilon=2.0))
+    measuring(catalog, release_id)  # registered and charged 0.5
+    input_path = root / "input.parquet"
+    pq.write_table(pa.table({"age": [1, 2, 3]}), input_path)
+    from catalog.source import content_fingerprint
+
+    directory = root / "releases" / release_id
+    (directory / "tables").mkdir(parents=True)
+    (directory / "validation").mkdir()
+    pq.write_table(pa.table({"estimate": [1.0, 2.0]}), directory / "tables" / "t.parquet")
+    (directory / "validation" / "results.json").write_text(json.dumps({"success": True}))
+    [entry] = [e for e in catalog.ledger_entries("ds") if e.release_id == release_id]
+    manifest = {
+        "release_id": release_id,
+        "dataset_id": "ds",
+        "tables": ["t"],
+        "input_fingerprint": content_fingerprint((str(input_path),), None, key=catalog.key),
+        artifacts.MANIFEST_KEY_ID: catalog.fingerprint_key_id(),
+        artifacts.MANIFEST_CHAIN_HEAD: catalog.chain_head("ds").as_dict(),
+        "ledger_receipts": [entry.receipt()],
+        "review": {"status": "staged", "trail": []},
+    }
+    fake_report(directory, manifest, catalog)
+    digest = artifacts.write_manifest(directory, manifest)
+    catalog.update_release(
+        release_id, status="staged", directory=str(directory), manifest_sha256=digest
+    )
+    return Staged(
+        catalog=catalog,
+        directory=directory,
+        published=root / "published" / release_id,
+        input_path=input_path,
+    )
+
+
+@pytest.fixture
+def staged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Staged:
+    monkeypatch.setattr(review_module, "write_report", fake_report)
+    return build_staged(tmp_path)
+
+
+def manifest_of(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / "manifest.json").read_text())
+
+
+def record_approval(staged: Staged) -> None:
+    staged.catalog.record_review(
+        RELEASE,
+        decision="approved",
+        reviewer="Ada",
+        note="looks right",
+        published_directory=str(staged.published.resolve()),
+    )
+
+
+def approve(staged: Staged, reviewer: str = "Ada", **kwargs: Any) -> dict[str, Any]:
+    return review(
+        staged.catalog, RELEASE, approve=True, reviewer=reviewer, note="looks right", **kwargs
+    )
+
+
+def assert_published_once(staged: Staged, reviewer: str = "Ada") -> None:
+    record = staged.catalog.release(RELEASE)
+    assert record.status == "published"
+    assert record.published_directory == str(staged.published.resolve())
+    assert [(r.decision, r.reviewer) for r in staged.catalog.reviews(RELEASE)] == [
+        ("approved", reviewer)
+    ]
+    for directory in (staged.directory, staged.published):
+        manifest = manifest_of(directory)
+        assert manifest["review"]["status"] == "published"
+        assert [(t["decision"], t["reviewer"]) for t in manifest["review"]["trail"]] == [
+            ("approved", reviewer)
+        ]
+        assert f'"reviewer": "{reviewer}"' in (directory / "report.html").read_text()
+        assert verify(directory, staged.catalog) == []
+    assert not list(staged.published.parent.glob(".*partial*"))
+
+
+# --- the normal paths ------------------------------------------------------------------------------------
+
+
+def test_staged_release_verifies(staged: Staged) -> None:
+    assert verify(staged.directory, staged.catalog) == []
+
+
+def test_approval_publishes_a_copy(staged: Staged) -> None:
+    result = approve(staged)
+    assert result == {
+        "release_id": RELEASE,
+        "status": "published",
+        "published_directory": str(staged.published.resolve()),
+    }
+    assert_published_once(staged)
+
+
+def test_rejection_keeps_the_release_unpublished(staged: Staged) -> None:
+    result = review(staged.catalog, RELEASE, approve=False, reviewer="Bob", note="too noisy")
+    assert result == {"release_id": RELEASE, "status": "rejected"}
+    assert manifest_of(staged.directory)["review"]["status"] == "rejected"
+    assert not staged.published.exists()
+    assert staged.catalog.spent("ds") == PrivacyCost(measure="pure", epsilon=0.5)
+    assert verify(staged.directory, staged.catalog) == []
+    with pytest.raises(CatalogError, match=r"is rejected; only a staged release can be reviewed"):
+        approve(staged)
+
+
+def test_approval_is_refused_before_recording_when_the_target_exists(staged: Staged) -> None:
+    staged.published.mkdir(parents=True)
+    with pytest.raises(
+        CatalogError, match=r"published copy .* already exists; refusing to overwrite"
+    ):
+        approve(staged)
+    assert staged.catalog.release(RELEASE).status == "staged"
+    assert staged.catalog.reviews(RELEASE) == []
+
+
+# --- crashes during an approval, then the same approval again -------------------------------------------
+
+
+def test_crash_between_approval_and_publication(
+    staged: Staged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def crash(directory: Path, destination: Path) -> Path:
+        raise SimulatedCrash("power cut")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(artifacts, "publish", crash)
+        with pytest.raises(SimulatedCrash):
+            approve(staged)
+    record = staged.catalog.release(RELEASE)
+    assert record.status == "approved" and not staged.published.exists()
+    with pytest.raises(VerificationError, match=r"is approved but its publication did not finish"):
+        verify(staged.directory, staged.catalog)
+    result = approve(staged, reviewer="Somebody Else")  # the recorded decision stands
+    assert result["status"] == "published"
+    assert_published_once(staged)
+
+
+def test_crash_right_after_the_decision_was_recorded(staged: Staged) -> None:
+    """Nothing but the catalog's review record was written; an interrupted copy was left behind."""
+    record_approval(staged)  # as the first attempt did before it crashed
+    leftover = staged.published.parent / f".{RELEASE}.partial-deadbeef"
+    (leftover / "tables").mkdir(parents=True)
+    (leftover / "tables" / "t.parquet").write_bytes(b"half a file")
+    assert manifest_of(staged.directory)["review"]["trail"] == []
+    approve(staged)
+    assert_published_once(staged)
+    assert not leftover.exists()
+
+
+def test_crash_after_the_copy_before_the_status(
+    staged: Staged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = Catalog.update_release
+
+    def crash_on_publish(self: Catalog, release_id: str, **values: Any) -> None:
+        if values.get("status") == "published":
+            raise SimulatedCrash("killed")
+        original(self, release_id, **values)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Catalog, "update_release", crash_on_publish)
+        with pytest.raises(SimulatedCrash):
+            approve(staged)
+    assert staged.catalog.release(RELEASE).status == "approved"
+    assert staged.published.is_dir()  # the complete copy is there
+    approve(staged)
+    assert_published_once(staged)
+
+
+def test_approving_a_published_release_again_changes_nothing(staged: Staged) -> None:
+    first = approve(staged)
+    manifest = (staged.published / "manifest.json").read_bytes()
+    assert approve(staged, reviewer="Bob") == first
+    assert (staged.published / "manifest.json").read_bytes() == manifest
+    assert_published_once(staged)
+
+
+def test_approved_release_cannot_be_rejected(staged: Staged) -> None:
+    staged.catalog.record_review(RELEASE, decision="approved", reviewer="Ada", note="")
+    with pytest.raises(
+        CatalogError, match=r"release 'rel-1' is approved; an approved release cannot be rejected"
+    ):
+        review(staged.catalog, RELEASE, approve=False, reviewer="Bob", note="")
+    assert len(staged.catalog.reviews(RELEASE)) == 1
+
+
+def test_resumed_approval_keeps_its_publication_target(staged: Staged, tmp_path: Path) -> None:
+    record_approval(staged)  # as the first attempt did before it crashed
+    with pytest.raises(
+        CatalogError,
+        match=r"was approved for publication to .*published; re-run without --publish-dir",
+    ):
+        approve(staged, publish_dir=tmp_path / "elsewhere")
+    assert not (tmp_path / "elsewhere").exists()
+    approve(staged, publish_dir=staged.published.parent)  # the same place is fine
+    assert_published_once(staged)
+
+
+def test_crash_during_a_rejection_is_finished_by_rejecting_again(staged: Staged) -> None:
+    staged.catalog.record_review(RELEASE, decision="rejected", reviewer="Bob", note="no")
+    assert manifest_of(staged.directory)["review"]["status"] == "staged"
+    review(staged.catalog, RELEASE, approve=False, reviewer="Bob", note="no")
+    review(staged.catalog, RELEASE, approve=False, reviewer="Bob", note="no")
+    manifest = manifest_of(staged.directory)
+    assert manifest["review"]["status"] == "rejected"
+    assert [t["decision"] for t in manifest["review"]["trail"]] == ["rejected"]
+    assert len(staged.catalog.reviews(RELEASE)) == 1
+    assert verify(staged.directory, staged.catalog) == []
+
+
+def test_approval_without_a_review_record_is_reported(staged: Staged) -> None:
+    staged.catalog.update_release(RELEASE, status="approved")  # edited outside dprelease
+    with pytest.raises(
+        CatalogError, match=r"is approved but the catalog holds no such review record"
+    ):
+        approve(staged)
+
+
+# --- reviewer names ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "recorded"),
+    [("Ada", "Ada"), ("  Ada Lovelace\t", "Ada Lovelace"), ("Ａｄａ", "Ada"), ("ﬁona", "fiona")],
+    ids=["plain", "padded", "fullwidth", "ligature"],
+)
+def test_reviewer_name_is_nfkc_normalised(staged: Staged, given: str, recorded: str) -> None:
+    approve(staged, reviewer=given)
+    assert_published_once(staged, reviewer=recorded)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (
+            "\u200b",
+            r"reviewer '\\u200b' must be printable text: character U\+200B \(ZERO WIDTH SPACE\) at position 0 is not printable",
+        ),
+        (
+            "Ada\u202eecilA",
+            r"character U\+202E \(RIGHT-TO-LEFT OVERRIDE\) at position 3 is not printable",
+        ),
+        ("Ada\nLovelace", r"character U\+000A \(unnamed\) at position 3 is not printable"),
+        ("", r"reviewer must name a person \(got an empty string\)"),
+        ("\u3000 ", r"reviewer must name a person"),
+        ("A" * 129, r"reviewer must be at most 128 characters \(got 129\)"),
+    ],
+    ids=["zero-width-space", "bidi-override", "newline", "empty", "ideographic-space", "too-long"],
+)
+def test_unprintable_or_empty_reviewer_is_refused(staged: Staged, given: str, message: str) -> None:
+    with pytest.raises(CatalogError, match=message):
+        approve(staged, reviewer=given)
+    assert staged.catalog.release(RELEASE).status == "staged"
+    assert staged.catalog.reviews(RELEASE) == []
+    assert not staged.published.exists()
+
+
+def test_catalog_refuses_an_unprintable_reviewer_too(staged: Staged) -> None:
+    with pytest.raises(CatalogError, match=r"U\+200B"):
+        staged.catalog.record_review(RELEASE, decision="approved", reviewer="\u200b", note="")
+    assert staged.catalog.reviews(RELEASE) == []
+
+
+def test_published_copy_is_complete_or_absent(
+    staged: Staged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+    real_copytree = shutil.copytree
+
+    def failing_copy(source: Path, target: Path) -> None:
+        calls.append(target)
+        real_copytree(source / "tables", Path(target) / "tables")
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(artifacts.shutil, "copytree", failing_copy)
+        with pytest.raises(CatalogError, match=r"publishing rel-1 to .* failed: disk full"):
+            approve(staged)
+    assert calls and not staged.published.exists()
+    assert not list(staged.published.parent.glob(".*"))  # the partial copy was removed
+    approve(staged)
+    assert_published_once(staged)
