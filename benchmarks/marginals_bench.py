@@ -3,16 +3,18 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/marginals_bench.py                  # 2-way and 3-way, 3 repeats
-    .venv/bin/python benchmarks/marginals_bench.py --degrees 2 --repeats 5
+    .venv/bin/python benchmarks/marginals_bench.py --degrees 2 --repeats 5 --mechanism auto
 
-For each degree k, a spec over Adult's 14 attributes (the private-pgm domain: 6.4·10¹⁷ cells)
-asks for all k-way marginals (one ``marginals`` workload item) with ``mechanism:
-marginal_space`` at ε = 1, and one release runs in-process through the pipeline's stage
-functions (no Prefect: "beyond orchestration").  Printed per stage: seconds and peak MB (numpy /
-Python via tracemalloc plus Arrow's pool), with the process's peak RSS at the end.
+For each degree k, the bundled ``flows/examples/adult-marginals.yaml`` (Adult's 14 attributes,
+the private-pgm domain: 6.4·10¹⁷ cells) asks for all k-way marginals (one ``marginals`` item)
+at ε = 1, with ``--mechanism`` (default ``marginal_space``; ``auto`` also plans every other
+candidate), and one release runs in-process through ``pipeline_bench.release_stages`` (the
+pipeline's stage functions, no Prefect: "beyond orchestration").  Stages are timed without
+tracemalloc (it slows Python-heavy stages such as GX validation ~4×); memory is the process's
+peak RSS so far, the figure the 2 GB target is about.
 
-Accuracy, over ``--repeats`` releases (each charges ε = 1 to a benchmark-only catalog; the input
-is counted once): total squared error of all released tables against the true marginals,
+Accuracy, over ``--repeats`` more releases (each charges ε = 1 to a benchmark-only catalog; the
+input is counted once): total squared error of all released tables against the true marginals,
 against (a) the plan's predicted total variance and (b) the baseline of measuring each marginal
 separately with Laplace noise at ε/K (K tables), both its expected value 2(K/ε)²·cells and one
 draw made here.  std_error honesty: mean over cells of ((estimate − truth)/std_error)².  The
@@ -27,68 +29,50 @@ import os
 import resource
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from pipeline_bench import (  # noqa: E402  (a sibling script)
-    ADULT,
-    baseline_group_by,
-    baseline_numpy_noise,
-    measured,
-    print_rows,
-    write_spec,
-)
+import pipeline_bench  # noqa: E402  (a sibling script)
 
-ADULT_SIZES = {
-    "age": 85,
-    "workclass": 9,
-    "fnlwgt": 100,
-    "education-num": 16,
-    "marital-status": 7,
-    "occupation": 15,
-    "relationship": 6,
-    "race": 5,
-    "sex": 2,
-    "capital-gain": 100,
-    "capital-loss": 100,
-    "hours-per-week": 99,
-    "native-country": 42,
-    "income>50K": 2,
-}
-"""private-pgm's ``adult-domain.json`` sizes (anchors.md §3); codes are 0..n−1."""
+EXAMPLE = ROOT / "flows" / "examples" / "adult-marginals.yaml"
 EPSILON = 1.0
 
 
-def adult_marginals_spec(home: Path, degree: int) -> Path:
-    return write_spec(
-        home,
-        f"bench-adult-{degree}way",
-        {
-            "dataset": {
-                "id": "bench-adult-marginals",
-                "source": str(ADULT),
-                "budget": {"epsilon": 1000},
-            },
-            "domain": {name: {"min": 0, "max": n - 1} for name, n in ADULT_SIZES.items()},
-            "workload": [{"name": "m", "marginals": {"attributes": "all", "degree": degree}}],
-            "mechanism": "marginal_space",
-            "privacy": {"epsilon": EPSILON},
-        },
-    )
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def timed(function: Callable[[], Any]) -> tuple[Any, float, float]:
+    """(value, wall seconds, peak RSS MB so far): ``pipeline_bench.measured`` without tracing."""
+    started = time.perf_counter()
+    value = function()
+    return value, time.perf_counter() - started, peak_rss_mb()
+
+
+def adult_marginals_spec(home: Path, degree: int, mechanism: str) -> Path:
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["dataset"].update(id="bench-adult-marginals", source=str(pipeline_bench.ADULT))
+    body["dataset"]["budget"] = {"epsilon": 1000}
+    body["workload"] = [{"name": "m", "marginals": {"attributes": "all", "degree": degree}}]
+    body.update(mechanism=mechanism, privacy={"epsilon": EPSILON})
+    return pipeline_bench.write_spec(home, f"{body.pop('name')}-{degree}way", body)
 
 
 def true_marginals(workload: Any, names: list[str]) -> dict[str, np.ndarray]:
     """Exact marginal counts of the public example file, per workload item (benchmark only)."""
     from mechanisms.marginals_mechanism import axes_of, item_subset
 
-    data = pq.read_table(ADULT, columns=names)
+    data = pq.read_table(pipeline_bench.ADULT, columns=names)
     codes = [data[name].to_numpy().astype(np.int64) for name in names]
     shape = workload.domain_shape
     truth = {}
@@ -100,89 +84,40 @@ def true_marginals(workload: Any, names: list[str]) -> dict[str, np.ndarray]:
     return truth
 
 
-def run_case(home: Path, degree: int, *, repeats: int) -> None:
+def run_case(home: Path, degree: int, *, repeats: int, mechanism: str) -> None:
     from catalog import release
     from catalog.ledger import Catalog
     from catalog.planning import make_plan
     from catalog.spec import load_spec
 
-    spec_path = adult_marginals_spec(home, degree)
-    catalog = Catalog(f"sqlite:///{home / 'bench-catalog.db'}")
-    rows = []
-    spec, seconds, memory = measured(lambda: load_spec(spec_path))
-    rows.append(("load spec", seconds, memory, "", 0.0))
-    plan, seconds, memory = measured(lambda: make_plan(spec))
-    rows.append((f"plan ({plan.chosen}, cold)", seconds, memory, "", 0.0))
-    release_id = release.new_release_id(spec)
-    before, seconds, memory = measured(
-        lambda: release.register(spec, plan, catalog, release_id=release_id)
-    )
-    rows.append(("check budget + register", seconds, memory, "", 0.0))
-    ingested, seconds, memory = measured(lambda: release.ingest(spec, plan, catalog))
-    rows.append(
-        (
-            "ingest (read, check, count marginals)",
-            seconds,
-            memory,
-            "pyarrow group_by",
-            baseline_group_by(spec_path),
-        )
-    )
-    measurement, seconds, memory = measured(
-        lambda: release.measure(ingested, spec, plan, catalog, release_id=release_id)
-    )
-    rows.append(
-        (
-            "measure (charge + noise)",
-            seconds,
-            memory,
-            "numpy laplace",
-            baseline_numpy_noise(plan.strategy.num_queries),
-        )
-    )
-    tables, seconds, memory = measured(lambda: release.reconstruct(spec, plan, measurement))
-    rows.append(("reconstruct (marginal-space least squares)", seconds, memory, "", 0.0))
-    directory = release.release_directory(home / "out", release_id)
-    validation, seconds, memory = measured(
-        lambda: release.validate(tables, plan, directory=directory)
-    )
-    rows.append(("validate (GX)", seconds, memory, "", 0.0))
-    _, seconds, memory = measured(
-        lambda: release.stage(
-            spec=spec,
-            plan=plan,
-            release_id=release_id,
-            directory=directory,
-            ingested=ingested,
-            measurement=measurement,
-            tables=tables,
-            validation=validation,
-            spent_before=before,
-            catalog=catalog,
-        )
-    )
-    rows.append(("stage (manifest + report)", seconds, memory, "", 0.0))
+    spec_path = adult_marginals_spec(home, degree, mechanism)
+    pipeline_bench.measured = timed  # the stage runner's timer, without tracemalloc
+    # identity cannot plan 6.4e17 cells (plan-only), so the plan stage has no baseline here
+    pipeline_bench.baseline_identity_plan = lambda _path: 0.0
+    rows = pipeline_bench.release_stages(spec_path, home)
+    run_seconds = sum(row[1] for row in rows)
+    peak_rss = peak_rss_mb()
+    spec = load_spec(spec_path)
+    plan = make_plan(spec)  # the strategy store's copy of the plan just timed
     workload = plan.workload
     k = len(workload.items)
-    print_rows(
+    pipeline_bench.print_rows(
         f"run: all {degree}-way marginals of Adult ({k} tables, {workload.num_queries:,} cells; "
         f"{plan.strategy.num_queries:,} noisy answers over {len(plan.strategy.marginal_subsets)} "
-        "marginals)",
+        f"marginals); peak MB = process peak RSS so far",
         rows,
     )
-    run_seconds = sum(r[1] for r in rows)
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB → MiB on Linux
-
+    catalog = Catalog(f"sqlite:///{home / 'bench-catalog.db'}")
+    ingested = release.ingest(spec, plan, catalog)
     truth = true_marginals(workload, list(spec.domain))
     cells = sum(t.size for t in truth.values())
     predicted = plan.candidate(plan.chosen).total_variance or math.nan
     errors, honesty = [], []
-    for repeat in range(repeats):
-        if repeat:
-            release_id = release.new_release_id(spec)
-            release.register(spec, plan, catalog, release_id=release_id)
-            measurement = release.measure(ingested, spec, plan, catalog, release_id=release_id)
-            tables = release.reconstruct(spec, plan, measurement)
+    for _ in range(repeats):
+        release_id = release.new_release_id(spec)
+        release.register(spec, plan, catalog, release_id=release_id)
+        measurement = release.measure(ingested, spec, plan, catalog, release_id=release_id)
+        tables = release.reconstruct(spec, plan, measurement)
         squared, z2 = 0.0, 0.0
         for name, table in tables.items():
             diff = table["estimate"].to_numpy() - truth[name]
@@ -242,12 +177,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--degrees", default="2,3", help="comma-separated marginal degrees")
     parser.add_argument("--repeats", type=int, default=3, help="releases for the accuracy figures")
+    parser.add_argument("--mechanism", default="marginal_space", help="the spec's mechanism")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dprelease-marginals-bench-") as tmp:
         home = Path(tmp)
         os.environ["DPRELEASE_HOME"] = str(home / "state")
         for degree in (int(part) for part in options.degrees.split(",") if part):
-            run_case(home, degree, repeats=options.repeats)
+            run_case(home, degree, repeats=options.repeats, mechanism=options.mechanism)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ For a workload whose every item is a marginal (each factor ``Identity`` or ``Tot
 one weight per attribute subset (``reference/marginals.md``; bit i of a subset = attribute i):
 
 * Laplace noise (ε-DP, L1): HDMM's marginals template, weights ``w_S`` of plain marginals ``M_S``
-  (``Δ₁ = Σ w_S``), optimised over the subsets no larger than the workload's largest marginal;
+  (``Δ₁ = Σ w_S``), :func:`mechanisms.marginal_strategies.marginal_weights_l1`;
 * Gaussian noise (ρ-zCDP, (ε, δ), L2): Eigen-Design in subset space (centred marginals, closed
   form, equal to the SVD bound), :func:`mechanisms.marginal_strategies.marginal_weights_l2`.
 
@@ -27,19 +27,17 @@ the workload fingerprint); the data are read only by the choke point.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import scipy.optimize
-import threadpoolctl
 
 from mechanisms.marginal_strategies import (
+    DEFAULT_L1_RESTARTS,
     MarginalWeights,
     SubsetStrategy,
-    SubsetWorkload,
+    marginal_weights_l1,
     marginal_weights_l2,
     subset_workload,
 )
@@ -47,9 +45,6 @@ from mechanisms.operators import Identity, Total
 from mechanisms.optimized_marginals import (
     MAX_MARGINAL_ATTRIBUTES,
     eigenspace_multiplicities,
-    marginals_loss_and_gradient,
-    marginals_sensitivity,
-    marginals_unit_error,
     summed_out_sizes,
 )
 from mechanisms.protocol import (
@@ -57,18 +52,13 @@ from mechanisms.protocol import (
     InputKind,
     MatrixMechanism,
     PlanRequest,
-    Progress,
     StoredStrategy,
     StrategyCache,
     cache_key,
 )
 from mechanisms.workload import Workload, WorkloadItem
 
-RESTARTS = 2
-"""Random starts of the L1 template after the closed-form start (public rng from the seed)."""
-MAX_ITERATIONS = 2000
-_RELATIVE_FLOOR = 1e-9  # lower bound of the workload's own weights (keeps every μ_T > 0)
-_PRUNE = 1e-4  # weights below this fraction of the largest are dropped when that costs < 1e-6
+_MIN_TIME_LIMIT = 1e-3  # an expired planning budget still lets the template take one step
 
 
 # ------------------------------------------------------------------------------------------------
@@ -111,14 +101,6 @@ def down_closure(masks: Iterable[int]) -> list[int]:
                 break
             sub = (sub - 1) & mask
     return sorted(closed)
-
-
-def subset_cells(domain_shape: Sequence[int]) -> np.ndarray:
-    """``Π_{i∈S} n_i`` (cells of the S-marginal) for every bitmask S. O(2^d)."""
-    out = np.ones(1)
-    for n in domain_shape:
-        out = np.concatenate([out, out * float(n)])
-    return out
 
 
 def marginal_of(x: np.ndarray, domain_shape: tuple[int, ...], axes: tuple[int, ...]) -> np.ndarray:
@@ -262,109 +244,6 @@ class MarginalSpaceStrategy(SubsetStrategy):
 
 
 # ------------------------------------------------------------------------------------------------
-# Weights for Laplace noise (the marginals template)
-# ------------------------------------------------------------------------------------------------
-
-
-def l1_template_weights(
-    subset: SubsetWorkload,
-    *,
-    rng: np.random.Generator,
-    restarts: int = RESTARTS,
-    time_limit: float | None = None,
-    progress: Progress | None = None,
-) -> MarginalWeights:
-    """Plain-marginal weights (L1 sensitivity 1) minimising ``Δ₁² Σ_T g_T / μ_T``.
-
-    Candidates: subsets whose marginal has at most as many cells as the workload's largest (so
-    the measurement never outgrows the workload).  L-BFGS-B on the loss divided by its value at
-    the start, which keeps gradients O(1) whatever the domain size (``c_S`` reaches 10¹⁵ on
-    Adult), from the closed-form optimum of measuring each workload marginal on its own
-    (``w_R ∝ |M_R|^{1/3}``) and then ``restarts`` ``Uniform(0, 1)`` points.  One evaluation is
-    O(d 2^d); ``time_limit`` returns the best weights so far.
-    """
-    started = time.perf_counter()
-    deadline = math.inf if time_limit is None else started + time_limit
-    sizes = subset.domain_shape
-    own = sorted(set(subset.own_subsets))
-    cells = subset_cells(sizes)
-    candidates = np.flatnonzero(cells <= cells[own].max())
-    position = {int(mask): k for k, mask in enumerate(candidates)}
-    floor = np.zeros(candidates.size)
-    projections = subset.projections / float(subset.projections.max())
-
-    def full(params: np.ndarray) -> np.ndarray:
-        weights = np.zeros(2 ** len(sizes))
-        weights[candidates] = params
-        return weights
-
-    def raw_loss(params: np.ndarray) -> tuple[float, np.ndarray]:
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            loss, gradient = marginals_loss_and_gradient(
-                full(params), projections, sizes, "laplace"
-            )
-        if not (np.isfinite(loss) and np.all(np.isfinite(gradient))):
-            return math.inf, np.zeros_like(params)
-        return float(loss), gradient[candidates]
-
-    def stop_at_deadline(intermediate_result: scipy.optimize.OptimizeResult) -> None:
-        if time.perf_counter() > deadline:
-            raise StopIteration
-
-    first = np.zeros(candidates.size)
-    for mask in own:
-        first[position[mask]] = np.cbrt(cells[mask])
-    first /= first.sum()
-    for mask in own:
-        floor[position[mask]] = _RELATIVE_FLOOR * first.max()
-    best, best_loss = first, raw_loss(first)[0]
-    total_runs = 1 + restarts
-    with threadpoolctl.threadpool_limits(limits=1):
-        for run in range(total_runs):
-            if run > 0 and time.perf_counter() > deadline:
-                break
-            start = first if run == 0 else np.maximum(rng.random(candidates.size), floor)
-            scale = raw_loss(start)[0]
-            if not math.isfinite(scale):
-                continue
-
-            def objective(params: np.ndarray, scale: float = scale) -> tuple[float, np.ndarray]:
-                loss, gradient = raw_loss(params)
-                return loss / scale, gradient / scale
-
-            result = scipy.optimize.minimize(
-                objective,
-                start,
-                jac=True,
-                method="L-BFGS-B",
-                bounds=list(zip(floor, [None] * candidates.size, strict=True)),
-                callback=stop_at_deadline,
-                options={"maxiter": MAX_ITERATIONS, "ftol": 1e-12, "gtol": 1e-9},
-            )
-            loss = raw_loss(np.maximum(result.x, floor))[0]
-            if loss < best_loss:
-                best, best_loss = np.maximum(result.x, floor), loss
-            if progress is not None:
-                progress((run + 1) / total_runs, f"marginals template: start {run + 1}")
-    weights = full(best) / float(best.sum())
-    error = marginals_unit_error(weights, subset.projections, sizes)
-    pruned = np.where(weights >= _PRUNE * weights.max(), weights, 0.0)
-    pruned /= pruned.sum()
-    pruned_error = marginals_unit_error(pruned, subset.projections, sizes)
-    if pruned_error <= error * (1 + 1e-6):
-        weights, error = pruned, pruned_error
-    return MarginalWeights(
-        domain_shape=sizes,
-        basis="marginal",
-        weights=weights,
-        norm=1,
-        unit_total_error=marginals_sensitivity(weights, noise="laplace") ** 2 * error,
-        stopped_early=time.perf_counter() > deadline,
-        seconds=time.perf_counter() - started,
-    )
-
-
-# ------------------------------------------------------------------------------------------------
 # The mechanism
 # ------------------------------------------------------------------------------------------------
 
@@ -392,7 +271,7 @@ class MarginalSpaceMechanism(MatrixMechanism):
         d = len(request.workload.domain_shape)
         seconds = 1e-3 + len(request.workload.items) * 2**d * 1e-7
         if request.norm == 1:
-            seconds += (1 + RESTARTS) * 300 * d * 2**d * 5e-9
+            seconds += (1 + DEFAULT_L1_RESTARTS) * 300 * d * 2**d * 5e-9
         return seconds
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> MarginalSpaceStrategy:
@@ -406,15 +285,15 @@ class MarginalSpaceMechanism(MatrixMechanism):
             weights = MarginalWeights.from_parameters(workload.domain_shape, stored.parameters)
         else:
             subset = subset_workload(workload)
+            limit = request.time_limit
+            limit = None if limit is None else max(limit, _MIN_TIME_LIMIT)
             if request.norm == 2:
-                weights = marginal_weights_l2(
-                    subset, time_limit=request.time_limit or None, progress=request.progress
-                )
+                weights = marginal_weights_l2(subset, time_limit=limit, progress=request.progress)
             else:
-                weights = l1_template_weights(
+                weights = marginal_weights_l1(
                     subset,
                     rng=np.random.default_rng(request.seed),
-                    time_limit=request.time_limit,
+                    time_limit=limit,
                     progress=request.progress,
                 )
             cache.save(key, StoredStrategy(parameters=weights.to_parameters()))

@@ -23,6 +23,10 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "300"
 os.environ["PREFECT_UI_ENABLED"] = "false"
 os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)
+# a shared local server started by a CLI test stops itself soon after the session (tests that start
+# one also stop it by PID); the cache of migrated Prefect databases stays inside the temp home
+os.environ["DPRELEASE_SERVER_IDLE_SECONDS"] = "60"
+os.environ["DPRELEASE_CACHE_DIR"] = os.path.join(_HOME, "cache")
 os.environ.pop("DPRELEASE_CATALOG_URL", None)
 os.environ.pop("PREFECT_API_URL", None)
 

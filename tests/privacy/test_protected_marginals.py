@@ -12,12 +12,12 @@ import pytest
 
 from mechanisms import noise
 from mechanisms.choke_point import ProtectedCells, ProtectedMarginals
-from mechanisms.marginal_strategies import marginal_weights_l2, subset_workload
-from mechanisms.marginals_mechanism import (
-    MarginalSpaceStrategy,
-    l1_template_weights,
-    marginal_of,
+from mechanisms.marginal_strategies import (
+    marginal_weights_l1,
+    marginal_weights_l2,
+    subset_workload,
 )
+from mechanisms.marginals_mechanism import MarginalSpaceStrategy, marginal_of
 from mechanisms.operators import Identity, Total
 from mechanisms.privacy import BudgetExceededError, PrivacyCost
 from mechanisms.workload import Workload, WorkloadItem
@@ -38,7 +38,7 @@ def _strategy(*, gaussian: bool) -> MarginalSpaceStrategy:
     weights = (
         marginal_weights_l2(subset)
         if gaussian
-        else l1_template_weights(subset, rng=np.random.default_rng(2))
+        else marginal_weights_l1(subset, rng=np.random.default_rng(2))
     )
     return MarginalSpaceStrategy(name="t", weights=weights, parameters={})
 

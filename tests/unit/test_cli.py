@@ -12,6 +12,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from flows.cli import app, bundled_spec
+from mechanisms import registry
 
 runner = CliRunner()
 
@@ -30,18 +31,18 @@ def test_plan_json_has_the_contract_keys() -> None:
     plan = json.loads(result.stdout)
     assert set(plan) >= {"chosen", "lower_bound_rmse", "privacy", "candidates"}
     assert plan["privacy"] == {"epsilon": 1.0}
-    names = [c["mechanism"] for c in plan["candidates"]]
-    assert names == ["identity", "hierarchical", "wavelet", "optimized", "eigen", "lrm", "dawa"]
+    by_name = {c["mechanism"]: c for c in plan["candidates"]}
+    assert set(by_name) == set(registry.names(model="central"))  # every candidate, with a reason
     for candidate in plan["candidates"]:
-        assert set(candidate) >= {"mechanism", "rmse", "total_variance", "seconds"}
+        assert set(candidate) >= {"mechanism", "rmse", "total_variance", "seconds", "status"}
+        assert candidate["status"] in ("planned", "unavailable", "skipped", "plan-only")
+        assert candidate["rmse"] is not None or candidate["note"]
     scored = [c for c in plan["candidates"] if c["rmse"] is not None]
     assert all(c["rmse"] >= plan["lower_bound_rmse"] for c in scored)
-    dawa = plan["candidates"][-1]
-    assert dawa["rmse"] is None and "not available" in dawa["note"]
-    eigen = plan["candidates"][-3]
-    assert eigen["rmse"] is None and "at most 4096 cells" in eigen["note"]
-    lrm = plan["candidates"][-2]
-    assert lrm["rmse"] is None and "LRM factors the explicit workload matrix" in lrm["note"]
+    assert by_name["dawa"]["rmse"] is None and "not available" in by_name["dawa"]["note"]
+    assert "at most 4096 cells" in by_name["eigen"]["note"]
+    assert "LRM factors the explicit workload matrix" in by_name["lrm"]["note"]
+    assert by_name["marginal_space"]["status"] == "unavailable"  # prefix and ranges items
     best = min(scored, key=lambda c: c["total_variance"])
     assert plan["chosen"] == best["mechanism"] == "optimized"
     # the per-item union is far better than any single Kronecker product on this workload

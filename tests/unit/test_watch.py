@@ -397,9 +397,9 @@ def test_watch_cli_dry_run_announces_nothing_for_real(
     assert "announced 1 file(s)" in result.stdout
     assert not (tmp_path / "home" / "catalog.db").exists()  # a dry run remembers nothing
     both = runner.invoke(app, ["watch", str(landing), "--once", "--max-polls", "3", "--dry-run"])
-    assert both.exit_code == 1 and "give --once or --max-polls, not both" in both.output
+    assert both.exit_code == 2 and "give --once or --max-polls, not both" in both.output
     missing = runner.invoke(app, ["watch", str(tmp_path / "absent"), "--dry-run", "--once"])
-    assert missing.exit_code == 1 and "must be an existing folder" in missing.output
+    assert missing.exit_code == 2 and "must be an existing folder" in missing.output
 
 
 def test_watch_and_deploy_cli_need_a_prefect_server(
@@ -415,5 +415,5 @@ def test_watch_and_deploy_cli_need_a_prefect_server(
         watched = runner.invoke(app, ["watch", str(tmp_path), "--once"])
         deployed = runner.invoke(app, ["deploy", str(tmp_path)])
     for result in (watched, deployed):
-        assert result.exit_code == 1
+        assert result.exit_code == 2  # a user error: start a server or point PREFECT_API_URL at one
         assert "needs a running Prefect server" in result.output

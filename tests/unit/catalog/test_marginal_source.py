@@ -45,6 +45,17 @@ def _write(path: Path, **columns: list[Any]) -> Path:
     return path
 
 
+def _random_source(tmp_path: Path, rng: np.random.Generator, size: int) -> Path:
+    """Synthetic rows in the domain of :func:`_spec`, with a person id column."""
+    return _write(
+        tmp_path / "d.parquet",
+        a=rng.integers(0, 4, size).tolist(),
+        b=rng.choice(["x", "y", "z"], size).tolist(),
+        c=rng.uniform(0, 20, size).tolist(),
+        pid=rng.integers(0, 100, size).tolist(),
+    )
+
+
 def _tables(protected) -> dict[tuple[int, ...], np.ndarray]:
     return dict(vars(protected)["_ProtectedMarginals__tables"])  # test-only look inside
 
@@ -54,14 +65,7 @@ def _cells(protected) -> np.ndarray:
 
 
 def test_marginals_equal_those_of_the_cell_vector(tmp_path: Path, rng: np.random.Generator) -> None:
-    size = 500
-    source = _write(
-        tmp_path / "d.parquet",
-        a=rng.integers(0, 4, size).tolist(),
-        b=rng.choice(["x", "y", "z"], size).tolist(),
-        c=rng.uniform(0, 20, size).tolist(),
-        pid=rng.integers(0, 100, size).tolist(),
-    )
+    source = _random_source(tmp_path, rng, 500)
     for unit in ({"rows_per_person": 1}, {"person_column": "pid", "max_rows": 2}):
         spec = _spec(source, privacy_unit=unit)
         key = catalog_key(f"sqlite:///{tmp_path / 'catalog.db'}")
@@ -107,3 +111,31 @@ def test_refusals_before_any_read_name_sizes_and_limits(
         check_marginals_runnable(_spec(missing), subsets=[(0,)], output_rows=300_000_000)
     with pytest.raises(DataError, match="matches no file"):
         count_marginals(_spec(missing), subsets=[(0,)], output_rows=10)
+
+
+@pytest.mark.parametrize("privacy", [{"epsilon": 1.0}, {"rho": 0.5}], ids=["laplace", "gaussian"])
+def test_zero_noise_release_stages_answer_every_marginal_exactly(
+    tmp_path: Path, rng: np.random.Generator, zero_noise, privacy: dict[str, float]
+) -> None:
+    from catalog import release
+    from catalog.ledger import Catalog
+    from catalog.planning import make_plan
+
+    source = _random_source(tmp_path, rng, 300)
+    budget = {"epsilon": 5.0} if "epsilon" in privacy else {"rho": 5.0}
+    spec = _spec(source, mechanism="marginal_space", privacy=privacy)
+    spec = spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"budget": budget})})
+    catalog = Catalog(f"sqlite:///{tmp_path / 'c.db'}")
+    plan = make_plan(spec)
+    release_id = release.new_release_id(spec)
+    release.register(spec, plan, catalog, release_id=release_id)
+    ingested = release.ingest(spec, plan, catalog)
+    assert "redacted" in repr(ingested.data)
+    measurement = release.measure(ingested, spec, plan, catalog, release_id=release_id)
+    tables = release.reconstruct(spec, plan, measurement)
+    x = _cells(count_cells(spec).cells)
+    assert list(tables) == ["pairs.a.b", "pairs.a.c", "pairs.b.c"]
+    for name, axes in zip(tables, [(0, 1), (0, 2), (1, 2)], strict=True):
+        expected = marginal_of(x, spec.domain_shape, axes).ravel()
+        np.testing.assert_allclose(tables[name]["estimate"].to_numpy(), expected, atol=1e-8)
+    assert zero_noise.calls[0][0] == ("laplace" if "epsilon" in privacy else "gaussian")

@@ -9,24 +9,24 @@ and ``A·x`` computed from marginals only must equal the dense computation, for 
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
 
-from mechanisms.marginal_strategies import marginal_weights_l2, subset_workload
+from mechanisms.marginal_strategies import (
+    marginal_weights_l1,
+    marginal_weights_l2,
+    subset_workload,
+)
 from mechanisms.marginals_mechanism import (
     MECHANISM,
     MarginalSpaceStrategy,
     axes_of,
     down_closure,
     item_subset,
-    l1_template_weights,
     marginal_of,
-    subset_cells,
 )
 from mechanisms.operators import Identity, Prefix, Total
-from mechanisms.optimized_marginals import marginals_unit_error
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import CandidateUnavailable, MatrixMechanism, PlanRequest, StoredStrategy
 from mechanisms.workload import Workload, WorkloadItem
@@ -47,6 +47,23 @@ def marginals_workload(shape: tuple[int, ...], subsets: list[tuple[int, ...]]) -
 def dense(operator_apply, n: int) -> np.ndarray:
     """Columns A·e_j of a linear map on n cells."""
     return np.column_stack([operator_apply(e) for e in np.eye(n)])
+
+
+def plan_request(
+    workload: Workload,
+    *,
+    target: PrivacyCost = PrivacyCost(measure="pure", epsilon=1.0),
+    bound: int = 1,
+    fingerprint: str = "ab" * 32,
+) -> PlanRequest:
+    return PlanRequest(
+        workload=workload,
+        ordered=(True,) * len(workload.domain_shape),
+        target=target,
+        contribution_bound=bound,
+        options={},
+        workload_fingerprint=fingerprint,
+    )
 
 
 class DictCache:
@@ -75,7 +92,7 @@ def strategies(workload: Workload) -> list[MarginalSpaceStrategy]:
     rng = np.random.default_rng(5)
     return [
         MarginalSpaceStrategy(name="t", weights=weights, parameters={})
-        for weights in (l1_template_weights(subset, rng=rng), marginal_weights_l2(subset))
+        for weights in (marginal_weights_l1(subset, rng=rng), marginal_weights_l2(subset))
     ]
 
 
@@ -109,16 +126,8 @@ def test_expected_error_equals_the_dense_computation_and_the_full_vector_path() 
     measured as a full-vector union (the matrix mechanism) predicts the same error."""
     shape = (2, 3, 4)
     workload = marginals_workload(shape, WORKLOADS[0])
-    fingerprint = "ab" * 32
     for target in (PrivacyCost(measure="pure", epsilon=1.0), PrivacyCost(measure="zcdp", rho=0.5)):
-        request = PlanRequest(
-            workload=workload,
-            ordered=(True,) * 3,
-            target=target,
-            contribution_bound=2,
-            options={},
-            workload_fingerprint=fingerprint,
-        )
+        request = plan_request(workload, target=target, bound=2)
         strategy = MECHANISM.plan(request, cache=DictCache())
         evaluation = MECHANISM.evaluate(strategy, request)
         a = dense(strategy.to_union().apply, workload.num_cells)
@@ -166,47 +175,24 @@ def test_answers_refuse_a_non_marginal_item() -> None:
         strategy.answers(np.zeros(strategy.num_queries), other)
 
 
-def test_l1_template_beats_measuring_each_marginal_separately() -> None:
-    """Never worse than its closed-form start; clearly better than equal ε per marginal."""
+def test_laplace_plan_beats_measuring_each_marginal_separately() -> None:
+    """The planned L1 weights: clearly better than equal ε per marginal, in the plan's own units."""
     shape = (2, 30, 30, 5, 2)
     subsets = list(itertools.combinations(range(5), 2))
     workload = marginals_workload(shape, subsets)
-    subset = subset_workload(workload)
-    weights = l1_template_weights(subset, rng=np.random.default_rng(1))
-    k = len(subsets)
-    separate = k**2 * workload.num_queries  # Δ₁ = k, unit noise per marginal cell
-    assert weights.unit_total_error < 0.6 * separate
-    cells = subset_cells(shape)
-    start = np.zeros(2**5)
-    for axes in subsets:
-        mask = sum(1 << a for a in axes)
-        start[mask] = np.cbrt(cells[mask])
-    start /= start.sum()
-    assert weights.unit_total_error <= marginals_unit_error(start, subset.projections, shape)
-    measured = cells[weights.subsets]
-    assert measured.max() <= max(cells[sum(1 << a for a in axes)] for axes in subsets)
-
-
-def test_l1_template_stops_at_its_time_limit() -> None:
-    shape = (5, 6, 7, 8, 9, 10)
-    workload = marginals_workload(shape, list(itertools.combinations(range(6), 3)))
-    weights = l1_template_weights(
-        subset_workload(workload), rng=np.random.default_rng(1), time_limit=1e-9
+    request = plan_request(workload, fingerprint="12" * 32)
+    strategy = MECHANISM.plan(request, cache=DictCache())
+    separate = len(subsets) ** 2 * workload.num_queries  # Δ₁ = K, unit noise per marginal cell
+    assert strategy.weights.unit_total_error < 0.6 * separate
+    unit_total = sum(strategy.item_unit_total(item, workload) for item in workload.items)
+    assert strategy.sensitivity(norm=1) ** 2 * unit_total == pytest.approx(
+        strategy.weights.unit_total_error, rel=1e-9
     )
-    assert weights.stopped_early
-    assert math.isfinite(weights.unit_total_error)
 
 
 def test_plan_is_cached_and_rebuilt_identically() -> None:
     workload = marginals_workload((2, 3, 4), WORKLOADS[0])
-    request = PlanRequest(
-        workload=workload,
-        ordered=(True,) * 3,
-        target=PrivacyCost(measure="pure", epsilon=1.0),
-        contribution_bound=1,
-        options={},
-        workload_fingerprint="cd" * 32,
-    )
+    request = plan_request(workload, fingerprint="cd" * 32)
     cache = DictCache()
     first = MECHANISM.plan(request, cache=cache)
     second = MECHANISM.plan(request, cache=cache)
@@ -244,7 +230,6 @@ def test_subset_helpers() -> None:
     assert axes_of(0b110, 3) == (1, 2)
     assert item_subset(marginal_item((2, 3), (1,), "b")) == 0b10
     assert item_subset(WorkloadItem(name="p", factors=(Prefix(2), Total(3)))) is None
-    np.testing.assert_array_equal(subset_cells((2, 3)), [1, 2, 3, 6])
     x = np.arange(6.0)
     np.testing.assert_array_equal(marginal_of(x, (2, 3), (1,)), [3.0, 5.0, 7.0])
     assert marginal_of(x, (2, 3), ()) == 15.0
