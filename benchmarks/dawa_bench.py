@@ -39,7 +39,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mechanisms.dawa import (
+from mechanisms.dawa.hilbert import HilbertLayout
+from mechanisms.dawa.partition import (
     HierarchicalStrategy,
     IntervalWorkload,
     Partition,
@@ -52,7 +53,6 @@ from mechanisms.dawa import (
     private_partition,
     split_budget,
 )
-from mechanisms.hilbert import HilbertLayout
 
 DATA_SEED = 20240601
 WORKLOAD_SEED = 1000

@@ -57,7 +57,9 @@ def main() -> None:
             "check budget + register",
             lambda: release.register(spec, plan, catalog, release_id=release_id),
         )
-        counted = timed("ingest (read + input checks + count)", lambda: release.ingest(spec, plan, catalog))
+        counted = timed(
+            "ingest (read + input checks + count)", lambda: release.ingest(spec, plan, catalog)
+        )
         measurement = timed(
             "measure (charge + OpenDP noise)",
             lambda: release.measure(counted, spec, plan, catalog, release_id=release_id),

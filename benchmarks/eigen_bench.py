@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mechanisms.eigen_design import (
+from mechanisms.eigen.design import (
     WorkloadSpectrum,
     all_range_gram,
     all_range_gram_nd,

@@ -21,7 +21,7 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit_gib << 30, limit_gib << 30))
     started = time.perf_counter()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from mechanisms.eigen_mechanism import MECHANISM
+    from mechanisms.eigen import MECHANISM
     from mechanisms.lower_bound import svd_bound
     from mechanisms.operators import AllRanges
     from mechanisms.privacy import PrivacyCost

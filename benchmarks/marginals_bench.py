@@ -70,7 +70,7 @@ def adult_marginals_spec(home: Path, degree: int, mechanism: str) -> Path:
 
 def true_marginals(workload: Any, names: list[str]) -> dict[str, np.ndarray]:
     """Exact marginal counts of the public example file, per workload item (benchmark only)."""
-    from mechanisms.marginals_mechanism import axes_of, item_subset
+    from mechanisms.marginal_space import axes_of, item_subset
 
     data = pq.read_table(pipeline_bench.ADULT, columns=names)
     codes = [data[name].to_numpy().astype(np.int64) for name in names]

@@ -23,7 +23,7 @@ import yaml
 
 from catalog.planning import make_plan
 from catalog.spec import load_spec
-from mechanisms.lrm import wdiscrete_workload, wrange_workload, wrelated_workload
+from mechanisms.lrm.decomposition import wdiscrete_workload, wrange_workload, wrelated_workload
 
 MECHANISMS = ("identity", "hierarchical", "wavelet", "optimized", "eigen", "lrm")
 

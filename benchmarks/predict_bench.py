@@ -1,7 +1,7 @@
 """Benchmark: predicted against measured seconds of every strategy optimiser, and bounded LRM.
 
 The planner chooses candidates from ``predict_seconds`` functions that read sizes only
-(``mechanisms.lrm``, ``mechanisms.optimized``, ``mechanisms.union``, ``mechanisms.ldp`` and
+(``mechanisms.lrm.decomposition``, ``mechanisms.optimized.search``, ``mechanisms.union``, ``mechanisms.ldp`` and
 ``mechanisms.budget.predict_eigen_design_seconds``).  This script runs each optimiser on two
 sizes and prints predicted seconds, measured wall and process (CPU) seconds, and the ratio
 measured / predicted (target: within a factor of 3).  The first row measures this machine's
@@ -37,9 +37,11 @@ import threadpoolctl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechanisms import budget, ldp, lrm, optimized, union
-from mechanisms.eigen_design import all_range_gram, eigen_design, prefix_gram
+from mechanisms import budget, ldp, union
+from mechanisms.eigen.design import all_range_gram, eigen_design, prefix_gram
+from mechanisms.lrm import decomposition as lrm
 from mechanisms.operators import AllRanges, Identity, Prefix, Total
+from mechanisms.optimized import search as optimized
 from mechanisms.workload import Workload, WorkloadItem
 
 

@@ -137,7 +137,7 @@ def run(cases: list[Case], *, seed: int) -> None:
     import numpy as np  # imported here so --blas-threads takes effect first
 
     from mechanisms.lower_bound import svd_bound_terms as svd_bound
-    from mechanisms.optimized import optimize_workload
+    from mechanisms.optimized.search import optimize_workload
 
     def all_range(n: int) -> np.ndarray:
         i = np.arange(1, n + 1)

@@ -153,7 +153,9 @@ def render_report(
                 "dataset": manifest["dataset_id"],
                 "created (UTC)": manifest["created_at"],
                 "spec fingerprint (sha256)": manifest["spec_fingerprint"],
-                "input fingerprint (keyed HMAC-SHA256 of the input files)": manifest["input_fingerprint"],
+                "input fingerprint (keyed HMAC-SHA256 of the input files)": manifest[
+                    "input_fingerprint"
+                ],
                 "code version": f"{manifest['code_version'].get('package')} (git {manifest['code_version'].get('git_commit') or 'n/a'})",
                 "tables": ", ".join(manifest["tables"]),
                 "privacy unit": manifest["privacy_unit"],

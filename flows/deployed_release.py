@@ -67,7 +67,6 @@ def ensure_dataset_limit(dataset_id: str) -> str:
     return name
 
 
-
 class ReviewDecision(RunInput):
     """The reviewer's decision, typed: the Prefect UI renders it as a form."""
 

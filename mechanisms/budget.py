@@ -14,7 +14,7 @@ best strategy so far with ``stopped_early`` set.  Ctrl-C (``KeyboardInterrupt``)
 
 Also here: the machine constants the optimisers' ``predict_seconds`` functions are calibrated
 against, and :func:`predict_eigen_design_seconds` (Eigen-Design lives in
-:mod:`mechanisms.eigen_design`).
+:mod:`mechanisms.eigen.design`).
 
 Pure: no global state, no I/O; the clock is ``time.monotonic``.  Nothing here sees data.
 """
@@ -222,7 +222,7 @@ def svd_seconds(m: int, n: int) -> float:
     return _SVD_SECONDS_PER_MNK * float(m) * float(n) * float(min(m, n))
 
 
-# Eigen-Design (mechanisms.eigen_design.eigen_design, method "full", compare_svd_bound, as the
+# Eigen-Design (mechanisms.eigen.design.eigen_design, method "full", compare_svd_bound, as the
 # planner calls it): dense eigendecompositions (the spectrum, the SVD bounds, the error of each
 # candidate) dominate; the weighting program took 0-98 L-BFGS-B iterations of O(n·r), a few
 # percent.  Measured (process time, one BLAS thread) by
@@ -233,7 +233,7 @@ _EIGEN_DESIGN_EIGHS = 5.0
 
 
 def predict_eigen_design_seconds(num_cells: int) -> float:
-    """Predicted seconds of :func:`mechanisms.eigen_design.eigen_design` on an n-cell Gram.
+    """Predicted seconds of :func:`mechanisms.eigen.design.eigen_design` on an n-cell Gram.
 
     About five dense n×n eigendecompositions (one BLAS thread, an idle core); within a factor of
     two of the measurements above.  O(1).

@@ -28,7 +28,6 @@ import numpy as np
 
 from mechanisms.operators import gram_ij_parts
 from mechanisms.optimized_marginals import eigenspace_multiplicities, ij_subset_eigenvalues
-from mechanisms.optimized_templates import validate_gram
 from mechanisms.workload import Workload
 
 DENSE_BOUND_LIMIT = 4096
@@ -40,6 +39,21 @@ MAX_SPLIT_ATTRIBUTES = 20
 IJParts = tuple[float, float]
 AttributePart = IJParts | np.ndarray | None
 """Per term and attribute: ``(a, b)`` for ``a·I + b·J``, a dense Gram, or None (not needed)."""
+
+
+def validate_gram(gram: np.ndarray, *, name: str = "gram") -> np.ndarray:
+    """Return ``gram`` as a float64 array after checking it is square, finite and symmetric."""
+    array = np.asarray(gram, dtype=np.float64)
+    if array.ndim != 2 or array.shape[0] != array.shape[1] or array.shape[0] < 1:
+        raise ValueError(f"{name} (shape {array.shape}) must be a non-empty square matrix")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} must be finite")
+    scale = max(1.0, float(np.abs(array).max()))
+    if float(np.abs(array - array.T).max()) > 1e-9 * scale:
+        raise ValueError(f"{name} must be symmetric")
+    if np.any(np.diag(array) < -1e-12 * scale):
+        raise ValueError(f"{name} must be positive semidefinite (it has a negative diagonal entry)")
+    return (array + array.T) / 2
 
 
 def validated_gram(gram: np.ndarray) -> np.ndarray:

@@ -40,6 +40,14 @@ class NoiseSampler(Protocol):
 
 
 NoiseKind = Literal["laplace", "gaussian"]
+NOISE_KINDS: tuple[str, ...] = ("laplace", "gaussian")
+
+
+def validate_noise(noise: str) -> None:
+    """Raise unless ``noise`` is one of :data:`NOISE_KINDS`."""
+    if noise not in NOISE_KINDS:
+        raise ValueError(f"noise ({noise!r}) must be one of {NOISE_KINDS}")
+
 
 # OpenDP's discretisation granularity 2**k.  k = -40 keeps the privacy-map slack tiny (about 2e-7
 # relative at 1e6 values) while sampling about 3x faster than the default (ecosystem.md).

@@ -32,7 +32,7 @@ import scipy.optimize
 import threadpoolctl
 
 from mechanisms.budget import Progress
-from mechanisms.optimized_templates import NoiseKind, validate_noise
+from mechanisms.noise import NoiseKind, validate_noise
 
 MAX_MARGINAL_ATTRIBUTES = 20
 """Largest ``d`` for the marginals template (2^d weights)."""

@@ -11,14 +11,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mechanisms import (
-    dawa_mechanism,
-    eigen_mechanism,
+    dawa,
+    eigen,
     hierarchical,
     identity,
-    local_mechanism,
-    lrm_mechanism,
-    marginals_mechanism,
-    optimized_mechanism,
+    local,
+    lrm,
+    marginal_space,
+    optimized,
     wavelet,
 )
 from mechanisms.protocol import Mechanism, OptionsError
@@ -29,12 +29,12 @@ BUILTIN: tuple[Mechanism, ...] = (
     identity.MECHANISM,
     hierarchical.MECHANISM,
     wavelet.MECHANISM,
-    optimized_mechanism.MECHANISM,
-    marginals_mechanism.MECHANISM,
-    eigen_mechanism.MECHANISM,
-    lrm_mechanism.MECHANISM,
-    dawa_mechanism.MECHANISM,
-    local_mechanism.MECHANISM,
+    optimized.MECHANISM,
+    marginal_space.MECHANISM,
+    eigen.MECHANISM,
+    lrm.MECHANISM,
+    dawa.MECHANISM,
+    local.MECHANISM,
 )
 
 _REGISTRY: dict[tuple[str, str], Mechanism] = {(m.model, m.name): m for m in BUILTIN}

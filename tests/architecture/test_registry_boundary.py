@@ -27,6 +27,9 @@ CORE = (
     "mechanisms/operators.py",
     "mechanisms/workload.py",
     "mechanisms/error.py",
+    "mechanisms/lower_bound.py",
+    "mechanisms/budget.py",
+    "mechanisms/intervals.py",
 )
 
 
@@ -39,21 +42,28 @@ def _checked_files() -> list[Path]:
     return files + [ROOT / name for name in CORE if (ROOT / name).exists()]
 
 
+def _inside(name: str, modules: set[str]) -> bool:
+    return any(name == m or name.startswith(f"{m}.") for m in modules)
+
+
 def _violations(path: Path, names: set[str], modules: set[str]) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
             found.append(f"line {node.lineno}: the literal {node.value!r}")
+        imported: list[str] = []
         if isinstance(node, ast.ImportFrom) and node.module:
-            imported = {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-            found += [f"line {node.lineno}: imports {m}" for m in sorted(imported & modules)]
+            imported = (
+                [node.module]
+                if _inside(node.module, modules)
+                else [f"{node.module}.{alias.name}" for alias in node.names]
+            )
         if isinstance(node, ast.Import):
-            found += [
-                f"line {node.lineno}: imports {alias.name}"
-                for alias in node.names
-                if alias.name in modules
-            ]
+            imported = [alias.name for alias in node.names]
+        found += [
+            f"line {node.lineno}: imports {name}" for name in imported if _inside(name, modules)
+        ]
     return found
 
 
@@ -66,12 +76,14 @@ def test_no_concrete_mechanism_outside_the_registry(path: Path) -> None:
 def test_the_boundary_check_can_fail(tmp_path: Path) -> None:
     module = tmp_path / "bad.py"
     module.write_text(
-        "from mechanisms import dawa_mechanism\nif plan.chosen == 'dawa':\n    pass\n"
+        "from mechanisms import dawa\nif plan.chosen == 'dawa':\n    pass\n"
+        "from mechanisms.dawa.partition import Partition\n"
     )
-    found = _violations(module, {"dawa"}, {"mechanisms.dawa_mechanism"})
+    found = _violations(module, {"dawa"}, {"mechanisms.dawa"})
     assert sorted(found) == [
-        "line 1: imports mechanisms.dawa_mechanism",
+        "line 1: imports mechanisms.dawa",
         "line 2: the literal 'dawa'",
+        "line 4: imports mechanisms.dawa.partition",
     ]
 
 

@@ -76,7 +76,10 @@ def test_dawa_release_reuses_its_partition_and_pays_once(tmp_path: Path, zero_no
     second_manifest = json.loads((Path(second.directory) / "manifest.json").read_text())
     assert first_manifest["mechanism"]["details"]["partition_reused"] is False
     assert second_manifest["mechanism"]["details"]["partition_reused"] is True
-    assert second_manifest["mechanism"]["details"]["boundaries"] == first_manifest["mechanism"]["details"]["boundaries"]
+    assert (
+        second_manifest["mechanism"]["details"]["boundaries"]
+        == first_manifest["mechanism"]["details"]["boundaries"]
+    )
     assert first.charged["epsilon"] == pytest.approx(1.0, abs=1e-6)
     assert second.charged["epsilon"] == pytest.approx(0.75, abs=1e-6)
     artifacts.verify(Path(second.directory), catalog)  # a reused receipt verifies

@@ -23,7 +23,7 @@ from catalog import artifacts, responses
 from catalog.ledger import Catalog
 from flows.cli import app
 from flows.ldp_cli import ldp_app
-from mechanisms.local_mechanism import COLLECTION_LABEL
+from mechanisms.local import COLLECTION_LABEL
 
 runner = CliRunner()
 USERS = 4000

@@ -9,6 +9,7 @@ import opendp.prelude as dp
 import pytest
 
 from mechanisms import noise
+from mechanisms.choke_point import ProtectedCells
 from mechanisms.noise import NoiseMechanism, OpenDPSampler, calibrate, production_sampler
 from mechanisms.privacy import (
     BudgetExceededError,
@@ -18,7 +19,6 @@ from mechanisms.privacy import (
     cost_from_dict,
     rho_for_epsilon_delta,
 )
-from mechanisms.choke_point import ProtectedCells
 from mechanisms.strategies import build_kron_strategy
 
 dp.enable_features("contrib")

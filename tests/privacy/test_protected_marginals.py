@@ -12,12 +12,12 @@ import pytest
 
 from mechanisms import noise
 from mechanisms.choke_point import ProtectedCells, ProtectedMarginals
+from mechanisms.marginal_space import MarginalSpaceStrategy, marginal_of
 from mechanisms.marginal_strategies import (
     marginal_weights_l1,
     marginal_weights_l2,
     subset_workload,
 )
-from mechanisms.marginals_mechanism import MarginalSpaceStrategy, marginal_of
 from mechanisms.operators import Identity, Total
 from mechanisms.privacy import BudgetExceededError, PrivacyCost
 from mechanisms.workload import Workload, WorkloadItem

@@ -2,7 +2,7 @@
 
 Data: the bundled UCI Adult sample (``flows/examples/adult.parquet``, public test data), counted
 here with numpy over age (85 codes) × education-num (16 codes).  Each mechanism runs through its
-pure pieces — the registered mechanism's ``plan`` and ``reconstruct`` (DAWA: ``mechanisms.dawa``'s
+pure pieces — the registered mechanism's ``plan`` and ``reconstruct`` (DAWA: ``mechanisms.dawa.partition``'s
 ``dawa`` and ``query_uncertainty``), the seeded test sampler in place of the choke point, and
 ``catalog.tables.build_table`` — never a Prefect flow.  Every row's interval is checked against the
 true answer computed here from the counts and the row's *labels*, so the truth does not go through
@@ -46,14 +46,14 @@ from catalog.spec import ReleaseSpec, parse_spec
 from catalog.strategy_store import StrategyStore
 from catalog.tables import build_table
 from mechanisms import registry
-from mechanisms.dawa import (
+from mechanisms.dawa.hilbert import HilbertLayout
+from mechanisms.dawa.partition import (
     IntervalWorkload,
     QueryUncertainty,
     cell_coordinates,
     dawa,
     query_uncertainty,
 )
-from mechanisms.hilbert import HilbertLayout
 from mechanisms.intervals import normal_quantile
 from mechanisms.noise import NoiseMechanism, calibrate
 from mechanisms.protocol import Measurement, NoiseDescription

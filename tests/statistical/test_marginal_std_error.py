@@ -21,7 +21,7 @@ from scipy import stats
 
 from mechanisms import noise
 from mechanisms.choke_point import ProtectedMarginals
-from mechanisms.marginals_mechanism import MECHANISM, marginal_of
+from mechanisms.marginal_space import MECHANISM, marginal_of
 from mechanisms.operators import Identity, Total
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import MeasureContext, PlanRequest, StoredStrategy

@@ -1,4 +1,4 @@
-"""Deterministic tests of DAWA (mechanisms/dawa.py) and the Hilbert layout (mechanisms/hilbert.py).
+"""Deterministic tests of DAWA (mechanisms/dawa/partition.py) and the Hilbert layout (mechanisms/dawa/hilbert.py).
 
 Test vectors T1–T10 are those of ``seed-dawa.md`` §12; every structural shortcut (wavelet-matrix
 deviations, blocked dynamic program, piecewise workload norms, Sherman–Morrison recursion) is
@@ -13,7 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from mechanisms.dawa import (
+from mechanisms.dawa.hilbert import HilbertLayout, hilbert_order
+from mechanisms.dawa.partition import (
     ALL_INTERVALS_MAX_CELLS,
     HierarchicalStrategy,
     IntervalWorkload,
@@ -33,7 +34,6 @@ from mechanisms.dawa import (
     split_budget,
     window_deviations,
 )
-from mechanisms.hilbert import HilbertLayout, hilbert_order
 from tests.samplers import SeededNumpyNoise, ZeroNoise
 
 EXAMPLE_X = np.array([2, 3, 8, 1, 0, 2, 0, 4, 2, 4], dtype=float)  # Example 6.1

@@ -1,4 +1,4 @@
-"""DAWA's per-query uncertainty (mechanisms/dawa.py) and the interval quantiles (mechanisms/intervals.py).
+"""DAWA's per-query uncertainty (mechanisms/dawa/partition.py) and the interval quantiles (mechanisms/intervals.py).
 
 Every fast path of :func:`query_uncertainty` (sparse coverage rows, cut detection from piece ends,
 grid-edge slope samples, prefix sums of coordinates) is checked against a dense, brute-force
@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.dawa import (
+from mechanisms.dawa.hilbert import HilbertLayout
+from mechanisms.dawa.partition import (
     HierarchicalStrategy,
     IntervalWorkload,
     Partition,
@@ -23,7 +24,6 @@ from mechanisms.dawa import (
     greedy_h_strategy,
     query_uncertainty,
 )
-from mechanisms.hilbert import HilbertLayout
 from mechanisms.intervals import (
     interval_half_widths,
     kron_single_term_rows,

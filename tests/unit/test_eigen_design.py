@@ -18,7 +18,7 @@ import pytest
 import scipy.optimize
 
 from mechanisms.choke_point import ProtectedCells
-from mechanisms.eigen_design import (
+from mechanisms.eigen.design import (
     EigenDesignStrategy,
     WorkloadSpectrum,
     all_range_gram,
@@ -277,7 +277,7 @@ def test_total_error_l2_matches_frobenius_definition():
 @pytest.mark.parametrize("gram_as_factor", [True, False], ids=["factor", "dense"])
 def test_singular_strategy_path_matches_eigendecomposition(gram_as_factor):
     # Pivoted-Cholesky shortcut for singular A^T A against the eigen-decomposition pseudo-inverse.
-    from mechanisms.eigen_design import _trace_gram_pinv, _trace_gram_pinv_eigh
+    from mechanisms.eigen.design import _trace_gram_pinv, _trace_gram_pinv_eigh
 
     rng = np.random.default_rng(5)
     basis = rng.standard_normal((30, 12))
@@ -348,7 +348,7 @@ def test_weighting_program_matches_generic_solver(sensitivity):
 def test_constraint_generation_matches_the_direct_dual(power):
     # Many more cells than variables (the principal-vector program): the working-set solver must
     # reach the same optimum as the dual over all cells, with a valid certificate.
-    from mechanisms.eigen_design import _solve_weighting, _solve_weighting_dual
+    from mechanisms.eigen.design import _solve_weighting, _solve_weighting_dual
 
     spectrum = all_range_spectrum(256)
     q, sigma = spectrum.eigenvectors, spectrum.eigenvalues

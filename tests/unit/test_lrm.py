@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-from mechanisms.lrm import (
+from mechanisms.lrm.decomposition import (
     LowRankDecomposition,
     _b_step,
     _l_step,

@@ -17,7 +17,7 @@ import pytest
 import scipy.optimize
 
 from mechanisms.lower_bound import svd_bound_terms as svd_bound
-from mechanisms.optimized import (
+from mechanisms.optimized.search import (
     OptimizedStrategy,
     expected_total_error,
     optimize_full_rank,
@@ -27,6 +27,18 @@ from mechanisms.optimized import (
     optimize_workload,
     predict_seconds,
     validate_terms,
+)
+from mechanisms.optimized.templates import (
+    column_sensitivity,
+    gaussian_dual,
+    optimize_factor,
+    optimize_gaussian_full_rank,
+    pidentity_loss_and_gradient,
+    pidentity_strategy,
+    predict_factor_seconds,
+    predict_pidentity_seconds,
+    unit_error,
+    validate_gram,
 )
 from mechanisms.optimized_marginals import (
     eigenspace_multiplicities,
@@ -46,18 +58,6 @@ from mechanisms.optimized_marginals import (
     superset_sums,
     validate_domain_sizes,
     workload_projections,
-)
-from mechanisms.optimized_templates import (
-    column_sensitivity,
-    gaussian_dual,
-    optimize_factor,
-    optimize_gaussian_full_rank,
-    pidentity_loss_and_gradient,
-    pidentity_strategy,
-    predict_factor_seconds,
-    predict_pidentity_seconds,
-    unit_error,
-    validate_gram,
 )
 from tests.fake_clock import install_fake_clock
 

@@ -20,7 +20,7 @@ from catalog.planning import Plan, make_plan
 from catalog.spec import ReleaseSpec, parse_spec
 from catalog.strategy_store import StrategyStore
 from mechanisms import ldp
-from mechanisms.local_mechanism import COLLECTION_LABEL, LocalStrategy, describe
+from mechanisms.local import COLLECTION_LABEL, LocalStrategy, describe
 from mechanisms.operators import Prefix
 from mechanisms.workload import Workload, WorkloadItem
 

@@ -10,7 +10,7 @@ import pytest
 from catalog import planning
 from catalog.spec import parse_spec
 from catalog.strategy_store import StrategyStore
-from mechanisms import optimized_mechanism
+from mechanisms import optimized as optimized_mechanism
 from mechanisms.protocol import StoredStrategy, cache_key
 
 

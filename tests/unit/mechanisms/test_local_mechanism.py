@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mechanisms import ldp, local_mechanism, registry
-from mechanisms.local_mechanism import (
+from mechanisms import ldp, registry
+from mechanisms import local as local_mechanism
+from mechanisms.local import (
     MECHANISM,
     LocalOptions,
     LocalStrategy,

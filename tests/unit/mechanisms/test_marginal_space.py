@@ -13,18 +13,18 @@ import itertools
 import numpy as np
 import pytest
 
-from mechanisms.marginal_strategies import (
-    marginal_weights_l1,
-    marginal_weights_l2,
-    subset_workload,
-)
-from mechanisms.marginals_mechanism import (
+from mechanisms.marginal_space import (
     MECHANISM,
     MarginalSpaceStrategy,
     axes_of,
     down_closure,
     item_subset,
     marginal_of,
+)
+from mechanisms.marginal_strategies import (
+    marginal_weights_l1,
+    marginal_weights_l2,
+    subset_workload,
 )
 from mechanisms.operators import Identity, Prefix, Total
 from mechanisms.privacy import PrivacyCost

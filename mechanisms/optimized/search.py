@@ -14,7 +14,7 @@ variance per unit sensitivity (``2/ε²`` or ``1/(2ρ)``) to get squared error.
 Templates (each returns a strategy of sensitivity 1):
 
 * ``kind="pidentity"`` / ``"fullrank"``: one attribute, a dense strategy matrix (see
-  :mod:`mechanisms.optimized_templates`).
+  :mod:`mechanisms.optimized.templates`).
 * ``kind="kron"``: ``A = A_1 ⊗ … ⊗ A_d`` with each factor one of the above (or identity); the error
   is ``Σ_t Π_i tr(G_{t,i} (A_iᵀA_i)⁻¹)`` and sensitivities multiply, so the factors are optimised
   in turn against ``Σ_t c_t G_{t,i}`` with ``c_t = Π_{j≠i} tr(G_{t,j} (A_jᵀA_j)⁻¹)``.
@@ -45,16 +45,7 @@ from typing import Literal
 import numpy as np
 
 from mechanisms.budget import DGEMM_FLOPS_PER_SECOND, Progress, WorkLimit, report, scaled
-from mechanisms.optimized_marginals import (
-    MAX_MARGINAL_ATTRIBUTES,
-    marginals_sensitivity,
-    marginals_unit_error,
-    search_marginal_weights,
-    subsets_projections,
-    validate_domain_sizes,
-    workload_projections,
-)
-from mechanisms.optimized_templates import (
+from mechanisms.optimized.templates import (
     FACTOR_TEMPLATES,
     FactorSolution,
     NoiseKind,
@@ -69,6 +60,15 @@ from mechanisms.optimized_templates import (
     unit_error,
     validate_gram,
     validate_noise,
+)
+from mechanisms.optimized_marginals import (
+    MAX_MARGINAL_ATTRIBUTES,
+    marginals_sensitivity,
+    marginals_unit_error,
+    search_marginal_weights,
+    subsets_projections,
+    validate_domain_sizes,
+    workload_projections,
 )
 
 Term = tuple[np.ndarray, ...]
@@ -237,7 +237,7 @@ def optimize_full_rank(
     """The L2-optimal (Gaussian) strategy for one attribute, to a relative duality gap.
 
     Deterministic convex optimisation (see
-    :func:`mechanisms.optimized_templates.optimize_gaussian_full_rank`), O(n³) per iteration;
+    :func:`mechanisms.optimized.templates.optimize_gaussian_full_rank`), O(n³) per iteration;
     ``lower_bound`` is the dual certificate, so ``total_error ≤ (1 + tolerance) · lower_bound``
     unless ``max_iterations`` or ``time_limit`` (seconds; then ``stopped_early``) ran out.
 
@@ -297,7 +297,7 @@ def optimize_kron(
     Gaussian noise it is then optimal among *all* strategies up to ``tolerance``, certified by the
     product of the factors' dual bounds).  ``ps[i]`` is the p-Identity size of attribute ``i``
     (default ``max(1, n_i // 16)``); ``template`` is as in
-    :func:`mechanisms.optimized_templates.optimize_factor`.
+    :func:`mechanisms.optimized.templates.optimize_factor`.
 
     ``time_limit`` (seconds): the factor being optimised stops at its next evaluation with its
     best point so far, no further factors, sweeps or restarts start, and the best strategy is

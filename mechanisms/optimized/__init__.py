@@ -1,6 +1,6 @@
 """``optimized``: the best of the workload-optimised templates (HDMM-style), chosen by expected error.
 
-Templates tried, each at unit noise (see :mod:`mechanisms.optimized`):
+Templates tried, each at unit noise (see :mod:`mechanisms.optimized.search`):
 
 * ``union``: a weighted union of per-item Kronecker strategies of one family (identity,
   hierarchical or wavelet), weights optimised for the workload (:mod:`mechanisms.union`);
@@ -31,8 +31,8 @@ from mechanisms.marginal_strategies import (
     subset_strategy,
 )
 from mechanisms.operators import Identity, MatrixFactor, Total
-from mechanisms.optimized import OptimizedStrategy, optimize_workload
-from mechanisms.optimized import predict_seconds as predict_template_seconds
+from mechanisms.optimized.search import OptimizedStrategy, optimize_workload
+from mechanisms.optimized.search import predict_seconds as predict_template_seconds
 from mechanisms.optimized_marginals import MAX_MARGINAL_ATTRIBUTES
 from mechanisms.protocol import (
     CandidateUnavailable,

@@ -11,7 +11,7 @@ import threadpoolctl
 
 from mechanisms.budget import predict_eigen_design_seconds
 from mechanisms.dense import DenseStrategy
-from mechanisms.eigen_design import eigen_design
+from mechanisms.eigen.design import eigen_design
 from mechanisms.protocol import (
     CandidateUnavailable,
     MatrixMechanism,

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import scipy.linalg
@@ -50,9 +49,8 @@ from mechanisms.budget import (
     interruptible,
     report,
 )
-
-NoiseKind = Literal["laplace", "gaussian"]
-NOISE_KINDS: tuple[str, ...] = ("laplace", "gaussian")
+from mechanisms.lower_bound import validate_gram
+from mechanisms.noise import NoiseKind, validate_noise
 
 # X ← (1 − ε) X + ε I keeps diag(X) = 1 and costs at most a factor 1/(1 − ε) in error, but makes
 # every returned strategy Gram positive definite (condition number ≤ 1/ε).
@@ -76,27 +74,6 @@ class FactorSolution:
     """A certified lower bound on the unit error of *any* strategy (full-rank dual), if known."""
     stopped_early: bool = False
     """True when a time limit stopped the optimisation (the strategy is the best found so far)."""
-
-
-def validate_noise(noise: str) -> None:
-    """Raise unless ``noise`` is one of :data:`NOISE_KINDS`."""
-    if noise not in NOISE_KINDS:
-        raise ValueError(f"noise ({noise!r}) must be one of {NOISE_KINDS}")
-
-
-def validate_gram(gram: np.ndarray, *, name: str = "gram") -> np.ndarray:
-    """Return ``gram`` as a float64 array after checking it is square, finite and symmetric."""
-    array = np.asarray(gram, dtype=np.float64)
-    if array.ndim != 2 or array.shape[0] != array.shape[1] or array.shape[0] < 1:
-        raise ValueError(f"{name} (shape {array.shape}) must be a non-empty square matrix")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} must be finite")
-    scale = max(1.0, float(np.abs(array).max()))
-    if float(np.abs(array - array.T).max()) > 1e-9 * scale:
-        raise ValueError(f"{name} must be symmetric")
-    if np.any(np.diag(array) < -1e-12 * scale):
-        raise ValueError(f"{name} must be positive semidefinite (it has a negative diagonal entry)")
-    return (array + array.T) / 2
 
 
 def unit_error(gram: np.ndarray, strategy_gram: np.ndarray) -> float:

@@ -13,7 +13,7 @@ DAWA answers a workload of (weighted) interval queries over a 1-D cell vector ``
 Steps 1 and 2 are separate public calls so a session can charge each cost before any noise is
 drawn: :meth:`PartitionSelector.noise_scales` gives Step 1's Laplace scales and
 :meth:`HierarchicalStrategy.sensitivity` / :meth:`HierarchicalStrategy.laplace_scale` give Step 2's.
-:func:`dawa` composes the three steps.  2-D data goes through :mod:`mechanisms.hilbert` first.
+:func:`dawa` composes the three steps.  2-D data goes through :mod:`mechanisms.dawa.hilbert` first.
 
 Neighbouring relation (thesis L423): add or remove one record, i.e. one cell of ``x`` changes by
 one.  A privacy unit that contributes up to ``c`` records is covered by ``contribution_bound=c``

@@ -13,7 +13,7 @@ import numpy as np
 import threadpoolctl
 
 from mechanisms.dense import FactorizationStrategy
-from mechanisms.lrm import decompose, predict_seconds
+from mechanisms.lrm.decomposition import decompose, predict_seconds
 from mechanisms.protocol import (
     CandidateUnavailable,
     Evaluation,

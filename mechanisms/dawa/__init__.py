@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from mechanisms.choke_point import ProtectedCells
-from mechanisms.dawa import (
+from mechanisms.dawa.hilbert import HilbertLayout
+from mechanisms.dawa.partition import (
     HierarchicalStrategy,
     IntervalWorkload,
     Partition,
@@ -31,7 +32,6 @@ from mechanisms.dawa import (
     query_uncertainty,
     split_budget,
 )
-from mechanisms.hilbert import HilbertLayout
 from mechanisms.operators import Factor, Identity, Prefix, Ranges, Total
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import (
@@ -274,7 +274,7 @@ class DawaMechanism:
         """Bucket least squares, uniform expansion, and each query's honest uncertainty.
 
         ``std_error`` covers the noise and the estimated bias of assuming uniform buckets, both
-        from released values only (:func:`mechanisms.dawa.query_uncertainty`); rows whose bias
+        from released values only (:func:`mechanisms.dawa.partition.query_uncertainty`); rows whose bias
         cannot be estimated get a noise-only figure and no interval.
         """
         measured: MeasuredDawa = measurement.strategy
