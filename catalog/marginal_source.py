@@ -19,27 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from catalog.errors import DataError, SpecError
+from catalog.errors import SpecError
 from catalog.keys import CatalogKey
-from catalog.source import (
-    SourceFiles,
-    bound_contributions,
-    check_schema,
-    content_fingerprint,
-    encode_groups,
-    group_counts,
-    input_columns,
-    list_source_files,
-    null_values_error,
-    open_dataset,
-    outside_domain_error,
-    read_columns,
-)
+from catalog.source import read_and_encode
 from catalog.spec import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES, ReleaseSpec
 from mechanisms.choke_point import ProtectedMarginals
 
@@ -96,28 +82,7 @@ def count_marginals(
     :func:`~catalog.source.count_cells`) is hashed on a second thread meanwhile.
     """
     check_marginals_runnable(spec, subsets=subsets, output_rows=output_rows)
-    names, partitioned_dir = list_source_files(str(spec.dataset.source))
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(content_fingerprint, names, partitioned_dir, key=key)
-        files = SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir)
-        dataset = open_dataset(files, spec)
-        check_schema(dataset, spec)
-        table = read_columns(dataset, input_columns(spec))
-        input_fingerprint = hashing.result()
-    if table.num_rows == 0:
-        raise DataError(f"input {spec.dataset.source!r} has no rows")
-    person = spec.privacy_unit.person_column
-    if person is not None:
-        table = bound_contributions(
-            table, person_column=person, max_rows=spec.privacy_unit.max_rows or 1
-        )
-    encoded = encode_groups(group_counts(table, list(spec.domain)), spec)
-    if spec.on_out_of_domain == "error":
-        for name in spec.domain:
-            if encoded.null[name].any():
-                raise null_values_error(name)
-            if encoded.outside[name].any():
-                raise outside_domain_error(name, spec)
+    encoded, files, input_fingerprint = read_and_encode(spec, key=key)
     valid = encoded.valid
     index = [axis_index[valid] for axis_index in encoded.index]
     counts = encoded.counts[valid]
@@ -134,5 +99,5 @@ def count_marginals(
         tables, domain_shape=shape, contribution_bound=spec.privacy_unit.contribution_bound
     )
     return MarginalCountResult(
-        marginals=protected, input_fingerprint=input_fingerprint, files=files.files
+        marginals=protected, input_fingerprint=input_fingerprint, files=files
     )

@@ -348,20 +348,18 @@ class CountResult:
     files: tuple[str, ...]
 
 
-def count_cells(spec: ReleaseSpec, *, key: CatalogKey | None = None) -> CountResult:
-    """Read, check, bound contributions and count the spec's source into protected cells.
+def read_and_encode(
+    spec: ReleaseSpec, *, key: CatalogKey | None = None
+) -> tuple[Any, tuple[str, ...], str]:
+    """Read the source once, bound contributions, group and encode the rows over the domain, and
+    apply ``on_out_of_domain``; return the encoded groups, the files and their keyed fingerprint.
 
-    ``key`` is the catalog's fingerprint key (default: the default catalog's).
-
-    Privacy: every input problem raises a :class:`DataError` that names the column and the rule,
-    never a count, a row or a raw value (those would be an unnoised release, and the message
-    reaches Prefect's database and logs).  The exact figures are for the data custodian's local
-    ``dprelease check``.  Whether a problem exists at all is the only thing a refusal reveals.
+    The one read path of every central input (cells or marginals).  Confidential output; every
+    problem is a :class:`DataError` naming the column and the rule only.  O(rows) Arrow work; the
+    fingerprint is hashed on a second thread meanwhile (hashlib releases the GIL).
     """
-    check_runnable(spec)
     names, partitioned_dir = list_source_files(str(spec.dataset.source))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        # the content hash (hashlib releases the GIL) overlaps with Arrow reading the same files
         hashing = pool.submit(content_fingerprint, names, partitioned_dir, key=key)
         files = SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir)
         dataset = open_dataset(files, spec)
@@ -382,6 +380,21 @@ def count_cells(spec: ReleaseSpec, *, key: CatalogKey | None = None) -> CountRes
                 raise null_values_error(name)
             if encoded.outside[name].any():
                 raise outside_domain_error(name, spec)
+    return encoded, files.files, input_fingerprint
+
+
+def count_cells(spec: ReleaseSpec, *, key: CatalogKey | None = None) -> CountResult:
+    """Read, check, bound contributions and count the spec's source into protected cells.
+
+    ``key`` is the catalog's fingerprint key (default: the default catalog's).
+
+    Privacy: every input problem raises a :class:`DataError` that names the column and the rule,
+    never a count, a row or a raw value (those would be an unnoised release, and the message
+    reaches Prefect's database and logs).  The exact figures are for the data custodian's local
+    ``dprelease check``.  Whether a problem exists at all is the only thing a refusal reveals.
+    """
+    check_runnable(spec)
+    encoded, files, input_fingerprint = read_and_encode(spec, key=key)
     valid = encoded.valid
     flat = np.ravel_multi_index(tuple(ix[valid] for ix in encoded.index), spec.domain_shape)
     cells = np.bincount(flat, weights=encoded.counts[valid], minlength=spec.num_cells)  # O(groups)
@@ -390,7 +403,7 @@ def count_cells(spec: ReleaseSpec, *, key: CatalogKey | None = None) -> CountRes
         domain_shape=spec.domain_shape,
         contribution_bound=spec.privacy_unit.contribution_bound,
     )
-    return CountResult(cells=protected, input_fingerprint=input_fingerprint, files=files.files)
+    return CountResult(cells=protected, input_fingerprint=input_fingerprint, files=files)
 
 
 def person_rows(persons: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:

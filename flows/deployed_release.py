@@ -99,8 +99,8 @@ def check_arrived_file_task(path: str, expected_fingerprint: str) -> None:
     actual = file_fingerprint(path)
     if actual != expected_fingerprint:
         raise DataError(
-            f"announced file {path!r} changed since it was announced (sha256 {actual[:12]}…, "
-            f"announced {expected_fingerprint[:12]}…); the new content will be announced again"
+            f"announced file {path!r} changed since it was announced (its keyed fingerprint "
+            "differs); the new content will be announced again"
         )
 
 

@@ -12,7 +12,7 @@ consecutive polls *and* it carries a readable Parquet footer; a stalled half-wri
 (``PAR1`` at the start, no footer yet) keeps waiting.  A file that is not Parquet is logged once
 and skipped; it does not stop the watcher.
 
-Never twice for the same content: the fingerprint is the sha256 of the file's bytes, claimed in
+Never twice for the same content: the fingerprint is the keyed hash (HMAC under the catalog key) of the file's bytes, claimed in
 the catalog database (:class:`catalog.watch_state.WatchState`) *before* the event is emitted, so
 a restarted watcher, a renamed copy or a second watcher on the same folder does not announce it
 again (at-most-once; every announcement spends privacy budget).  A failed emission gives the
@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import glob as globlib
-import hashlib
 import logging
 import re
 import time
@@ -41,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from catalog.errors import DprReleaseError
+from catalog.keys import CatalogKey, catalog_key
+from catalog.ledger import default_url
 from catalog.watch_state import WatchState
 
 ARRIVAL_EVENT = "dprelease.data.arrived"
@@ -86,13 +87,19 @@ Emitter = Callable[[ArrivalEvent], None]
 DatasetResolver = Callable[[Path], list[str]]
 
 
-def file_fingerprint(path: str | Path) -> str:
-    """sha256 of the file's bytes (content only: a renamed copy has the same fingerprint)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):  # O(bytes), streaming
-            digest.update(block)
-    return digest.hexdigest()
+def file_fingerprint(path: str | Path, *, key: CatalogKey | None = None) -> str:
+    """Keyed fingerprint of the file's bytes (content only: a renamed copy has the same one).
+
+    Privacy: HMAC-SHA256 under the catalog's key (default: the default catalog's), never a plain
+    hash, so an announced fingerprint cannot confirm a guessed confidential file.  O(bytes).
+    """
+    secret = key or catalog_key(default_url())
+
+    def blocks() -> Iterator[bytes]:
+        with open(path, "rb") as handle:
+            yield from iter(lambda: handle.read(1 << 20), b"")  # streaming
+
+    return secret.fingerprint(blocks())
 
 
 def is_temporary_name(path: Path) -> bool:
@@ -315,7 +322,7 @@ class Watcher:
                 dealt_with = False
                 continue
             logger.info(
-                "announced %s for dataset %s (sha256 %s…)", path, dataset_id, fingerprint[:12]
+                "announced %s for dataset %s (fingerprint %s…)", path, dataset_id, fingerprint[:12]
             )
             emitted.append(event)
         return dealt_with

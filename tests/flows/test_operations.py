@@ -24,7 +24,6 @@ SIGINT, then SIGKILL).  In-process Prefect calls are pointed at this server expl
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -56,6 +55,14 @@ POOL = "dprelease-process"
 SERVER_START_TIMEOUT = 240.0  # a fresh database runs all migrations: 16-30 s measured, 2 cores
 RUN_TIMEOUT = 240.0  # worker pick-up + a flow-run process (imports prefect and GX) + the release
 T = TypeVar("T")
+
+
+def keyed(data: bytes) -> str:
+    """The watcher's fingerprint of ``data``: HMAC-SHA256 under the current catalog's key."""
+    from catalog.keys import catalog_key
+    from catalog.ledger import default_url
+
+    return catalog_key(default_url()).fingerprint([data])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -556,7 +563,7 @@ def test_an_arrival_event_starts_a_release_for_that_file(ops: Operations) -> Non
     arrived = ops.landing / "ops-arrival" / "2026-11.parquet"
     _write_tiny_parquet(arrived, seed=11)
     (ops.landing / "ops-arrival" / "readme.txt").write_text("not data")
-    fingerprint = hashlib.sha256(arrived.read_bytes()).hexdigest()
+    fingerprint = keyed(arrived.read_bytes())
     watched = ops.cli(
         "watch", str(ops.landing), "--spec-dir", str(ops.specs["arrival"].parent), "--once",
         "--interval", "1",
@@ -694,7 +701,7 @@ def test_a_file_changed_after_its_announcement_is_refused_before_any_charge(
 
     replaced = ops.base / "data" / "replaced.parquet"
     _write_tiny_parquet(replaced, seed=21)
-    announced = hashlib.sha256(b"the bytes that were announced").hexdigest()
+    announced = keyed(b"the bytes that were announced")
     catalog = Catalog(ops.catalog_url)
     before = catalog.ledger_entries()
     with temporary_settings(updates={PREFECT_API_URL: ops.api_url}):

@@ -12,7 +12,7 @@ import pytest
 from catalog import artifacts
 from catalog.errors import BudgetExceededError, VerificationError
 from catalog.ledger import Catalog
-from catalog.release import review
+from catalog.review import review
 from tests.flows.conftest import write_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]

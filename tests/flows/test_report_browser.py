@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from catalog.ledger import Catalog
-from catalog.release import review
+from catalog.review import review
 from catalog.report import _cost, _fmt
 from tests.flows.conftest import write_spec
 

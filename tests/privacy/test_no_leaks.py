@@ -2,11 +2,13 @@
 
 Each data-error class is planted with sentinel figures that occur nowhere else: an exact count
 (7919 null ages, 3313 rows of the out-of-domain age 4242, 6661 rows of one person, 2719 rows without
-a person id) or a raw value (age 4242, the text "5077" in an integer column, person id 9433).  The
-errors go through the counting code (in process: the exception, its pickle, the log records) and
-through ``dprelease run`` as a subprocess; then stdout, stderr and every file under the state home,
-the Prefect home (its SQLite database read as bytes), result storage, the user cache and the
-release directory are searched for the sentinels' decimal forms.
+a person id; 1871 nulls and 2357 rows of age 6397 left out by ``on_out_of_domain: drop``) or a raw
+value (age 4242, the text "5077" in an integer column, person id 9433).  The errors go through the
+counting code (in process: the exception, its pickle, the log records) and through ``dprelease
+run`` as a subprocess; then stdout, stderr and every file under the state home, the Prefect home
+(its SQLite database read as bytes, with its -wal file, and as a dump of its rows), result storage,
+the user cache and the release directory are searched for the sentinels' decimal forms.
+``test_no_leaks_deployed`` reuses the cases and the scanner for the watcher and the deployed flow.
 
 The sentinels are real: ``dprelease check`` (the custodian's local view) prints each of them, and
 the scanner finds the old message format ("column 'age' has 7919 null value(s)"), so a leak would
@@ -15,12 +17,16 @@ fail these tests.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
 import re
+import shutil
+import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,29 +123,54 @@ CASES = cases()
 ALL_SENTINELS = sorted({s for case in CASES for s in case.sentinels})
 
 
+@functools.cache
+def _sentinel_pattern(sentinels: tuple[int, ...]) -> re.Pattern[bytes]:
+    forms = {
+        form
+        for value in sentinels
+        for form in (str(value), f"{value:,}", f"{value:_}", f"{value:,}".replace(",", " "))
+    }
+    alternatives = b"|".join(re.escape(f.encode()) for f in sorted(forms, key=len, reverse=True))
+    # one pass over the bytes, O(bytes): (?=\d) lets every other position fail at once
+    return re.compile(rb"(?=\d)(?<![0-9A-Za-z._\-])(?:" + alternatives + rb")(?![0-9A-Za-z_\-])")
+
+
 def leaks(data: bytes, sentinels: tuple[int, ...] | list[int] = ALL_SENTINELS) -> list[str]:
     """Every decimal form ("7919", "7,919", "7 919", "7_919") of a sentinel standing alone: not
     inside a longer number, word, hex id or UUID (where 4 digits turn up by chance)."""
     found = []
-    for value in sentinels:
-        plain = str(value)
-        forms = {plain, f"{value:,}", f"{value:_}", f"{value:,}".replace(",", " ")}
-        for form in forms:
-            pattern = rb"(?<![0-9A-Za-z._\-])" + re.escape(form.encode()) + rb"(?![0-9A-Za-z_\-])"
-            for match in re.finditer(pattern, data):
-                context = data[max(0, match.start() - 60) : match.end() + 60]
-                found.append(f"{form}: ...{context!r}...")
+    for match in _sentinel_pattern(tuple(sorted(sentinels))).finditer(data):
+        context = data[max(0, match.start() - 60) : match.end() + 60]
+        found.append(f"{match.group().decode()}: ...{context!r}...")
     return found
 
 
+def sqlite_rows(path: Path) -> bytes:
+    """Every row of a SQLite database (with its -wal file) as SQL text.  In the raw file a value
+    runs into the next column's bytes ("... 7919" then "2026-..."), hiding a number at its edge
+    from :func:`leaks`; in the dump each value is quoted.  Read from a copy: the owner may be live."""
+    with tempfile.TemporaryDirectory() as scratch:
+        for suffix in ("", "-wal"):
+            if Path(f"{path}{suffix}").is_file():
+                shutil.copyfile(f"{path}{suffix}", Path(scratch) / f"copy.db{suffix}")
+        connection = sqlite3.connect(Path(scratch) / "copy.db")
+        try:
+            return "\n".join(connection.iterdump()).encode()
+        finally:
+            connection.close()
+
+
 def read_tree(*roots: Path, exclude: tuple[Path, ...] = ()) -> dict[Path, bytes]:
-    """Every file under ``roots`` (not under ``exclude``) as raw bytes: SQLite databases with their
-    -wal/-journal files, pickled results, logs.  O(total bytes)."""
+    """Every file under ``roots`` (not under ``exclude``) as raw bytes (SQLite databases with their
+    -wal/-journal files, pickled results, logs), and each database's rows as ``<path> [rows]``.
+    O(total bytes)."""
     files = {}
     for root in roots:
         for path in sorted(root.rglob("*")):
             if path.is_file() and not any(path.is_relative_to(skip) for skip in exclude):
                 files[path] = path.read_bytes()
+                if files[path].startswith(b"SQLite format 3\x00"):
+                    files[path.with_name(f"{path.name} [rows]")] = sqlite_rows(path)
     return files
 
 
@@ -195,6 +226,26 @@ def test_the_scanner_finds_a_count_in_the_old_message_format() -> None:
     assert leaks(b'{"null_rows": 7919}')
     assert leaks(b"out of domain: 3,313 rows, e.g. 4242")
     assert not leaks(b"uuid 0a1b6661-6661-4c3d-8e9f-000000006661 sha 0f6661ab 0.66610 16661")
+
+
+def test_the_scanner_reads_a_databases_rows_including_its_write_ahead_log(tmp_path: Path) -> None:
+    """A committed row still in the -wal file, its number run into the next column's bytes: the raw
+    bytes hide it from :func:`leaks`, the ``[rows]`` dump of :func:`read_tree` shows it."""
+    database = tmp_path / "state.db"
+    connection = sqlite3.connect(database)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA wal_autocheckpoint=0")
+        connection.execute("CREATE TABLE runs (message TEXT, at TEXT)")
+        connection.execute("INSERT INTO runs VALUES ('null rows: 7919', '2026-11-25')")
+        connection.commit()
+        files = read_tree(tmp_path)  # while the writer is open: nothing checkpointed yet
+    finally:
+        connection.close()
+    wal = tmp_path / "state.db-wal"
+    assert b"null rows: 7919" in files[wal] and b"null rows: 7919" not in files[database]
+    assert not leaks(files[database] + files[wal])
+    assert leaks_in({p: c for p, c in files.items() if p.name == "state.db [rows]"})
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -18,7 +18,8 @@ publish folders are searched for the sentinels.
 The scan can fail: figures planted through the same channels (an exception that fails a flow
 run, a run log line, an event payload) are found in the database files it reads, and the
 failures' rule texts and the watcher's events are there too, so the scan reads where a leak would
-land.  Only the harness's port (a public figure in 8000..8999, where one sentinel lies) is blanked.
+land.  Only the harness's ``127.0.0.1:<port>`` is blanked (a free port: public, and a 4-digit one
+could equal a sentinel by chance).
 """
 
 from __future__ import annotations
@@ -251,11 +252,9 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Deployed:
             landing, state=WatchState(), emitter=emitter, resolve_datasets=SpecResolver(specs)
         )
         watcher.run(interval_seconds=0.05, max_polls=2)  # what `dprelease watch --once` does
-        dry_run = CliRunner().invoke(
-            app,
-            ["watch", str(landing), "--spec-dir", str(specs), "--once", "--interval", "0.05"]
-            + ["--dry-run"],
-        )
+        assert len(recorded) == len(CASES), recorded  # one announcement per case's file
+        polls = ["--once", "--interval", "0.05", "--dry-run"]
+        dry_run = CliRunner().invoke(app, ["watch", str(landing), "--spec-dir", str(specs), *polls])
         outcomes = _release_each_announcement(
             root, specs, {event.dataset_id: event for event in recorded}
         )
@@ -374,6 +373,7 @@ def test_the_scan_read_the_servers_database_with_the_failures_and_the_events(
     assert any(p.name == "manifest.json" for p in staged), staged
     home = Path(os.environ["DPRELEASE_HOME"])
     assert home / "catalog.db" in deployed.files  # the ledger, release records, watch state
+    assert any(p.is_relative_to(home / "prefect-results") for p in deployed.files)  # plan results
 
 
 @pytest.mark.parametrize("channel", sorted(PLANTS))

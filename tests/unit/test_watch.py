@@ -10,7 +10,6 @@ dataset a file belongs to (landing sub-folders, arrival-triggered specs); and ev
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -36,6 +35,14 @@ from flows.watch import (
 )
 
 DATASET = "census"
+
+
+def keyed(data: bytes) -> str:
+    """The watcher's fingerprint of ``data``: HMAC-SHA256 under the current catalog's key."""
+    from catalog.keys import catalog_key
+    from catalog.ledger import default_url
+
+    return catalog_key(default_url()).fingerprint([data])
 
 
 class RecordingEmitter:
@@ -90,7 +97,7 @@ def test_a_complete_file_is_announced_once_after_its_size_settles(
     assert event == ArrivalEvent(
         dataset_id=DATASET,
         path=str(path.resolve()),
-        fingerprint=hashlib.sha256(data).hexdigest(),
+        fingerprint=keyed(data),
         size=len(data),
     )
     assert event.resource["prefect.resource.id"] == "dprelease.dataset.census"
@@ -117,7 +124,7 @@ def test_written_under_a_temporary_name_then_renamed(
     assert watcher.poll() == []
     [event] = watcher.poll()
     assert event.path == str(final.resolve())
-    assert event.fingerprint == hashlib.sha256(data).hexdigest()
+    assert event.fingerprint == keyed(data)
 
 
 def test_a_partial_write_in_place_is_not_announced_until_the_footer_is_there(
@@ -142,7 +149,7 @@ def test_a_partial_write_in_place_is_not_announced_until_the_footer_is_there(
         handle.write(data[len(data) // 2 :])
     assert watcher.poll() == []
     [event] = watcher.poll()
-    assert event.fingerprint == hashlib.sha256(data).hexdigest()
+    assert event.fingerprint == keyed(data)
     assert emitter.events == [event]
 
 
@@ -182,7 +189,7 @@ def test_changed_content_is_announced_again(tmp_path: Path, landing: Path, state
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
     assert watcher.poll() == []
     [event] = watcher.poll()
-    assert event.fingerprint == hashlib.sha256(replacement).hexdigest()
+    assert event.fingerprint == keyed(replacement)
     assert len({e.fingerprint for e in emitter.events}) == 2
 
 
