@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from catalog.ledger import Catalog
-from catalog.review import review
 from catalog.report import _cost, _fmt
+from catalog.review import review
 from tests.flows.conftest import write_spec
 
 CHROMIUM = Path("/usr/bin/chromium")
