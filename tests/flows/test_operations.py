@@ -57,12 +57,12 @@ RUN_TIMEOUT = 240.0  # worker pick-up + a flow-run process (imports prefect and 
 T = TypeVar("T")
 
 
-def keyed(data: bytes) -> str:
-    """The watcher's fingerprint of ``data``: HMAC-SHA256 under the current catalog's key."""
+def keyed(data: bytes, catalog_url: str | None = None) -> str:
+    """The watcher's fingerprint of ``data``: HMAC-SHA256 under the catalog's key."""
     from catalog.keys import catalog_key
     from catalog.ledger import default_url
 
-    return catalog_key(default_url()).fingerprint([data])
+    return catalog_key(catalog_url or default_url()).fingerprint([data])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -563,7 +563,7 @@ def test_an_arrival_event_starts_a_release_for_that_file(ops: Operations) -> Non
     arrived = ops.landing / "ops-arrival" / "2026-11.parquet"
     _write_tiny_parquet(arrived, seed=11)
     (ops.landing / "ops-arrival" / "readme.txt").write_text("not data")
-    fingerprint = keyed(arrived.read_bytes())
+    fingerprint = keyed(arrived.read_bytes(), ops.catalog_url)  # the watcher's catalog key
     watched = ops.cli(
         "watch", str(ops.landing), "--spec-dir", str(ops.specs["arrival"].parent), "--once",
         "--interval", "1",

@@ -100,13 +100,15 @@ def test_zero_noise_release_equals_exact_answers(
 def test_over_budget_is_refused_before_reading_data(
     tmp_path: Path, tiny_dataset: Path, zero_noise, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import catalog.release
+    import catalog.source
     from flows.release_flow import release_flow
 
     reads: list[str] = []
-    original = catalog.release.count_cells
+    original = catalog.source.count_cells
     monkeypatch.setattr(
-        catalog.release, "count_cells", lambda spec: reads.append("read") or original(spec)
+        catalog.source,
+        "count_cells",
+        lambda spec, **kwargs: reads.append("read") or original(spec, **kwargs),
     )
     spec_path = write_spec(tmp_path, tiny_dataset, privacy={"epsilon": 1.5})
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
