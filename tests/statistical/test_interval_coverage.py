@@ -241,7 +241,7 @@ def released_tables(
     }
 
 
-@pytest.mark.parametrize("mechanism", ["identity", "hierarchical", "wavelet", "optimized"])
+@pytest.mark.parametrize("mechanism", ["identity", "hierarchical", "wavelet", "optimized", "eigen"])
 def test_data_independent_intervals_cover_95_percent(
     mechanism: str, counts: np.ndarray, tmp_path: Path
 ) -> None:
