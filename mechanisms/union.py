@@ -397,9 +397,23 @@ class _WeightProblem:
 
     def __call__(self, weights: np.ndarray, *, limit: WorkLimit | None = None) -> float:
         """``f(weights)``; ``limit`` is checked before every block (raises TimeLimitReached)."""
+        return self.value_and_log_gradient(weights, limit=limit, gradient=False)[0]
+
+    def value_and_log_gradient(
+        self, weights: np.ndarray, *, limit: WorkLimit | None = None, gradient: bool = True
+    ) -> tuple[float, np.ndarray]:
+        """``f(w)`` and its gradient in the log-weights ``x`` (``w = eˣ``), one pinvh per block.
+
+        ``∂T/∂x_t = −2 w_t² Σ_c mult_c ⟨S_c⁺ Q_c S_c⁺, K_{t,c}⟩`` (the range of ``S_c`` does not
+        change with positive weights); the sensitivity's max over columns contributes its
+        subgradient at the maximising column.  O(2^k D³ + T D²) per block.
+        """
         columns = sum(w**self.norm * c for w, c in zip(weights, self.column_powers, strict=True))
-        sensitivity_sq = float(np.max(columns)) ** (2 / self.norm)
+        top = int(np.argmax(columns))
+        largest = float(columns[top])
+        sensitivity_sq = largest ** (2 / self.norm)
         trace = 0.0
+        trace_gradient = np.zeros(len(weights))
         for index, (multiplicity, workload_block) in enumerate(
             zip(self.multiplicities, self.workload_blocks, strict=True)
         ):
@@ -415,7 +429,25 @@ class _WeightProblem:
                 * DGEMM_FLOPS_PER_SECOND,
             )
             trace += multiplicity * float(np.sum(workload_block * pinv))
-        return sensitivity_sq * trace
+            if gradient:
+                inner = pinv @ workload_block @ pinv  # O(D³)
+                for t, blocks in enumerate(self.term_blocks):  # O(T D²)
+                    trace_gradient[t] -= (
+                        2.0 * weights[t] ** 2 * multiplicity * float(np.sum(inner * blocks[index]))
+                    )
+        if not gradient:
+            return sensitivity_sq * trace, trace_gradient
+        column_gradient = np.array(
+            [
+                self.norm * w**self.norm * float(c[top])
+                for w, c in zip(weights, self.column_powers, strict=True)
+            ]
+        )
+        sensitivity_gradient = (2 / self.norm) * largest ** (2 / self.norm - 1) * column_gradient
+        return (
+            sensitivity_sq * trace,
+            sensitivity_sq * trace_gradient + trace * sensitivity_gradient,
+        )
 
 
 def optimize_weights(
@@ -431,7 +463,7 @@ def optimize_weights(
     """Weights minimising sensitivity² × total variance, then pruning of terms it drove to ~0.
 
     Deterministic: starts from equal weights and optimises all log-weights (bounded to e^±7, the
-    objective is scale-free) with L-BFGS-B and finite differences.  A term whose weight ends below
+    objective is scale-free) with L-BFGS-B and the analytic gradient.  A term whose weight ends below
     e^-5 of the largest is dropped when the others still support the workload and the error does
     not grow.  BLAS runs single-threaded here: the matrices are small and threads only contend.
 
@@ -511,12 +543,12 @@ def _optimize_log_weights(
         return np.ones(1), 0, False
     seen = {"value": math.inf, "point": start, "evaluations": 0}
 
-    def objective(point: np.ndarray) -> float:
-        value = problem(np.exp(point), limit=limit)
+    def objective(point: np.ndarray) -> tuple[float, np.ndarray]:
+        value, gradient = problem.value_and_log_gradient(np.exp(point), limit=limit)
         seen["evaluations"] += 1
         if value < seen["value"]:
             seen["value"], seen["point"] = value, point.copy()
-        return value
+        return value, gradient
 
     def iterated(_: scipy.optimize.OptimizeResult) -> None:
         if progress is not None:
@@ -533,6 +565,7 @@ def _optimize_log_weights(
         result = scipy.optimize.minimize(
             objective,
             start,
+            jac=True,
             method="L-BFGS-B",
             bounds=[(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND)] * start.size,
             callback=iterated,
@@ -549,12 +582,13 @@ def _optimize_log_weights(
 # One objective evaluation per split block (a pinvh of the D × D block and the weighted sum of
 # the term blocks): 2.5e-4 s + 2.5 eighs of size D; measured (process time, one BLAS thread) per
 # evaluation and block: D = 16: 0.29 ms, 64: 0.6-0.85 ms, 256: 10-17 ms, 512: 84 ms.  Evaluations
-# per optimize_weights call (finite differences, pruning re-runs included): 194-259 for 4 terms,
-# modelled as 50·(T + 1).  Workloads: prefix, all-range and marginal items over one ordered
+# per optimize_weights call (finite differences, pruning re-runs included): 194-259 for 4 terms;
+# with the analytic gradient (two more D × D products per block) 28-47 for 4 terms (Adult demo),
+# modelled as 10·(T + 1).  Workloads: prefix, all-range and marginal items over one ordered
 # attribute of size D and 2-4 categorical ones; benchmarks/predict_bench.py --calibrate union.
 _BLOCK_EVALUATION_FIXED = 2.5e-4
 _BLOCK_EVALUATION_EIGHS = 2.5
-_EVALUATIONS_PER_TERM = 50
+_EVALUATIONS_PER_TERM = 10
 
 
 def weight_problem_sizes(
@@ -579,8 +613,8 @@ def predict_seconds(
 ) -> float:
     """Predicted seconds of :func:`optimize_weights` from sizes (see :func:`weight_problem_sizes`).
 
-    ``min(max_evaluations·T, 50·(T + 1))`` evaluations, each ``split_blocks`` pinvh's of the
-    ``dense_cells``-sized block plus the O(T·N) sensitivity.  One BLAS thread.  O(1).
+    ``min(max_evaluations·T, 10·(T + 1))`` evaluations, each ``split_blocks`` pinvh's and two
+    products of the ``dense_cells``-sized block plus the O(T·N) sensitivity.  One BLAS thread.  O(1).
     """
     for name, value in (
         ("dense_cells", dense_cells),
@@ -597,7 +631,7 @@ def predict_seconds(
     per_block = (
         _BLOCK_EVALUATION_FIXED
         + _BLOCK_EVALUATION_EIGHS * eigh_seconds(dense_cells)
-        + num_terms * dense_cells**2 / DGEMM_FLOPS_PER_SECOND
+        + (4 * dense_cells**3 + 2 * num_terms * dense_cells**2) / DGEMM_FLOPS_PER_SECOND
     )
     per_evaluation = split_blocks * per_block + num_terms * num_cells * 1e-9
     return evaluations * per_evaluation

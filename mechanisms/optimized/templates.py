@@ -221,6 +221,12 @@ def _block_start(p: int, n: int) -> np.ndarray:
     return theta
 
 
+STALL_ITERATIONS = 50
+STALL_TOLERANCE = 1e-3
+"""p-Identity stops once ``STALL_ITERATIONS`` L-BFGS iterations lowered the loss by less than
+``STALL_TOLERANCE`` of itself (HDMM stops at a per-iteration ``ftol`` of 1e-4; a window is steadier)."""
+
+
 def optimize_pidentity_factor(
     gram: np.ndarray,
     *,
@@ -245,7 +251,8 @@ def optimize_pidentity_factor(
     ``limit``: checked at every loss evaluation (O(n² p) each); once it has passed, the run in
     progress stops and the best Θ evaluated so far (over all runs, and the identity) is returned
     with ``stopped = True``.  L-BFGS-B only evaluates points inside the bounds, so that Θ is
-    feasible.  ``progress`` is called after every L-BFGS iteration.
+    feasible.  ``progress`` is called after every L-BFGS iteration.  A run stops after
+    ``max_iterations`` or once it stalls (:data:`STALL_ITERATIONS`, :data:`STALL_TOLERANCE`).
     """
     n = gram.shape[0]
     scale = max(float(np.trace(gram)) / n, 1e-300)
@@ -255,6 +262,7 @@ def optimize_pidentity_factor(
     iterations = 0
     gaussian_start: np.ndarray | None = None
     seen = {"loss": best_loss, "theta": best_theta, "iterations": 0}
+    run_losses: list[float] = []  # best loss of the current run after each iteration
 
     def evaluate(params: np.ndarray) -> tuple[float, np.ndarray]:
         if limit is not None:
@@ -264,8 +272,15 @@ def optimize_pidentity_factor(
             seen["loss"], seen["theta"] = loss, params.reshape(p, n).copy()
         return loss, gradient
 
-    def iterated(_: scipy.optimize.OptimizeResult) -> None:
+    def iterated(intermediate_result: scipy.optimize.OptimizeResult) -> None:  # scipy's name
         seen["iterations"] += 1
+        run_losses.append(
+            min(float(intermediate_result.fun), run_losses[-1] if run_losses else math.inf)
+        )
+        if len(run_losses) > STALL_ITERATIONS:
+            before, now = run_losses[-1 - STALL_ITERATIONS], run_losses[-1]
+            if before - now <= STALL_TOLERANCE * abs(now):
+                raise StopIteration  # scipy ends the run and returns its current point
         if progress is not None:
             used = math.nan if limit is None else limit.fraction_used()
             share = (restart + min(1.0, seen["iterations"] / max_iterations)) / restarts
@@ -291,6 +306,7 @@ def optimize_pidentity_factor(
             spread = 0.0 if restart == 0 else 0.3 * float(np.sqrt(np.mean(gaussian_start**2)))
             start = gaussian_start + spread * rng.standard_normal((p, n))
         seen["iterations"] = 0
+        run_losses.clear()
         try:
             result = scipy.optimize.minimize(
                 evaluate,
@@ -636,8 +652,8 @@ def optimize_factor(
 
 # p-Identity, per L-BFGS-B iteration (one BLAS thread): fixed 2e-4 s, 2.3e-7 s per variable
 # (L-BFGS-B's own O(maxcor·pn) updates dominate) and ~1.2 loss evaluations of 2n²p flops.
-# Iterations to converge: 70 (n = 64), 281-450 (n = 128), the 2000 cap from n = 256 on, on
-# all-range and prefix Grams (Laplace), i.e. about 0.03·n².  Measured (process time) by
+# Iterations until the stall rule stops a run: 159 (n = 256), 604 (n = 1024) on all-range Grams
+# (Laplace), i.e. about 20 + 0.6·n (before the rule: the 2000 cap from n = 256 on).  Measured (process time) by
 #   .venv/bin/python benchmarks/predict_bench.py --calibrate templates
 # n = 256, 512, 1024 (p = n/16): 1.5, 4.9, 19 ms per iteration.
 _PIDENTITY_ITERATION_FIXED = 2.0e-4
@@ -656,7 +672,7 @@ def predict_pidentity_seconds(
     if n <= 1:
         return 0.0
     extra = default_p(n) if p is None else p
-    iterations = min(max_iterations, 20 + 0.03 * n * n)
+    iterations = min(max_iterations, 20 + 0.6 * n)
     per_iteration = (
         _PIDENTITY_ITERATION_FIXED
         + _PIDENTITY_PER_VARIABLE * extra * n

@@ -170,3 +170,20 @@ def test_validation_fires() -> None:
             domain_shape=(3,),
             terms=(UnionTerm(weight=1.0, factors=(identity_strategy(2),)),),
         )
+
+
+@pytest.mark.parametrize("norm", [1, 2])
+def test_weight_objective_gradient_matches_finite_differences(norm: int) -> None:
+    from mechanisms.union import _WeightProblem
+
+    terms = per_item_terms(WORKLOAD, ordered=(True, False, False), family="hierarchical")
+    problem = _WeightProblem(WORKLOAD, terms, norm=norm)
+    point = np.log(np.linspace(0.6, 1.7, len(terms)))  # unequal: one column attains the max
+    value, gradient = problem.value_and_log_gradient(np.exp(point))
+    assert value == pytest.approx(problem(np.exp(point)))
+    step = 1e-6
+    for t in range(len(terms)):
+        shift = np.zeros_like(point)
+        shift[t] = step
+        numeric = (problem(np.exp(point + shift)) - problem(np.exp(point - shift))) / (2 * step)
+        assert gradient[t] == pytest.approx(numeric, rel=1e-4, abs=1e-6 * abs(value))
