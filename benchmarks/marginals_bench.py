@@ -17,8 +17,14 @@ Accuracy, over ``--repeats`` more releases (each charges ε = 1 to a benchmark-o
 input is counted once): total squared error of all released tables against the true marginals,
 against (a) the plan's predicted total variance and (b) the baseline of measuring each marginal
 separately with Laplace noise at ε/K (K tables), both its expected value 2(K/ε)²·cells and one
-draw made here.  std_error honesty: mean over cells of ((estimate − truth)/std_error)².  The
-true marginals are computed here from the public example file, for the benchmark only.
+draw made here.  std_error honesty: mean over cells of ((estimate − truth)/std_error)².  For the degrees in
+``--pgm-degrees`` (default 2) each repeat also runs ``reconstruct: pgm`` on the same measurement
+and compares its total squared error with least squares clipped at 0, with its smallest cell and
+the largest disagreement between two tables' 1-way marginals: pgm's error is empirical, and this
+simulation on the public Adult file is where it is measured.  ``--validation-baseline`` also
+times one GX suite per table (the pipeline before batching) against the batched validation on
+the same released tables.  The true marginals are computed here
+from the public example file, for the benchmark only.
 """
 
 from __future__ import annotations
@@ -84,7 +90,15 @@ def true_marginals(workload: Any, names: list[str]) -> dict[str, np.ndarray]:
     return truth
 
 
-def run_case(home: Path, degree: int, *, repeats: int, mechanism: str) -> None:
+def run_case(
+    home: Path,
+    degree: int,
+    *,
+    repeats: int,
+    mechanism: str,
+    pgm: bool,
+    validation_baseline: bool = False,
+) -> None:
     from catalog import release
     from catalog.ledger import Catalog
     from catalog.planning import make_plan
@@ -112,7 +126,7 @@ def run_case(home: Path, degree: int, *, repeats: int, mechanism: str) -> None:
     truth = true_marginals(workload, list(spec.domain))
     cells = sum(t.size for t in truth.values())
     predicted = plan.candidate(plan.chosen).total_variance or math.nan
-    errors, honesty = [], []
+    errors, honesty, pgm_rows = [], [], []
     for _ in range(repeats):
         release_id = release.new_release_id(spec)
         release.register(spec, plan, catalog, release_id=release_id)
@@ -125,6 +139,9 @@ def run_case(home: Path, degree: int, *, repeats: int, mechanism: str) -> None:
             z2 += float(np.sum((diff / table["std_error"].to_numpy()) ** 2))
         errors.append(squared)
         honesty.append(z2 / cells)
+        if pgm:
+            least_squares = {name: t["estimate"].to_numpy() for name, t in tables.items()}
+            pgm_rows.append(pgm_figures(plan, measurement, least_squares, truth))
     rng = np.random.default_rng(2026)  # benchmark-only baseline draw, never released
     separate_expected = 2 * (k / EPSILON) ** 2 * cells
     separate_draw = float(np.sum(rng.laplace(0.0, k / EPSILON, size=cells) ** 2))
@@ -171,6 +188,114 @@ def run_case(home: Path, degree: int, *, repeats: int, mechanism: str) -> None:
         print(f"{name:<58} {value:14.6g} {target:>16} {shown}")
     print(f"{'  per release: total sq. error':<58} " + ", ".join(f"{e:.5g}" for e in errors))
     print(f"{'  per release: mean z^2':<58} " + ", ".join(f"{h:.4f}" for h in honesty))
+    if pgm_rows:
+        print_pgm(pgm_rows, degree=degree)
+    if validation_baseline and repeats:
+        compare_validation(tables, plan.item_queries, home / f"validation-{degree}")
+
+
+def compare_validation(tables: dict[str, Any], expected: dict[str, int], folder: Path) -> None:
+    """Batched validation (the pipeline's: one suite over per-table figures) against one GX
+    suite per table (the baseline, the pipeline before batching), on the same released tables.
+    GX is imported first."""
+    from catalog import validation
+    from catalog.gx import run_suites
+
+    run_suites([])  # import GX and build one context outside the timings
+    started = time.perf_counter()
+    batched = validation.validate_tables(tables, expected_rows=expected, directory=folder / "b")
+    batched_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    jobs = [
+        (
+            name,
+            table.to_pandas(),
+            validation.table_expectations(table, expected_rows=expected[name]),
+        )
+        for name, table in tables.items()
+    ]
+    per_table = run_suites(jobs, docs_dir=folder / "p" / "docs")
+    per_table_seconds = time.perf_counter() - started
+    print(f"\n## validation of {len(tables)} tables: batched suites vs one suite per table")
+    print(f"{'figure':<58} {'value':>14} {'target':>16} {'ratio':>8}")
+    print(
+        f"{'one suite per table (baseline), seconds':<58} {per_table_seconds:14.4g} {'':>16} {1:8.3f}"
+    )
+    print(
+        f"{'batched (1 suite over per-table figures), seconds':<58} {batched_seconds:14.4g} {'':>16} "
+        f"{batched_seconds / per_table_seconds:8.3f}"
+    )
+    agree = batched["success"] == all(summary["success"] for summary in per_table.values())
+    print(f"{'both verdicts agree':<58} {agree!s:>14}")
+
+
+def pgm_figures(
+    plan: Any, measurement: Any, least_squares: dict[str, np.ndarray], truth: dict[str, np.ndarray]
+) -> dict[str, float]:
+    """``reconstruct: pgm`` on the same measurement as least squares: total squared errors of
+    least squares, least squares clipped at 0 and pgm; pgm's seconds, smallest cell and largest
+    disagreement between two tables' 1-way marginals (the benchmark's truth: public data)."""
+    from mechanisms.marginal_space import axes_of, item_subset
+
+    workload = plan.workload
+    started = time.perf_counter()
+    model = measurement.strategy.consistent(measurement.values, workload)
+    seconds = time.perf_counter() - started
+    shape = workload.domain_shape
+    one_way: dict[int, list[np.ndarray]] = {}
+    figures = {"least squares": 0.0, "least squares + clip": 0.0, "pgm": 0.0}
+    lowest = np.inf
+    for item in workload.items:
+        axes = axes_of(item_subset(item), len(shape))
+        table = model.marginal(item_subset(item))
+        lowest = min(lowest, float(table.min()))
+        for k, axis in enumerate(axes):
+            one_way.setdefault(axis, []).append(
+                table.sum(axis=tuple(j for j in range(len(axes)) if j != k))
+            )
+        exact = truth[item.name]
+        figures["least squares"] += float(np.sum((least_squares[item.name] - exact) ** 2))
+        figures["least squares + clip"] += float(
+            np.sum((np.maximum(least_squares[item.name], 0.0) - exact) ** 2)
+        )
+        figures["pgm"] += float(np.sum((table.ravel() - exact) ** 2))
+    disagreement = max(float(np.max(np.abs(m - ms[0]))) for ms in one_way.values() for m in ms[1:])
+    return figures | {
+        "seconds": seconds,
+        "iterations": float(model.iterations),
+        "lowest cell": lowest,
+        "1-way disagreement": disagreement,
+    }
+
+
+def print_pgm(rows: list[dict[str, float]], *, degree: int) -> None:
+    def mean(key: str) -> float:
+        return float(np.mean([row[key] for row in rows]))
+
+    clip = mean("least squares + clip")
+    print(f"\n## reconstruct: pgm on the same measurements, all {degree}-way marginals")
+    print(f"{'figure':<58} {'value':>14} {'target':>16} {'ratio':>8}")
+    table_rows = [
+        ("least squares: total sq. error (mean)", mean("least squares"), "", None),
+        ("least squares + clip at 0: total sq. error", clip, "baseline", 1.0),
+        ("pgm: total sq. error", mean("pgm"), "<= baseline", mean("pgm") / clip),
+        ("pgm: smallest cell of any table", min(r["lowest cell"] for r in rows), ">= 0", None),
+        (
+            "pgm: largest 1-way disagreement between tables",
+            max(r["1-way disagreement"] for r in rows),
+            "<= 1e-6",
+            None,
+        ),
+        ("pgm: seconds per reconstruction (mean)", mean("seconds"), "", None),
+        ("pgm: ADMM iterations (mean)", mean("iterations"), "", None),
+    ]
+    for name, value, target, ratio in table_rows:
+        shown = f"{ratio:8.3f}" if ratio is not None else f"{'':>8}"
+        print(f"{name:<58} {value:14.6g} {target:>16} {shown}")
+    print(
+        f"{'  per release: pgm / (LS + clip)':<58} "
+        + ", ".join(f"{r['pgm'] / r['least squares + clip']:.3f}" for r in rows)
+    )
 
 
 def main() -> None:
@@ -178,12 +303,30 @@ def main() -> None:
     parser.add_argument("--degrees", default="2,3", help="comma-separated marginal degrees")
     parser.add_argument("--repeats", type=int, default=3, help="releases for the accuracy figures")
     parser.add_argument("--mechanism", default="marginal_space", help="the spec's mechanism")
+    parser.add_argument(
+        "--pgm-degrees",
+        default="2",
+        help="degrees whose repeats also run reconstruct: pgm on the same measurements",
+    )
+    parser.add_argument(
+        "--validation-baseline",
+        action="store_true",
+        help="also time one GX suite per table on the same tables (minutes for 364 tables)",
+    )
     options = parser.parse_args()
+    pgm_degrees = {int(part) for part in options.pgm_degrees.split(",") if part}
     with tempfile.TemporaryDirectory(prefix="dprelease-marginals-bench-") as tmp:
         home = Path(tmp)
         os.environ["DPRELEASE_HOME"] = str(home / "state")
         for degree in (int(part) for part in options.degrees.split(",") if part):
-            run_case(home, degree, repeats=options.repeats, mechanism=options.mechanism)
+            run_case(
+                home,
+                degree,
+                repeats=options.repeats,
+                mechanism=options.mechanism,
+                pgm=degree in pgm_degrees,
+                validation_baseline=options.validation_baseline,
+            )
 
 
 if __name__ == "__main__":

@@ -71,9 +71,19 @@ def code_version() -> dict[str, str | None]:
 
 
 def write_table(directory: Path, name: str, table: pa.Table) -> Path:
+    """``tables/<name>.parquet`` and, for the report's download links, ``tables/<name>.csv``
+    (same rows and columns, full precision, empty cells for nulls). O(rows)."""
     path = directory / "tables" / f"{name}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
+    write_csv(table, path.with_suffix(".csv"))
+    return path
+
+
+def write_csv(table: pa.Table, path: Path) -> Path:
+    import pyarrow.csv as pa_csv
+
+    pa_csv.write_csv(table, path, pa_csv.WriteOptions(quoting_style="needed"))
     return path
 
 
@@ -137,15 +147,6 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def update_review(directory: Path, review: dict[str, Any], *, status: str) -> str:
-    """Record a review decision in the manifest (hashes are recomputed); return the new sha256."""
-    manifest = read_manifest(directory)
-    manifest.setdefault("review", {"status": "staged", "trail": []})
-    manifest["review"]["trail"].append(review)
-    manifest["review"]["status"] = status
-    return write_manifest(directory, manifest)
-
-
 def publish(directory: Path, destination: Path) -> Path:
     """Copy an approved release to the published location (refuses to overwrite).
 
@@ -202,7 +203,8 @@ def verify(directory: Path, catalog: Catalog, *, input_path: str | Path | None =
     problems += _validation_problems(directory, manifest)
     if problems:
         raise VerificationError(
-            f"release {directory} failed verification:\n" + "\n".join(f"  - {p}" for p in problems)
+            f"release {directory} failed verification:\n" + "\n".join(f"  - {p}" for p in problems),
+            problems=tuple(problems),
         )
     return problems
 
@@ -283,7 +285,7 @@ def _receipt_problems(
             problems.append(
                 f"ledger receipt {entry.receipt_id} charged {entry.cost.as_dict()}, manifest says {receipt.get('cost')}"
             )
-        for field in ("label", "seq", "entry_hash"):
+        for field in ("label", "seq", "entry_hash", "partition"):
             if field in receipt and receipt[field] != getattr(entry, field):
                 problems.append(
                     f"ledger receipt {entry.receipt_id} has {field} {getattr(entry, field)!r} in "

@@ -24,6 +24,11 @@ class CatalogError(DprReleaseError):
 class VerificationError(DprReleaseError):
     """A release directory does not match its manifest, the ledger or its validation results."""
 
+    def __init__(self, message: str, *, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems or (message,)
+        """Each mismatch as one line (``dprelease verify --json``)."""
+
 
 class ValidationFailedError(DprReleaseError):
     """A release's outputs failed validation; the budget stays spent, nothing is staged."""

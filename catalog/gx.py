@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +53,10 @@ def _class_name(expectation_type: str) -> str:
     return "".join(part.capitalize() for part in expectation_type.split("_"))
 
 
-def run_suites(
-    jobs: list[tuple[str, pd.DataFrame, list[tuple[str, dict[str, Any]]]]],
-    *,
-    docs_dir: Path | None = None,
-) -> dict[str, dict[str, Any]]:
+Jobs = list[tuple[str, pd.DataFrame, list[tuple[str, dict[str, Any]]]]]
+
+
+def run_suites(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[str, Any]]:
     """Run each ``(name, frame, expectations)`` in one ephemeral GX context.
 
     ``expectations`` are ``(snake_case GX type, kwargs)`` pairs; ``where_not: (column, value)``
@@ -112,7 +112,97 @@ def run_suites(
         summaries[name] = _summarise(name, result)
     if docs_dir is not None:
         context.build_data_docs(site_names=["release_docs"])  # O(tables), all suites' results
+        make_docs_offline(docs_dir)
     return summaries
+
+
+# --- Data Docs without a network ------------------------------------------------------------------
+
+ASSETS = Path(__file__).resolve().parent / "assets" / "datadocs"
+VENDOR = "static/vendor"  # inside the docs folder
+_CDN = (
+    r"https://(?:unpkg\.com|cdnjs\.cloudflare\.com|code\.jquery\.com|maxcdn\.bootstrapcdn\.com"
+    r"|stackpath\.bootstrapcdn\.com|cdn\.jsdelivr\.net)/"
+)
+LOCAL_COPIES: dict[str, str] = {
+    "jquery-3.7.1.min.js": "js/jquery-3.7.1.min.js",
+    "popper.js/1.12.9/umd/popper.min.js": "js/popper-1.12.9.min.js",
+    "bootstrap/4.3.1/css/bootstrap.min.css": "css/bootstrap-4.3.1.min.css",
+    "bootstrap/4.3.1/js/bootstrap.min.js": "js/bootstrap-4.3.1.min.js",
+    "bootstrap-table@1.19.1/dist/bootstrap-table.min.css": "css/bootstrap-table-1.19.1.min.css",
+    "bootstrap-table@1.19.1/dist/bootstrap-table.min.js": "js/bootstrap-table-1.19.1.min.js",
+    "filter-control/bootstrap-table-filter-control.min.css": (
+        "css/bootstrap-table-filter-control-1.19.1.min.css"
+    ),
+    "filter-control/bootstrap-table-filter-control.css": (
+        "css/bootstrap-table-filter-control-1.19.1.min.css"
+    ),
+    "filter-control/bootstrap-table-filter-control.min.js": (
+        "js/bootstrap-table-filter-control-1.19.1.min.js"
+    ),
+    "bootstrap-datepicker/1.9.0/css/bootstrap-datepicker.min.css": (
+        "css/bootstrap-datepicker-1.9.0.min.css"
+    ),
+    "bootstrap-datepicker/1.9.0/js/bootstrap-datepicker.min.js": (
+        "js/bootstrap-datepicker-1.9.0.min.js"
+    ),
+    "font-awesome/6.6.0/css/all.min.css": "css/fontawesome-6.6.0.min.css",
+}
+"""CDN URL ending -> bundled copy (``catalog/assets/datadocs``; versions and licences in its README)."""
+DROPPED = ("npm/vega@", "npm/vega-lite@", "npm/vega-embed@", "bootstrap-dark@")
+"""Resources the pages dprelease writes never use (charts of profiling expectations, a dark theme)."""
+_TAG = re.compile(
+    r"<(?P<tag>script|link)\b[^>]*?(?:src|href)=[\"'](?P<url>" + _CDN + r"[^\"']+)[\"'][^>]*>"
+    r"(?:\s*</script>)?",
+    re.IGNORECASE,
+)
+_FAVICON = re.compile(r"href=[\"'](?:\./|\.\./)*static/images/favicon\.ico[\"']")
+_LOGO = re.compile(r"https://great-expectations-web-assets\.s3\.[^\"']+?\.png(?:\?[^\"']*)?")
+
+
+class OfflineDocsError(RuntimeError):
+    """A Data Docs page loads a resource from the network that no bundled copy replaces."""
+
+
+def make_docs_offline(docs_dir: Path) -> list[Path]:
+    """Copy the bundled CSS/JS/fonts into ``docs_dir`` and point every page at them. O(pages).
+
+    Each CDN ``<script>``/``<link>`` becomes a relative link to ``static/vendor/``; unused ones
+    (:data:`DROPPED`) are removed with their ``integrity``/``crossorigin`` attributes (which a
+    ``file://`` page cannot satisfy); the S3 logo becomes the logo inside the GX package.  Raises
+    :class:`OfflineDocsError` naming the page and URL of any other network resource.
+    """
+    import shutil
+
+    vendor = docs_dir / VENDOR
+    for source in sorted(ASSETS.rglob("*")):
+        if source.is_file():
+            target = vendor / source.relative_to(ASSETS)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+    pages = sorted(docs_dir.rglob("*.html"))
+    for page in pages:
+        up = "../" * (len(page.relative_to(docs_dir).parts) - 1)
+        text = _TAG.sub(partial(_local_tag, up=up, page=page), page.read_text())
+        text = _LOGO.sub(f"{up}static/images/logo-long.png", text)
+        # GX links the favicon of pages four folders deep one folder too high
+        text = _FAVICON.sub(f'href="{up}static/images/favicon.ico"', text)
+        page.write_text(text)
+    return pages
+
+
+def _local_tag(match: re.Match[str], *, up: str, page: Path) -> str:
+    url = match.group("url")
+    if any(marker in url for marker in DROPPED):
+        return ""
+    local = next((copy for end, copy in LOCAL_COPIES.items() if url.endswith(end)), None)
+    if local is None:
+        raise OfflineDocsError(
+            f"Data Docs page {page.name} loads {url}, which has no bundled copy in {ASSETS}"
+        )
+    if match.group("tag").lower() == "script":
+        return f'<script src="{up}{VENDOR}/{local}"></script>'
+    return f'<link rel="stylesheet" href="{up}{VENDOR}/{local}">'
 
 
 def _summarise(name: str, result: Any) -> dict[str, Any]:

@@ -35,7 +35,10 @@ def describe_unit(spec: ReleaseSpec) -> str:
 
 
 def read_cells(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
-    from catalog.source import count_cells
+    if spec.execution.engine == "dask":
+        from catalog.dask_count import count_cells_dask as count_cells
+    else:
+        from catalog.source import count_cells
 
     counted = count_cells(spec, key=key)
     return Ingested(
@@ -47,7 +50,10 @@ def read_cells(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
 
 
 def read_marginals(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
-    from catalog.marginal_source import count_marginals
+    if spec.execution.engine == "dask":
+        from catalog.dask_count import count_marginals_dask as count_marginals
+    else:
+        from catalog.marginal_source import count_marginals
 
     marginals = count_marginals(
         spec, subsets=plan.strategy.marginal_subsets, output_rows=plan.num_queries, key=key

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_serializer
+
+
+def _drop_none(data: dict[str, Any], key: str) -> dict[str, Any]:
+    if data.get(key, 0) is None:
+        del data[key]
+    return data
 
 
 class _Record(BaseModel):
@@ -55,6 +61,12 @@ class ReceiptRecord(_Record):
     paid_by_release: str
     seq: int | None = None
     entry_hash: str | None = None
+    partition: str | None = None
+    """The partition this entry charged (a partitioned dataset); absent: the whole dataset."""
+
+    @model_serializer(mode="wrap")
+    def _without_whole_dataset_partition(self, handler: Any) -> dict[str, Any]:
+        return _drop_none(handler(self), "partition")  # unpartitioned manifests as before
 
 
 class ValidationRecord(_Record):
@@ -71,6 +83,10 @@ class ReviewEntry(_Record):
 
 class ReviewState(_Record):
     status: str
+    required_approvals: int = 1
+    """Distinct approvals the release needs (the spec's ``review.approvers``)."""
+    operator: str | None = None
+    """Who ran the release (``catalog.review_policy``); written with the first decision."""
     trail: list[ReviewEntry] = []
 
 
@@ -92,16 +108,26 @@ class Manifest(_Record):
     privacy: PrivacyRecord
     budget: BudgetRecord
     ledger_receipts: list[ReceiptRecord]
+    partitions: dict[str, Any] | None = None
+    """A partitioned dataset: ``by``, ``column``, the declared ``assumption`` in words and the
+    partitions this release was ``charged`` to (``catalog.partitions``)."""
     ledger_chain_head: dict[str, Any] | None = None
     """The dataset's last ledger entry (seq, entry_hash) after this release's charges."""
     plan: dict[str, Any]
     tables: list[str]
     table_uncertainty: dict[str, str] = {}
+    derived_tables: dict[str, dict[str, Any]] = {}
+    """Per derived table (mean, sum, quantiles): statistic, column, groups, support table, binning
+    error per record and how its uncertainty is computed (``catalog.tables.derived_descriptions``)."""
     """Per table: what its ``std_error`` covers (e.g. ``noise`` or ``noise+bias``)."""
     validation: ValidationRecord
     review: ReviewState
     artifacts: dict[str, str] = {}
     """sha256 of every artifact file, by path inside the release (added when the manifest is written)."""
+
+    @model_serializer(mode="wrap")
+    def _without_absent_partitions(self, handler: Any) -> dict[str, Any]:
+        return _drop_none(handler(self), "partitions")  # unpartitioned manifests as before
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -85,8 +85,25 @@ def count_marginals(
     encoded, files, input_fingerprint = read_and_encode(spec, key=key)
     valid = encoded.valid
     index = [axis_index[valid] for axis_index in encoded.index]
-    counts = encoded.counts[valid]
     shape = spec.domain_shape
+    tables = project_marginals(index, encoded.counts[valid], shape=shape, subsets=subsets)
+    protected = ProtectedMarginals(
+        tables, domain_shape=shape, contribution_bound=spec.privacy_unit.contribution_bound
+    )
+    return MarginalCountResult(
+        marginals=protected, input_fingerprint=input_fingerprint, files=files
+    )
+
+
+def project_marginals(
+    index: Sequence[np.ndarray],
+    counts: np.ndarray,
+    *,
+    shape: tuple[int, ...],
+    subsets: Sequence[tuple[int, ...]],
+) -> dict[tuple[int, ...], np.ndarray]:
+    """The ``subsets``-marginals of groups with per-axis cell ``index`` and ``counts``
+    (confidential in, confidential out). O(groups × subsets + Σ marginal sizes)."""
     tables = {}
     for axes in dict.fromkeys(tuple(int(a) for a in axes) for axes in subsets):
         sizes = tuple(shape[a] for a in axes)
@@ -95,9 +112,4 @@ def count_marginals(
             continue
         flat = np.ravel_multi_index(tuple(index[a] for a in axes), sizes)
         tables[axes] = np.bincount(flat, weights=counts, minlength=math.prod(sizes))  # O(groups)
-    protected = ProtectedMarginals(
-        tables, domain_shape=shape, contribution_bound=spec.privacy_unit.contribution_bound
-    )
-    return MarginalCountResult(
-        marginals=protected, input_fingerprint=input_fingerprint, files=files
-    )
+    return tables

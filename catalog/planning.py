@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from catalog.errors import SpecError
-from catalog.spec import MAX_RELEASE_CELLS, ReleaseSpec, WorkloadItemSpec
+from catalog.spec import (
+    MAX_RELEASE_CELLS,
+    ReleaseSpec,
+    WorkloadItemSpec,
+    derived_rows,
+    derived_support,
+)
 from catalog.strategy_store import StrategyStore
 from mechanisms import registry
 from mechanisms.lower_bound import svd_bound
@@ -63,6 +69,8 @@ def build_workload(spec: ReleaseSpec) -> Workload:
 
 
 def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
+    if item.derived_column is not None:  # mean/sum/quantiles: their support queries
+        return derived_support(spec, item)
     factors: list[Factor] = []
     for name, attribute in spec.domain.items():
         n = attribute.size
@@ -270,7 +278,10 @@ def make_plan(
         workload_fingerprint=spec.workload_fingerprint(),
         num_queries=workload.num_queries,
         num_cells=workload.num_cells,
-        item_queries={item.name: item.num_queries for item in workload.items},
+        item_queries={
+            **{item.name: item.num_queries for item in workload.items},
+            **{i.name: derived_rows(spec, i) for i in spec.workload if i.derived_column},
+        },
         strategy_parameters=dict(chosen.strategy.parameters),
         strategy=chosen.strategy,
         workload=workload,

@@ -20,22 +20,24 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
-from catalog import artifacts
+from catalog import artifacts, estimators, partitions
+from catalog.distributed_noise import noise_cluster, sharded
 from catalog.errors import SpecError, ValidationFailedError
 from catalog.inputs import READERS, Ingested
-from catalog.ledger import Catalog, DatasetAccountant
+from catalog.ledger import Catalog, DatasetAccountant, SkippedRelease
 from catalog.manifest import Manifest
 from catalog.planning import Plan, build_workload
 from catalog.report import render_report
+from catalog.review_policy import record_policy
 from catalog.source import resolve_source
 from catalog.spec import ReleaseSpec, check_runnable
 from catalog.strategy_store import StrategyStore
-from catalog.tables import build_table
+from catalog.tables import build_table, derived_descriptions, derived_tables
 from catalog.validation import validate_tables
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import MeasureContext, Measurement
@@ -53,10 +55,20 @@ def register(
     *,
     release_id: str,
     directory: Path | None = None,
-) -> PrivacyCost:
+    on_unchanged: Literal["skip", "release"] = "release",
+) -> PrivacyCost | SkippedRelease:
     """Everything public, before any data is read: the input is one this machine can release,
     the output folder (``directory``'s parent, when given) is writable, the budget admits the
-    cost; then the intent is recorded.  Returns the budget spent before this release."""
+    cost (in every partition the release reads, for a partitioned dataset); then the intent is
+    recorded.  Returns the budget spent before this release (by the partitions it reads).
+
+    ``on_unchanged="skip"`` (scheduled and triggered runs, with the spec's policy): when the keyed
+    input fingerprint and the spec's ``series_key`` equal those of the last release of the series,
+    nothing is charged or recorded but a ``skipped`` ledger entry, returned as
+    :class:`SkippedRelease` (checked before the budget, so an unchanged run on a spent budget is
+    a skip, not an error; and again atomically with recording the release).  Costs one keyed
+    hash of the input files (O(bytes), no rows parsed)."""
+    estimators.estimator(spec, plan)  # reconstruct: pgm is refused here, before any charge
     if plan.mechanism.input_kind == "cells":
         check_runnable(spec)  # a full cell vector is counted: its size is bounded
     elif spec.dataset.source is None:
@@ -65,17 +77,34 @@ def register(
         )
     if directory is not None:
         _check_writable(directory.parent)
-    catalog.ensure_dataset(spec.dataset.id, cap=spec.dataset.budget_cap())
-    catalog.check_budget(spec.dataset.id, cost_due(spec, plan, catalog))  # before any data is read
-    before = catalog.spent(spec.dataset.id)
-    catalog.create_release(
+    catalog.ensure_dataset(
+        spec.dataset.id, cap=spec.dataset.budget_cap(), partitioned_by=partitions.declaration(spec)
+    )
+    touched = partitions.release_partitions(spec)  # public: file names or domain cells
+    series = {"name": spec.name, "dataset_id": spec.dataset.id, "series_key": spec.series_key()}
+    input_fingerprint = None
+    if on_unchanged == "skip":
+        source = str(spec.dataset.source)
+        input_fingerprint = resolve_source(source, key=catalog.key).fingerprint
+        skipped = catalog.skip_if_unchanged(
+            release_id=release_id, input_fingerprint=input_fingerprint, **series
+        )
+        if skipped is not None:
+            return skipped
+    due = cost_due(spec, plan, catalog)
+    catalog.check_budget(spec.dataset.id, due, partitions=touched)  # before any data is read
+    before = catalog.spent(spec.dataset.id, partitions=touched)
+    # who runs it and who must approve it, recorded first: no release exists without its policy
+    record_policy(catalog, release_id=release_id, spec=spec)
+    skipped = catalog.create_release(
         release_id=release_id,
-        name=spec.name,
-        dataset_id=spec.dataset.id,
         spec_fingerprint=spec.fingerprint(),
         mechanism=plan.chosen,
+        input_fingerprint=input_fingerprint,
+        skip_unchanged=on_unchanged == "skip",
+        **series,
     )
-    return before
+    return before if skipped is None else skipped
 
 
 def cost_due(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> PrivacyCost:
@@ -120,21 +149,31 @@ def measure(
     catalog.update_release(release_id, input_fingerprint=ingested.input_fingerprint)
     context = MeasureContext(
         target=spec.privacy_target(),
-        accountant=DatasetAccountant(catalog, dataset_id=spec.dataset.id, release_id=release_id),
+        accountant=DatasetAccountant(
+            catalog,
+            dataset_id=spec.dataset.id,
+            release_id=release_id,
+            # every partition of the files actually read (public: names, or domain cells)
+            partitions=partitions.release_partitions(spec, files=ingested.files),
+        ),
         label=spec.name,
         contribution_bound=spec.privacy_unit.contribution_bound,
         input_fingerprint=ingested.input_fingerprint,
         dataset_id=spec.dataset.id,
         released=StrategyStore.released(catalog.url),
     )
-    return plan.mechanism.measure(plan.strategy, ingested.data, context=context)
+    with noise_cluster(spec.execution) as mapper:  # dask: noised shard by shard on the cluster
+        return plan.mechanism.measure(
+            plan.strategy, sharded(ingested.data, mapper), context=context
+        )
 
 
 def reconstruct(spec: ReleaseSpec, plan: Plan, measurement: Measurement) -> dict[str, pa.Table]:
     """Every item's answers with their standard errors (post-processing of the measurement)."""
     workload = plan.workload or build_workload(spec)
     answers = plan.mechanism.reconstruct(measurement, workload=workload)
-    return {
+    answers = estimators.apply(spec, plan, measurement, answers, workload=workload)
+    tables = {
         item.name: build_table(
             spec,
             item,
@@ -147,6 +186,7 @@ def reconstruct(spec: ReleaseSpec, plan: Plan, measurement: Measurement) -> dict
         )
         for item in workload.items
     }
+    return tables | derived_tables(spec, answers)  # post-processing of the same answers
 
 
 def release_directory(out_dir: str | Path, release_id: str) -> Path:
@@ -191,11 +231,13 @@ def stage(
             "(the privacy budget stays spent)"
         )
     cap = catalog.cap(spec.dataset.id)
-    after = catalog.spent(spec.dataset.id)
-    receipts = [
+    touched = partitions.release_partitions(spec, files=ingested.files)
+    after = catalog.spent(spec.dataset.id, partitions=touched)
+    receipts = [  # a partitioned charge is one entry per partition, all paid by this release
         entry.receipt()
         for entry in catalog.ledger_entries(spec.dataset.id)
         if entry.receipt_id in measurement.receipts
+        or (entry.release_id == release_id and entry.kind == "charge")
     ]
     noise = measurement.noise
     mechanism = plan.mechanism
@@ -225,7 +267,7 @@ def stage(
                     "size": noise.size,
                     "sampler": noise.sampler,
                 },
-                "details": dict(measurement.details),
+                "details": dict(measurement.details) | estimators.details(spec, plan),
             },
             "privacy": {
                 "requested": dict(spec.privacy),
@@ -241,9 +283,11 @@ def stage(
                 "remaining": after.remaining(cap).as_dict(),
             },
             "ledger_receipts": receipts,
+            "partitions": partitions.manifest_record(spec, touched),
             artifacts.MANIFEST_CHAIN_HEAD: catalog.chain_head(spec.dataset.id).as_dict(),
             "plan": plan.to_json(),
             "tables": list(tables),
+            "derived_tables": derived_descriptions(spec),
             "validation": {"success": validation["success"], "results": "validation/results.json"},
             "review": {"status": "staged", "trail": []},
         }

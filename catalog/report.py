@@ -1,125 +1,501 @@
-"""The self-contained audit report (``report.html``): no network, plots embedded as PNG data URIs.
+"""The audit report (``report.html``): a statistical publication of one release, readable offline.
 
-It shows what was released (tables, estimates with confidence intervals), from which input
-(fingerprint) under which spec, the privacy budget before and after with the dataset's ledger,
-the mechanism chosen and why against the alternatives and the SVD lower bound, validation results
-and the review trail.  Every number in it is public: released values or public metadata.
+It shows what was released (every table complete, paged, with its CSV in ``tables/``, and a chart
+that fits the table's model), from which input (keyed fingerprint) under which spec, the privacy
+budget before and after with the dataset's ledger, the mechanism chosen and why against the
+alternatives and the SVD lower bound, a summary of output validation (failures in detail, passes
+folded) with a link to the Great Expectations Data Docs, and the review trail.
+
+Privacy: every number in it is public — released (noisy) values, their error model, the spec, the
+domain and the budget.  Nothing here reads the confidential data or the true cell vector.
+
+Cost: O(total rows) to format the tables; charts are inline SVG (:mod:`catalog.report_charts`), so
+a release of 91 tables renders in well under a second and loads in a browser in under two
+(``benchmarks/report_bench.py``).  No matplotlib: the candidates, budget and partition charts
+are inline SVG too (importing matplotlib cost about a second of every release).
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
+import itertools
+import json
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-PREVIEW_ROWS = 12
-PLOTTED_ITEMS = 4
+from catalog.report_charts import Axis, bars, chart_for, step_band, table_model
 
-
-def _png(figure: Any) -> str:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+PAGE_ROWS = 25
+WHOLE_FROM = 999.95  # shown as whole numbers from here (where four significant digits reach 1000)
+PAGE_SIZES = (25, 100, 500)
+DATA_DOCS = "validation/docs/index.html"  # relative to the report, in the release directory
+HEADINGS = {
+    "estimate": "estimate",
+    "std_error": "std. error",
+    "ci_low": "95% low",
+    "ci_high": "95% high",
+    "uncertainty": "uncertainty",
+}
 
 
 def error_plot(plan: dict[str, Any]) -> str:
-    """Bar chart: expected RMSE per candidate, with the SVD lower bound as a line."""
-    plt = _pyplot()
+    """Bar chart (inline SVG): expected RMSE per candidate, the SVD lower bound dashed."""
     scored = [c for c in plan["candidates"] if c.get("rmse") is not None]
-    figure, axis = plt.subplots(figsize=(6, 2.8))
-    names = [c["mechanism"] for c in scored]
-    values = [c["rmse"] for c in scored]
-    colours = ["#2b6cb0" if n == plan["chosen"] else "#a0aec0" for n in names]
-    axis.bar(names, values, color=colours)
-    if values and max(values) > 20 * min(values):
-        axis.set_yscale("log")
-    if plan.get("lower_bound_rmse"):
-        axis.axhline(
-            plan["lower_bound_rmse"], color="#c53030", linestyle="--", label="SVD lower bound"
-        )
-        axis.legend(loc="lower right")
-    axis.set_ylabel("expected RMSE per query")
-    axis.set_title("Candidate mechanisms (chosen in blue)")
-    return _png(figure)
-
-
-def table_plot(name: str, table: pa.Table, *, ordered: bool) -> str:
-    """Estimates with 95% confidence intervals for one table (first 200 queries)."""
-    plt = _pyplot()
-    count = min(table.num_rows, 200)
-    estimate = table["estimate"].to_numpy()[:count]
-    low = table["ci_low"].to_numpy()[:count]
-    high = table["ci_high"].to_numpy()[:count]
-    figure, axis = plt.subplots(figsize=(6, 2.6))
-    positions = np.arange(count)
-    if ordered and count >= 30:
-        axis.fill_between(positions, low, high, color="#bee3f8", label="95% interval")
-        axis.plot(positions, estimate, color="#2b6cb0", linewidth=1, label="estimate")
-    else:  # categories have no order: points with interval bars, no connecting line
-        axis.errorbar(
-            positions,
-            estimate,
-            yerr=[estimate - low, high - estimate],
-            fmt="o",
-            markersize=3,
-            color="#2b6cb0",
-            ecolor="#63b3ed",
-            label="estimate, 95% interval",
-        )
-    axis.set_xlabel("query (table row)" + (" — first 200" if table.num_rows > 200 else ""))
-    axis.set_ylabel("estimate")
-    axis.set_title(name)
-    axis.legend(loc="upper left")
-    return _png(figure)
-
-
-def _table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c)))}</td>" for c in columns) + "</tr>"
-        for row in rows
+    values = np.array([float(c["rmse"]) for c in scored])
+    missing = np.full(values.shape, np.nan)
+    bound = plan.get("lower_bound_rmse")
+    return bars(
+        [("* " if c["mechanism"] == plan["chosen"] else "") + c["mechanism"] for c in scored],
+        values,
+        missing,
+        missing,
+        x_title="candidate mechanism (* chosen)",
+        y_title="expected RMSE per query",
+        reference=(float(bound), "SVD lower bound") if bound else None,
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        if abs(value) >= 1000:
+        if not np.isfinite(value):
+            return "" if np.isnan(value) else str(value)
+        if abs(value) >= WHOLE_FROM:
             return f"{value:,.0f}"
         return f"{value:.4g}"
     return "" if value is None else str(value)
 
 
-def _is_ordered(table: pa.Table) -> bool:
-    """Tables of CDFs and ranges are plotted as curves; marginals as points."""
-    return any(name.endswith(("_upper", "_low")) for name in table.column_names)
+def _table_html(rows: list[dict[str, Any]], columns: list[str], *, classes: str = "") -> str:
+    def kind(value: Any) -> str:
+        return "num" if isinstance(value, int | float) else "lab"
 
+    first = {c: next((r[c] for r in rows if r.get(c) is not None), None) for c in columns}
+    head = "".join(f"<th class='{kind(first[c])}'>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='{kind(row.get(c))}'>{html.escape(_fmt(row.get(c)))}</td>" for c in columns
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table class='{classes}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# --- released tables --------------------------------------------------------------------------------
+
+
+def heading(column: str, axes: list[Axis]) -> str:
+    """A column's heading in the report: ``age_upper`` reads ``age ≤``, ranges ``from``/``to``."""
+    for axis in axes:
+        if axis.kind == "cumulative" and column == axis.columns[0]:
+            return f"{axis.name} ≤"
+        if axis.kind == "range" and column in axis.columns:
+            return f"{axis.name} {'from' if column == axis.columns[0] else 'to'}"
+    return HEADINGS.get(column, column)
+
+
+def describe(table: pa.Table, axes: list[Axis]) -> str:
+    """What the rows of a table are, from its model alone."""
+    if not axes:
+        return "one row"
+    parts = []
+    for axis in axes:
+        if axis.kind == "cumulative":
+            parts.append(f"cumulative over {axis.name} (each row: {axis.name} ≤ its value)")
+        elif axis.kind == "range":
+            parts.append(f"ranges of {axis.name} (from–to, inclusive)")
+        else:
+            parts.append(axis.name)
+    return " × ".join(parts)
+
+
+def column_text(column: pa.ChunkedArray) -> list[str]:
+    """Display strings of a label (non-float) column. O(rows)."""
+    return ["" if v is None else str(v) for v in column.to_pylist()]
+
+
+def display_numbers(column: pa.ChunkedArray) -> list[float | None]:
+    """A float column rounded to what the report shows (see :func:`_fmt`): whole numbers from
+    1000 on, four significant digits below; nulls and non-finite values become None. O(rows)."""
+    values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+    finite = np.isfinite(values)
+    safe = np.where(finite & (values != 0), np.abs(values), 1.0)
+    scale = 10.0 ** (3 - np.floor(np.log10(safe)))
+    rounded = np.where(
+        np.abs(values) >= WHOLE_FROM, np.round(values), np.round(values * scale) / scale
+    )
+    return [
+        float(v) if ok else None for v, ok in zip(rounded.tolist(), finite.tolist(), strict=True)
+    ]
+
+
+def encode_numbers(values: list[float | None]) -> float | dict[str, Any] | None:
+    """One number if the column is constant, else ``{n: [...]}``."""
+    if values and all(v == values[0] for v in values):
+        return values[0]
+    return {"n": values}
+
+
+def encode_column(values: list[str]) -> str | list[str] | dict[str, Any]:
+    """Compact JSON for a label column: one string if constant, ``{l: levels, r: repeat}`` if it
+    is a row-major grid axis (``l[floor(i / r) % len(l)]``), else the list. O(rows)."""
+    if not values:
+        return values
+    if all(v == values[0] for v in values):
+        return values[0]
+    repeat = next((k for k, v in enumerate(values) if v != values[0]), len(values))
+    levels = values[::repeat]
+    period = len(levels)
+    for k in range(1, len(levels)):
+        if levels[k] == levels[0]:
+            period = k
+            break
+    levels = levels[:period]
+    if len(values) % (repeat * period) == 0 and len(levels) == len(set(levels)):
+        rebuilt = [levels[(i // repeat) % period] for i in range(len(values))]
+        if rebuilt == values:
+            return {"l": levels, "r": repeat}
+    return values
+
+
+def _cell(encoded: Any, index: int) -> str:
+    """Row ``index`` of an encoded column as displayed (the page script does the same)."""
+    if isinstance(encoded, dict):
+        if "n" in encoded:
+            return _fmt(encoded["n"][index])
+        return encoded["l"][(index // encoded["r"]) % len(encoded["l"])]
+    if isinstance(encoded, list):
+        return encoded[index]
+    return _fmt(encoded) if isinstance(encoded, float) or encoded is None else encoded
+
+
+def _json_script(element_id: str, payload: Any) -> str:
+    # "<" escaped so a label can never close the script element
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
+    return f"<script type='application/json' id='{element_id}'>{text}</script>"
+
+
+def table_section(index: int, name: str, table: pa.Table) -> str:
+    """One released table: caption, chart, the first page, a pager over every row, the CSV link."""
+    axes = table_model(table)
+    columns = table.column_names
+    numeric = [pa.types.is_floating(table[c].type) for c in columns]
+    encoded = [
+        encode_numbers(display_numbers(table[c])) if n else encode_column(column_text(table[c]))
+        for c, n in zip(columns, numeric, strict=True)
+    ]
+    chart = chart_for(table, title=name)
+    rows = table.num_rows
+    first = min(rows, PAGE_ROWS)
+    head = "".join(
+        f"<th class='{'num' if n else 'lab'}' title='{html.escape(c, quote=True)}'>"
+        f"{html.escape(heading(c, axes))}</th>"
+        for c, n in zip(columns, numeric, strict=True)
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='{'num' if n else 'lab'}'>{html.escape(_cell(e, i))}</td>"
+            for e, n in zip(encoded, numeric, strict=True)
+        )
+        + "</tr>"
+        for i in range(first)
+    )
+    options = (
+        "".join(
+            f"<option value='{size}'>{size} rows</option>" for size in PAGE_SIZES if size < rows
+        )
+        + f"<option value='{rows}'>all {rows:,} rows</option>"
+    )
+    pager = (
+        f"<div class='pager-bar'><button type='button' data-go='first'>«</button>"
+        f"<button type='button' data-go='prev'>‹ previous</button>"
+        f"<span class='pos'>rows 1–{first:,} of {rows:,}</span>"
+        f"<button type='button' data-go='next'>next ›</button>"
+        f"<button type='button' data-go='last'>»</button>"
+        f"<select aria-label='rows per page'>{options}</select></div>"
+        if rows > PAGE_ROWS
+        else f"<div class='pager-bar'><span class='muted'>all {rows:,} rows</span></div>"
+    )
+    csv = f"tables/{name}.csv"
+    chart_html = (
+        # drawn when scrolled near (page script): 91 charts parsed inert, not laid out at load
+        f"<figure class='lazy'><template>{chart.svg}</template>"
+        f"<figcaption>{html.escape(chart.note)}</figcaption></figure>"
+        if chart.svg
+        else f"<p class='muted'>No chart: {html.escape(chart.note)}.</p>"
+    )
+    return (
+        f"<section class='tbl' id='t{index}'>"
+        f"<h3>{html.escape(name)} <small>{rows:,} rows</small></h3>"
+        f"<p class='muted'>Rows: {html.escape(describe(table, axes))}. "
+        f"<a class='csv' href='{html.escape(csv, quote=True)}' download>Download CSV</a> "
+        f"(every row, full precision; also <code>tables/{html.escape(name)}.parquet</code>)</p>"
+        f"{chart_html}"
+        f"<div class='pager' data-table='{index}' data-rows='{rows}' data-page='0'>{pager}"
+        f"<div class='scroll'><table class='data'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table></div></div>"
+        + _json_script(
+            f"data-{index}",
+            {"n": rows, "c": encoded, "k": ["num" if n else "lab" for n in numeric]},
+        )
+        + "</section>"
+    )
+
+
+def tables_index(tables: dict[str, pa.Table]) -> str:
+    rows = []
+    for index, (name, table) in enumerate(tables.items()):
+        axes = table_model(table)
+        rows.append(
+            f"<tr><td class='lab'><a href='#t{index}'>{html.escape(name)}</a></td>"
+            f"<td class='lab'>{html.escape(describe(table, axes))}</td>"
+            f"<td class='num'>{table.num_rows:,}</td>"
+            f"<td class='lab'><a href='{html.escape(f'tables/{name}.csv', quote=True)}' download>CSV</a></td></tr>"
+        )
+    return (
+        "<div class='scroll short'><table class='data'><thead><tr><th class='lab'>table</th>"
+        "<th class='lab'>rows are</th><th>rows</th><th class='lab'>download</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table></div>"
+    )
+
+
+PAGER_SCRIPT = """
+(function () {
+  "use strict";
+  var cache = {};
+  function data(id) {
+    if (!cache[id]) cache[id] = JSON.parse(document.getElementById("data-" + id).textContent);
+    return cache[id];
+  }
+  function fmt(v) {
+    if (v === null) return "";
+    if (Math.abs(v) >= 999.95) return Math.round(v).toLocaleString("en-US");
+    if (v === 0) return "0";
+    if (Math.floor(Math.log10(Math.abs(v))) < -4) {
+      return v.toExponential(3).replace(/\\.?0+e/, "e").replace(/e([+-])(\\d)$/, "e$10$2");
+    }
+    return String(parseFloat(v.toPrecision(4)));
+  }
+  function cell(col, i) {
+    if (typeof col === "string") return col;
+    if (typeof col === "number" || col === null) return fmt(col);
+    if (Array.isArray(col)) return col[i];
+    if (col.n) return fmt(col.n[i]);
+    return col.l[Math.floor(i / col.r) % col.l.length];
+  }
+  function esc(text) {
+    return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+  function show(box, page) {
+    var d = data(box.getAttribute("data-table"));
+    var select = box.querySelector("select");
+    var size = select ? parseInt(select.value, 10) : d.n;
+    var pages = Math.max(1, Math.ceil(d.n / size));
+    page = Math.min(Math.max(page, 0), pages - 1);
+    var start = page * size, end = Math.min(d.n, start + size), html = [];
+    for (var i = start; i < end; i++) {
+      var row = "<tr>";
+      for (var c = 0; c < d.c.length; c++) {
+        row += "<td class='" + d.k[c] + "'>" + esc(cell(d.c[c], i)) + "</td>";
+      }
+      html.push(row + "</tr>");
+    }
+    box.querySelector("tbody").innerHTML = html.join("");
+    box.setAttribute("data-page", page);
+    box.querySelector(".pos").textContent = "rows " + (start + 1).toLocaleString("en-US") +
+      "\\u2013" + end.toLocaleString("en-US") + " of " + d.n.toLocaleString("en-US");
+  }
+  function draw(figure) {
+    var template = figure.querySelector("template");
+    if (template) figure.replaceChild(template.content.cloneNode(true), template);
+    figure.classList.remove("lazy");
+  }
+  var figures = document.querySelectorAll("figure.lazy");
+  if ("IntersectionObserver" in window) {
+    var observer = new IntersectionObserver(function (entries) {
+      entries.forEach(function (entry) {
+        if (entry.isIntersecting) { observer.unobserve(entry.target); draw(entry.target); }
+      });
+    }, {rootMargin: "1200px 0px"});
+    figures.forEach(function (figure) { observer.observe(figure); });
+  } else {
+    figures.forEach(draw);
+  }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("button[data-go]");
+    if (!button) return;
+    var box = button.closest(".pager"), page = parseInt(box.getAttribute("data-page"), 10);
+    var go = button.getAttribute("data-go");
+    show(box, go === "first" ? 0 : go === "last" ? 1e12 : go === "next" ? page + 1 : page - 1);
+  });
+  document.addEventListener("change", function (event) {
+    var box = event.target.closest(".pager");
+    if (box) show(box, 0);
+  });
+})();
+"""
 
 STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1000px;color:#1a202c;padding:0 1rem}
-h1{font-size:1.6rem}h2{border-bottom:1px solid #e2e8f0;padding-bottom:.2rem;margin-top:2rem}
-table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}td,th{border:1px solid #e2e8f0;padding:.25rem .5rem;text-align:right}
-th{background:#f7fafc}.ok{color:#276749;font-weight:600}.bad{color:#c53030;font-weight:600}
-.kv td:first-child{text-align:left;color:#4a5568}code{font-size:.85rem;word-break:break-all}
-.summary{display:flex;gap:1rem;flex-wrap:wrap}.card{border:1px solid #e2e8f0;border-radius:6px;padding:.6rem 1rem}
-.card b{display:block;font-size:1.3rem}
+:root{--ink:#1a202c;--muted:#4a5568;--line:#e2e8f0;--accent:#2b6cb0}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;color:var(--ink);line-height:1.45}
+main{max-width:1040px;margin:0 auto;padding:0 1rem 4rem}
+nav.toc{position:sticky;top:0;background:#fff;border-bottom:1px solid var(--line);z-index:2;padding:.4rem 1rem;font-size:.9rem}
+nav.toc a{margin-right:1rem;color:var(--accent);text-decoration:none}
+h1{font-size:1.55rem;margin:1.2rem 0 .6rem}h2{border-bottom:2px solid var(--line);padding-bottom:.2rem;margin-top:2.2rem}
+h3{margin:1.6rem 0 .3rem}h3 small{color:var(--muted);font-weight:400;font-size:.85rem}
+section{scroll-margin-top:2.6rem}section.tbl{content-visibility:auto;contain-intrinsic-size:auto 760px;border-top:1px solid var(--line)}
+table{border-collapse:collapse;margin:.5rem 0;font-size:.88rem}td,th{border:1px solid var(--line);padding:.22rem .5rem;text-align:right}
+th{background:#f7fafc;position:sticky;top:0}td.lab,th.lab{text-align:left}
+.ok{color:#276749;font-weight:600}.bad{color:#c53030;font-weight:600}.muted{color:var(--muted);font-size:.9rem}
+.kv td:first-child{text-align:left;color:var(--muted)}.kv td{text-align:left}code{font-size:.85rem;word-break:break-all}
+.summary{display:flex;gap:1rem;flex-wrap:wrap}.card{border:1px solid var(--line);border-radius:6px;padding:.6rem 1rem}
+.card b{display:block;font-size:1.25rem}
+.scroll{max-height:52rem;overflow:auto;border:1px solid var(--line);display:inline-block;max-width:100%}
+.scroll table{margin:0}.scroll.short{max-height:18rem}
+.pager-bar{display:flex;gap:.4rem;align-items:center;margin:.4rem 0;font-size:.85rem}
+.pager-bar button,.pager-bar select{font:inherit;padding:.1rem .5rem}.pos{min-width:12rem;text-align:center}
+figure{margin:.4rem 0}figure.lazy{min-height:250px}figcaption{color:var(--muted);font-size:.82rem}
+svg.chart{max-width:100%;height:auto;font-size:11px;fill:var(--ink)}
+svg .grid{stroke:#edf2f7}svg .axis{stroke:#718096}svg .bar{fill:#90cdf4}svg .err{stroke:#1a365d;stroke-width:1.2;fill:none}
+svg .band{fill:#bee3f8;stroke:none}svg line.ref{stroke:#c53030;stroke-dasharray:5 3}svg text.ref{fill:#c53030}svg .line{stroke:#2b6cb0;stroke-width:1.6;fill:none}svg .frame{fill:none;stroke:#a0aec0}
+svg .title{font-size:12px;fill:var(--muted)}
+details{margin:.6rem 0}summary{cursor:pointer;color:var(--accent)}
+.fail td{background:#fff5f5}
 """
+
+
+# --- validation ------------------------------------------------------------------------------------
+
+
+def describe_check(result: dict[str, Any]) -> str:
+    """A validation check in words, from its GX type and parameters."""
+    kind = result.get("expectation", "")
+    kwargs = result.get("kwargs") or {}
+    column = kwargs.get("column") or result.get("column") or ""
+    if kind == "expect_table_columns_to_match_set":
+        return "the columns are exactly the table's schema"
+    if kind == "expect_table_row_count_to_equal":
+        return "one row per query (row count as planned)"
+    if kind == "expect_column_to_exist":
+        return f"column {column} exists"
+    if kind == "expect_column_values_to_not_be_null":
+        condition = kwargs.get("row_condition")
+        if isinstance(condition, dict) and condition.get("operator") == "!=":
+            other = (condition.get("column") or {}).get("name", "")
+            return (
+                f"{column} is never missing (except where {other} is {condition.get('parameter')})"
+            )
+        return f"{column} is never missing"
+    if kind == "expect_column_values_to_be_between":
+        low, high = kwargs.get("min_value"), kwargs.get("max_value")
+        if low is not None and high is not None and -low == high and high >= 1e300:
+            return f"{column} is finite"
+        if high is None and low is not None:
+            return f"{column} {'>' if kwargs.get('strict_min') else '≥'} {_fmt(float(low))}"
+        return f"{column} between {_fmt(low)} and {_fmt(high)}"
+    if kind == "expect_column_values_to_be_in_set":
+        return f"{column} is one of {', '.join(map(str, kwargs.get('value_set', [])))}"
+    if kind == "expect_column_pair_values_a_to_be_greater_than_b":
+        sign = "≥" if kwargs.get("or_equal") else ">"
+        return f"{kwargs.get('column_A')} {sign} {kwargs.get('column_B')}"
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
+    return f"{kind} ({shown})"
+
+
+def validation_section(validation: dict[str, Any]) -> list[str]:
+    """What was checked (passes folded), what failed with details, and the Data Docs link."""
+    checks: dict[str, dict[str, Any]] = {}
+    failures: list[dict[str, Any]] = []
+    tables = validation.get("tables", {})
+    for table_name, summary in tables.items():
+        for result in summary.get("results", []):
+            text = describe_check(result)
+            entry = checks.setdefault(text, {"tables": 0, "passed": 0, "failed": 0})
+            entry["tables"] += 1
+            entry["passed" if result.get("success") else "failed"] += 1
+            if not result.get("success"):
+                failures.append(
+                    {
+                        "table": table_name,
+                        "check": text,
+                        "GX expectation": result.get("expectation"),
+                        "observed": _observed(result.get("observed_value")),
+                        "rows failing": result.get("unexpected_count"),
+                    }
+                )
+    total = sum(e["tables"] for e in checks.values())
+    failed = len(failures)
+    verdict = (
+        f"<p class='ok'>All {total:,} checks on {len(tables):,} tables passed.</p>"
+        if not failed
+        else f"<p class='bad'>{failed:,} of {total:,} checks failed on "
+        f"{len({f['table'] for f in failures}):,} of {len(tables):,} tables.</p>"
+    )
+    parts = [
+        verdict,
+        "<p class='muted'>Every table is checked with Great Expectations on the released values and "
+        "public metadata only (a check on true values would itself be a release): the schema, one "
+        "row per query, finite values, a positive standard error, the estimate inside its "
+        "interval, and the uncertainty label.</p>",
+    ]
+    if failures:
+        parts.append("<h3>Failed checks</h3>")
+        parts.append(
+            _table_html(
+                failures,
+                ["table", "check", "GX expectation", "observed", "rows failing"],
+                classes="fail",
+            )
+        )
+    rows = [
+        {"check": text, "tables checked": e["tables"], "passed": e["passed"], "failed": e["failed"]}
+        for text, e in checks.items()
+    ]
+    parts.append(
+        f"<details><summary>What was checked: {len(checks)} kinds of check, "
+        f"{total - failed:,} passed</summary>"
+        + _table_html(rows, ["check", "tables checked", "passed", "failed"])
+        + "</details>"
+    )
+    parts.append(
+        f"<p>Full results per table: <a href='{DATA_DOCS}'>Great Expectations Data Docs</a> "
+        "(opens offline; its styles and scripts are bundled in the release) and "
+        "<code>validation/results.json</code>.</p>"
+    )
+    return parts
+
+
+def _observed(value: Any) -> str:
+    if value is None:
+        return ""
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+# --- the page -----------------------------------------------------------------------------------------
+
+
+def _assumptions(manifest: dict[str, Any]) -> list[str]:
+    """Assumptions a release states in its manifest (e.g. disjoint partitions), shown verbatim."""
+    parts = []
+    for key in ("assumptions", "partitions"):
+        value = manifest.get(key)
+        if not value:
+            continue
+        if isinstance(value, dict):
+            parts.append(_kv({k.replace("_", " "): v for k, v in value.items()}))
+        elif isinstance(value, list):
+            parts.append(
+                "<ul>" + "".join(f"<li>{html.escape(str(v))}</li>" for v in value) + "</ul>"
+            )
+        else:
+            parts.append(f"<p>{html.escape(str(value))}</p>")
+    return ["<h3>Stated assumptions</h3>", *parts] if parts else []
 
 
 def render_report(
@@ -132,19 +508,29 @@ def render_report(
     ledger_rows: list[dict[str, Any]],
     reviews: list[dict[str, Any]],
 ) -> str:
-    """The whole report as one HTML string."""
+    """The whole report as one HTML string (its CSV links point at ``tables/<name>.csv``)."""
+    release_id = html.escape(manifest["release_id"])
     status = manifest.get("review", {}).get("status", "staged")
     valid = validation.get("success")
+    noise = manifest["mechanism"]["noise"]
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>dprelease audit report — {html.escape(manifest['release_id'])}</title>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>{html.escape(manifest['name'])} — differentially private release {release_id}</title>",
         f"<style>{STYLE}</style></head><body>",
-        f"<h1>Differentially private release <code>{html.escape(manifest['release_id'])}</code></h1>",
-        "<div class='summary'>",
+        "<nav class='toc'><a href='#summary'>Summary</a><a href='#budget'>Privacy budget</a>"
+        "<a href='#method'>Method and error</a>"
+        f"<a href='#tables'>Tables ({len(tables)})</a><a href='#validation'>Validation</a>"
+        "<a href='#review'>Review</a></nav><main>",
+        f"<h1>{html.escape(manifest['name'])}: differentially private release "
+        f"<code>{release_id}</code></h1>",
+        "<section id='summary'><div class='summary'>",
         f"<div class='card'>status<b>{html.escape(status)}</b></div>",
+        f"<div class='card'>tables<b>{len(tables)}</b></div>",
         f"<div class='card'>mechanism<b>{html.escape(manifest['mechanism']['name'])}</b></div>",
         f"<div class='card'>privacy charged<b>{html.escape(_cost(manifest['privacy']['charged']))}</b></div>",
-        f"<div class='card'>validation<b class='{'ok' if valid else 'bad'}'>{'passed' if valid else 'FAILED'}</b></div>",
+        f"<div class='card'>validation<b class='{'ok' if valid else 'bad'}'>"
+        f"{'passed' if valid else 'FAILED'}</b></div>",
         "</div>",
         "<h2>What was released</h2>",
         _kv(
@@ -157,11 +543,12 @@ def render_report(
                     "input_fingerprint"
                 ],
                 "code version": f"{manifest['code_version'].get('package')} (git {manifest['code_version'].get('git_commit') or 'n/a'})",
-                "tables": ", ".join(manifest["tables"]),
+                "tables": f"{len(tables)} (see Tables below)",
                 "privacy unit": manifest["privacy_unit"],
             }
         ),
-        "<h2>Privacy budget</h2>",
+        *_assumptions(manifest),
+        "</section><section id='budget'><h2>Privacy budget</h2>",
         _kv(
             {
                 "requested by the spec": _cost(manifest["privacy"]["requested"]),
@@ -172,13 +559,14 @@ def render_report(
                 "spent before this release": _cost(budget["before"]),
                 "spent after this release": _cost(budget["after"]),
                 "remaining": _cost(budget["remaining"]),
-                "noise": f"{manifest['mechanism']['noise']['kind']} with scale {manifest['mechanism']['noise']['scale']:.6g} on {manifest['mechanism']['noise']['size']:,} strategy answers (sensitivity {manifest['mechanism']['noise']['sensitivity']:.6g})",
+                "noise": f"{noise['kind']} with scale {noise['scale']:.6g} on {noise['size']:,} "
+                f"strategy answers (sensitivity {noise['sensitivity']:.6g})",
             }
         ),
         "<p>Ledger of this dataset (append-only; charges are never refunded):</p>",
         *_budget_timeline(ledger_rows, budget["cap"], manifest["release_id"]),
         _table_html(ledger_rows, ["seq", "created_at", "release_id", "label", "cost"]),
-        "<h2>Mechanism and expected error</h2>",
+        "</section><section id='method'><h2>Mechanism and expected error</h2>",
         f"<p>Chosen: <b>{html.escape(plan['chosen'])}</b> — {html.escape(plan['reason'])}.</p>",
         _table_html(
             [
@@ -200,44 +588,36 @@ def render_report(
                 "note",
             ],
         ),
-        f"<p>SVD lower bound on RMSE: <b>{_fmt(plan.get('lower_bound_rmse'))}</b> ({html.escape(plan.get('lower_bound_note', ''))}).</p>",
-        f"<img alt='expected error by candidate' src='{error_plot(plan)}'>",
+        f"<p>SVD lower bound on RMSE: <b>{_fmt(plan.get('lower_bound_rmse'))}</b> "
+        f"({html.escape(plan.get('lower_bound_note', ''))}).</p>",
+        *(
+            [f"<figure aria-label='expected error by candidate'>{error_plot(plan)}</figure>"]
+            if any(c.get("rmse") is not None for c in plan["candidates"])
+            else []  # data-dependent candidates only: no expected error to draw
+        ),
         *_details_section(manifest),
-        "<h2>Released tables</h2>",
-        "<p>95% intervals from each row's error model (column <code>uncertainty</code> says what "
+        "</section><section id='tables'><h2>Released tables</h2>",
+        "<p>Every table is complete below (paged; choose the page size, or download the CSV). "
+        "95% intervals come from each row's error model (column <code>uncertainty</code> says what "
         "<code>std_error</code> covers): estimate ± 1.96 · std_error where the error is close to "
         "normal, the exact Laplace quantile (± 2.12 · std_error) where a row is one measured answer "
         "plus one Laplace draw, and no interval on rows labelled <i>noise-only</i> (their "
         "std_error omits a bias the release cannot estimate).</p>",
+        tables_index(tables),
+        "</section>",
     ]
-    for index, (name, table) in enumerate(tables.items()):
-        columns = table.column_names
-        preview = table.slice(0, PREVIEW_ROWS).to_pylist()
-        parts.append(f"<h3>{html.escape(name)} <small>({table.num_rows:,} rows)</small></h3>")
-        if index < PLOTTED_ITEMS:
-            parts.append(
-                f"<img alt='estimates of {html.escape(name)}' src='{table_plot(name, table, ordered=_is_ordered(table))}'>"
-            )
-        parts.append(_table_html(preview, columns))
+    parts += [
+        table_section(index, name, table) for index, (name, table) in enumerate(tables.items())
+    ]
+    parts.append("<section id='validation'>")
     parts.append("<h2>Validation (released values and public metadata only)</h2>")
-    rows = []
-    for table_name, summary in validation.get("tables", {}).items():
-        for result in summary["results"]:
-            rows.append(
-                {
-                    "table": table_name,
-                    "expectation": result["expectation"],
-                    "column": result.get("column") or "",
-                    "result": "pass" if result["success"] else "FAIL",
-                }
-            )
-    parts.append(_table_html(rows, ["table", "expectation", "column", "result"]))
-    parts.append("<h2>Review trail</h2>")
+    parts += validation_section(validation)
+    parts.append("</section><section id='review'><h2>Review trail</h2>")
     if reviews:
         parts.append(_table_html(reviews, ["at", "decision", "reviewer", "note"]))
     else:
         parts.append("<p>Awaiting review: staged releases are published only after approval.</p>")
-    parts.append("</body></html>")
+    parts.append(f"</section></main><script>{PAGER_SCRIPT}</script></body></html>")
     return "\n".join(parts)
 
 
@@ -268,28 +648,26 @@ def _details_section(manifest: dict[str, Any]) -> list[str]:
     ]
     boundaries = details.get("boundaries")
     if boundaries:
-        parts.append(f"<img alt='released partition' src='{_partition_plot(boundaries)}'>")
+        parts.append(
+            f"<figure aria-label='released partition'>{_partition_plot(boundaries)}</figure>"
+        )
     return parts
 
 
 def _partition_plot(boundaries: list[int]) -> str:
-    """Bucket sizes of a privately released partition of the (1-D ordered) cells."""
-    plt = _pyplot()
+    """Bucket sizes of a privately released partition of the (1-D ordered) cells (inline SVG)."""
     edges = np.asarray(boundaries)
-    figure, axis = plt.subplots(figsize=(6, 2.2))
-    axis.bar(
-        edges[:-1],
-        np.diff(edges),
-        width=np.diff(edges),
-        align="edge",
-        color="#90cdf4",
-        edgecolor="#2b6cb0",
-        linewidth=0.4,
+    sizes = np.diff(edges).astype(float)
+    missing = np.full(sizes.shape, np.nan)
+    labels = [f"{lo}–{hi - 1}" for lo, hi in itertools.pairwise(edges.tolist())]
+    return bars(
+        labels,
+        sizes,
+        missing,
+        missing,
+        x_title=f"released partition: {sizes.size} buckets (cells, measurement order)",
+        y_title="bucket size",
     )
-    axis.set_xlabel("cell (measurement order)")
-    axis.set_ylabel("bucket size")
-    axis.set_title(f"released partition: {edges.size - 1} buckets")
-    return _png(figure)
 
 
 def _cost_values(cost: str | dict[str, float]) -> dict[str, float]:
@@ -307,43 +685,29 @@ def _cost_values(cost: str | dict[str, float]) -> dict[str, float]:
 def budget_timeline_plot(
     ledger_rows: list[dict[str, Any]], cap: dict[str, float], release_id: str
 ) -> str:
-    """Cumulative spend of the dataset's budget over time (step line) against the cap (dashed).
+    """Cumulative spend of the dataset's budget, entry by entry (step curve), against the cap.
 
     The measure plotted is the cap's first component (epsilon for ε-DP and (ε, δ), rho for zCDP);
-    this release's charges are marked in orange.
+    this release's entries are starred.  Inline SVG, O(entries).
     """
-    from datetime import datetime, timedelta
-
-    plt = _pyplot()
     measure = next(iter(cap))
-    times = [datetime.fromisoformat(row["created_at"]) for row in ledger_rows]
     charges = np.array([_cost_values(row["cost"]).get(measure, 0.0) for row in ledger_rows])
-    cumulative = np.cumsum(charges)  # O(entries)
-    figure, axis = plt.subplots(figsize=(6, 2.6))
-    axis.step(times, cumulative, where="post", color="#2b6cb0", label=f"cumulative {measure}")
-    mine = [k for k, row in enumerate(ledger_rows) if row["release_id"] == release_id]
-    others = [k for k in range(len(ledger_rows)) if k not in mine]
-    axis.plot([times[k] for k in others], cumulative[others], "o", color="#2b6cb0", markersize=4)
-    axis.plot(
-        [times[k] for k in mine],
-        cumulative[mine],
-        "o",
-        color="#dd6b20",
-        markersize=6,
-        label="this release",
+    cumulative = np.cumsum(charges)
+    missing = np.full(cumulative.shape, np.nan)
+    labels = [
+        ("* " if row["release_id"] == release_id else "")
+        + str(row["created_at"])[5:16].replace("T", " ")
+        for row in ledger_rows
+    ]
+    return step_band(
+        labels,
+        cumulative,
+        missing,
+        missing,
+        x_title="ledger entries in order (UTC month-day time; * this release)",
+        y_title=f"{measure} spent",
+        reference=(float(cap[measure]), f"cap ({measure}={cap[measure]:.6g})"),
     )
-    axis.axhline(
-        cap[measure], color="#c53030", linestyle="--", label=f"cap ({measure}={cap[measure]:.6g})"
-    )
-    axis.set_ylim(0, max(cap[measure], float(cumulative.max(initial=0.0))) * 1.1)
-    if times:  # a short history must not be drawn across years of empty axis
-        span = max(max(times) - min(times), timedelta(hours=1))
-        axis.set_xlim(min(times) - span * 0.1, max(times) + span * 0.1)
-    axis.set_ylabel(f"{measure} spent")
-    axis.set_title("Privacy budget of this dataset over time")
-    axis.legend(loc="best", fontsize="small")
-    figure.autofmt_xdate()
-    return _png(figure)
 
 
 def _budget_timeline(
@@ -352,6 +716,6 @@ def _budget_timeline(
     if not ledger_rows or not cap:
         return []
     return [
-        f"<img alt='privacy budget spent over time against the cap' "
-        f"src='{budget_timeline_plot(ledger_rows, cap, release_id)}'>"
+        "<figure aria-label='privacy budget spent over time against the cap'>"
+        f"{budget_timeline_plot(ledger_rows, cap, release_id)}</figure>"
     ]

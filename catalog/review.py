@@ -1,5 +1,11 @@
 """Audited review of a staged release: approval publishes a copy, rejection refunds nothing.
 
+A release's review policy (``catalog.review_policy``, recorded when it registered, from the
+spec's ``review:`` section) says how many distinct reviewers must approve it and whether the
+person who ran it is excluded; until the last approval it stays ``staged`` and each approval is
+in the trail.  One rejection decides.  The manifest's review trail lists every decision the
+catalog holds, in order.
+
 Idempotent: a review is recorded once, in the catalog, and everything after it (the manifest's
 review trail, the report, the published copy, the status ``published``) is derived from that
 record.  Re-running the same decision after a crash finishes what was left undone without a
@@ -8,8 +14,10 @@ published; a ``rejected`` release whose manifest was not updated gets its trail.
 
 Order of an approval (every step can be repeated):
 
-1. the public checks (reviewer name, status, a free publication target) before anything is written;
-2. ``Catalog.record_review`` — the decision and the publication target, in one transaction;
+1. the public checks (reviewer name, not the operator, status, a free publication target) before
+   anything is written;
+2. ``Catalog.record_review`` — the decision and (when it is the deciding approval) the publication
+   target, in one transaction;
 3. the manifest's review trail and status ``published``, the report (written in place);
 4. ``artifacts.publish`` — a complete copy under a temporary name, renamed into place;
 5. the catalog status ``published`` with the manifest's sha256.
@@ -22,8 +30,12 @@ from typing import Any
 
 from catalog import artifacts
 from catalog.errors import CatalogError
-from catalog.ledger import Catalog, ReleaseRecord, normalize_reviewer
+from catalog.ledger import Catalog, ReleaseRecord, ReviewRecord, normalize_reviewer, same_person
 from catalog.release import write_report
+from catalog.review_policy import ReviewPolicyRecord, policy_of
+
+# The manifest's review status for each catalog status a decision leaves.
+_TRAIL_STATUS = {"staged": "staged", "approved": "published", "rejected": "rejected"}
 
 
 def review(
@@ -35,10 +47,13 @@ def review(
     note: str,
     publish_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Record a decision; approval publishes a copy, rejection keeps the spent budget spent.
+    """Record a decision; approval publishes a copy once the policy's approvals are in, rejection
+    keeps the spent budget spent.
 
     Re-running an approval of an ``approved`` (or ``published``) release finishes (or confirms) its
-    publication; re-running a rejection of a ``rejected`` release finishes its manifest.
+    publication; re-running a rejection of a ``rejected`` release finishes its manifest.  Returns
+    the release id and status, and while approvals are missing ``approvals`` (who approved) and
+    ``required_approvals``.
     """
     reviewer = normalize_reviewer(reviewer)
     record = catalog.release(release_id)
@@ -53,6 +68,7 @@ def review(
         return _finish(catalog, record, publish_dir)
     if record.status == "rejected" and not approve:
         return _finish(catalog, record, publish_dir)
+    policy = check_reviewer(catalog, release_id, approve=approve, reviewer=reviewer)
     target = _target(record, publish_dir)
     if approve and target.exists():  # refused before the decision is recorded
         raise CatalogError(f"published copy {target} already exists; refusing to overwrite it")
@@ -62,8 +78,77 @@ def review(
         reviewer=reviewer,
         note=note,
         published_directory=str(target) if approve else None,
+        required_approvals=policy.required_approvals,
     )
     return _finish(catalog, catalog.release(release_id), publish_dir)
+
+
+def check_reviewer(
+    catalog: Catalog, release_id: str, *, approve: bool, reviewer: str
+) -> ReviewPolicyRecord:
+    """Refuse, before anything is recorded or a paused run is resumed, an approval by the person
+    who ran the release (when the policy excludes them) or by someone who already approved it;
+    return the release's policy.  ``Catalog.record_review`` repeats the second check atomically."""
+    reviewer = normalize_reviewer(reviewer)
+    policy = policy_of(catalog, release_id)
+    if not approve:
+        return policy
+    refusal = policy.refusal(reviewer)
+    if refusal is not None:
+        raise CatalogError(refusal)
+    if any(
+        r.decision == "approved" and same_person(r.reviewer, reviewer)
+        for r in catalog.reviews(release_id)
+    ):
+        raise CatalogError(
+            f"reviewer {reviewer!r} already approved release {release_id!r}; it needs "
+            f"{policy.required_approvals} approvals by distinct reviewers"
+        )
+    return policy
+
+
+def status(catalog: Catalog, release_id: str) -> dict[str, Any]:
+    """Where the review of ``release_id`` stands (public): the policy, who approved, how many
+    approvals are missing, and every decision in order."""
+    record = catalog.release(release_id)
+    policy = policy_of(catalog, release_id)
+    decisions = catalog.reviews(release_id)
+    approvers = [r.reviewer for r in decisions if r.decision == "approved"]
+    missing = max(policy.required_approvals - len(approvers), 0) if record.status == "staged" else 0
+    return {
+        "release_id": record.id,
+        "status": record.status,
+        "operator": policy.operator,
+        "operator_excluded": policy.exclude_operator,
+        "required_approvals": policy.required_approvals,
+        "approvers": approvers,
+        "approvals_missing": missing,
+        "notify": policy.notify,
+        "notified_at": policy.notified_at,
+        "notify_error": policy.notify_error,
+        "trail": [_entry(r) for r in decisions],
+    }
+
+
+def _entry(decision: ReviewRecord) -> dict[str, str]:
+    return {
+        "decision": decision.decision,
+        "reviewer": decision.reviewer,
+        "note": decision.note,
+        "at": decision.at,
+    }
+
+
+def _review_section(
+    status: str, policy: ReviewPolicyRecord, decisions: list[ReviewRecord]
+) -> dict[str, Any]:
+    """The manifest's ``review`` section for a release in catalog ``status``."""
+    return {
+        "status": _TRAIL_STATUS[status],
+        "required_approvals": policy.required_approvals,
+        "operator": policy.operator,
+        "trail": [_entry(r) for r in decisions],
+    }
 
 
 def _target(record: ReleaseRecord, publish_dir: Path | None) -> Path:
@@ -74,39 +159,35 @@ def _target(record: ReleaseRecord, publish_dir: Path | None) -> Path:
 
 def _finish(catalog: Catalog, record: ReleaseRecord, publish_dir: Path | None) -> dict[str, Any]:
     """Bring the manifest, the report, the published copy and the status in line with the
-    recorded decision; each step is skipped when it is already done."""
+    recorded decisions; each step is skipped when it is already done."""
     result: dict[str, Any] = {"release_id": record.id, "status": record.status}
     if record.status == "published":
         return {**result, "published_directory": record.published_directory}
-    decision = next(
-        (r for r in reversed(catalog.reviews(record.id)) if r.decision == record.status), None
-    )
-    if decision is None:
+    decisions = catalog.reviews(record.id)
+    if record.status != "staged" and not any(r.decision == record.status for r in decisions):
         raise CatalogError(
             f"release {record.id!r} is {record.status} but the catalog holds no such review "
             "record; the catalog was edited outside dprelease"
         )
+    policy = policy_of(catalog, record.id)
     directory = Path(str(record.directory))
     manifest = artifacts.read_manifest(directory)
-    entry = {
-        "decision": decision.decision,
-        "reviewer": decision.reviewer,
-        "note": decision.note,
-        "at": decision.at,
-    }
-    trail_status = "published" if decision.decision == "approved" else "rejected"
-    section = manifest.setdefault("review", {"status": "staged", "trail": []})
-    trail = section.setdefault("trail", [])
-    if entry not in trail or section.get("status") != trail_status:
-        if entry not in trail:
-            trail.append(entry)
-        section["status"] = trail_status
+    section = _review_section(record.status, policy, decisions)
+    if manifest.get("review") != section:
+        manifest["review"] = section
         write_report(directory, manifest, catalog)
         digest = artifacts.write_manifest(directory, manifest)
     else:
         digest = artifacts.sha256_file(directory / artifacts.MANIFEST)
-    if decision.decision == "rejected":
+    if record.status in ("staged", "rejected"):
         catalog.update_release(record.id, manifest_sha256=digest)
+        if record.status == "staged":
+            approvers = [r.reviewer for r in decisions if r.decision == "approved"]
+            return {
+                **result,
+                "approvals": approvers,
+                "required_approvals": policy.required_approvals,
+            }
         return result
     target = _target(record, publish_dir)
     if record.published_directory is not None:

@@ -431,12 +431,16 @@ def bound_contributions(table: pa.Table, *, person_column: str, max_rows: int) -
     """
     persons = table[person_column]
     if persons.null_count:
-        raise DataError(
-            f"person column {person_column!r} has null values; every row needs the id of its "
-            f"person: fix the data; {CUSTODIAN_HINT}"
-        )
+        raise null_persons_error(person_column)
     rank, _ = person_rows(persons)
     return table.filter(pa.array(rank < max_rows)).drop_columns([person_column])
+
+
+def null_persons_error(person_column: str) -> DataError:
+    return DataError(
+        f"person column {person_column!r} has null values; every row needs the id of its "
+        f"person: fix the data; {CUSTODIAN_HINT}"
+    )
 
 
 def _fill_value(column_type: pa.DataType) -> Any:

@@ -34,9 +34,12 @@ from pydantic import (
     model_validator,
 )
 
+from catalog.engine import Execution
 from catalog.errors import SpecError
 from mechanisms import registry
+from mechanisms.derived import DERIVED_KINDS, BinnedColumn, support_item
 from mechanisms.privacy import PrivacyCost, cost_from_dict
+from mechanisms.workload import WorkloadItem
 
 _ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -236,6 +239,24 @@ class Categorical(_Strict):
     kind: Literal["categorical"] = "categorical"
     values: list[Annotated[str, Field(strict=True)]] | list[Annotated[int, Field(strict=True)]]
     ordered: bool = False
+    # display names, one per value in the same order (codes 0/1 read Female/Male): released
+    # tables and the report show them; queries (ranges) and the data keep using ``values``
+    value_labels: list[Annotated[str, Field(strict=True, min_length=1)]] | None = None
+
+    @model_validator(mode="after")
+    def _check_value_labels(self) -> Categorical:
+        names = self.value_labels
+        if names is None:
+            return self
+        if len(names) != len(self.values):
+            raise ValueError(
+                f"value_labels has {len(names)} entries but values has {len(self.values)}: give "
+                "one label per value, in the same order"
+            )
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"value_labels {repeated} are listed twice; labels must be distinct")
+        return self
 
     @field_validator("values")
     @classmethod
@@ -254,7 +275,7 @@ class Categorical(_Strict):
         return len(self.values)
 
     def labels(self) -> list[Any]:
-        return list(self.values)
+        return list(self.value_labels or self.values)
 
     def encode(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # vectorised over the distinct values handed in (group keys), never over rows
@@ -276,7 +297,7 @@ class Categorical(_Strict):
         return self.values.index(value)
 
     def bound_labels(self) -> tuple[list[Any], list[Any]]:
-        return list(self.values), list(self.values)
+        return self.labels(), self.labels()
 
 
 Attribute = IntegerRange | NumericBins | Categorical
@@ -310,10 +331,41 @@ def _parse_attribute(name: str, raw: Any) -> Attribute:
 # --- the rest of the spec -------------------------------------------------------------------------
 
 
+class Partitions(_Strict):
+    """``{by: file}`` or ``{by: column, column: NAME}`` (short ``{column: NAME}``): the data owner
+    declares that these partitions hold disjoint sets of people (see ``catalog.partitions``)."""
+
+    by: Literal["file", "column"]
+    column: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _column_alone(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "column" in raw and "by" not in raw:
+            return {**raw, "by": "column"}
+        return raw
+
+    @model_validator(mode="after")
+    def _check(self) -> Partitions:
+        if self.by == "column" and not self.column:
+            raise ValueError("partitions {by: column} needs column: NAME (a domain attribute)")
+        if self.by == "file" and self.column is not None:
+            raise ValueError(
+                f"partitions {{by: file}} takes no column (got {self.column!r}); use "
+                "{by: column, column: NAME} to partition by a column"
+            )
+        return self
+
+    def declaration(self) -> str:
+        return "file" if self.by == "file" else f"column:{self.column}"
+
+
 class DatasetSection(_Strict):
     id: str = Field(pattern=_ID_PATTERN)
     source: str | None = None
     budget: dict[str, float]
+    partitions: Partitions | None = None
+    """Disjoint partitions (parallel composition): a cap per partition in the ledger."""
 
     @field_validator("budget")
     @classmethod
@@ -330,12 +382,17 @@ class PrivacyUnit(_Strict):
     rows_per_person: int | None = None
     person_column: str | None = None
     max_rows: int | None = None
+    persons_colocated: bool = False
+    """Declared by the data custodian: all rows of one person are in one input file (lets a Dask
+    run bound contributions file by file; without it a Dask run refuses a ``person_column``)."""
 
     @model_validator(mode="after")
     def _check(self) -> PrivacyUnit:
         if self.person_column is None:
             if self.max_rows is not None:
                 raise ValueError("max_rows needs person_column")
+            if self.persons_colocated:
+                raise ValueError("persons_colocated needs person_column")
             if self.rows_per_person is None:
                 raise ValueError("give rows_per_person, or person_column with max_rows")
             if self.rows_per_person < 1:
@@ -358,7 +415,17 @@ class PrivacyUnit(_Strict):
         return int(self.max_rows if self.person_column is not None else self.rows_per_person or 1)
 
 
-ITEM_KINDS = ("marginal", "prefix", "all_ranges", "ranges", "total", "matrix", "marginals")
+ITEM_KINDS = (
+    "marginal",
+    "prefix",
+    "all_ranges",
+    "ranges",
+    "total",
+    "matrix",
+    "marginals",
+    *DERIVED_KINDS,
+)
+MAX_QUANTILE_LEVELS = 99
 MAX_EXPANDED_MARGINALS = 10_000
 """Output tables one ``marginals`` item may expand to (C(14, 3) = 364 for Adult's 3-way)."""
 
@@ -386,6 +453,25 @@ class MarginalsSelection(_Strict):
         return self
 
 
+class QuantilesSelection(_Strict):
+    """``{of: COL, q: [0.5, 0.9]}``: quantiles of a numeric column at levels strictly in (0, 1)."""
+
+    of: str
+    q: list[float]
+
+    @field_validator("q")
+    @classmethod
+    def _check_levels(cls, q: list[float]) -> list[float]:
+        if not 1 <= len(q) <= MAX_QUANTILE_LEVELS:
+            raise ValueError(f"quantiles.q ({q}) must list 1 to {MAX_QUANTILE_LEVELS} levels")
+        for level in q:
+            if not (math.isfinite(level) and 0 < level < 1):
+                raise ValueError(f"quantiles.q level {level} must lie strictly between 0 and 1")
+        if len(set(q)) != len(q):
+            raise ValueError(f"quantiles.q ({q}) lists a level twice")
+        return q
+
+
 class WorkloadItemSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
     marginal: list[str] | None = None
@@ -398,6 +484,16 @@ class WorkloadItemSpec(_Strict):
     attributes: list[str] | None = None
     marginals: MarginalsSelection | None = None
     """All k-way marginals of some attributes: one output table each (see :func:`expand_item`)."""
+    mean: str | None = None
+    """Derived: the mean of a numeric column (per group of ``by``), from released counts."""
+    sum: str | None = None
+    """Derived: the sum of a numeric column (per group of ``by``), from released counts."""
+    quantiles: QuantilesSelection | None = None
+    """Derived: quantiles of a numeric column (per group of ``by``), from the released CDF."""
+    by: list[str] | None = None
+    """Group attributes of a derived item (one row per cell of theirs and statistic)."""
+    representative: list[float] | None = None
+    """Derived: the value each cell of the column counts as (default: the cells' midpoints)."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> WorkloadItemSpec:
@@ -427,7 +523,31 @@ class WorkloadItemSpec(_Strict):
             raise ValueError(f"all_ranges ({self.all_ranges}) takes one or two attributes")
         if self.total is False:
             raise ValueError("total must be true when given")
+        if self.derived_column is None:
+            for field in ("by", "representative"):
+                if getattr(self, field) is not None:
+                    raise ValueError(
+                        f"workload item {self.name!r}: {field} applies only to derived items "
+                        f"({', '.join(DERIVED_KINDS)})"
+                    )
+        elif self.by is not None:
+            if len(set(self.by)) != len(self.by):
+                raise ValueError(
+                    f"workload item {self.name!r}: by {self.by} lists an attribute twice"
+                )
+            if self.derived_column in self.by:
+                raise ValueError(
+                    f"workload item {self.name!r}: by {self.by} must not contain the column "
+                    f"{self.derived_column!r} the statistic is computed of"
+                )
         return self
+
+    @property
+    def derived_column(self) -> str | None:
+        """The column of a derived item (mean, sum, quantiles), None for other kinds."""
+        if self.quantiles is not None:
+            return self.quantiles.of
+        return self.mean if self.mean is not None else self.sum
 
     @property
     def kind(self) -> str:
@@ -449,6 +569,8 @@ class WorkloadItemSpec(_Strict):
             return list(self.attributes)
         if self.marginals is not None and self.marginals.attributes != "all":
             return list(self.marginals.attributes)
+        if self.derived_column is not None:
+            return [self.derived_column, *(self.by or [])]
         return []
 
     def load_matrix(self, *, columns: int) -> np.ndarray:
@@ -498,6 +620,33 @@ class Schedule(_Strict):
         return cron
 
 
+MAX_APPROVERS = 5
+# Prefect addresses a saved block as "<block type slug>/<block document name>" (both slugs).
+_BLOCK_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9-]{0,62}$"
+
+
+class ReviewPolicy(_Strict):
+    """Who must approve a staged release before it is published (``review:`` in a spec).
+
+    With a ``review`` section the person who ran the release (``DPRELEASE_OPERATOR``, else the
+    login name) may not approve it; ``approvers`` distinct reviewers must.  ``notify`` names the
+    Prefect notification block told when the release is staged (see deploy/NOTIFICATIONS.md).
+    """
+
+    approvers: int = Field(default=1, ge=1, le=MAX_APPROVERS)
+    notify: str | None = None
+
+    @field_validator("notify")
+    @classmethod
+    def _check_notify(cls, notify: str | None) -> str | None:
+        if notify is not None and not re.match(_BLOCK_PATTERN, notify):
+            raise ValueError(
+                f"notify ({notify!r}) must name a saved Prefect block as BLOCK_TYPE/BLOCK_NAME in "
+                "lowercase letters, digits and dashes, e.g. custom-webhook/dprelease-reviewers"
+            )
+        return notify
+
+
 class ReleaseSpec(_Strict):
     """A validated release spec.  Build it with :func:`load_spec` or :func:`parse_spec`."""
 
@@ -511,13 +660,42 @@ class ReleaseSpec(_Strict):
     privacy: dict[str, float]
     on_out_of_domain: Literal["error", "drop"] = "error"
     postprocess: Postprocess = Postprocess()
+    reconstruct: Literal["least_squares", "pgm", "auto"] = "least_squares"
+    """``pgm``: consistent, non-negative tables (marginal-space plans; :mod:`catalog.estimators`);
+    ``auto``: ``pgm`` where the plan supports it, least squares otherwise."""
     model: Literal["central", "local"] = "central"
     """``local``: users randomise on their devices with a published strategy (``dprelease ldp``);
     ``privacy.epsilon`` is then the per-user ε and ``dataset.source`` holds their responses."""
     schedule: Schedule | None = None
     trigger: Literal["arrival"] | None = None
+    review: ReviewPolicy | None = None
+    """Separation of duties and reviewer notification; without it one reviewer, anyone, decides."""
     allow_large_delta: bool = False
     """Accept ``delta`` above 1e-3 in ``privacy`` and ``dataset.budget`` (shown in manifest/report)."""
+    execution: Execution = Execution()
+    """Where the run counts and noises: ``{engine: local | dask, address: tcp://…}`` (CLI wins)."""
+    on_unchanged: Literal["skip", "release"] = "skip"
+    """A scheduled or triggered run whose input and spec equal those of the last release of the
+    series (same ``name`` and dataset id): ``skip`` charges nothing and records a ``skipped``
+    ledger entry; ``release`` releases again (and pays again)."""
+
+    @model_validator(mode="after")
+    def _check_partitions(self) -> ReleaseSpec:
+        partitions = self.dataset.partitions
+        if partitions is None:
+            return self
+        if self.model == "local":
+            raise ValueError(
+                "dataset.partitions applies to central releases; a local-model (model: local) "
+                "collection is charged as a whole"
+            )
+        if partitions.by == "column" and partitions.column not in self.domain:
+            raise ValueError(
+                f"dataset.partitions.column ({partitions.column!r}) must be an attribute of the "
+                f"domain (the partitions are its public cells, never values read from the data); "
+                f"the domain has {sorted(self.domain)}"
+            )
+        return self
 
     @field_validator("domain", mode="before")
     @classmethod
@@ -586,6 +764,11 @@ class ReleaseSpec(_Strict):
                             raise ValueError(
                                 f"{where}: range {pair} on {attribute!r} has low > high"
                             )
+            if item.derived_column is not None:
+                try:
+                    derived_column(self, item)
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}") from None
         if self.privacy_unit.person_column in self.domain:
             raise ValueError(
                 f"privacy_unit.person_column ({self.privacy_unit.person_column!r}) must not be a domain attribute"
@@ -681,7 +864,25 @@ class ReleaseSpec(_Strict):
         return cost_from_dict(self.privacy)
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # where a run counts changes no output; fields added later at their default change no hash
+        data = self.model_dump(mode="json", exclude={"execution"})
+        if not self.privacy_unit.persons_colocated:
+            del data["privacy_unit"]["persons_colocated"]
+        if self.dataset.partitions is None:
+            del data["dataset"]["partitions"]
+        if self.on_unchanged == "skip":
+            del data["on_unchanged"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def series_key(self) -> str:
+        """sha256 of the spec minus where the input lives (``dataset.source``) and the
+        ``on_unchanged`` policy: with the keyed input fingerprint (names and bytes of the input
+        files), what "unchanged since the last release of the series" compares."""
+        data = json.loads(self.canonical_json())
+        data["dataset"].pop("source", None)
+        data.pop("on_unchanged", None)
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     def fingerprint(self) -> str:
         """sha256 of the canonical spec (everything, including the dataset and privacy level)."""
@@ -737,6 +938,8 @@ def item_num_queries(spec: ReleaseSpec, item: WorkloadItemSpec) -> int:
     header; a ``marginals`` item: of all its tables). O(attributes)."""
     if item.marginals is not None:
         return sum(item_num_queries(spec, part) for part in expand_item(spec, item))
+    if item.derived_column is not None:
+        return derived_support(spec, item).num_queries + derived_rows(spec, item)
     count = 1
     for name, attribute in spec.domain.items():
         n = attribute.size
@@ -754,6 +957,49 @@ def item_num_queries(spec: ReleaseSpec, item: WorkloadItemSpec) -> int:
         elif item.ranges is not None and name in item.ranges:
             count *= len(item.ranges[name])
     return count
+
+
+def derived_column(spec: ReleaseSpec, item: WorkloadItemSpec) -> BinnedColumn:
+    """The public cells of a derived item's column (raises ``ValueError`` naming the rule)."""
+    name = item.derived_column
+    attribute = spec.domain[name] if name is not None else None
+    if not isinstance(attribute, IntegerRange | NumericBins):
+        raise ValueError(
+            f"{item.kind} needs a numeric column (an integer range or numeric bins), but "
+            f"{name!r} is {type(attribute).__name__.lower()}"
+        )
+    if item.representative is not None and len(item.representative) != attribute.size:
+        raise ValueError(
+            f"representative lists {len(item.representative)} values but {name!r} has "
+            f"{attribute.size} cells"
+        )
+    rep = None if item.representative is None else np.asarray(item.representative, np.float64)
+    if isinstance(attribute, IntegerRange):
+        lower, upper = attribute.cell_bounds()
+        return BinnedColumn.of_cells(lower, upper, rep, integer=True)
+    pairs = attribute.pairs()
+    return BinnedColumn.of_cells(pairs[:, 0], pairs[:, 1], rep, integer=False)
+
+
+def derived_support(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
+    """The support queries a derived item adds to the workload (``<name>.moments`` or
+    ``<name>.cdf``; see :mod:`mechanisms.derived`)."""
+    names = list(spec.domain)
+    kind = "quantiles" if item.quantiles is not None else "mean"
+    return support_item(
+        name=f"{item.name}.{'cdf' if kind == 'quantiles' else 'moments'}",
+        kind=kind,
+        domain_shape=spec.domain_shape,
+        column_axis=names.index(str(item.derived_column)),
+        by_axes=tuple(names.index(a) for a in item.by or []),
+        column=derived_column(spec, item),
+    )
+
+
+def derived_rows(spec: ReleaseSpec, item: WorkloadItemSpec) -> int:
+    """Rows of a derived item's table: one per group and statistic."""
+    groups = math.prod(spec.domain[a].size for a in item.by or [])
+    return groups * (len(item.quantiles.q) if item.quantiles is not None else 1)
 
 
 def check_runnable(spec: ReleaseSpec) -> None:

@@ -23,13 +23,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from catalog.spec import ReleaseSpec
+from catalog.spec import ReleaseSpec, WorkloadItemSpec, derived_column, derived_support
+from mechanisms import derived
+from mechanisms.derived import QUANTILE_LABEL
 from mechanisms.intervals import interval_half_widths
 from mechanisms.operators import AllRanges, Identity, Prefix, Ranges, Total
+from mechanisms.protocol import ItemAnswers
 from mechanisms.workload import WorkloadItem
 
-UNCERTAINTY_LABELS = ("noise", "noise+bias", "noise-only")
-"""What ``std_error`` covers (the ``uncertainty`` column)."""
+UNCERTAINTY_LABELS = ("noise", "noise+bias", "noise-only", QUANTILE_LABEL)
+"""What ``std_error`` covers (the ``uncertainty`` column); ``interval`` only in derived tables."""
 
 
 def label_columns(spec: ReleaseSpec, item: WorkloadItem) -> dict[str, np.ndarray]:
@@ -111,6 +114,121 @@ def build_table(
         uncertainty=pa.array(np.broadcast_to(labels, rows).astype(str), pa.string()),
     )
     return pa.table(columns)
+
+
+DERIVED_VALUE_COLUMNS = (
+    "statistic",
+    "estimate",
+    "std_error",
+    "ci_low",
+    "ci_high",
+    "uncertainty",
+    "binning_error",
+)
+"""Columns of a derived table after the group labels (one column per ``by`` attribute)."""
+
+
+def derived_tables(spec: ReleaseSpec, answers: dict[str, ItemAnswers]) -> dict[str, pa.Table]:
+    """The table of every derived item (mean, sum, quantiles), computed from the reconstructed
+    answers of its support queries only (post-processing; see :mod:`mechanisms.derived`).
+
+    Rows: groups (cells of ``by``, row-major in domain order), then statistics; columns: the
+    group labels, :data:`DERIVED_VALUE_COLUMNS`.  O(support rows) per item.
+    """
+    return {
+        item.name: derived_table(spec, item, answers)
+        for item in spec.workload
+        if item.derived_column is not None
+    }
+
+
+def derived_descriptions(spec: ReleaseSpec) -> dict[str, dict[str, Any]]:
+    """Public description of every derived table for the manifest: what it estimates, from which
+    support table, how its uncertainty is computed and what is approximate."""
+    described: dict[str, dict[str, Any]] = {}
+    for item in spec.workload:
+        if item.derived_column is None:
+            continue
+        column = derived_column(spec, item)
+        method = {
+            "mean": "ratio of linear queries; std_error by the delta method with the "
+            "numerator-denominator covariance (first order: approximate); interval as for sums, "
+            "clipped to the column's range; none where the count is not above z standard errors",
+            "sum": "linear query over the binned column; std_error exact (the noise's variance); "
+            "interval ± 1.96·std_error (Gaussian noise) or ± 2.118·std_error (Laplace noise: "
+            "the quantile of one Laplace draw, conservative for combinations)",
+            "quantiles": "inversion of the released CDF; interval from its pointwise 95% normal "
+            "band, sd(F_k − qN) bounded by sd(F_k) + q·sd(N) (conservative); std_error is the "
+            "interval's normal-equivalent half-width",
+        }[item.kind]
+        described[item.name] = {
+            "statistic": item.kind,
+            "column": item.derived_column,
+            "by": [a for a in spec.domain if a in (item.by or [])],
+            "levels": list(item.quantiles.q) if item.quantiles is not None else None,
+            "support_table": derived_support(spec, item).name,
+            "representative_values": "declared" if item.representative else "cell midpoints",
+            "binning_error_per_record": column.max_record_error(),
+            "method": method,
+        }
+    return described
+
+
+def derived_table(
+    spec: ReleaseSpec, item: WorkloadItemSpec, answers: dict[str, ItemAnswers]
+) -> pa.Table:
+    """One derived item's table (see :func:`derived_tables`)."""
+    support = derived_support(spec, item)
+    found = answers[support.name]
+    axis = list(spec.domain).index(str(item.derived_column))
+    column = derived_column(spec, item)
+
+    def grouped(values: Any) -> np.ndarray:
+        array = np.broadcast_to(np.asarray(values, dtype=object), (support.num_queries,))
+        return derived.per_group(support, array, column_axis=axis)
+
+    # Laplace noise under pure ε: the conservative Laplace z (mechanisms.derived.Z95_LAPLACE)
+    laplace = spec.privacy_target().measure == "pure"
+    z = derived.Z95_LAPLACE if laplace else derived.Z95
+    estimates = grouped(found.estimates).astype(np.float64)
+    variances = grouped(found.variances).astype(np.float64)
+    if item.quantiles is not None:
+        levels = tuple(item.quantiles.q)
+        labels = grouped(found.uncertainty)
+        rows = derived.quantiles(estimates, variances, labels, column=column, levels=levels, z=z)
+        statistics = [derived.quantile_label(q) for q in levels]
+    else:
+        compute = derived.means if item.mean is not None else derived.sums
+        rows = compute(estimates, variances, grouped(found.uncertainty), column=column, z=z)
+        statistics = [item.kind]
+    repeat = len(statistics)
+    columns: dict[str, Any] = {
+        name: np.repeat(labels, repeat)
+        for name, labels in _group_labels(spec, [a for a in spec.domain if a in (item.by or [])])
+    }
+    claimed = rows.claimed
+    columns.update(
+        statistic=pa.array(statistics * (rows.estimate.size // repeat), pa.string()),
+        estimate=rows.estimate,
+        std_error=rows.std_error,
+        ci_low=pa.array(np.where(claimed, rows.ci_low, 0.0), mask=~claimed),
+        ci_high=pa.array(np.where(claimed, rows.ci_high, 0.0), mask=~claimed),
+        uncertainty=pa.array(rows.uncertainty.astype(str), pa.string()),
+        binning_error=rows.binning_error,
+    )
+    return pa.table(columns)
+
+
+def _group_labels(spec: ReleaseSpec, names: list[str]) -> list[tuple[str, np.ndarray]]:
+    """Label columns of the groups (cells of ``names``, row-major)."""
+    if not names:
+        return []
+    sizes = [spec.domain[name].size for name in names]
+    indices = np.unravel_index(np.arange(int(np.prod(sizes, dtype=np.int64))), sizes)
+    return [
+        (name, _array(spec.domain[name].labels())[index])
+        for name, index in zip(names, indices, strict=True)
+    ]
 
 
 def _array(values: list[Any]) -> np.ndarray:

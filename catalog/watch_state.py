@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from catalog.errors import CatalogError
-from catalog.ledger import default_url, now
+from catalog.ledger import default_url, dispose_with, lock_schema, now
 
 operations_metadata = sa.MetaData()
 
@@ -86,7 +86,9 @@ def _engine(url: str) -> Engine:
         engine = sa.create_engine(url, connect_args={"timeout": 60})
     else:
         engine = sa.create_engine(url, pool_pre_ping=True)
-    operations_metadata.create_all(engine)
+    with engine.begin() as conn:  # PostgreSQL: two processes creating the tables would collide
+        lock_schema(conn)
+        operations_metadata.create_all(conn)
     return engine
 
 
@@ -105,6 +107,7 @@ class WatchState:
     def __init__(self, url: str | None = None) -> None:
         self.url = url or default_url()
         self.engine = _engine(self.url)
+        dispose_with(self, self.engine)
 
     def claim(self, *, dataset_id: str, fingerprint: str, path: str, size: int) -> bool:
         """Record that this content is being announced for ``dataset_id``.
@@ -163,6 +166,7 @@ class ReviewRuns:
     def __init__(self, url: str | None = None) -> None:
         self.url = url or default_url()
         self.engine = _engine(self.url)
+        dispose_with(self, self.engine)
 
     def record(self, *, release_id: str, flow_run_id: str, api_url: str | None) -> None:
         """Remember that ``flow_run_id`` pauses for the review of ``release_id``."""

@@ -129,10 +129,14 @@ def bundled_spec() -> Path:
     return Path(str(resources.files("flows") / "examples" / "adult-demo.yaml"))
 
 
-def _run_release(spec_path: Path, out_dir: Path) -> Any:
+def _run_release(
+    spec_path: Path, out_dir: Path, *, engine: str | None = None, address: str | None = None
+) -> Any:
+    from catalog.engine import resolve_execution
     from catalog.spec import load_spec
 
     spec = load_spec(spec_path)  # fail fast on a bad spec: before Prefect or any server starts
+    execution = resolve_execution(spec.execution, engine=engine, address=address)  # CLI wins
     _prefect_defaults()
     console.print(
         f"[bold]dprelease[/] release [cyan]{spec.name}[/] of dataset [cyan]{spec.dataset.id}[/] "
@@ -145,7 +149,7 @@ def _run_release(spec_path: Path, out_dir: Path) -> Any:
         _prefect_api() as connection,
     ):
         # The server starts in the background while the flow's modules (and prefect) import.
-        from flows.release_flow import release_flow as flow
+        from flows.release_flow import run_release
 
         if connection is not None and connection.started:
             # Data-free planning fills the strategy store on the other core while the server
@@ -159,7 +163,9 @@ def _run_release(spec_path: Path, out_dir: Path) -> Any:
             from flows.interrupt import InterruptGuard
 
             with InterruptGuard(write=lambda text: console.print(text, highlight=False)):
-                staged = flow(spec_path=str(spec_path), out_dir=str(out_dir))
+                staged = run_release(
+                    spec_path=str(spec_path), out_dir=str(out_dir), execution=execution
+                )
     console.print(f"finished in {time.perf_counter() - started:.1f} s", highlight=False)
     return staged
 
@@ -205,7 +211,7 @@ def _server_ready(connection: Any) -> Iterator[None]:
 
 
 def _print_staged(staged: Any) -> None:
-    charged = ", ".join(f"{k}={v:.6g}" for k, v in staged.charged.items())
+    charged = _cost(staged.charged)
     stdout.print(f"release id: {staged.release_id}", highlight=False)
     stdout.print(f"artifacts:  {staged.directory}", highlight=False)
     stdout.print(f"mechanism:  {staged.mechanism}; privacy charged: {charged}", highlight=False)
@@ -215,6 +221,29 @@ def _print_staged(staged: Any) -> None:
         f"(or --reject); dprelease verify {staged.directory}",
         highlight=False,
     )
+    _print_review_policy(staged.release_id)
+
+
+def _print_review_policy(release_id: str) -> None:
+    """Who must approve a just-staged release, and whether its reviewers were notified."""
+    from catalog import review as reviewing
+    from catalog.ledger import Catalog
+
+    current = reviewing.status(Catalog(), release_id)
+    if current["operator_excluded"]:
+        stdout.print(
+            f"review:     {current['required_approvals']} approval(s) by distinct reviewers, "
+            f"not {current['operator']} (who ran it)",
+            highlight=False,
+        )
+    if current["notify_error"]:
+        console.print(
+            f"warning: reviewers were not notified through {current['notify']}: "
+            f"{current['notify_error']}; send again with `dprelease notify send {release_id}`",
+            highlight=False,
+        )
+    elif current["notified_at"]:
+        stdout.print(f"notified:   reviewers, through {current['notify']}", highlight=False)
 
 
 @app.command()
@@ -235,9 +264,23 @@ def run(
     out: Annotated[Path, typer.Option("--out", help="Folder for release directories.")] = Path(
         "releases"
     ),
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="local or dask: where counting and fan-out tasks run (overrides the spec's "
+            "execution.engine; default local). dask without --address starts a local cluster.",
+        ),
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address", help="Dask scheduler tcp://host:port to join (implies --engine dask)."
+        ),
+    ] = None,
 ) -> None:
     """Run the release flow for SPEC: ingest, count, plan, measure, reconstruct, validate, stage."""
-    _print_staged(_run_release(spec, out))
+    _print_staged(_run_release(spec, out, engine=engine, address=address))
 
 
 @app.command()
@@ -327,13 +370,17 @@ def budget(
     dataset_id: Annotated[
         str | None, typer.Argument(help="Dataset id (all datasets if omitted).")
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Spent and remaining privacy budget per dataset, with the ledger timeline (oldest first)."""
-    from catalog.ledger import Catalog
-    from mechanisms.privacy import PrivacyCost
+    """Spent and remaining privacy budget per dataset (and per partition of a partitioned
+    dataset), with the ledger timeline (oldest first)."""
+    from catalog.ledger import Catalog, running_spend
 
     catalog = Catalog()
     ids = [dataset_id] if dataset_id else catalog.dataset_ids()
+    if as_json:
+        _print_json({"datasets": [_budget_json(catalog, current) for current in ids]})
+        return
     if not ids:
         stdout.print("no datasets in the catalog yet", highlight=False)
     for current in ids:
@@ -344,22 +391,102 @@ def budget(
             f"remaining {spent.remaining(cap).describe()}",
             highlight=False,
         )
+        _print_partitions(catalog, current)
         table = Table(show_header=True, title=f"{current}: ledger timeline (oldest first)")
+        entries = catalog.ledger_entries(current)
         for column in ("#", "when (UTC)", "release", "charge", "cumulative", "remaining", "label"):
-            table.add_column(column)
-        running = PrivacyCost.zero(cap.measure)
-        for entry in catalog.ledger_entries(current):
-            running = running + entry.cost
+            if column == "release":
+                _add_id_column(table, column, [entry.release_id for entry in entries])
+            else:
+                table.add_column(column, overflow="fold")
+        if any(entry.partition for entry in entries):
+            table.add_column("partition", overflow="fold")
+        for entry, running in zip(entries, running_spend(entries, cap.measure), strict=True):
             table.add_row(
                 str(entry.seq),
                 entry.created_at,
                 entry.release_id,
-                entry.cost.describe(),
+                "skipped (nothing charged)" if entry.kind == "skipped" else entry.cost.describe(),
                 running.describe(),
                 running.remaining(cap).describe(),
                 entry.label,
+                *([_partition_cell(entry)] if len(table.columns) > 7 else []),
             )
         stdout.print(table)
+
+
+def _partition_cell(entry: Any) -> str:
+    if entry.partition is not None:
+        return str(entry.partition)
+    return "" if entry.kind == "skipped" else "(whole dataset)"
+
+
+def _print_partitions(catalog: Any, dataset_id: str) -> None:
+    """Per-partition spending of a partitioned dataset (parallel composition), if any."""
+    spending = catalog.partition_spending(dataset_id)
+    declared = catalog.partitioned_by(dataset_id)
+    if not spending and declared is None:
+        return
+    stdout.print(
+        f"partitioned by {declared or '(declaration dropped)'}: each partition has the cap; "
+        "declared to hold disjoint people (the spec's assumption, not checked)",
+        highlight=False,
+    )
+    table = Table(show_header=True, title=f"{dataset_id}: spending per partition")
+    for column in ("partition", "spent", "remaining", "entries"):
+        table.add_column(column, overflow="fold")
+    for row in spending:
+        table.add_row(
+            row.partition, row.spent.describe(), row.remaining.describe(), str(row.entries)
+        )
+    stdout.print(table)
+
+
+def _print_json(value: Any) -> None:
+    """One JSON document on stdout (``--json``): nothing else is printed there."""
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def _add_id_column(table: Table, header: str, ids: list[str]) -> None:
+    """A column that shows every id in full: as wide as the longest, folded (never cut) if the
+    terminal is narrower still."""
+    width = max([len(header), *(len(i) for i in ids)])
+    table.add_column(header, min_width=width, overflow="fold")
+
+
+def _budget_json(catalog: Any, dataset_id: str) -> dict[str, Any]:
+    """Cap, spent, remaining, per-partition spending and the ledger timeline of one dataset
+    (public)."""
+    from catalog.ledger import running_spend
+
+    cap = catalog.cap(dataset_id)
+    spent = catalog.spent(dataset_id)
+    entries = catalog.ledger_entries(dataset_id)
+    timeline = []
+    for entry, running in zip(entries, running_spend(entries, cap.measure), strict=True):
+        timeline.append(
+            {
+                "seq": entry.seq,
+                "created_at": entry.created_at,
+                "release_id": entry.release_id,
+                "receipt_id": entry.receipt_id,
+                "label": entry.label,
+                "kind": entry.kind,
+                "partition": entry.partition,
+                "charge": entry.cost.as_dict(),
+                "cumulative": running.as_dict(),
+                "remaining": running.remaining(cap).as_dict(),
+            }
+        )
+    return {
+        "dataset_id": dataset_id,
+        "cap": cap.as_dict(),
+        "spent": spent.as_dict(),
+        "remaining": spent.remaining(cap).as_dict(),
+        "partitioned_by": catalog.partitioned_by(dataset_id),
+        "partitions": [row.as_dict() for row in catalog.partition_spending(dataset_id)],
+        "ledger": timeline,
+    }
 
 
 @app.command()
@@ -369,14 +496,24 @@ def releases(
     status: Annotated[
         str | None, typer.Option(help="Only this status (staged, published, ...).")
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (every catalog field).")
+    ] = False,
 ) -> None:
-    """The release catalog."""
+    """The release catalog (oldest first); full release ids, never shortened."""
+    from dataclasses import asdict
+
     from catalog.ledger import Catalog
 
+    records = Catalog().releases(dataset_id=dataset, status=status)
+    if as_json:
+        _print_json({"releases": [asdict(record) for record in records]})
+        return
     table = Table(title="releases")
-    for column in ("release id", "dataset", "status", "mechanism", "created (UTC)", "directory"):
-        table.add_column(column)
-    for record in Catalog().releases(dataset_id=dataset, status=status):
+    _add_id_column(table, "release id", [record.id for record in records])
+    for column in ("dataset", "status", "mechanism", "created (UTC)", "directory"):
+        table.add_column(column, overflow="fold")
+    for record in records:
         table.add_row(
             record.id,
             record.dataset_id,
@@ -392,32 +529,57 @@ def releases(
 @_clear_errors
 def review(
     release_id: Annotated[str, typer.Argument(help="Release id (see `dprelease releases`).")],
-    reviewer: Annotated[str, typer.Option("--reviewer", help="Who decides (recorded).")],
+    reviewer: Annotated[
+        str | None, typer.Option("--reviewer", help="Who decides (recorded).")
+    ] = None,
     approve: Annotated[
-        bool, typer.Option("--approve/--reject", help="Approve (publish) or reject.")
-    ],
+        bool | None,
+        typer.Option(
+            "--approve/--reject",
+            help="Approve (publish once the spec's approvals are in) or reject; without either, "
+            "show where the review stands.",
+            show_default=False,
+        ),
+    ] = None,
     note: Annotated[str, typer.Option("--note", help="Why (recorded).")] = "",
     publish_dir: Annotated[
         Path | None, typer.Option("--publish-dir", help="Where approved releases are copied.")
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the review status as one JSON object.")
+    ] = False,
 ) -> None:
     """Audited review: approve publishes a copy; reject keeps the spent budget spent.
 
-    A release whose deployed flow run is paused for review is decided by resuming that run with
-    the decision (the run records it); any other release is decided here, in the catalog.
+    A spec's `review: {approvers: N}` needs N distinct reviewers, none of them the person who ran
+    the release; until then each approval is recorded and the release stays staged.  A release
+    whose deployed flow run is paused for review is decided by resuming that run with the decision
+    (the run records it); any other release is decided here, in the catalog.
     """
     from catalog import review as reviewing
     from catalog.ledger import Catalog
     from catalog.watch_state import ReviewRuns
 
     catalog = Catalog()
-    paused_run = ReviewRuns(catalog.url).get(release_id)
-    if (
-        paused_run is not None
-        and paused_run.status == "awaiting"
-        and _review_through_flow_run(paused_run, approve, reviewer, note, publish_dir, catalog)
-    ):
+    if approve is None:
+        if reviewer is not None or note or publish_dir is not None:
+            raise DprReleaseError(
+                "--reviewer, --note and --publish-dir need a decision: add --approve or --reject"
+            )
+        _print_review_status(reviewing.status(catalog, release_id), as_json=as_json)
         return
+    if reviewer is None:
+        raise DprReleaseError("--reviewer NAME is required with --approve or --reject")
+    paused_run = ReviewRuns(catalog.url).get(release_id)
+    if paused_run is not None and paused_run.status == "awaiting":
+        # refused here, before the paused run is resumed with a decision it would refuse
+        reviewing.check_reviewer(catalog, release_id, approve=approve, reviewer=reviewer)
+        if _review_through_flow_run(
+            paused_run, approve, reviewer, note, publish_dir, catalog, quiet=as_json
+        ):
+            if as_json:
+                _print_json(reviewing.status(catalog, release_id))
+            return
     result = reviewing.review(
         catalog,
         release_id,
@@ -426,9 +588,56 @@ def review(
         note=note,
         publish_dir=publish_dir,
     )
+    if as_json:
+        _print_json(reviewing.status(catalog, release_id))
+        return
     stdout.print(f"{release_id}: {result['status']}", highlight=False)
     if "published_directory" in result:
         stdout.print(f"published to {result['published_directory']}", highlight=False)
+    if result["status"] == "staged":
+        stdout.print(
+            f"approvals: {len(result['approvals'])} of {result['required_approvals']} "
+            f"({', '.join(result['approvals'])}); the release stays staged until the rest approve",
+            highlight=False,
+        )
+
+
+def _cost(cost: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.6g}" for k, v in cost.items())
+
+
+def _print_review_status(current: dict[str, Any], *, as_json: bool, header: bool = True) -> None:
+    if as_json:
+        _print_json(current)
+        return
+    if header:
+        stdout.print(f"{current['release_id']}: {current['status']}", highlight=False)
+    else:
+        stdout.print("  review:", highlight=False)
+    operator = current["operator"] or "not recorded"
+    rule = " (may not approve)" if current["operator_excluded"] else ""
+    stdout.print(f"  ran by:    {operator}{rule}", highlight=False)
+    stdout.print(
+        f"  approvals: {len(current['approvers'])} of {current['required_approvals']} "
+        f"required; {current['approvals_missing']} missing",
+        highlight=False,
+    )
+    if current["notify"]:
+        outcome = (
+            f"failed: {current['notify_error']}"
+            if current["notify_error"]
+            else f"sent {current['notified_at']}"
+            if current["notified_at"]
+            else "not sent"
+        )
+        stdout.print(f"  notifies:  {current['notify']} ({outcome})", highlight=False)
+    for entry in current["trail"]:
+        note = f" — {entry['note']}" if entry["note"] else ""
+        stdout.print(
+            f"  {entry['at']}  {entry['decision']} by {entry['reviewer']}{note}", highlight=False
+        )
+    if not current["trail"]:
+        stdout.print("  no decision yet", highlight=False)
 
 
 def _review_through_flow_run(
@@ -438,6 +647,8 @@ def _review_through_flow_run(
     note: str,
     publish_dir: Path | None,
     catalog: Any,
+    *,
+    quiet: bool = False,
 ) -> bool:
     """Resume the paused deployed run with the decision; False when it can no longer decide."""
     _prefect_defaults()
@@ -457,6 +668,8 @@ def _review_through_flow_run(
         console.print(f"note: {exc}; deciding in the catalog directly", highlight=False)
         ReviewRuns(catalog.url).mark(paused_run.release_id, status="expired")
         return False
+    if quiet:
+        return True
     stdout.print(
         f"{record.id}: {record.status} (decided through flow run {paused_run.flow_run_id})",
         highlight=False,
@@ -624,17 +837,95 @@ def verify(
             help="The release's input (file, directory or glob): re-check its keyed fingerprint.",
         ),
     ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print one JSON object: ok and every problem (exit 1 when not ok)."
+        ),
+    ] = False,
 ) -> None:
     """Re-check a release offline: artifact hashes, manifest, catalog status, ledger chain and
     receipts, input fingerprint key, validation results."""
     from catalog import artifacts
+    from catalog.errors import VerificationError
     from catalog.ledger import Catalog
 
+    if as_json:
+        try:
+            artifacts.verify(release_dir, Catalog(), input_path=input_path)
+        except VerificationError as exc:
+            problems: tuple[str, ...] = exc.problems
+        else:
+            problems = ()
+        _print_json({"release_dir": str(release_dir), "ok": not problems, "problems": problems})
+        if problems:
+            raise typer.Exit(code=errors.EXIT_CHECK_FAILED)
+        return
     artifacts.verify(release_dir, Catalog(), input_path=input_path)
     stdout.print(
         f"OK: {release_dir} matches its manifest, the ledger and its validation results",
         highlight=False,
     )
+
+
+@app.command()
+@_clear_errors
+def show(
+    release_id: Annotated[str, typer.Argument(help="Release id (see `dprelease releases`).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Everything about one release: spec, status, plan and mechanism, charges with their ledger
+    receipts, budget, review trail and artifact paths (public facts only)."""
+    from catalog.ledger import Catalog
+    from catalog.show import describe_release
+
+    summary = describe_release(Catalog(), release_id)
+    if as_json:
+        _print_json(summary)
+        return
+    _print_summary(summary)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    release = summary["release"]
+    lines = [
+        f"[bold]{release['id']}[/]: {release['status']}",
+        f"  spec:       {release['name']} (dataset {release['dataset_id']}; spec sha256 "
+        f"{release['spec_fingerprint']})",
+        f"  created:    {release['created_at']} UTC; updated {release['updated_at']} UTC",
+    ]
+    mechanism = summary["mechanism"]
+    if mechanism:
+        lines.append(
+            f"  mechanism:  {mechanism['name']} ({mechanism['model']}) — {mechanism['reason']}"
+        )
+    plan = summary["plan"]
+    if plan:
+        lines.append(
+            f"  plan:       {plan.get('num_queries', '?')} queries over "
+            f"{plan.get('num_cells', '?')} cells; chosen {plan.get('chosen')}"
+        )
+    lines.append(f"  charged:    {_cost(summary['charged'] or {}) or 'nothing'}")
+    for receipt in summary["receipts"]:
+        lines.append(
+            f"    ledger #{receipt['seq']} {receipt['receipt_id']} ({receipt['label']}): "
+            f"{_cost(receipt['charge'])}"
+        )
+    budget = summary["budget"]
+    if budget:
+        lines.append(
+            f"  budget:     cap {_cost(budget['cap'])}; spent after this release "
+            f"{_cost(budget['after'])}; remaining then {_cost(budget['remaining'])}"
+        )
+    for line in lines:
+        stdout.print(line, highlight=False)
+    _print_review_status(summary["review"], as_json=False, header=False)
+    paths = summary["paths"]
+    stdout.print("  artifacts:", highlight=False)
+    for name, path in paths.items():
+        stdout.print(f"    {name + ':':<20} {path or '-'}", highlight=False)
+    if summary["manifest_problem"]:
+        console.print(f"warning: {summary['manifest_problem']}", highlight=False)
 
 
 @app.command()
@@ -703,14 +994,117 @@ def _register_ldp() -> None:
 
 _register_ldp()
 
-server_app = typer.Typer(
-    name="server",
-    help="The local Prefect server dprelease shares between commands (started on first use).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+
+def _register_synth() -> None:
+    from flows.synth import synth
+
+    app.command()(_clear_errors(synth))
+
+
+_register_synth()
+
+
+def _sub_app(name: str, help_text: str) -> typer.Typer:
+    """A command group of ``dprelease`` (``dprelease NAME COMMAND``)."""
+    group = typer.Typer(
+        name=name,
+        help=help_text,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    app.add_typer(group, name=name)
+    return group
+
+
+notify_app = _sub_app(
+    "notify",
+    "Tell reviewers when a release is staged: Prefect notification blocks (deploy/NOTIFICATIONS.md).",
 )
-app.add_typer(server_app, name="server")
+
+
+@contextlib.contextmanager
+def _prefect_connected() -> Iterator[None]:
+    """Prefect configured for this command and its API (shared local server or PREFECT_API_URL)."""
+    _prefect_defaults()
+    with _prefect_api() as connection, _server_ready(connection):
+        yield
+
+
+@notify_app.command("webhook")
+@_clear_errors
+def notify_webhook(
+    name: Annotated[str, typer.Argument(help="Block name (lowercase letters, digits, dashes).")],
+    url: Annotated[str, typer.Option("--url", help="Where to POST the notice (JSON).")],
+    header: Annotated[
+        list[str] | None,
+        typer.Option("--header", help="NAME:VALUE sent with every notice (repeatable)."),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a saved block of this name.")
+    ] = False,
+) -> None:
+    """Save a Custom Webhook notification block that POSTs {subject, body, source} as JSON; name
+    it in a spec as `review: {notify: custom-webhook/NAME}`."""
+    from catalog.spec import ReviewPolicy
+
+    headers = {}
+    for item in header or []:
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise DprReleaseError(f"--header ({item!r}) must be NAME:VALUE")
+        headers[key.strip()] = value.strip()
+    if not url.startswith(("http://", "https://")):
+        raise DprReleaseError(f"--url ({url!r}) must be an http:// or https:// URL")
+    try:
+        ReviewPolicy(notify=f"custom-webhook/{name}")
+    except ValueError:
+        raise DprReleaseError(
+            f"block name ({name!r}) must be lowercase letters, digits and dashes"
+        ) from None
+    with _prefect_connected():
+        from flows.notify import save_webhook_block
+
+        try:
+            reference = save_webhook_block(name, url=url, headers=headers, overwrite=overwrite)
+        except ValueError as exc:  # Prefect: the name is taken
+            raise DprReleaseError(f"{exc}; add --overwrite to replace it") from None
+    stdout.print(f"saved {reference}: POST {url}", highlight=False)
+    stdout.print(f"in a spec:  review: {{notify: {reference}}}", highlight=False)
+
+
+@notify_app.command("send")
+@_clear_errors
+def notify_send(
+    release_id: Annotated[str, typer.Argument(help="A staged release whose spec names a block.")],
+) -> None:
+    """Send a staged release's notice again (e.g. after the webhook was down)."""
+    from catalog.ledger import Catalog
+    from catalog.review_policy import policy_of
+
+    catalog = Catalog()
+    record = catalog.release(release_id)
+    if record.status != "staged":
+        raise CatalogError(
+            f"release {release_id!r} is {record.status}; only a staged release awaits review"
+        )
+    block = policy_of(catalog, release_id).notify
+    if block is None:
+        raise CatalogError(f"release {release_id!r}: its spec names no review.notify block")
+    with _prefect_connected():
+        from flows.notify import send_notice
+
+        error = send_notice(catalog, release_id)
+    if error is not None:
+        raise CatalogError(
+            f"notifying the reviewers of {release_id} through {block} failed: {error}"
+        )
+    stdout.print(f"{release_id}: reviewers notified through {block}", highlight=False)
+
+
+server_app = _sub_app(
+    "server", "The local Prefect server dprelease shares between commands (started on first use)."
+)
 
 
 @server_app.command("status")

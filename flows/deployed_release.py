@@ -16,6 +16,15 @@ on an arrival event, or run on demand).  It
 5. records the decision with :func:`catalog.review.review`: approval publishes a copy, rejection
    keeps the spent budget spent; both land in the catalog and the manifest with who and when.
 
+Unchanged input (the spec's ``on_unchanged``, default ``skip``): a run started by the schedule or
+by an arrival trigger whose keyed input fingerprint and spec (less its source) equal those of the
+last release of its series (the spec's ``name`` within its dataset id) charges nothing, records a
+``skipped`` ledger entry, does not pause for review and returns status ``skipped``.  A run started
+by hand (the UI's "run", the API, ``prefect deployment run``) always releases, as ``dprelease run``
+does; the ``on_unchanged`` parameter overrides either.  The check runs inside the dataset's slot
+and again in the transaction that records the release, so two arrivals of the same content (a
+duplicated event) never start two releases.
+
 If nobody decides within ``review_timeout_seconds`` the run fails ("... never resumed"),
 the release stays ``staged``, and ``dprelease review`` decides it directly in the catalog later.
 
@@ -28,7 +37,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from prefect import flow, get_run_logger, task
@@ -41,7 +50,7 @@ from pydantic import Field, ValidationError
 
 from catalog import review as reviewing
 from catalog.errors import CatalogError, DataError
-from catalog.ledger import Catalog, ReleaseRecord, default_url
+from catalog.ledger import Catalog, ReleaseRecord, SkippedRelease, default_url
 from catalog.spec import load_spec
 from catalog.watch_state import ReviewRun, ReviewRuns
 from flows.release_flow import release_flow
@@ -84,11 +93,48 @@ class DeployedRelease:
     """Outcome of a deployed release (public)."""
 
     release_id: str
-    status: str  # "published" or "rejected"
-    directory: str
+    status: str  # "published", "rejected", "staged" (awaits more approvals) or "skipped"
+    directory: str | None  # None: skipped
     published_directory: str | None
     reviewer: str | None
     flow_run_id: str | None
+    unchanged_since: str | None = None
+    """A skipped run: the release of the series whose input and spec it repeats."""
+
+
+StartedBy = Literal["schedule", "trigger", "hand"]
+
+
+def started_by(run: Any | None) -> StartedBy:
+    """How a deployed flow run started: ``schedule`` (the scheduler created it), ``trigger`` (an
+    automation did: the arrival trigger) or ``hand`` (anything else, or no run: called directly)."""
+    if run is None:
+        return "hand"
+    if getattr(run, "auto_scheduled", False):
+        return "schedule"
+    created_by = getattr(run, "created_by", None)
+    if created_by is not None and getattr(created_by, "type", None) == "AUTOMATION":
+        return "trigger"
+    return "hand"
+
+
+def unchanged_policy(
+    spec_policy: Literal["skip", "release"], started: StartedBy
+) -> Literal["skip", "release"]:
+    """The spec's ``on_unchanged`` for scheduled and triggered runs; a run by hand releases."""
+    return "release" if started == "hand" else spec_policy
+
+
+def _current_run() -> Any | None:
+    """This flow run as the API has it (auto_scheduled, created_by), or None outside a run."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.get_id()
+    if run_id is None:
+        return None
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(UUID(str(run_id)))
 
 
 @task(name="check-arrived-file", cache_policy=NO_CACHE, retries=0)
@@ -142,11 +188,13 @@ def release_deployment_flow(
     expected_fingerprint: str | None = None,
     publish_dir: str | None = None,
     review_timeout_seconds: int = DEFAULT_REVIEW_TIMEOUT_SECONDS,
+    on_unchanged: Literal["skip", "release"] | None = None,
 ) -> DeployedRelease:
     """Release under the dataset's concurrency slot, then wait for a reviewer's decision.
 
     ``source_override`` is the arrived file (from the ``dprelease.data.arrived`` event's payload);
-    ``expected_fingerprint`` its announced sha256.
+    ``expected_fingerprint`` its announced sha256.  ``on_unchanged``: None applies the spec's
+    policy to scheduled and triggered runs and releases a run started by hand (module docstring).
 
     Privacy: the subflow charges the ledger before noise; the review never refunds.
     """
@@ -157,7 +205,10 @@ def release_deployment_flow(
         raise ValueError(f"review_timeout_seconds ({review_timeout_seconds}) must be >= 1")
     logger = get_run_logger()
     catalog_url = catalog_url or default_url()
-    dataset_id = load_spec(spec_path).dataset.id
+    spec = load_spec(spec_path)
+    dataset_id = spec.dataset.id
+    started = started_by(_current_run())
+    policy = on_unchanged or unchanged_policy(spec.on_unchanged, started)
     if source_override is not None and expected_fingerprint is not None:
         check_arrived_file_task(source_override, expected_fingerprint)
     limit = ensure_dataset_limit(dataset_id)
@@ -171,8 +222,27 @@ def release_deployment_flow(
             out_dir=out_dir,
             catalog_url=catalog_url,
             source_override=source_override,
+            on_unchanged=policy,
         )
     run_id = flow_run.get_id()
+    if isinstance(staged, SkippedRelease):
+        logger.info(
+            "%s (started by %s): input and spec unchanged since release %s; skipped, nothing "
+            "charged (ledger receipt %s)",
+            staged.release_id,
+            started,
+            staged.unchanged_since,
+            staged.receipt_id,
+        )
+        return DeployedRelease(
+            release_id=staged.release_id,
+            status="skipped",
+            directory=None,
+            published_directory=None,
+            reviewer=None,
+            flow_run_id=None if run_id is None else str(run_id),
+            unchanged_since=staged.unchanged_since,
+        )
     reviews = ReviewRuns(catalog_url)
     if run_id is not None:
         reviews.record(
@@ -238,9 +308,11 @@ def resume_review(
 ) -> ReleaseRecord:
     """Resume the paused flow run of ``run`` with the decision; wait until the catalog records it.
 
-    Raises :class:`ReviewRunNotPaused` when the run is not paused and can no longer decide (the
-    caller then decides in the catalog directly), :class:`CatalogError` when it is running (someone
-    else resumed it) or when the decision did not arrive within ``wait_seconds``.
+    Returns once the catalog records the decision (an approval that still awaits others leaves the
+    release ``staged``).  Raises :class:`ReviewRunNotPaused` when the run is not paused and can no
+    longer decide (the caller then decides in the catalog directly), :class:`CatalogError` when it
+    is running (someone else resumed it) or when the decision did not arrive within
+    ``wait_seconds``.
     """
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
@@ -275,6 +347,7 @@ def resume_review(
                 f"flow run {run.flow_run_id} of release {run.release_id} is "
                 f"{state.name if state else 'unknown'}, not paused"
             )
+        decided = len(catalog.reviews(run.release_id))
         resume_flow_run(
             UUID(run.flow_run_id),
             run_input=decision.model_dump(include={"approve", "reviewer", "note"}),
@@ -282,7 +355,9 @@ def resume_review(
     deadline = time.monotonic() + wait_seconds
     while True:
         record = catalog.release(run.release_id)
-        if record.status in ("published", "rejected"):
+        if record.status in ("published", "rejected") or (
+            record.status == "staged" and len(catalog.reviews(run.release_id)) > decided
+        ):
             return record
         if time.monotonic() > deadline:
             raise CatalogError(

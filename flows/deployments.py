@@ -9,6 +9,9 @@ after the spec (``release-deployment/<spec name>``) on a *process* work pool, wi
   event's ``path`` (and ``fingerprint``) as flow parameters;
 * a global concurrency limit ``dprelease-dataset-<dataset id>`` with one slot, which the flow holds
   while it releases: one running release per dataset id, across all of the dataset's specs;
+* the spec's ``on_unchanged`` policy (default ``skip``): a scheduled or triggered run whose input
+  and spec equal the series' last release charges nothing (``flows.deployed_release``); and, for
+  a spec with ``dataset.partitions``, per-partition charges (``catalog.partitions``);
 * default parameters that are public only: absolute spec path, output and publish folders, the
   catalog URL when it is a local SQLite file (a server URL may carry credentials: the worker gets
   it from ``DPRELEASE_CATALOG_URL`` instead), the review timeout.
@@ -49,6 +52,8 @@ class DeploymentSummary:
     arrival_trigger: bool
     work_pool: str
     concurrency_limit: str
+    on_unchanged: str = "skip"
+    partitioned_by: str | None = None
 
 
 def arrival_trigger(dataset_id: str) -> Any:
@@ -126,7 +131,15 @@ def build_deployment(
             publish_dir=publish_dir,
             review_timeout_seconds=review_timeout_seconds,
         ),
-        description=f"dprelease: release series {spec.name!r} of dataset {spec.dataset.id!r}",
+        description=(
+            f"dprelease: release series {spec.name!r} of dataset {spec.dataset.id!r}; unchanged "
+            f"input on a schedule or trigger: {spec.on_unchanged}"
+            + (
+                f"; partitioned by {spec.dataset.partitions.declaration()} (declared disjoint)"
+                if spec.dataset.partitions is not None
+                else ""
+            )
+        ),
         tags=[DEPLOYMENT_TAG, f"dataset:{spec.dataset.id}"],
         work_pool_name=work_pool,
         entrypoint_type=EntrypointType.MODULE_PATH,  # the installed package, any working directory
@@ -218,6 +231,12 @@ def deploy_specs(
                 arrival_trigger=spec.trigger == "arrival",
                 work_pool=work_pool,
                 concurrency_limit=limit,
+                on_unchanged=spec.on_unchanged,
+                partitioned_by=(
+                    None
+                    if spec.dataset.partitions is None
+                    else spec.dataset.partitions.declaration()
+                ),
             )
         )
     return summaries

@@ -60,10 +60,10 @@ def abort_own_releases(catalog_url: str | None = None) -> list[str]:
     while a task run is being created ends as ``ValueError: Task run is not set``), so the flow
     recorded a failure that was an abort.  Called only once this process has seen a SIGINT.
     """
-    from catalog.ledger import Catalog, _owner
+    from catalog.ledger import Catalog, process_owner
 
     catalog = Catalog(catalog_url)
-    owner = _owner()
+    owner = process_owner()
     mine = (owner["owner_pid"], owner["owner_host"], owner["owner_start"])
     aborted = []
     for record in catalog.releases():

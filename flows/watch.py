@@ -16,7 +16,9 @@ Never twice for the same content: the fingerprint is the keyed hash (HMAC under 
 the catalog database (:class:`catalog.watch_state.WatchState`) *before* the event is emitted, so
 a restarted watcher, a renamed copy or a second watcher on the same folder does not announce it
 again (at-most-once; every announcement spends privacy budget).  A failed emission gives the
-claim back and the file is retried at the next poll.
+claim back and the file is retried at the next poll.  Should an event still arrive twice (a
+duplicated delivery, a second watcher with its own catalog), the deployed flow skips the second
+run: its input and spec are unchanged since the series' last release (``on_unchanged: skip``).
 
 Which dataset?  With ``--spec-dir``, every spec with ``trigger: arrival`` whose ``dataset.source``
 is that file, a folder holding it, or a glob matching it; without, the first folder under DIR

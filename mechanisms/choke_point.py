@@ -12,19 +12,36 @@ The object refuses pickling and redacts its ``repr``, so it cannot reach Prefect
 logs or another process by accident.  :class:`ProtectedMarginals` is the same choke point for
 domains too large for a cell vector: it holds only the confidential marginal tables a plan needs
 and measures in the same order.
+
+**Sharded noise** (a cluster; the choke point stays pure and never imports one).  Either class can
+be given a *shard mapper* (:meth:`~ProtectedCells.with_shard_mapper`): a callable that runs a pure
+top-level function once on every item of a sequence, e.g. on cluster workers, and returns the
+results in order.  The rule, enforced here and not by the mapper:
+
+* the ledger is charged **once**, for the whole measurement, before any shard is dispatched
+  (steps 1-3 above are unchanged);
+* ``A·x`` is split into contiguous shards; each is noised exactly once by the vetted sampler
+  (:func:`mechanisms.noise.noise_shard`) in the process that runs it, with randomness from that
+  process's OS CSPRNG: no seed is shipped, none is derived from a user value, none is repeated;
+* every result must come back exactly once, in order, carrying its shard's one-time token: a
+  missing, foreign, duplicated or re-drawn shard is refused;
+* a failed shard is **never retried with fresh noise** (its first draw may already have been
+  seen): on any shard failure the whole measurement fails with :class:`ShardedNoiseError`,
+  nothing is returned, and the charge stands.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
 
 from mechanisms import noise
-from mechanisms.noise import NoiseMechanism, calibrate, noise_kind_for
+from mechanisms.noise import NoiseMechanism, NoiseShard, NoisyShard, calibrate, noise_kind_for
 from mechanisms.privacy import PrivacyCost
 
 T = TypeVar("T")
@@ -66,7 +83,162 @@ class NoisyMeasurement:
     receipt_id: str
 
 
-class ProtectedCells:
+# 2**20 answers (8 MB of float64) per shard: a cluster task's overhead (~ms) is negligible next to
+# its sampling (~5 s at ~5 µs per value), and 10^7 answers already make 10 tasks to balance.
+DEFAULT_SHARD_SIZE = 1 << 20
+
+
+class ShardMapper(Protocol):
+    """Runs ``function`` once on every shard (on cluster workers, say); results in shard order.
+
+    A mapper must not retry or re-run a shard.  The choke point refuses any result list that is
+    not exactly one result per shard, in order; a mapper that cannot deliver that raises.
+    """
+
+    def __call__(
+        self, function: Callable[[NoiseShard], NoisyShard], shards: Sequence[NoiseShard], /
+    ) -> Sequence[NoisyShard]: ...
+
+
+class ShardFailedError(Exception):
+    """Raised by a shard mapper when shard ``index`` (None: unknown) failed; ``reason`` is public
+    text only (never the message of the original exception, which may quote data)."""
+
+    def __init__(self, index: int | None, reason: str) -> None:
+        super().__init__(f"shard {index}: {reason}")
+        self.index = index
+        self.reason = reason
+
+
+class ShardedNoiseError(RuntimeError):
+    """A sharded measurement failed: nothing was released and its ledger charge stands."""
+
+
+class _Sharding:
+    """Where the choke point sends confidential answers to be noised (see the module docstring)."""
+
+    _shard_mapper: ShardMapper | None = None
+    _shard_size: int = DEFAULT_SHARD_SIZE
+
+    def with_shard_mapper(
+        self, shard_mapper: ShardMapper, *, shard_size: int = DEFAULT_SHARD_SIZE
+    ) -> Self:
+        """The same confidential values, noised shard by shard through ``shard_mapper``."""
+        if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
+            raise ValueError(f"shard_size ({shard_size!r}) must be an integer >= 1")
+        if not callable(shard_mapper):
+            raise TypeError(f"shard_mapper ({type(shard_mapper).__name__}) must be callable")
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)  # shares the read-only confidential values
+        clone._shard_mapper = shard_mapper
+        clone._shard_size = shard_size
+        return clone
+
+    def _noised(
+        self,
+        mechanism: NoiseMechanism,
+        answers: np.ndarray,
+        *,
+        receipt_id: str,
+        local: Callable[[], noise.NoiseSampler],
+    ) -> np.ndarray:
+        """``answers`` + the mechanism's noise: locally with ``local()``, or shard by shard.
+
+        Privacy: the caller has charged ``mechanism.cost`` (receipt ``receipt_id``) already.
+        """
+        if self._shard_mapper is None:
+            return mechanism.apply(answers, sampler=local())
+        return _noise_on_shards(
+            mechanism,
+            answers,
+            mapper=self._shard_mapper,
+            shard_size=self._shard_size,
+            receipt_id=receipt_id,
+        )
+
+
+def _noise_on_shards(
+    mechanism: NoiseMechanism,
+    answers: np.ndarray,
+    *,
+    mapper: ShardMapper,
+    shard_size: int,
+    receipt_id: str,
+) -> np.ndarray:
+    """Split, dispatch once, check every result, reassemble (module docstring). O(answers)."""
+    flat = np.ascontiguousarray(answers, dtype=np.float64).ravel()
+    if flat.size != mechanism.size:
+        raise ValueError(
+            f"values has {flat.size} entries but the mechanism was calibrated for {mechanism.size}"
+        )
+    count = max(1, math.ceil(flat.size / shard_size))
+    shards = [
+        NoiseShard(
+            index=index,
+            count=count,
+            token=secrets.token_bytes(16),
+            kind=mechanism.kind,
+            scale=mechanism.scale,
+            values=piece,
+        )
+        for index, piece in enumerate(np.array_split(flat, count))
+    ]
+    abandoned = (
+        f"the measurement is abandoned: nothing is released, its ledger charge (receipt "
+        f"{receipt_id}) stands, and no shard is noised again"
+    )
+    try:
+        results = list(mapper(noise.noise_shard, shards))
+    except ShardFailedError as exc:
+        which = "a noise shard" if exc.index is None else f"noise shard {exc.index}"
+        raise ShardedNoiseError(f"{which} of {count} failed ({exc.reason}); {abandoned}") from None
+    except Exception as exc:  # privacy: the original message is not relayed (it may quote data)
+        raise ShardedNoiseError(
+            f"the shard mapper failed ({type(exc).__name__}) while noising {count} shards; "
+            f"{abandoned}"
+        ) from None
+    return _assemble(shards, results, abandoned=abandoned)
+
+
+def _assemble(shards: Sequence[NoiseShard], results: list[Any], *, abandoned: str) -> np.ndarray:
+    """The noisy answers, once every shard came back exactly once and in order; else refused.
+    Empties ``results`` while it copies them out."""
+    count = len(shards)
+    index_of = {shard.token: shard.index for shard in shards}
+    draws: dict[bytes, bytes] = {}
+    for position, result in enumerate(results):
+        if not isinstance(result, NoisyShard) or result.token not in index_of:
+            raise ShardedNoiseError(
+                f"shard result {position} is not a noised shard of this measurement; {abandoned}"
+            )
+        index = index_of[result.token]
+        if result.token in draws:
+            twice = "returned twice" if draws[result.token] == result.draw else "noised twice"
+            raise ShardedNoiseError(f"noise shard {index} of {count} was {twice}; {abandoned}")
+        draws[result.token] = result.draw
+        if index != position or result.index != index:
+            raise ShardedNoiseError(
+                f"noise shard {index} of {count} came back at position {position} (results "
+                f"must be in shard order); {abandoned}"
+            )
+        if np.shape(result.values) != shards[index].values.shape:
+            raise ShardedNoiseError(
+                f"noise shard {index} of {count} came back with shape "
+                f"{np.shape(result.values)}, not {shards[index].values.shape}; {abandoned}"
+            )
+    if len(draws) != count:
+        missing = sorted(set(range(count)) - {index_of[token] for token in draws})
+        raise ShardedNoiseError(f"noise shards {missing} of {count} never came back; {abandoned}")
+    noisy = np.empty(sum(shard.values.size for shard in shards))
+    start = 0
+    for index, shard in enumerate(shards):
+        noisy[start : start + shard.values.size] = results[index].values
+        results[index] = None  # each shard's copy is freed once placed: peak O(answers + shard)
+        start += shard.values.size
+    return noisy
+
+
+class ProtectedCells(_Sharding):
     """Confidential cell counts over a public domain.
 
     The counts have no accessor and never print:
@@ -110,7 +282,9 @@ class ProtectedCells:
         mechanism = calibrate(target=target, sensitivity=sensitivity, size=strategy.num_queries)
         receipt_id = accountant.charge(mechanism.cost, label=label)  # privacy: charge before noise
         answers = strategy.apply(self.__cells)
-        noisy = mechanism.apply(answers, sampler=noise.production_sampler())
+        noisy = self._noised(
+            mechanism, answers, receipt_id=receipt_id, local=noise.production_sampler
+        )
         return NoisyMeasurement(
             label=label,
             strategy_name=strategy.name,
@@ -168,7 +342,7 @@ class MarginalMeasurableStrategy(Protocol):
     def term_answers(self, axes: tuple[int, ...], table: np.ndarray) -> np.ndarray: ...
 
 
-class ProtectedMarginals:
+class ProtectedMarginals(_Sharding):
     """Confidential marginal tables over a public domain: the counts of each attribute subset.
 
     The marginal-space counterpart of :class:`ProtectedCells`, for domains whose full cell vector
@@ -251,7 +425,9 @@ class ProtectedMarginals:
                 for axes in strategy.marginal_subsets
             ]
         )
-        noisy = mechanism.apply(answers, sampler=noise.production_sampler())
+        noisy = self._noised(
+            mechanism, answers, receipt_id=receipt_id, local=noise.production_sampler
+        )
         return NoisyMeasurement(
             label=label,
             strategy_name=strategy.name,

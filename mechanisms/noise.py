@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -54,6 +54,7 @@ def validate_noise(noise: str) -> None:
 OPENDP_K = -40
 # Below this many values, sharding across threads costs more than it saves.
 _MIN_SHARD = 50_000
+_MAX_SHARD = 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,7 +204,9 @@ class OpenDPSampler:
         flat = np.ascontiguousarray(values, dtype=np.float64).ravel()
         if not np.all(np.isfinite(flat)):
             raise ValueError("values to be noised must all be finite")
-        shards = max(1, min(self.threads, flat.size // _MIN_SHARD))
+        # at most _MAX_SHARD values per OpenDP call: its FFI holds ~100 B per value in flight,
+        # so memory is O(threads × _MAX_SHARD), not O(size) (22.9M values took 2.2 GB at once)
+        shards = max(1, min(self.threads, flat.size // _MIN_SHARD), -(-flat.size // _MAX_SHARD))
         pieces = np.array_split(flat, shards)
 
         def sample(piece: np.ndarray) -> np.ndarray:
@@ -213,7 +216,7 @@ class OpenDPSampler:
         if shards == 1:
             noisy = sample(flat)
         else:
-            with ThreadPoolExecutor(max_workers=shards) as pool:
+            with ThreadPoolExecutor(max_workers=min(self.threads, shards)) as pool:
                 noisy = np.concatenate(list(pool.map(sample, pieces)))
         return noisy.reshape(np.shape(values))
 
@@ -221,3 +224,62 @@ class OpenDPSampler:
 def production_sampler() -> NoiseSampler:
     """The sampler every release uses.  There is deliberately no setting that changes it."""
     return OpenDPSampler()
+
+
+@dataclass(frozen=True, kw_only=True, repr=False)
+class NoiseShard:
+    """One contiguous piece of a measurement's confidential answers, to be noised on a worker.
+
+    Built only by the choke point (after the ledger is charged).  ``token`` is a one-time name
+    (16 bytes from the OS CSPRNG) of this shard of this measurement: it lets the choke point
+    recognise a result that belongs to another shard or comes back twice.  There is no seed field:
+    the worker's vetted sampler draws from its own OS CSPRNG, so no noise is ever derived from a
+    user value or repeated across shards.  ``values`` are confidential and never print.
+    """
+
+    index: int
+    count: int
+    token: bytes
+    kind: NoiseKind
+    scale: float
+    values: np.ndarray = field(compare=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"NoiseShard(index={self.index}, count={self.count}, kind={self.kind!r}, "
+            f"size={np.size(self.values)}, values=<redacted>)"
+        )
+
+
+@dataclass(frozen=True, kw_only=True, repr=False)
+class NoisyShard:
+    """A shard's answers after noise, with the shard's token and a fresh per-draw id.
+
+    ``draw`` (16 bytes from the worker's OS CSPRNG) differs between two executions of one shard, so
+    the choke point can tell "the same result returned twice" from "the shard was noised twice".
+    """
+
+    index: int
+    token: bytes
+    draw: bytes
+    values: np.ndarray = field(compare=False)
+
+    def __repr__(self) -> str:
+        return f"NoisyShard(index={self.index}, size={np.size(self.values)})"
+
+
+def noise_shard(shard: NoiseShard) -> NoisyShard:
+    """Noise one shard with the vetted sampler, single-threaded (the cluster supplies parallelism).
+
+    A pure top-level function so a shard mapper can ship it to another process.  Privacy: only the
+    choke point calls it (through its shard mapper), after charging the ledger for the whole
+    measurement; every coordinate gets independent noise of ``shard.scale`` from OpenDP, whose
+    randomness comes from the OS CSPRNG of the process that runs it.  O(shard size).
+    """
+    validate_noise(shard.kind)
+    sampler = OpenDPSampler(threads=1)
+    if shard.kind == "laplace":
+        noisy = sampler.add_laplace(shard.values, scale=shard.scale)
+    else:
+        noisy = sampler.add_gaussian(shard.values, sigma=shard.scale)
+    return NoisyShard(index=shard.index, token=shard.token, draw=os.urandom(16), values=noisy)

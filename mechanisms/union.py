@@ -274,21 +274,28 @@ def _split_axes(term_factors: Sequence[tuple[Factor, ...]], workload: Workload) 
 def _blocks_of(
     terms: Sequence[UnionTerm], structure: _Structure, shape: tuple[int, ...], *, weight_power: int
 ) -> list[np.ndarray]:
+    # Each term's dense Kronecker Gram and its I/J coefficients do not depend on the block:
+    # computed once per term, O(T (Σ nnz·n + D²)), then each block is a weighted sum, O(B T D²).
+    dense_grams = []
+    split_coefficients = []
+    for term in terms:
+        dense_grams.append(kron_matrices([term.factors[a].gram() for a in structure.dense_axes]))
+        pairs = []
+        for axis in structure.split_axes:
+            coefficients = ij_coefficients(term.factors[axis].gram())
+            if coefficients is None:  # pragma: no cover - split axes are I/J by construction
+                raise ValueError("split attribute without I/J structure")
+            pairs.append(coefficients)
+        split_coefficients.append(pairs)
     result = []
     for choice, _multiplicity, pinv in structure.blocks:
         block = np.zeros(pinv.shape)
-        for term in terms:
+        for term, gram, pairs in zip(terms, dense_grams, split_coefficients, strict=True):
             scalar = term.weight**weight_power
-            for axis, c in zip(structure.split_axes, choice, strict=True):
-                coefficients = ij_coefficients(term.factors[axis].gram())
-                if coefficients is None:  # pragma: no cover - split axes are I/J by construction
-                    raise ValueError("split attribute without I/J structure")
-                a, b = coefficients
+            for axis, c, (a, b) in zip(structure.split_axes, choice, pairs, strict=True):
                 scalar *= a + b * shape[axis] if c == 0 else a
             if scalar:
-                block += scalar * kron_matrices(
-                    [term.factors[a].gram() for a in structure.dense_axes]
-                )
+                block += scalar * gram
         result.append(block)
     return result
 
@@ -423,7 +430,7 @@ class _WeightProblem:
             if limit is not None:
                 limit.check()
             pinv = interruptible(  # O(D³); Ctrl-C is seen at once even for D in the thousands
-                lambda block=block: scipy.linalg.pinvh(block),
+                lambda block=block: psd_pinv(block),  # Cholesky unless near-singular
                 flops=_BLOCK_EVALUATION_EIGHS
                 * eigh_seconds(block.shape[0])
                 * DGEMM_FLOPS_PER_SECOND,

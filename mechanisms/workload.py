@@ -8,11 +8,12 @@ elsewhere; a CDF is ``Prefix`` on one attribute; rectangles are ``AllRanges`` on
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from mechanisms.operators import Factor, Total, kron_apply, kron_dense, kron_matrices
+from mechanisms.operators import Factor, Identity, Total, kron_apply, kron_dense, kron_matrices
 
 DENSE_GRAM_MAX_CELLS = 8192
 """Largest domain whose N × N Gram is formed densely (8,192² float64 = 512 MiB)."""
@@ -120,3 +121,30 @@ class Workload:
             role = "total" if summed_out else ("ordered" if ordered[axis] else "categorical")
             roles.append((n, role))
         return roles
+
+
+# --- marginal items as attribute subsets (bitmasks) ----------------------------------------------
+
+
+def axes_of(mask: int, num_attributes: int) -> tuple[int, ...]:
+    """Ascending attribute indices of a bitmask.
+
+    >>> axes_of(0b101, 3)
+    (0, 2)
+    """
+    return tuple(i for i in range(num_attributes) if mask >> i & 1)
+
+
+def mask_of(axes: Iterable[int]) -> int:
+    return sum(1 << int(a) for a in set(axes))
+
+
+def item_subset(item: WorkloadItem) -> int | None:
+    """Bitmask of the attributes a marginal item keeps; None when a factor is not Identity/Total."""
+    mask = 0
+    for axis, factor in enumerate(item.factors):
+        if isinstance(factor, Identity):
+            mask |= 1 << axis
+        elif not isinstance(factor, Total):
+            return None
+    return mask

@@ -31,9 +31,13 @@ os.environ.pop("DPRELEASE_CATALOG_URL", None)
 os.environ.pop("PREFECT_API_URL", None)
 
 from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+# a real PostgreSQL server for the session, and catalog URLs on both backends (tests/pg_server.py)
+from tests.pg_server import catalog_url, postgres_server  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")
@@ -59,3 +63,19 @@ def zero_noise(monkeypatch: pytest.MonkeyPatch):
     sampler = ZeroNoise()
     monkeypatch.setattr(noise, "production_sampler", lambda: sampler)
     return sampler
+
+
+@pytest.fixture(scope="session")
+def dask_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the session's Dask scheduler and workers write their logs."""
+    return tmp_path_factory.mktemp("dask")
+
+
+@pytest.fixture(scope="session")
+def dask_address(dask_logs: Path) -> Iterator[str]:
+    """A Dask scheduler and two 2 GB workers on loopback, started by the ``dask`` CLI for the
+    session and stopped by PID (:mod:`tests.dask_cluster`)."""
+    from tests.dask_cluster import dask_cluster
+
+    with dask_cluster(dask_logs) as address:
+        yield address

@@ -1,19 +1,34 @@
 """``lrm``: the Low-Rank Mechanism (Yuan et al., VLDB 2012): ``W ≈ B·L``, measure ``L·x``.
 
 ε-DP (Laplace) only.  Factors the explicit stacked workload matrix, so it is limited to small
-workloads; the estimate is LRM's own ``B·y`` (its relaxed factorisation's bias ``(W − BL)x`` is
-bounded by ``bias_sq · ‖x‖²`` and reported in the plan, not in ``rmse``).
+workloads.
+
+Answering rule (honest uncertainty).  The paper answers ``B·(L·x + η)``, which is biased by
+``(B·L − W)·x`` whenever the relaxed decomposition stops before ``B·L = W`` (γ, the time limit or
+the iteration cap).  That bias cannot be bounded from public values: ``|(W − BL)_i·x|`` is only
+bounded by the row's L1 norm times the largest cell count (or its L2 norm times ``‖x‖₂``), both
+confidential, so a ``noise+bias`` figure would have to read the data.  The release therefore
+keeps LRM's optimised ``L`` as the *strategy* and answers ``W·x̂`` with ``x̂ = (AᵀA)⁺Aᵀy`` the
+least-squares estimate from the noisy measurements (option (a) of the issue), where ``A`` is ``L``
+plus the few rows that put ``W`` in its row space (:func:`supported_measurement`; none when ``L``
+already supports ``W``).  Then ``E[W·x̂] = W·x`` exactly, the per-row variance ``σ²·(W(AᵀA)⁺Wᵀ)_ii``
+is the whole error, rows are labelled ``uncertainty: noise``, and the plan's predicted error
+(``evaluate``) is the sum of the same variances.  ``B`` is only used by the decomposition; for a
+fixed ``A``, least squares has the smallest variance of all unbiased linear answers, so this is
+never worse than ``B·y`` with an exact ``B``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 
 import numpy as np
 import threadpoolctl
 
-from mechanisms.dense import FactorizationStrategy
-from mechanisms.lrm.decomposition import decompose, predict_seconds
+from mechanisms.dense import DenseStrategy
+from mechanisms.lrm.decomposition import decompose, predict_seconds, supported_measurement
+from mechanisms.operators import kron_dense
 from mechanisms.protocol import (
     CandidateUnavailable,
     Evaluation,
@@ -24,10 +39,14 @@ from mechanisms.protocol import (
     StrategyCache,
     cache_key,
 )
+from mechanisms.workload import Workload, WorkloadItem
 
 MAX_CELLS = 4096
 MAX_QUERIES = 4096
 AUTO_MAX = 1024  # auto considers LRM only on small workloads (a decomposition costs seconds)
+# Largest entry of the released estimator's bias matrix ``W − W·A⁺·A`` (relative to
+# ``max(1, max|W|)``) accepted for an unbiased answer; the appended rows leave round-off (~1e-15).
+UNBIASED_TOLERANCE = 1e-8
 
 
 class LowRankMechanism(MatrixMechanism):
@@ -51,12 +70,13 @@ class LowRankMechanism(MatrixMechanism):
         workload = request.workload
         return predict_seconds(workload.num_queries, workload.num_cells)
 
-    def plan(self, request: PlanRequest, *, cache: StrategyCache) -> FactorizationStrategy:
+    def plan(self, request: PlanRequest, *, cache: StrategyCache) -> LowRankStrategy:
         reason = self.unavailable_reason(request)
         if reason is not None:
             raise CandidateUnavailable(reason)
         workload = request.workload
-        key = cache_key("lrm", request.workload_fingerprint)
+        # "least-squares": strategies stored before the unbiased answering rule hold B, not A.
+        key = cache_key("lrm", "least-squares", request.workload_fingerprint)
         stored = cache.load(key)
         if stored is None:
             matrix = workload.dense_matrix()  # O(m N); refused past its size limit
@@ -67,40 +87,97 @@ class LowRankMechanism(MatrixMechanism):
                     time_limit=request.time_limit,
                     progress=request.progress,
                 )
+                supported = supported_measurement(matrix, decomposition.L)
             stored = StoredStrategy(
                 parameters={
                     "template": "lrm",
                     "rank": decomposition.rank,
                     "iterations": decomposition.iterations,
                     "converged": decomposition.converged,
-                    "bias_sq": decomposition.bias_sq,
+                    "bias_sq": decomposition.bias_sq,  # of the paper's B·L, not of the release
                     "stopped_early": decomposition.stopped_early,
+                    "appended_rows": supported.appended,
+                    "appended_scale": supported.scale,
+                    "answer": "least squares from [L; appended rows]",
                     "seed": request.seed,
                 },
-                arrays={"B": decomposition.B, "L": decomposition.L},
+                arrays={"A": supported.matrix},
             )
             cache.save(key, stored)
-        rows: dict[str, tuple[int, int]] = {}
-        start = 0
-        for item in workload.items:
-            rows[item.name] = (start, start + item.num_queries)
-            start += item.num_queries
-        return FactorizationStrategy(
-            name=self.name,
-            B=stored.arrays["B"],
-            L=stored.arrays["L"],
-            item_rows=rows,
-            bias_sq=float(stored.parameters["bias_sq"]),
-            parameters=stored.parameters,
+        strategy = LowRankStrategy(
+            name=self.name, matrix=stored.arrays["A"], parameters=stored.parameters
         )
+        residual = strategy.estimator_bias(workload.dense_matrix())  # O(m N p)
+        if residual > UNBIASED_TOLERANCE:
+            raise CandidateUnavailable(
+                f"the LRM strategy leaves a support residual of {residual:.2e} (limit "
+                f"{UNBIASED_TOLERANCE:g}): its least-squares answers would be biased"
+            )
+        return strategy
 
     def evaluate(self, strategy: Strategy, request: PlanRequest) -> Evaluation:
         evaluation = super().evaluate(strategy, request)
+        parameters = strategy.parameters
         note = (
-            f"plus bias up to {strategy.parameters['bias_sq']:.3g} × Σx² (relaxed W ≈ BL; "
-            f"data-dependent, not in rmse); rank {strategy.parameters.get('rank')}"
+            f"rank {parameters.get('rank')}, {parameters.get('appended_rows')} rows appended for "
+            "support; least-squares answers, unbiased (rmse is the whole error)"
         )
         return dataclasses.replace(evaluation, note=note)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LowRankStrategy(DenseStrategy):
+    """LRM's measured matrix ``A = [L; c·D]``, answered by least squares (see the module text).
+
+    ``x̂ = A⁺·y`` with ``A⁺ = V·S⁻¹·Uᵀ`` from the thin SVD of ``A`` itself, never through the Gram:
+    LRM's ``L`` keeps a few near-dead rows (singular values ~1e-4 of the largest), and both
+    ``pinvh(AᵀA)`` and ``(AᵀA)⁺·Aᵀ`` square their condition number, which leaves a relative bias
+    ~1e-7 in the answers; the SVD route leaves round-off (~1e-15).
+    """
+
+    _pinv: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
+
+    def pseudo_inverse(self) -> np.ndarray:
+        """``A⁺`` (N × p), cached. O(p N min(p, N))."""
+        if not self._pinv:
+            left, singular, right = np.linalg.svd(self.matrix, full_matrices=False)
+            cutoff = singular[0] * max(self.matrix.shape) * np.finfo(np.float64).eps
+            keep = singular > cutoff
+            self._pinv.append((right[keep].T / singular[keep]) @ left[:, keep].T)
+        return self._pinv[0]
+
+    def covariance(self) -> np.ndarray:
+        """``(AᵀA)⁺ = A⁺·A⁺ᵀ`` (unit noise), cached. O(N² p)."""
+        if not self._covariance:
+            pinv = self.pseudo_inverse()
+            self._covariance.append(pinv @ pinv.T)
+        return self._covariance[0]
+
+    def least_squares(self, y: np.ndarray, workload: Workload | None = None) -> np.ndarray:
+        return self.pseudo_inverse() @ np.asarray(y, dtype=np.float64)  # O(N p)
+
+    def item_unit_variances(
+        self, item: WorkloadItem, workload: Workload | None = None
+    ) -> np.ndarray:
+        """Squared row norms of ``W_item·A⁺``: never negative.  ``diag(W (AᵀA)⁺ Wᵀ)`` through the
+        covariance cancels catastrophically when ``A`` has near-dead directions (σ_min ~ 1e-11
+        gave variances of −10⁶).  O(m N p) with the item's explicit m × N matrix (LRM sizes)."""
+        rows = kron_dense(item.factors) @ self.pseudo_inverse()
+        return np.einsum("ij,ij->i", rows, rows)
+
+    def item_unit_total(self, item: WorkloadItem, workload: Workload | None = None) -> float:
+        return float(self.item_unit_variances(item).sum())
+
+    def support_residual(self, workload: Workload) -> float:
+        """The planner's support check, entry-wise from ``A⁺`` (see :meth:`estimator_bias`)."""
+        return self.estimator_bias(workload.dense_matrix())  # O(m N) to form W, O(m N p)
+
+    def estimator_bias(self, workload: np.ndarray) -> float:
+        """Largest entry of ``W − W·A⁺·A``, the bias matrix of the answers this strategy gives,
+        relative to ``max(1, max|W|)``.  Entry-wise rather than Gram-based (a Gram-based norm
+        cannot resolve below √eps).  O(m N p)."""
+        bias = workload - (workload @ self.pseudo_inverse()) @ self.matrix
+        return float(np.abs(bias).max()) / max(1.0, float(np.abs(workload).max()))
 
 
 MECHANISM = LowRankMechanism()

@@ -9,7 +9,9 @@ gradient L-step (Algorithm 2 on Eq. 10, exact per-column L1-ball projection, Eq.
 
 The factorisation depends only on the public workload (never on data or ε), so it can be cached
 per workload.  The relaxed program (Eq. 8) stops once ``‖W − B·L‖_F ≤ γ``; the remaining bias
-``(B·L − W)·x`` is reported with the error.
+``(B·L − W)·x`` of the paper's estimator (:func:`measure`) is reported with the error.  The release
+pipeline does not use ``B``: :func:`supported_measurement` extends ``L`` so that least squares
+from the measurements answers ``W`` without bias (see :mod:`mechanisms.lrm`).
 
 Also here: the paper's random workload families (WDiscrete, WRange, WRelated, §6.1) and the two
 error bounds every exact decomposition obeys (``error_bounds``).
@@ -47,6 +49,7 @@ from mechanisms.noise import NoiseSampler
 
 __all__ = [
     "LowRankDecomposition",
+    "SupportedMeasurement",
     "decompose",
     "default_rank",
     "error_bounds",
@@ -57,6 +60,7 @@ __all__ = [
     "predict_seconds",
     "project_columns_to_l1_ball",
     "query_variances",
+    "supported_measurement",
     "wdiscrete_workload",
     "workload_rank",
     "wrange_workload",
@@ -910,6 +914,101 @@ def measure(
     scale = data_sensitivity * l1_sensitivity(decomposition.L) / epsilon
     noisy_intermediate = sampler.add_laplace(decomposition.L @ data, scale=scale)  # O(rn)
     return decomposition.B @ np.asarray(noisy_intermediate, dtype=np.float64)  # O(mr)
+
+
+# --------------------------------------------------------------------------------------------
+# Unbiased answering: least squares from the measured L·x (what the release pipeline uses)
+# --------------------------------------------------------------------------------------------
+
+# Singular values of L below this fraction of its largest are treated as absent: W's weight on such
+# a near-dead direction is carried by a well-scaled appended row instead of being amplified ≥ 1e5×.
+SUPPORT_RCOND = 1e-5
+# ``W`` counts as supported when the part of it outside the row space of the measured matrix has
+# Frobenius norm at most this fraction of ‖W‖_F (floating-point round-off, not a bias).
+SUPPORT_RTOL = 1e-10
+# Candidate scales of the appended rows: this many, log-spaced over 6 decades around the scale
+# that gives them the same column-L1 mass as L (the total noise is flat near its minimum).
+_SCALE_GRID = 241
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SupportedMeasurement:
+    """The measured matrix ``[L; c·D]`` whose least-squares estimator answers ``W`` without bias.
+
+    Attributes
+    ----------
+    matrix : ndarray, shape (r + k, n)
+        ``L`` with ``k`` appended rows ``c·D`` (``D`` orthonormal rows spanning the part of the
+        row space of ``W`` that ``L`` misses); ``matrix is L`` when ``k = 0``.
+    appended : int
+        ``k``, the number of appended rows.
+    scale : float
+        ``c`` (0 when nothing is appended).
+    missed_norm : float
+        ``‖W − W·P_L‖_F``, the part of ``W`` outside the row space of ``L`` before appending
+        (``P_L`` the projector onto it): the paper's estimator ``B·L`` is biased at least by this
+        much per unit ``‖x‖₂`` in Frobenius norm; the least-squares answer from ``matrix`` is not.
+    """
+
+    matrix: np.ndarray
+    appended: int
+    scale: float
+    missed_norm: float
+
+
+def supported_measurement(W: np.ndarray, L: np.ndarray) -> SupportedMeasurement:
+    """Extend the strategy ``L`` so that ``W`` lies in its row space (the answer is unbiased).
+
+    The release answers ``W·x̂`` with ``x̂ = (AᵀA)⁺Aᵀy`` the least-squares estimate from the noisy
+    ``y = A·x + η`` (``A`` the returned matrix).  That answer is unbiased iff ``W·A⁺·A = W``, and
+    then its noise covariance is exactly ``σ²·W(AᵀA)⁺Wᵀ`` (σ² the per-answer noise variance).  A
+    relaxed LRM decomposition (stopped by γ, the time limit or the iteration cap) can leave part of
+    ``W`` outside the row space of ``L``; those directions ``D`` (orthonormal, from the SVD of the
+    missed part ``R = W − W·P_L``) are appended as ``c·D``.  Because ``D ⊥ rowspace(L)``, the
+    unit-noise total is ``Δ(c)²·(‖W·L⁺‖²_F + ‖R‖²_F/c²)`` with ``Δ(c) = max_j(‖L_:j‖₁ + c‖D_:j‖₁)``;
+    ``c`` minimises it over a log grid.  Privacy: the release calibrates to the sensitivity of the
+    returned matrix (appending rows raises it); nothing here reads data.
+    O(r n min(r, n) + m n min(m, n)) for the two SVDs.
+    """
+    workload = _finite_matrix(W, "W")
+    strategy = _finite_matrix(L, "L")
+    if workload.shape[1] != strategy.shape[1]:
+        raise ValueError(
+            f"W has {workload.shape[1]} columns but L has {strategy.shape[1]}; both must span "
+            "the same cells"
+        )
+    _, singular, right = np.linalg.svd(strategy, full_matrices=False)  # O(r n min(r, n))
+    keep = singular > SUPPORT_RCOND * singular[0] if singular[0] > 0 else singular < 0
+    basis, kept = right[keep], singular[keep]
+    inside = workload @ basis.T  # O(m n k)
+    missed = workload - inside @ basis
+    missed_norm = float(np.linalg.norm(missed))
+    threshold = SUPPORT_RTOL * float(np.linalg.norm(workload))
+    if missed_norm <= threshold:
+        return SupportedMeasurement(matrix=L, appended=0, scale=0.0, missed_norm=missed_norm)
+    _, missed_singular, missed_right = np.linalg.svd(missed, full_matrices=False)
+    directions = missed_right[missed_singular > threshold]  # O(m n min(m, n)) above
+    kept_total = float(np.sum((inside / kept) ** 2))  # ‖W·L⁺‖²_F over the kept directions
+    columns_l = np.abs(strategy).sum(axis=0)
+    columns_d = np.abs(directions).sum(axis=0)
+    scale = best_append_scale(columns_l, columns_d, kept_total, missed_norm**2)
+    return SupportedMeasurement(
+        matrix=np.vstack([strategy, scale * directions]),
+        appended=int(directions.shape[0]),
+        scale=scale,
+        missed_norm=missed_norm,
+    )
+
+
+def best_append_scale(
+    columns_l: np.ndarray, columns_d: np.ndarray, kept_total: float, missed_sq: float
+) -> float:
+    """The grid ``c`` minimising ``max_j(l_j + c·d_j)²·(kept_total + missed_sq/c²)``. O(grid·n)."""
+    unit = max(float(columns_l.max()), 1.0) / float(columns_d.max())
+    candidates = unit * np.logspace(-4.0, 2.0, _SCALE_GRID)
+    sensitivity = (columns_l[None, :] + candidates[:, None] * columns_d[None, :]).max(axis=1)
+    totals = sensitivity**2 * (kept_total + missed_sq / candidates**2)
+    return float(candidates[int(np.argmin(totals))])
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,12 +41,12 @@ from mechanisms.marginal_strategies import (
     marginal_weights_l2,
     subset_workload,
 )
-from mechanisms.operators import Identity, Total
 from mechanisms.optimized_marginals import (
     MAX_MARGINAL_ATTRIBUTES,
     eigenspace_multiplicities,
     summed_out_sizes,
 )
+from mechanisms.pgm import ConsistentMarginals, consistent_marginals, maximal_masks
 from mechanisms.protocol import (
     CandidateUnavailable,
     InputKind,
@@ -56,7 +56,7 @@ from mechanisms.protocol import (
     StrategyCache,
     cache_key,
 )
-from mechanisms.workload import Workload, WorkloadItem
+from mechanisms.workload import Workload, WorkloadItem, axes_of, item_subset, mask_of
 
 _MIN_TIME_LIMIT = 1e-3  # an expired planning budget still lets the template take one step
 
@@ -64,30 +64,6 @@ _MIN_TIME_LIMIT = 1e-3  # an expired planning budget still lets the template tak
 # ------------------------------------------------------------------------------------------------
 # Subsets and tables
 # ------------------------------------------------------------------------------------------------
-
-
-def axes_of(mask: int, num_attributes: int) -> tuple[int, ...]:
-    """Ascending attribute indices of a bitmask.
-
-    >>> axes_of(0b101, 3)
-    (0, 2)
-    """
-    return tuple(i for i in range(num_attributes) if mask >> i & 1)
-
-
-def mask_of(axes: Iterable[int]) -> int:
-    return sum(1 << int(a) for a in set(axes))
-
-
-def item_subset(item: WorkloadItem) -> int | None:
-    """Bitmask of the attributes a marginal item keeps; None when a factor is not Identity/Total."""
-    mask = 0
-    for axis, factor in enumerate(item.factors):
-        if isinstance(factor, Identity):
-            mask |= 1 << axis
-        elif not isinstance(factor, Total):
-            return None
-    return mask
 
 
 def down_closure(masks: Iterable[int]) -> list[int]:
@@ -241,6 +217,35 @@ class MarginalSpaceStrategy(SubsetStrategy):
                 estimate += part.reshape(spread) / divisor
             out[name] = estimate.ravel()
         return out
+
+    def consistent(self, y: np.ndarray, workload: Workload) -> ConsistentMarginals:
+        """``reconstruct: pgm``: the consistent, non-negative tables over the workload's
+        marginals closest to the measurements (:func:`mechanisms.pgm.consistent_marginals`,
+        precisions ``λ_T = μ_T / Π_{i∉T} n_i``).  Post-processing of ``y`` only."""
+        masks = []
+        for item in workload.items:
+            mask = item_subset(item)
+            if mask is None:
+                raise ValueError(f"item {item.name!r} is not a marginal (Identity/Total factors)")
+            masks.append(mask)
+        cliques = maximal_masks(masks)
+        needed = down_closure(cliques)
+        mu = self.weights.strategy_eigenvalues()
+        sizes_out = summed_out_sizes(self.domain_shape)
+        return consistent_marginals(
+            domain_shape=self.domain_shape,
+            cliques=cliques,
+            estimates=self.components(y, needed),
+            precisions={t: float(mu[t] / sizes_out[t]) for t in needed},
+        )
+
+    def consistent_answers(self, y: np.ndarray, workload: Workload) -> dict[str, np.ndarray]:
+        """Every marginal item's table from :meth:`consistent`, flattened (answer order)."""
+        model = self.consistent(y, workload)
+        return {
+            item.name: model.marginal(int(item_subset(item) or 0)).ravel()
+            for item in workload.items
+        }
 
 
 # ------------------------------------------------------------------------------------------------

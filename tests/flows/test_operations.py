@@ -196,27 +196,6 @@ def _spec(name: str, dataset_id: str, source: Path, *, cap: float, **extra: Any)
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
     base = tmp_path_factory.mktemp("operations")
-    port = _free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    quiet = {
-        "DO_NOT_TRACK": "1",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "INFO",
-    }
-    server_env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    server_env.update(quiet, PREFECT_HOME=str(base / "server-home"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DPRELEASE_"))}
-    env.update(
-        quiet,
-        PREFECT_API_URL=api_url,
-        PREFECT_HOME=str(base / "client-home"),
-        DPRELEASE_HOME=str(base / "dprelease"),
-        PREFECT_WORKER_QUERY_SECONDS="1",
-        PREFECT_WORKER_PREFETCH_SECONDS="2",
-    )
-    logs = {"server": base / "server.log", "worker": base / "worker.log"}
-
     data = base / "data" / "tiny.parquet"
     _write_tiny_parquet(data, seed=7)
     landing = base / "landing"
@@ -239,7 +218,43 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
     for key, (folder, spec) in specs.items():
         spec_paths[key] = folder / f"{spec['name']}.yaml"
         spec_paths[key].write_text(yaml.safe_dump(spec))
+    with serve(base, specs=spec_paths, landing=landing, deploy=[str(specs_dir)]) as operations:
+        yield operations
 
+
+@contextlib.contextmanager
+def serve(
+    base: Path,
+    *,
+    specs: dict[str, Path],
+    landing: Path,
+    deploy: list[str],
+    review_timeout: int = 600,
+    pool_limit: int | None = None,
+) -> Iterator[Operations]:
+    """A ``prefect server`` on a free loopback port (its own PREFECT_HOME under ``base``), then
+    ``dprelease deploy *deploy``, then a process worker (``pool_limit``: flow runs at a time);
+    everything is stopped by PID on exit."""
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    quiet = {
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+    }
+    server_env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    server_env.update(quiet, PREFECT_HOME=str(base / "server-home"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DPRELEASE_"))}
+    env.update(
+        quiet,
+        PREFECT_API_URL=api_url,
+        PREFECT_HOME=str(base / "client-home"),
+        DPRELEASE_HOME=str(base / "dprelease"),
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_WORKER_PREFETCH_SECONDS="2",
+    )
+    logs = {"server": base / "server.log", "worker": base / "worker.log"}
     server_log = open(logs["server"], "wb")  # noqa: SIM115 - closed at teardown
     server = subprocess.Popen(
         [
@@ -259,7 +274,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
         base=base,
         env=env,
         catalog_url=f"sqlite:///{base / 'dprelease' / 'catalog.db'}",
-        specs=spec_paths,
+        specs=specs,
         landing=landing,
         logs=logs,
     )
@@ -271,8 +286,13 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
             timeout=SERVER_START_TIMEOUT,
             ops=operations,
         )
-        deployed = operations.cli("deploy", str(specs_dir), "--review-timeout", "600")
+        deployed = operations.cli("deploy", *deploy, "--review-timeout", str(review_timeout))
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        if pool_limit is not None:
+            from prefect.client.schemas.actions import WorkPoolUpdate
+
+            with operations.api() as client:
+                client.update_work_pool(POOL, WorkPoolUpdate(concurrency_limit=pool_limit))
         worker = subprocess.Popen(
             [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--install-policy", "never"],
             env=env,

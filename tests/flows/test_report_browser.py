@@ -1,154 +1,125 @@
-"""The audit report as people see it: rendered by headless Chromium (Debian's ``chromium``).
+"""The audit report as people see it: rendered by headless Chromium (Debian's ``chromium``) with the
+network disabled, driven over the DevTools protocol (``tests/flows/chromium.py``).
 
-Two zero-noise releases of one dataset are run through the ``release`` flow, so the second
-report has a budget timeline with a past charge.  Its ``report.html`` is opened from disk (no
-server, no network) and must render: a non-blank screenshot, no console message at all (the
-report has no scripts), every ``<img>`` a decodable embedded PNG, no external resource, and the
-key numbers (release id, privacy charged, budget before/after, candidate RMSEs, lower bound,
-reviewer) in the rendered text.  The same checks run on a deliberately broken page to prove they
-can fail.  Skipped only when ``/usr/bin/chromium`` is missing (CI installs it in ``.ci/run``).
+Two zero-noise releases of one dataset are run through the ``release`` flow, so the second report
+has a budget timeline with a past charge.  Its ``report.html`` is opened from disk and must render
+with no console message, no failed request and no request that is not a file or an embedded data
+URI; every section is screenshotted (and must not be blank); every table is complete behind its
+pager, which pages correctly, with a CSV link to a file holding the same rows; categorical labels
+replace codes; the key numbers are in the text.  The Great Expectations Data Docs open offline
+too: their bundled scripts fill the index table and the icon font loads.  The same checks run on a
+deliberately broken page to prove they can fail.  Skipped only when ``/usr/bin/chromium`` is
+missing (CI installs it in ``.ci/run``).
 """
 
 from __future__ import annotations
 
-import base64
 import io
 import json
-import subprocess
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 import pytest
 
 from catalog.ledger import Catalog
 from catalog.report import _cost, _fmt
 from catalog.review import review
+from tests.flows.chromium import CHROMIUM, Browser
 from tests.flows.conftest import write_spec
 
-CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
     pytest.mark.flow,
     pytest.mark.skipif(
         not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"
     ),
 ]
-CONSOLE_MARKERS = (":CONSOLE", "Uncaught", "Failed to load resource", "net::ERR_")
-WINDOW = (1200, 3000)
+SECTIONS = ("#summary", "#budget", "#method", "#tables", "#validation", "#review")
+LABELS = ["Ex", "Why", "Zed"]
 
 
-class PageDom(HTMLParser):
-    """Images, external references and visible text of a DOM dump."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.images: list[str] = []
-        self.external: list[str] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        values = dict(attrs)
-        if tag == "img":
-            self.images.append(values.get("src") or "")
-        for name in ("src", "href"):
-            target = values.get(name) or ""
-            if target.startswith(("http:", "https:", "//")):
-                self.external.append(target)
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-
-def _chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            str(CHROMIUM),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            f"--window-size={WINDOW[0]},{WINDOW[1]}",
-            "--enable-logging=stderr",
-            "--v=0",
-            *extra,
-            page.resolve().as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-def _decode_png(data: bytes) -> np.ndarray:
+def ink(png: bytes) -> float:
+    """Share of pixels that are not (near) white."""
     import matplotlib.image
 
-    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
-        raise ValueError("not a PNG signature")
-    return np.asarray(matplotlib.image.imread(io.BytesIO(data), format="png"))
+    pixels = np.asarray(matplotlib.image.imread(io.BytesIO(png), format="png"))
+    return float(np.mean(pixels[..., :3] < 0.9))
 
 
 @dataclass(frozen=True, kw_only=True)
-class Rendered:
+class Inspected:
     problems: list[str]
     text: str
-    images: int
+    shots: dict[str, Path]
 
 
-def render_and_check(page: Path, work: Path) -> Rendered:
-    """Screenshot + DOM dump of ``page``; every problem a reader would notice, as a line."""
+def network_problems(browser: Browser) -> list[str]:
+    problems = [f"console: {line}" for line in browser.events.console]
+    problems += [f"failed request {line}" for line in browser.events.failed]
+    problems += [
+        f"network request {url}"
+        for url in browser.events.requests
+        if not url.startswith(("file:", "data:"))
+    ]
+    return problems
+
+
+def inspect(page: Path, work: Path, *, sections: tuple[str, ...]) -> Inspected:
+    """Open ``page`` offline; screenshot each section; every problem a reader would notice."""
     problems: list[str] = []
-    screenshot = work / f"{page.stem}.png"
-    shot = _chromium(page, work / "profile-shot", f"--screenshot={screenshot}")
-    if shot.returncode != 0 or not screenshot.exists():
-        problems.append(f"no screenshot (exit {shot.returncode}): {shot.stderr[-2000:]}")
-    else:
-        pixels = _decode_png(screenshot.read_bytes())
-        if pixels.shape[:2] != (WINDOW[1], WINDOW[0]):
-            problems.append(f"screenshot is {pixels.shape[:2]}, not {WINDOW[::-1]}")
-        ink = np.mean(pixels[..., :3] < 0.9)  # share of pixels that are not (near) white
-        if ink < 0.01:
-            problems.append(f"screenshot is blank ({ink:.2%} non-white pixels)")
-    dump = _chromium(page, work / "profile-dom", "--dump-dom")
-    for log in (shot.stderr, dump.stderr):
-        problems += [
-            f"console: {line.strip()}"
-            for line in log.splitlines()
-            if any(marker in line for marker in CONSOLE_MARKERS)
-        ]
-    dom = PageDom()
-    dom.feed(dump.stdout)
-    if not dom.images:
-        problems.append("the page has no images")
-    for index, source in enumerate(dom.images):
-        prefix = "data:image/png;base64,"
-        if not source.startswith(prefix):
-            problems.append(f"image {index} is not an embedded PNG: {source[:60]!r}")
-            continue
-        try:
-            pixels = _decode_png(base64.b64decode(source[len(prefix) :], validate=True))
-        except ValueError as exc:
-            problems.append(f"image {index} does not decode: {exc}")
-            continue
-        if min(pixels.shape[:2]) < 50:
-            problems.append(f"image {index} is only {pixels.shape[:2]} pixels")
-    problems += [f"external resource {target}" for target in dom.external]
-    return Rendered(problems=problems, text=" ".join(dom.text), images=len(dom.images))
+    shots: dict[str, Path] = {}
+    with Browser(offline=True) as browser:
+        browser.open(page)
+        for selector in sections:
+            if not browser.evaluate(f"!!document.querySelector({json.dumps(selector)})"):
+                problems.append(f"no section {selector}")
+                continue
+            shot = browser.screenshot(work / f"{page.stem}-{selector[1:]}.png", selector=selector)
+            shots[selector] = shot
+            if ink(shot.read_bytes()) < 0.01:
+                problems.append(f"section {selector} is blank")
+        if not sections:
+            shot = browser.screenshot(work / f"{page.stem}.png")
+            if ink(shot.read_bytes()) < 0.01:
+                problems.append("page is blank")
+        broken = browser.evaluate(
+            "[...document.images].filter(i => !i.complete || i.naturalWidth < 50)"
+            ".map(i => (i.getAttribute('src') || '').slice(0, 60))"
+        )
+        problems += [f"image does not load: {src!r}" for src in broken]
+        browser.settle(0.5)
+        problems += network_problems(browser)
+        text = browser.evaluate("document.body.innerText")
+    return Inspected(problems=problems, text=text, shots=shots)
 
 
-def test_the_audit_report_renders_in_headless_chromium(
+def rows_shown(browser: Browser, table: int) -> list[list[str]]:
+    return browser.evaluate(
+        f"[...document.querySelectorAll('#t{table} tbody tr')]"
+        ".map(r => [...r.cells].map(c => c.textContent))"
+    )
+
+
+def expected_rows(path: Path, start: int, stop: int) -> list[list[str]]:
+    table = pq.read_table(path).slice(start, stop - start)
+    return [[_fmt(v) for v in row.values()] for row in table.to_pylist()]
+
+
+def test_the_audit_report_renders_offline_in_headless_chromium(
     tmp_path: Path, tiny_dataset: Path, zero_noise, prefect_harness
 ) -> None:
     from flows.release_flow import release_flow
 
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
-    spec_path = write_spec(tmp_path, tiny_dataset, privacy={"epsilon": 0.75})
+    domain = {
+        "a": {"min": 0, "max": 9},
+        "b": {"values": ["x", "y", "z"], "value_labels": LABELS},
+        "c": {"min": 0, "max": 3},
+    }
+    spec_path = write_spec(tmp_path, tiny_dataset, privacy={"epsilon": 0.75}, domain=domain)
     earlier = release_flow(
         spec_path=str(spec_path), out_dir=str(tmp_path / "out"), catalog_url=catalog_url
     )
@@ -160,14 +131,17 @@ def test_the_audit_report_renders_in_headless_chromium(
     review(catalog, staged.release_id, approve=True, reviewer="Ada", note="checked")
     directory = Path(staged.directory)
     manifest = json.loads((directory / "manifest.json").read_text())
+    names = manifest["tables"]
+    shots = tmp_path / "shots"
+    shots.mkdir()
 
-    rendered = render_and_check(directory / "report.html", tmp_path)
+    sections = SECTIONS + tuple(f"#t{k}" for k in range(len(names)))
+    seen = inspect(directory / "report.html", shots, sections=sections)
 
-    assert rendered.problems == []
-    # error plot, budget timeline, one plot per table (up to four)
-    assert rendered.images >= 3
-    text = rendered.text
-    assert staged.release_id in text and earlier.release_id in text  # the ledger timeline
+    assert seen.problems == []
+    assert set(seen.shots) == set(sections)
+    text = seen.text
+    assert staged.release_id in text and earlier.release_id in text  # the ledger
     assert _cost(manifest["privacy"]["charged"]) in text
     assert (
         _cost(manifest["budget"]["before"]) in text and _cost(manifest["budget"]["after"]) in text
@@ -178,21 +152,107 @@ def test_the_audit_report_renders_in_headless_chromium(
             assert _fmt(candidate["rmse"]) in text, candidate["mechanism"]
     assert _fmt(manifest["plan"]["lower_bound_rmse"]) in text
     assert "Ada" in text and "checked" in text and "published" in text
-    assert "privacy budget spent over time" in (directory / "report.html").read_text()
+    assert "checks on 5 tables passed" in text
+
+    with Browser(offline=True) as browser:
+        browser.open(directory / "report.html")
+        # every table: a chart fitting its model once scrolled to, and a CSV with the same rows
+        for index, name in enumerate(names):
+            browser.screenshot(tmp_path / "scroll.png", selector=f"#t{index}")
+            kinds = browser.evaluate(
+                f"[...document.querySelectorAll('#t{index} svg.chart')].map(s => s.getAttribute('aria-label'))"
+            )
+            assert len(kinds) == 1, (name, kinds)
+            link = browser.evaluate(f"document.querySelector('#t{index} a.csv').href")
+            csv = Path(link.removeprefix("file://"))
+            parquet = directory / "tables" / f"{name}.parquet"
+            assert csv == directory / "tables" / f"{name}.csv" and csv.is_file()
+            assert pa_csv.read_csv(csv).num_rows == pq.read_metadata(parquet).num_rows
+        charts = dict(
+            zip(
+                names,
+                browser.evaluate(
+                    "[...document.querySelectorAll('section.tbl svg.chart')]"
+                    ".map(s => s.getAttribute('aria-label'))"
+                ),
+                strict=True,
+            )
+        )
+        assert charts["a_by_b"].startswith("heat map") and charts["a_cdf"].startswith("step")
+        assert charts["a_halves"].startswith("bar chart") and charts["c_ranges"].startswith("step")
+
+        # categorical labels, not codes, in the rows and the heat map
+        a_by_b = names.index("a_by_b")
+        first = rows_shown(browser, a_by_b)
+        assert [row[1] for row in first[:3]] == LABELS
+        assert all(
+            label in browser.evaluate(f"document.querySelector('#t{a_by_b} svg').textContent")
+            for label in LABELS
+        )
+
+        # paging: 30 rows in pages of 25, rendered exactly as the server renders page one
+        parquet = directory / "tables" / "a_by_b.parquet"
+        assert first == expected_rows(parquet, 0, 25)
+        browser.evaluate(f"document.querySelector('#t{a_by_b} button[data-go=next]').click()")
+        assert rows_shown(browser, a_by_b) == expected_rows(parquet, 25, 30)
+        assert browser.evaluate(f"document.querySelector('#t{a_by_b} .pos').textContent") == (
+            "rows 26–30 of 30"
+        )
+        browser.evaluate(
+            f"(() => {{ const s = document.querySelector('#t{a_by_b} select');"
+            " s.value = s.options[s.options.length - 1].value;"
+            " s.dispatchEvent(new Event('change', {bubbles: true})); })()"
+        )
+        assert rows_shown(browser, a_by_b) == expected_rows(parquet, 0, 30)
+        browser.settle(0.3)
+        assert network_problems(browser) == []
+
+    # the Data Docs, offline: the bundled scripts build the index table; the icon font loads
+    docs = directory / "validation" / "docs"
+    with Browser(offline=True) as browser:
+        browser.open(docs / "index.html")
+        browser.settle(1.0)
+        rows = browser.evaluate("document.querySelectorAll('table tbody tr').length")
+        icons = browser.evaluate(
+            "[...document.querySelectorAll('i.fas')].map(i => i.getBoundingClientRect().width)"
+        )
+        fonts = browser.evaluate(
+            "[...document.fonts].filter(f => f.family.includes('Font Awesome')"
+            " && f.status === 'loaded').map(f => f.weight)"
+        )
+        shot = browser.screenshot(shots / "datadocs.png")
+        assert network_problems(browser) == []
+    assert rows >= len(names)
+    assert icons and min(icons) > 0 and "900" in fonts  # the solid icon font, from the bundle
+    assert ink(shot.read_bytes()) > 0.01
+    pages = sorted(docs.rglob("*.html"))  # index, one suite and one result page per table
+    assert len(pages) == 1 + 2 * len(names)
+    with Browser(offline=True) as browser:
+        for page in pages:
+            browser.open(page)
+        browser.settle(0.5)
+        assert network_problems(browser) == []
+    assert inspect(pages[-1], shots, sections=()).problems == []
 
 
 def test_the_browser_checks_can_fail(tmp_path: Path) -> None:
     broken = tmp_path / "broken.html"
     broken.write_text(
-        "<!DOCTYPE html><html><body><p>broken</p>"
+        "<!DOCTYPE html><html><body><section id='summary'></section><p>x</p>"
         "<img src='missing.png'><img src='data:image/png;base64,AAAA'>"
         "<img src='https://example.org/x.png'>"
         "<script>console.error('boom'); throw new Error('kaput');</script></body></html>"
     )
-    problems = render_and_check(broken, tmp_path).problems
-    assert any(p.startswith("screenshot is blank") for p in problems), problems
-    assert any("console:" in p and "boom" in p for p in problems), problems
-    assert any("console:" in p and "Uncaught Error: kaput" in p for p in problems), problems
-    assert any("image 0 is not an embedded PNG" in p for p in problems), problems
-    assert any("image 1 does not decode" in p for p in problems), problems
-    assert any("external resource https://example.org/x.png" in p for p in problems), problems
+    problems = inspect(broken, tmp_path, sections=("#summary", "#nowhere")).problems
+
+    def has(*parts: str) -> Any:
+        return any(all(part in p for part in parts) for p in problems)
+
+    assert has("section #summary is blank"), problems
+    assert has("no section #nowhere"), problems
+    assert has("console:", "boom"), problems
+    assert has("console: exception:", "kaput"), problems
+    assert has("image does not load: 'missing.png'"), problems
+    assert has("image does not load: 'data:image/png;base64,AAAA'"), problems
+    assert has("failed request", "missing.png"), problems
+    assert has("network request https://example.org/x.png"), problems

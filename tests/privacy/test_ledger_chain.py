@@ -21,7 +21,7 @@ import pytest
 
 from catalog import keys
 from catalog.errors import CatalogError
-from catalog.ledger import GENESIS, Catalog, entry_digest
+from catalog.ledger import GENESIS, SCHEMA_VERSION, Catalog, entry_digest
 from mechanisms.privacy import PrivacyCost
 from tests.privacy.test_ledger_concurrency import CHARGER, python, wait_for
 
@@ -349,13 +349,14 @@ def test_an_edited_ledger_cannot_be_adopted(db: Path) -> None:
         Catalog(url(db)).adopt_ledger(reason="please")
 
 
-def test_concurrent_chargers_keep_the_chain_and_anchor_intact(tmp_path: Path) -> None:
-    path = tmp_path / "catalog.db"
-    Catalog(url(path)).ensure_dataset("ds", cap=pure(100.0))
+def test_concurrent_chargers_keep_the_chain_and_anchor_intact(
+    tmp_path: Path, catalog_url: str
+) -> None:
+    Catalog(catalog_url).ensure_dataset("ds", cap=pure(100.0))  # on SQLite and on PostgreSQL
     go = tmp_path / "go"
     ready = [tmp_path / f"ready-{name}" for name in "abc"]
     chargers = [
-        python("-c", CHARGER, url(path), name, str(flag), str(go), "8", "0.5")
+        python("-c", CHARGER, catalog_url, name, str(flag), str(go), "8", "0.5")
         for name, flag in zip("abc", ready, strict=True)
     ]
     try:
@@ -367,7 +368,7 @@ def test_concurrent_chargers_keep_the_chain_and_anchor_intact(tmp_path: Path) ->
             if process.poll() is None:
                 process.kill()
     assert all(p.returncode == 0 for p in chargers), [o[1] for o in outputs]
-    catalog = Catalog(url(path))
+    catalog = Catalog(catalog_url)
     assert len(catalog.ledger_entries()) == 24
     assert catalog.verify_chain() == []
     anchor = catalog.key.read_anchor()
@@ -434,7 +435,7 @@ def test_previous_version_catalog_is_migrated_on_open(tmp_path: Path) -> None:
     connection = sqlite3.connect(path)
     marker = dict(connection.execute("SELECT key, value FROM catalog_meta").fetchall())
     connection.close()
-    assert marker["schema"] == "dprelease-catalog" and marker["version"] == "2"
+    assert marker["schema"] == "dprelease-catalog" and marker["version"] == str(SCHEMA_VERSION)
 
 
 def test_migrated_catalog_detects_later_tampering(tmp_path: Path) -> None:
@@ -504,8 +505,9 @@ def test_database_with_a_table_named_like_ours_is_foreign(tmp_path: Path) -> Non
 def test_catalog_of_a_newer_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "catalog.db"
     Catalog(url(path))
-    sql(path, "UPDATE catalog_meta SET value = '3' WHERE key = 'version'")
-    with pytest.raises(CatalogError, match=r"has schema version 3, written by a newer dprelease"):
+    newer = SCHEMA_VERSION + 1
+    sql(path, f"UPDATE catalog_meta SET value = '{newer}' WHERE key = 'version'")
+    with pytest.raises(CatalogError, match=rf"has schema version {newer}, written by a newer"):
         Catalog(url(path))
 
 

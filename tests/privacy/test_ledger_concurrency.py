@@ -1,5 +1,6 @@
-"""The ledger under real concurrency: two processes charging one SQLite catalog at the same time never
-overspend the cap together, and a process that dies right after a charge keeps that charge.
+"""The ledger under real concurrency: two processes charging one catalog at the same time never
+overspend the cap together, and a process that dies right after a charge keeps that charge.  Every
+test runs on SQLite and on a real PostgreSQL server (the ``catalog_url`` fixture).
 
 Privacy: the cap is the lifetime guarantee of a dataset; if the budget check and the ledger insert
 of two processes could interleave, both could pass the check and together exceed the cap.
@@ -89,8 +90,8 @@ def wait_for(paths: list[Path], processes: list[subprocess.Popen[str]]) -> None:
         time.sleep(0.01)
 
 
-def test_two_processes_never_overspend(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/catalog.db"
+def test_two_processes_never_overspend(tmp_path: Path, catalog_url: str) -> None:
+    url = catalog_url
     Catalog(url).ensure_dataset("ds", cap=PrivacyCost(measure="pure", epsilon=CAP))
     go = tmp_path / "go"
     names = ["a", "b"]
@@ -126,8 +127,8 @@ def test_two_processes_never_overspend(tmp_path: Path) -> None:
     assert spent == pytest.approx(8 * CHARGE)
 
 
-def test_crash_right_after_a_charge_keeps_the_charge(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/catalog.db"
+def test_crash_right_after_a_charge_keeps_the_charge(catalog_url: str) -> None:
+    url = catalog_url
     Catalog(url).ensure_dataset("ds", cap=PrivacyCost(measure="pure", epsilon=CAP))
     process = python("-c", CRASH_AFTER_CHARGE, url)
     stdout, stderr = process.communicate(timeout=120)

@@ -3,6 +3,7 @@
 Privacy: recovery never refunds; a failed or aborted release keeps every charge it made (the noise
 may have been drawn).  Kill tests run a real process that registers a release, charges the ledger
 and is killed with SIGKILL (no cleanup runs); recovery then finds its pid gone on this host.
+Every test runs on SQLite and on a real PostgreSQL server (the ``catalog_url`` fixture).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def pure(epsilon: float) -> PrivacyCost:
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    catalog = Catalog(f"sqlite:///{tmp_path}/catalog.db")
+def catalog(catalog_url: str) -> Catalog:
+    catalog = Catalog(catalog_url)
     catalog.ensure_dataset("ds", cap=pure(5.0))
     return catalog
 
@@ -223,12 +224,19 @@ def test_killed_unreaped_process_counts_as_gone(catalog: Catalog) -> None:
     assert catalog.spent("ds") == pure(0.5)
 
 
-def test_recover_command_reports_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recover_command_reports_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, catalog_url: str
+) -> None:
     home = tmp_path / "home"
     monkeypatch.setenv("DPRELEASE_HOME", str(home))
-    monkeypatch.delenv("DPRELEASE_CATALOG_URL", raising=False)
-    catalog = Catalog()  # the default catalog, in $DPRELEASE_HOME
-    assert catalog.url == f"sqlite:///{home}/catalog.db"
+    if catalog_url.startswith("sqlite"):
+        monkeypatch.delenv("DPRELEASE_CATALOG_URL", raising=False)
+        expected = f"sqlite:///{home}/catalog.db"  # the default catalog, in $DPRELEASE_HOME
+    else:
+        monkeypatch.setenv("DPRELEASE_CATALOG_URL", catalog_url)
+        expected = catalog_url
+    catalog = Catalog()
+    assert catalog.url == expected
     catalog.ensure_dataset("ds", cap=pure(5.0))
     process = start_measuring(catalog, "killed-cli")
     process.send_signal(signal.SIGKILL)

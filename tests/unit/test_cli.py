@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
+from catalog import review as review_module
+from catalog.review_policy import OPERATOR_ENV, record_policy
+from flows import cli
 from flows.cli import app, bundled_spec
 from mechanisms import registry
+from mechanisms.privacy import PrivacyCost
+from tests.unit.catalog.test_review import Staged, build_staged, fake_report, policy_spec
 
 runner = CliRunner()
 
@@ -298,3 +305,184 @@ def test_bad_idle_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _capture_console() -> Console:
     return Console(record=True, width=200, file=io.StringIO())
+
+
+# --- machine-readable reads and full ids (issue 17 items 5 and 6) -----------------------------------
+
+LONG_ID = "adult-demo-monthly-with-a-long-spec-name-20261125T205500Z-0a1b2c"
+
+
+@pytest.fixture
+def staged_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Staged:
+    """A staged release (catalog, ledger charge, manifest) in the CLI's $DPRELEASE_HOME."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DPRELEASE_HOME", str(home))
+    monkeypatch.delenv("DPRELEASE_CATALOG_URL", raising=False)
+    monkeypatch.setattr(review_module, "write_report", fake_report)
+    return build_staged(home, release_id=LONG_ID)
+
+
+def invoke_json(*args: str, exit_code: int = 0) -> Any:
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == exit_code, result.output
+    return json.loads(result.stdout)
+
+
+def test_releases_json_has_every_field_and_the_full_id(staged_home: Staged) -> None:
+    listed = invoke_json("releases", "--json")["releases"]
+    assert [r["id"] for r in listed] == [LONG_ID]
+    record = listed[0]
+    assert (record["dataset_id"], record["status"]) == ("ds", "staged")
+    assert record["directory"] == str(staged_home.directory)
+    assert record["manifest_sha256"] == staged_home.catalog.release(LONG_ID).manifest_sha256
+    assert invoke_json("releases", "--json", "--status", "published") == {"releases": []}
+
+
+@pytest.mark.parametrize("width", [60, 100, 200])
+def test_releases_table_never_shortens_a_release_id(
+    staged_home: Staged, monkeypatch: pytest.MonkeyPatch, width: int
+) -> None:
+    monkeypatch.setattr(cli, "stdout", Console(width=width, soft_wrap=True))
+    result = runner.invoke(app, ["releases"])
+    assert result.exit_code == 0, result.output
+    assert LONG_ID in result.stdout and "…" not in result.stdout.split("dataset")[0]
+    budget = runner.invoke(app, ["budget", "ds"])
+    assert budget.exit_code == 0 and LONG_ID in budget.stdout
+
+
+def test_budget_json_has_cap_spent_remaining_and_the_timeline(staged_home: Staged) -> None:
+    staged_home.catalog.charge(
+        "ds", PrivacyCost(measure="pure", epsilon=0.25), release_id="r2", label="x"
+    )
+    [dataset] = invoke_json("budget", "--json")["datasets"]
+    assert dataset["dataset_id"] == "ds"
+    assert dataset["cap"]["epsilon"] == 2.0
+    assert dataset["spent"]["epsilon"] == pytest.approx(0.75)
+    assert dataset["remaining"]["epsilon"] == pytest.approx(1.25)
+    timeline = dataset["ledger"]
+    assert [(e["release_id"], e["label"]) for e in timeline] == [(LONG_ID, "measure"), ("r2", "x")]
+    assert [e["cumulative"]["epsilon"] for e in timeline] == pytest.approx([0.5, 0.75])
+    assert timeline[-1]["remaining"]["epsilon"] == pytest.approx(1.25)
+    assert all(e["receipt_id"].startswith("rcpt-") for e in timeline)
+    assert invoke_json("budget", "ds", "--json")["datasets"] == [dataset]
+    unknown = runner.invoke(app, ["budget", "nope", "--json"])
+    assert unknown.exit_code == 2 and "dataset 'nope' is not in the catalog" in unknown.output
+
+
+def test_verify_json_reports_ok_or_every_problem(staged_home: Staged) -> None:
+    directory = str(staged_home.directory)
+    assert invoke_json("verify", directory, "--json") == {
+        "release_dir": directory,
+        "ok": True,
+        "problems": [],
+    }
+    (staged_home.directory / "tables" / "t.parquet").write_bytes(b"not the released table")
+    (staged_home.directory / "extra.txt").write_text("smuggled")
+    report = invoke_json("verify", directory, "--json", exit_code=1)
+    assert report["ok"] is False
+    assert any(p.startswith("artifact tables/t.parquet was modified") for p in report["problems"])
+    assert "unexpected file extra.txt is not in the manifest" in report["problems"]
+
+
+def test_verify_json_of_a_folder_without_manifest(tmp_path: Path, staged_home: Staged) -> None:
+    report = invoke_json("verify", str(tmp_path), "--json", exit_code=1)
+    assert report["ok"] is False and "has no manifest.json" in report["problems"][0]
+
+
+def test_two_approvers_through_the_cli_with_json_status(
+    staged_home: Staged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(OPERATOR_ENV, "Olga")
+    record_policy(staged_home.catalog, release_id=LONG_ID, spec=policy_spec(approvers=2))
+    status = invoke_json("review", LONG_ID, "--json")
+    assert (status["status"], status["operator"], status["approvals_missing"]) == (
+        "staged",
+        "Olga",
+        2,
+    )
+
+    own = runner.invoke(app, ["review", LONG_ID, "--approve", "--reviewer", "olga"])
+    assert own.exit_code == 2 and "ran release" in own.output and "may not approve it" in own.output
+
+    first = invoke_json(
+        "review", LONG_ID, "--approve", "--reviewer", "Ada", "--note", "ok", "--json"
+    )
+    assert (first["status"], first["approvers"], first["approvals_missing"]) == (
+        "staged",
+        ["Ada"],
+        1,
+    )
+    text = runner.invoke(app, ["review", LONG_ID])
+    assert "approvals: 1 of 2 required; 1 missing" in text.stdout
+    assert (
+        "approved by Ada — ok" in text.stdout and "ran by:    Olga (may not approve)" in text.stdout
+    )
+
+    second = runner.invoke(app, ["review", LONG_ID, "--approve", "--reviewer", "Bob"])
+    assert second.exit_code == 0 and f"{LONG_ID}: published" in second.stdout
+
+    shown = invoke_json("show", LONG_ID, "--json")
+    assert shown["release"]["id"] == LONG_ID and shown["release"]["status"] == "published"
+    assert [(t["decision"], t["reviewer"]) for t in shown["review"]["trail"]] == [
+        ("approved", "Ada"),
+        ("approved", "Bob"),
+    ]
+    assert [r["label"] for r in shown["receipts"]] == ["measure"]
+    assert shown["receipts"][0]["charge"]["epsilon"] == 0.5
+    paths = shown["paths"]
+    assert paths["directory"] == str(staged_home.directory)
+    assert paths["table t"] == str(staged_home.directory / "tables" / "t.parquet")
+    assert paths["published_directory"] == str(staged_home.published.resolve())
+    assert shown["manifest_problem"] is None
+
+
+def test_review_refuses_half_a_command(staged_home: Staged) -> None:
+    no_reviewer = runner.invoke(app, ["review", LONG_ID, "--approve"])
+    assert no_reviewer.exit_code == 2 and "--reviewer NAME is required" in no_reviewer.output
+    no_decision = runner.invoke(app, ["review", LONG_ID, "--reviewer", "Ada"])
+    assert no_decision.exit_code == 2 and "add --approve or --reject" in no_decision.output
+    assert staged_home.catalog.reviews(LONG_ID) == []
+
+
+def test_show_text_names_spec_status_charges_and_paths(staged_home: Staged) -> None:
+    result = runner.invoke(app, ["show", LONG_ID])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert f"{LONG_ID}: staged" in out
+    assert "rcpt-" in out and "measure" in out
+    assert str(staged_home.directory / "report.html") in out
+    assert "no decision yet" in out
+
+
+def test_show_flags_a_manifest_edited_after_the_catalog_recorded_it(staged_home: Staged) -> None:
+    manifest = staged_home.directory / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"ds"', '"other"'))
+    shown = invoke_json("show", LONG_ID, "--json")
+    assert "differs from the manifest the catalog recorded" in shown["manifest_problem"]
+
+
+def test_show_of_an_unknown_release_is_a_user_error(staged_home: Staged) -> None:
+    result = runner.invoke(app, ["show", "no-such-release", "--json"])
+    assert result.exit_code == 2 and "not in the catalog" in result.output
+    assert result.stdout.strip() == "" or not result.stdout.lstrip().startswith("{")
+
+
+def test_a_refused_reviewer_never_resumes_a_paused_run(
+    staged_home: Staged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from catalog.watch_state import ReviewRuns
+
+    monkeypatch.setenv(OPERATOR_ENV, "Olga")
+    record_policy(staged_home.catalog, release_id=LONG_ID, spec=policy_spec(approvers=2))
+    ReviewRuns(staged_home.catalog.url).record(
+        release_id=LONG_ID, flow_run_id=str(uuid.uuid4()), api_url="http://127.0.0.1:9/api"
+    )
+
+    def resumed(*args: Any, **kwargs: Any) -> bool:
+        raise AssertionError("the paused run was resumed with a refused decision")
+
+    monkeypatch.setattr(cli, "_review_through_flow_run", resumed)
+    own = runner.invoke(app, ["review", LONG_ID, "--approve", "--reviewer", "Olga"])
+    assert own.exit_code == 2 and "may not approve it" in own.output
+    assert staged_home.catalog.reviews(LONG_ID) == []

@@ -9,7 +9,9 @@ approval; re-running the approval must finish the publication without a second r
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +20,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from catalog import artifacts
 from catalog import review as review_module
 from catalog.artifacts import verify
-from catalog.errors import CatalogError, VerificationError
-from catalog.ledger import Catalog
+from catalog.errors import CatalogError, SpecError, VerificationError
+from catalog.ledger import Catalog, normalize_reviewer, same_person
 from catalog.review import review
+from catalog.review_policy import OPERATOR_ENV, current_operator, policy_of, record_policy
+from catalog.spec import ReleaseSpec, parse_spec
+from flows.cli import bundled_spec
 from mechanisms.privacy import PrivacyCost
 from tests.privacy.test_stuck_releases import measuring
 
@@ -336,3 +342,231 @@ def test_published_copy_is_complete_or_absent(
     assert not list(staged.published.parent.glob(".*"))  # the partial copy was removed
     approve(staged)
     assert_published_once(staged)
+
+
+# --- separation of duties: a spec's review policy (issue 17 item 5) -----------------------------------
+
+
+def policy_spec(**review: Any) -> ReleaseSpec:
+    data = yaml.safe_load(bundled_spec().read_text())
+    data["review"] = review
+    return parse_spec(data)
+
+
+@pytest.fixture
+def two_approvers(staged: Staged, monkeypatch: pytest.MonkeyPatch) -> Staged:
+    """``staged``, registered by operator Olga under a spec that needs two approvals."""
+    monkeypatch.setenv(OPERATOR_ENV, "Olga")
+    record_policy(staged.catalog, release_id=RELEASE, spec=policy_spec(approvers=2))
+    return staged
+
+
+def test_two_distinct_approvers_publish_and_the_trail_shows_both(two_approvers: Staged) -> None:
+    staged = two_approvers
+    first = approve(staged, reviewer="Ada")
+    assert first == {
+        "release_id": RELEASE,
+        "status": "staged",
+        "approvals": ["Ada"],
+        "required_approvals": 2,
+    }
+    assert not staged.published.exists()
+    review_section = manifest_of(staged.directory)["review"]
+    assert review_section["status"] == "staged"
+    assert (review_section["required_approvals"], review_section["operator"]) == (2, "Olga")
+    assert [(t["decision"], t["reviewer"]) for t in review_section["trail"]] == [
+        ("approved", "Ada")
+    ]
+    assert verify(staged.directory, staged.catalog) == []  # the new manifest hash is recorded
+
+    second = approve(staged, reviewer="Bob")
+    assert second["status"] == "published"
+    for directory in (staged.directory, staged.published):
+        section = manifest_of(directory)["review"]
+        assert section["status"] == "published"
+        assert [(t["decision"], t["reviewer"]) for t in section["trail"]] == [
+            ("approved", "Ada"),
+            ("approved", "Bob"),
+        ]
+        assert verify(directory, staged.catalog) == []
+    assert review_module.status(staged.catalog, RELEASE)["approvals_missing"] == 0
+
+
+@pytest.mark.parametrize("again", ["Ada", "  ada ", "ADA", "Ａｄａ"])
+def test_one_reviewer_cannot_approve_twice(two_approvers: Staged, again: str) -> None:
+    approve(two_approvers, reviewer="Ada")
+    with pytest.raises(
+        CatalogError,
+        match=r"reviewer '.*' already approved release 'rel-1'; it needs 2 approvals by distinct",
+    ):
+        approve(two_approvers, reviewer=again)
+    assert two_approvers.catalog.release(RELEASE).status == "staged"
+    assert len(two_approvers.catalog.reviews(RELEASE)) == 1
+
+
+@pytest.mark.parametrize("name", ["Olga", " olga", "OLGA"])
+def test_the_operator_may_not_approve(two_approvers: Staged, name: str) -> None:
+    with pytest.raises(
+        CatalogError,
+        match=r"reviewer '.*' ran release 'rel-1' \(operator 'Olga'\) and may not approve it; "
+        r"its spec requires 2 approval\(s\) by other people",
+    ):
+        approve(two_approvers, reviewer=name)
+    assert two_approvers.catalog.reviews(RELEASE) == []
+    approve(two_approvers, reviewer="Ada")
+    with pytest.raises(CatalogError, match=r"ran release 'rel-1'"):
+        approve(two_approvers, reviewer=name)  # not as the second approver either
+    assert two_approvers.catalog.release(RELEASE).status == "staged"
+
+
+def test_one_rejection_decides_and_the_operator_may_withdraw(two_approvers: Staged) -> None:
+    approve(two_approvers, reviewer="Ada")
+    result = review(
+        two_approvers.catalog, RELEASE, approve=False, reviewer="Olga", note="withdrawn"
+    )
+    assert result == {"release_id": RELEASE, "status": "rejected"}
+    trail = manifest_of(two_approvers.directory)["review"]["trail"]
+    assert [(t["decision"], t["reviewer"], t["note"]) for t in trail] == [
+        ("approved", "Ada", "looks right"),
+        ("rejected", "Olga", "withdrawn"),
+    ]
+    assert verify(two_approvers.directory, two_approvers.catalog) == []
+
+
+def test_status_says_who_approved_and_what_is_missing(two_approvers: Staged) -> None:
+    approve(two_approvers, reviewer="Ada")
+    current = review_module.status(two_approvers.catalog, RELEASE)
+    assert {k: v for k, v in current.items() if k != "trail"} == {
+        "release_id": RELEASE,
+        "status": "staged",
+        "operator": "Olga",
+        "operator_excluded": True,
+        "required_approvals": 2,
+        "approvers": ["Ada"],
+        "approvals_missing": 1,
+        "notify": None,
+        "notified_at": None,
+        "notify_error": None,
+    }
+    assert [t["reviewer"] for t in current["trail"]] == ["Ada"]
+
+
+def test_a_release_without_a_policy_needs_one_approval_by_anyone(staged: Staged) -> None:
+    policy = policy_of(staged.catalog, RELEASE)
+    assert (policy.required_approvals, policy.exclude_operator, policy.operator) == (1, False, None)
+
+
+def test_a_spec_without_review_records_one_approval_and_no_exclusion(
+    staged: Staged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(OPERATOR_ENV, "Ada")
+    spec = parse_spec(yaml.safe_load(bundled_spec().read_text()))
+    record_policy(staged.catalog, release_id=RELEASE, spec=spec)
+    assert approve(staged, reviewer="Ada")["status"] == "published"  # as before issue 17
+
+
+def test_operator_is_the_declared_name_else_the_login(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(OPERATOR_ENV, "  Olga  Operator ")
+    assert current_operator() == "Olga  Operator"
+    monkeypatch.setenv(OPERATOR_ENV, " ")
+    monkeypatch.setattr(getpass, "getuser", lambda: "olga")
+    assert current_operator() == "olga"
+
+    def no_login() -> str:
+        raise KeyError("getpwuid(): uid not found: 4242")
+
+    monkeypatch.setattr(getpass, "getuser", no_login)
+    assert current_operator() == f"uid-{os.getuid()}"
+    monkeypatch.setenv(OPERATOR_ENV, "Ol\u200bga")
+    with pytest.raises(CatalogError, match=r"DPRELEASE_OPERATOR: reviewer 'Ol\\u200bga' must be"):
+        current_operator()
+
+
+def test_required_approvals_below_one_is_refused(staged: Staged) -> None:
+    with pytest.raises(CatalogError, match=r"required_approvals \(0\) must be >= 1"):
+        staged.catalog.record_review(
+            RELEASE, decision="approved", reviewer="Ada", note="", required_approvals=0
+        )
+    assert staged.catalog.reviews(RELEASE) == []
+
+
+@pytest.mark.parametrize(
+    ("review_section", "message"),
+    [
+        ({"approvers": 0}, r"review\.approvers: Input should be greater than or equal to 1"),
+        ({"approvers": 6}, r"review\.approvers: Input should be less than or equal to 5"),
+        ({"approvers": True}, r"review\.approvers: .*a boolean"),
+        (
+            {"notify": "Reviewers"},
+            r"review\.notify: notify \('Reviewers'\) must name a saved Prefect block as "
+            r"BLOCK_TYPE/BLOCK_NAME",
+        ),
+        ({"notify": "custom-webhook/"}, r"review\.notify: notify \('custom-webhook/'\)"),
+        ({"quorum": 2}, r"review\.quorum: Extra inputs are not permitted"),
+    ],
+    ids=["zero", "six", "boolean", "uppercase-block", "no-block-name", "unknown-key"],
+)
+def test_invalid_review_section_is_refused(review_section: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        policy_spec(**review_section)
+
+
+def test_valid_review_section() -> None:
+    spec = policy_spec(approvers=2, notify="custom-webhook/dprelease-reviewers")
+    assert spec.review is not None
+    assert (spec.review.approvers, spec.review.notify) == (2, "custom-webhook/dprelease-reviewers")
+
+
+# --- names that look alike must be alike ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "kind"),
+    [
+        ("Ada\u034f", r"U\+034F \(COMBINING GRAPHEME JOINER\) at position 3 .*default-ignorable"),
+        ("A\u3164da", r"U\+1160 \(HANGUL JUNGSEONG FILLER\) at position 1 .*invisible"),
+        ("Ada\ufe0f", r"U\+FE0F \(VARIATION SELECTOR-16\) .*default-ignorable"),
+        ("A\u2800da", r"U\+2800 \(BRAILLE PATTERN BLANK\) .*a blank symbol: invisible"),
+        ("Ada\u2028Bob", r"U\+2028 \(LINE SEPARATOR\) .*a line separator"),
+        ("Ada\u200dBob", r"U\+200D \(ZERO WIDTH JOINER\) .*a format character: invisible"),
+        ("Ada\x07", r"U\+0007 \(unnamed\) .*a control character"),
+        ("Ada\ue000", r"U\+E000 \(unnamed\) .*a private-use character"),
+        ("Ada\U000e0041", r"U\+E0041 \(TAG LATIN CAPITAL LETTER A\) .*format"),
+    ],
+    ids=[
+        "cgj",
+        "hangul-filler",
+        "variation-selector",
+        "braille-blank",
+        "line-separator",
+        "zwj",
+        "bell",
+        "private-use",
+        "tag",
+    ],
+)
+def test_invisible_characters_in_a_name_are_refused(given: str, kind: str) -> None:
+    with pytest.raises(CatalogError, match=r"must be printable text: character " + kind):
+        normalize_reviewer(given)
+
+
+def test_same_person_ignores_case_and_spacing_only() -> None:
+    assert same_person("Ada Lovelace", "ada  LOVELACE")
+    assert not same_person("Ada", "Adam")
+    assert not same_person("Ada", "\u0410da")  # Cyrillic A: a different name (see the report)
+
+
+def test_the_catalog_refuses_a_second_approval_by_the_same_reviewer_itself(staged: Staged) -> None:
+    """The atomic check in ``Catalog.record_review``, behind ``check_reviewer``'s early one."""
+    staged.catalog.record_review(
+        RELEASE, decision="approved", reviewer="Ada", note="", required_approvals=2
+    )
+    assert staged.catalog.release(RELEASE).status == "staged"
+    with pytest.raises(CatalogError, match=r"reviewer 'ada' already approved release 'rel-1'"):
+        staged.catalog.record_review(
+            RELEASE, decision="approved", reviewer="ada", note="", required_approvals=2
+        )
+    staged.catalog.record_review(
+        RELEASE, decision="approved", reviewer="Bob", note="", required_approvals=2
+    )
+    assert staged.catalog.release(RELEASE).status == "approved"

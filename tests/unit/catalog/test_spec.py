@@ -322,7 +322,7 @@ INVALID = [
     pytest.param(
         workload({"name": "a", "marginal": ["age"], "prefix": "age"}),
         r"workload item 'a' must have exactly one of marginal, prefix, all_ranges, ranges, total, "
-        r"matrix, marginals "
+        r"matrix, marginals, mean, sum, quantiles "
         r"\(got \['marginal', 'prefix'\]\)",
         id="item-two-kinds",
     ),

@@ -16,9 +16,7 @@ import pytest
 from mechanisms.marginal_space import (
     MECHANISM,
     MarginalSpaceStrategy,
-    axes_of,
     down_closure,
-    item_subset,
     marginal_of,
 )
 from mechanisms.marginal_strategies import (
@@ -29,7 +27,7 @@ from mechanisms.marginal_strategies import (
 from mechanisms.operators import Identity, Prefix, Total
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import CandidateUnavailable, MatrixMechanism, PlanRequest, StoredStrategy
-from mechanisms.workload import Workload, WorkloadItem
+from mechanisms.workload import Workload, WorkloadItem, axes_of, item_subset
 
 
 def marginal_item(shape: tuple[int, ...], axes: tuple[int, ...], name: str) -> WorkloadItem:

@@ -1,0 +1,192 @@
+"""Load time of ``report.html`` for 91 tables in headless Chromium (navigation timing), offline.
+
+Usage: PYTHONPATH=. .venv/bin/python benchmarks/report_bench.py [--runs 3] [--all-rows]
+
+The 91 tables are the bundled ``adult-marginals`` spec's 2-way marginals (148,137 rows), filled
+with synthetic values from a seeded generator (public randomness; no data is read), rendered by
+``catalog.report.render_report`` into a release-like folder with the tables' CSVs.  Each page is
+opened ``--runs`` times, each time in a fresh browser, and ``loadEventEnd`` is read from
+``performance.getEntriesByType('navigation')``.  Baselines measured in the same run:
+
+- ``minimal``: a page with one paragraph (the browser's floor on this machine);
+- ``all rows as HTML`` (``--all-rows``, one load, minutes): the same tables with every row in
+  the page as a plain HTML table (what "complete tables" cost without the pager's page data).
+
+Target: the report's median load under 2,000 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from catalog import report  # noqa: E402
+from catalog.artifacts import write_csv  # noqa: E402
+from catalog.planning import build_workload  # noqa: E402
+from catalog.spec import load_spec  # noqa: E402
+from catalog.tables import build_table  # noqa: E402
+from tests.flows.chromium import Browser  # noqa: E402
+
+TARGET_MS = 2000.0
+
+
+def synthetic_tables(seed: int) -> dict[str, pa.Table]:
+    spec = load_spec(ROOT / "flows" / "examples" / "adult-marginals.yaml")
+    rng = np.random.default_rng(seed)  # public randomness: synthetic values, no data
+    tables = {}
+    for item in build_workload(spec).items:
+        rows = item.num_queries
+        tables[item.name] = build_table(
+            spec,
+            item,
+            estimates=rng.gamma(0.6, 300.0, rows) + rng.laplace(0.0, 40.0, rows),
+            unit_variances=np.ones(rows),
+            noise_variance=2 * 40.0**2,
+            nonnegative=False,
+        )
+    return tables
+
+
+def render(tables: dict[str, pa.Table], folder: Path) -> tuple[Path, float]:
+    (folder / "tables").mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        write_csv(table, folder / "tables" / f"{name}.csv")
+    results = [
+        {
+            "expectation": "expect_column_values_to_be_between",
+            "column": "std_error",
+            "kwargs": {"column": "std_error", "min_value": 0.0, "strict_min": True},
+            "success": True,
+            "observed_value": None,
+            "unexpected_count": 0,
+        }
+    ]
+    started = time.perf_counter()
+    text = report.render_report(
+        manifest={
+            "release_id": "bench-1",
+            "name": "adult-marginals",
+            "dataset_id": "adult-marginals",
+            "created_at": "2026-11-25T00:00:00+00:00",
+            "spec_fingerprint": "0" * 64,
+            "input_fingerprint": "0" * 64,
+            "code_version": {"package": "bench", "git_commit": None},
+            "privacy_unit": "1 row(s) per person",
+            "privacy": {"requested": {"epsilon": 1.0}, "charged": {"epsilon": 1.0}},
+            "mechanism": {
+                "name": "marginal_space",
+                "noise": {"kind": "laplace", "scale": 40.0, "size": 158097, "sensitivity": 1.0},
+            },
+            "review": {"status": "staged", "trail": []},
+        },
+        plan={
+            "chosen": "marginal_space",
+            "reason": "bench",
+            "lower_bound_rmse": 9.0,
+            "lower_bound_note": "bench",
+            "candidates": [{"mechanism": "marginal_space", "rmse": 73.3, "total_variance": 8e5}],
+        },
+        tables=tables,
+        validation={"success": True, "tables": {n: {"results": results} for n in tables}},
+        budget={k: {"epsilon": 1.0} for k in ("cap", "before", "after", "remaining")},
+        ledger_rows=[
+            {
+                "seq": 1,
+                "created_at": "2026-11-25T00:00:00+00:00",
+                "release_id": "bench-1",
+                "label": "bench",
+                "cost": "epsilon=1",
+            }
+        ],
+        reviews=[],
+    )
+    seconds = time.perf_counter() - started
+    page = folder / "report.html"
+    page.write_text(text)
+    return page, seconds
+
+
+def all_rows_page(tables: dict[str, pa.Table], folder: Path) -> Path:
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"]
+    for name, table in tables.items():
+        parts.append(f"<h3>{html.escape(name)}</h3><table>")
+        columns = [[report._fmt(v) for v in table[c].to_pylist()] for c in table.column_names]
+        for row in zip(*columns, strict=True):
+            parts.append("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>")
+        parts.append("</table>")
+    page = folder / "all_rows.html"
+    page.write_text("".join(parts) + "</body></html>")
+    return page
+
+
+def load_ms(page: Path, runs: int) -> list[float]:
+    times = []
+    for _ in range(runs):
+        with Browser(offline=True) as browser:
+            browser.open(page, timeout=300)
+            entry = browser.evaluate(
+                "JSON.stringify(performance.getEntriesByType('navigation')[0].toJSON())"
+            )
+            times.append(float(json.loads(entry)["loadEventEnd"]))
+            browser.settle(0.2)
+            if browser.events.console or browser.events.failed:
+                raise SystemExit(f"{page.name}: {browser.events.console + browser.events.failed}")
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=20261125)
+    parser.add_argument(
+        "--all-rows", action="store_true", help="also time every row as a plain HTML table (slow)"
+    )
+    args = parser.parse_args()
+    tables = synthetic_tables(args.seed)
+    rows = sum(t.num_rows for t in tables.values())
+    with tempfile.TemporaryDirectory(prefix="dprelease-report-bench-") as work:
+        folder = Path(work)
+        page, render_seconds = render(tables, folder)
+        minimal = folder / "minimal.html"
+        minimal.write_text("<!DOCTYPE html><html><body><p>minimal</p></body></html>")
+        pages = [("minimal (baseline)", minimal, None, args.runs)]
+        if args.all_rows:  # one load: it takes minutes
+            pages.append(("all rows as HTML (baseline)", all_rows_page(tables, folder), None, 1))
+        pages.append(("report.html", page, render_seconds, args.runs))
+        measured = [
+            (label, path.stat().st_size, render, load_ms(path, runs))
+            for label, path, render, runs in pages
+        ]
+    floor = statistics.median(measured[0][3])
+    print(f"{len(tables)} tables, {rows:,} rows; {args.runs} fresh-browser loads each (offline)")
+    print(
+        f"{'page':<30}{'size KB':>10}{'render s':>10}{'load ms (median)':>18}{'runs ms':>24}{'x minimal':>11}"
+    )
+    for label, size, render_s, times in measured:
+        median = statistics.median(times)
+        print(
+            f"{label:<30}{size / 1000:>10,.0f}"
+            f"{'' if render_s is None else f'{render_s:.2f}':>10}{median:>18,.0f}"
+            f"{' '.join(f'{t:,.0f}' for t in times):>24}{median / floor:>11.1f}"
+        )
+    report_median = statistics.median(measured[-1][3])
+    verdict = "meets" if report_median < TARGET_MS else "MISSES"
+    print(
+        f"report.html median load {report_median:,.0f} ms {verdict} the {TARGET_MS:,.0f} ms target"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Tell reviewers that a release is staged, through a Prefect notification block.
+
+A spec's ``review: {notify: BLOCK_TYPE/BLOCK_NAME}`` names a notification block saved on the
+Prefect server the release runs against (``dprelease notify webhook NAME --url URL`` saves a
+Custom Webhook block; any other Prefect notification block — Slack, Microsoft Teams, e-mail — works
+too, see deploy/NOTIFICATIONS.md).  When the release is staged the ``notify-reviewers`` task loads
+the block and sends one message.
+
+Privacy: the message holds public facts only — release id, dataset id, spec name, the privacy
+budget this release spent, the approvals it needs, who ran it, where its report is and the command
+that decides it.  Never a count, a released value or a row.
+
+A failed notification does not fail the release (it is staged, its budget spent): the error is
+recorded with the release's review policy, shown by ``dprelease review ID``, and
+``dprelease notify send ID`` sends the message again.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.blocks.abstract import NotificationBlock
+from prefect.blocks.core import Block
+from prefect.blocks.notifications import CustomWebhookNotificationBlock
+from prefect.cache_policies import NO_CACHE
+
+from catalog.ledger import Catalog
+from catalog.review_policy import policy_of, record_notification
+
+MAX_ERROR_CHARACTERS = 500
+# What a webhook block saved by `dprelease notify webhook` posts (Prefect fills the placeholders).
+WEBHOOK_JSON = {"subject": "{{subject}}", "body": "{{body}}", "source": "{{name}}"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReviewNotice:
+    """The message reviewers get: public facts about a staged release."""
+
+    release_id: str
+    dataset_id: str
+    spec_name: str
+    charged: dict[str, float]
+    required_approvals: int
+    operator: str | None
+    report: str
+
+    @property
+    def subject(self) -> str:
+        return f"dprelease: release {self.release_id} awaits review"
+
+    @property
+    def body(self) -> str:
+        spent = ", ".join(f"{k}={v:.6g}" for k, v in self.charged.items()) or "nothing"
+        return "\n".join(
+            [
+                f"release: {self.release_id}",
+                f"dataset: {self.dataset_id}",
+                f"spec: {self.spec_name}",
+                f"privacy budget spent (whatever the decision): {spent}",
+                f"approvals needed: {self.required_approvals} (distinct reviewers"
+                + (f", not {self.operator}, who ran it)" if self.operator else ")"),
+                f"report: {self.report}",
+                f"decide: dprelease review {self.release_id} --approve|--reject --reviewer NAME",
+            ]
+        )
+
+
+def notice_for(catalog: Catalog, release_id: str) -> ReviewNotice:
+    """The notice of a staged release, from the catalog and its manifest (public fields only)."""
+    from catalog import artifacts
+
+    record = catalog.release(release_id)
+    policy = policy_of(catalog, release_id)
+    directory = Path(str(record.directory))
+    manifest = artifacts.read_manifest(directory)
+    return ReviewNotice(
+        release_id=record.id,
+        dataset_id=record.dataset_id,
+        spec_name=record.name,
+        charged={k: float(v) for k, v in manifest["privacy"]["charged"].items()},
+        required_approvals=policy.required_approvals,
+        operator=policy.operator if policy.exclude_operator else None,
+        report=str(directory / "report.html"),
+    )
+
+
+def load_notification_block(reference: str) -> NotificationBlock:
+    """The saved block ``BLOCK_TYPE/BLOCK_NAME``; it must be a notification block."""
+    from catalog.errors import CatalogError
+
+    try:
+        block = Block.load(reference)
+    except ValueError as exc:  # Prefect: "Unable to find block document named ..."
+        raise CatalogError(
+            f"notification block {reference!r} is not saved on this Prefect server ({exc}); save "
+            "it first (deploy/NOTIFICATIONS.md: `dprelease notify webhook NAME --url URL`)"
+        ) from None
+    if not isinstance(block, NotificationBlock):
+        raise CatalogError(
+            f"block {reference!r} is a {type(block).__name__}, not a notification block"
+        )
+    return block
+
+
+def send_notice(catalog: Catalog, release_id: str) -> str | None:
+    """Send the release's notice through its policy's block; record and return the error (None:
+    sent).  A release whose policy names no block is not notified (returns None, records nothing)."""
+    policy = policy_of(catalog, release_id)
+    if policy.notify is None:
+        return None
+    try:
+        notice = notice_for(catalog, release_id)
+        load_notification_block(policy.notify).notify(body=notice.body, subject=notice.subject)
+    except Exception as exc:  # any failure of the block: recorded, the release stays staged
+        # the HTTP client's text names the webhook URL, whose path or query often holds a token
+        error = re.sub(r"https?://\S+", "<webhook URL>", f"{type(exc).__name__}: {exc}")
+        error = error[:MAX_ERROR_CHARACTERS]
+    else:
+        error = None
+    record_notification(catalog, release_id, error=error)
+    return error
+
+
+@task(name="notify-reviewers", cache_policy=NO_CACHE, retries=0, persist_result=False)
+def notify_reviewers_task(catalog_url: str, release_id: str) -> str | None:
+    """Tell the reviewers of a staged release (public facts only) when its spec names a block;
+    a failure is recorded and logged, never raised (the release is staged, its budget spent)."""
+    error = send_notice(Catalog(catalog_url), release_id)
+    if error is not None:
+        get_run_logger().warning(
+            "reviewers of %s were not notified: %s; send again with `dprelease notify send %s`",
+            release_id,
+            error,
+            release_id,
+        )
+    return error
+
+
+def save_webhook_block(
+    name: str,
+    *,
+    url: str,
+    headers: dict[str, str] | None = None,
+    overwrite: bool = False,
+) -> str:
+    """Save a Custom Webhook notification block that POSTs ``WEBHOOK_JSON``; return its
+    reference (``custom-webhook/NAME``) for a spec's ``review.notify``.
+
+    Header values (often tokens) are kept in the block's secret values, shown masked by Prefect,
+    and filled in when a notice is sent.
+    """
+    names = {header: f"header{k}" for k, header in enumerate(headers or {})}
+    block = CustomWebhookNotificationBlock(
+        name="dprelease reviewers",
+        url=url,
+        method="POST",
+        json_data=dict(WEBHOOK_JSON),
+        headers={header: "{{" + key + "}}" for header, key in names.items()} or None,
+        secrets={key: (headers or {})[header] for header, key in names.items()},
+    )
+    block.save(name, overwrite=overwrite)
+    return f"{block.get_block_type_slug()}/{name}"
