@@ -30,6 +30,10 @@ from catalog.report_charts import Axis, bars, chart_for, step_band, table_model
 PAGE_ROWS = 25
 WHOLE_FROM = 999.95  # shown as whole numbers from here (where four significant digits reach 1000)
 PAGE_SIZES = (25, 100, 500)
+EMBED_MAX_ROWS = 100_000
+"""Rows of one table the page itself carries at most (the CSV always has all of them)."""
+EMBED_TOTAL_ROWS = 1_000_000
+"""Rows the page carries over all its tables, shared evenly (91 two-way Adult tables: every row)."""
 DATA_DOCS = "validation/docs/index.html"  # relative to the report, in the release directory
 HEADINGS = {
     "estimate": "estimate",
@@ -178,17 +182,28 @@ def _json_script(element_id: str, payload: Any) -> str:
     return f"<script type='application/json' id='{element_id}'>{text}</script>"
 
 
-def table_section(index: int, name: str, table: pa.Table) -> str:
-    """One released table: caption, chart, the first page, a pager over every row, the CSV link."""
+def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMBED_MAX_ROWS) -> str:
+    """One released table: caption, chart, the first page, a pager over every row, the CSV link.
+
+    A table longer than ``max_rows`` pages through its first rows only and says so;
+    its CSV and Parquet hold every row (364 three-way Adult marginals are 20.9M rows: embedded,
+    the page took 108 s and 6 GB to write and no browser could open it).
+    """
     axes = table_model(table)
     columns = table.column_names
     numeric = [pa.types.is_floating(table[c].type) for c in columns]
+    shown = table.slice(0, max_rows)  # O(1): a view
     encoded = [
-        encode_numbers(display_numbers(table[c])) if n else encode_column(column_text(table[c]))
+        encode_numbers(display_numbers(shown[c])) if n else encode_column(column_text(shown[c]))
         for c, n in zip(columns, numeric, strict=True)
     ]
     chart = chart_for(table, title=name)
-    rows = table.num_rows
+    rows = shown.num_rows
+    cut = (
+        f" The page shows the first {rows:,} of {table.num_rows:,} rows; every row is in the CSV."
+        if table.num_rows > rows
+        else ""
+    )
     first = min(rows, PAGE_ROWS)
     head = "".join(
         f"<th class='{'num' if n else 'lab'}' title='{html.escape(c, quote=True)}'>"
@@ -230,10 +245,11 @@ def table_section(index: int, name: str, table: pa.Table) -> str:
     )
     return (
         f"<section class='tbl' id='t{index}'>"
-        f"<h3>{html.escape(name)} <small>{rows:,} rows</small></h3>"
+        f"<h3>{html.escape(name)} <small>{table.num_rows:,} rows</small></h3>"
         f"<p class='muted'>Rows: {html.escape(describe(table, axes))}. "
         f"<a class='csv' href='{html.escape(csv, quote=True)}' download>Download CSV</a> "
-        f"(every row, full precision; also <code>tables/{html.escape(name)}.parquet</code>)</p>"
+        f"(every row, full precision; also <code>tables/{html.escape(name)}.parquet</code>)."
+        f"{html.escape(cut)}</p>"
         f"{chart_html}"
         f"<div class='pager' data-table='{index}' data-rows='{rows}' data-page='0'>{pager}"
         f"<div class='scroll'><table class='data'><thead><tr>{head}</tr></thead>"
@@ -606,8 +622,10 @@ def render_report(
         tables_index(tables),
         "</section>",
     ]
+    per_table = min(EMBED_MAX_ROWS, max(PAGE_SIZES[-1], EMBED_TOTAL_ROWS // max(1, len(tables))))
     parts += [
-        table_section(index, name, table) for index, (name, table) in enumerate(tables.items())
+        table_section(index, name, table, max_rows=per_table)
+        for index, (name, table) in enumerate(tables.items())
     ]
     parts.append("<section id='validation'>")
     parts.append("<h2>Validation (released values and public metadata only)</h2>")

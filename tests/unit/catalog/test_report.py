@@ -441,3 +441,14 @@ def test_the_report_charts_do_not_import_matplotlib() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_table_longer_than_the_embed_limit_pages_its_first_rows_and_says_so() -> None:
+    from catalog import report
+
+    table = pa.table({"a": pa.array(range(45), pa.int64()), "estimate": pa.array([1.5] * 45)})
+    section = report.table_section(0, "long", table, max_rows=30)
+    assert "45 rows</small>" in section and "data-rows='30'" in section
+    assert "first 30 of 45 rows; every row is in the CSV" in section
+    short = report.table_section(1, "short", table.slice(0, 30), max_rows=30)
+    assert "every row is in the CSV" not in short and "data-rows='30'" in short
