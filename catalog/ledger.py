@@ -58,6 +58,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from catalog import keys
 from catalog.errors import BudgetExceededError, CatalogError
+from catalog.home import default_home
 from mechanisms.privacy import PrivacyCost, convert
 
 SCHEMA_NAME = "dprelease-catalog"
@@ -177,10 +178,6 @@ def now() -> str:
 
 
 _stamp = now  # for methods whose ``now`` parameter shadows the function
-
-
-def default_home() -> Path:
-    return Path(os.environ.get("DPRELEASE_HOME", ".dprelease")).resolve()
 
 
 def default_url() -> str:

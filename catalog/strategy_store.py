@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from catalog.ledger import default_home
+from catalog.home import default_home
 from mechanisms.protocol import StoredStrategy
 
 DEFAULT_MAX_ENTRIES = 512
