@@ -21,7 +21,10 @@ from catalog.ledger import Catalog
 
 def describe_release(catalog: Catalog, release_id: str) -> dict[str, Any]:
     """Release record, spec name, mechanism and plan, charges with receipts, budget, review
-    status and trail, artifact paths. O(ledger entries of the dataset)."""
+    status and trail, artifact paths, synthetic files sampled from it (``dprelease synth``).
+    O(ledger entries of the dataset)."""
+    from catalog.synthetic import synthetic_records  # imports the pgm core: only `show` needs it
+
     record = catalog.release(release_id)
     manifest, problem = _manifest(record.directory, record.manifest_sha256)
     receipts = [
@@ -53,6 +56,7 @@ def describe_release(catalog: Catalog, release_id: str) -> dict[str, Any]:
         "budget": manifest.get("budget"),
         "review": reviewing.status(catalog, release_id),
         "paths": _paths(record.directory, record.published_directory, manifest),
+        "synthetic": [asdict(item) for item in synthetic_records(catalog, release_id)],
         "manifest_problem": problem,
     }
 

@@ -188,8 +188,10 @@ def synthesize(
 
 
 def synthetic_records(catalog: Catalog, release_id: str | None = None) -> list[SyntheticFile]:
-    """The recorded synthetic files (of one release, when given), oldest first."""
-    synthetic_metadata.create_all(catalog.engine, checkfirst=True)
+    """The recorded synthetic files (of one release, when given), oldest first.  Read-only: a
+    catalog in which ``synth`` never ran has no such table and no files."""
+    if not sa.inspect(catalog.engine).has_table(synthetic_files.name):
+        return []
     query = sa.select(synthetic_files).order_by(synthetic_files.c.seq)
     if release_id is not None:
         query = query.where(synthetic_files.c.release_id == release_id)

@@ -875,7 +875,8 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Everything about one release: spec, status, plan and mechanism, charges with their ledger
-    receipts, budget, review trail and artifact paths (public facts only)."""
+    receipts, budget, review trail, artifact paths and the synthetic files sampled from it
+    (public facts only)."""
     from catalog.ledger import Catalog
     from catalog.show import describe_release
 
@@ -924,6 +925,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
     stdout.print("  artifacts:", highlight=False)
     for name, path in paths.items():
         stdout.print(f"    {name + ':':<20} {path or '-'}", highlight=False)
+    for item in summary["synthetic"]:
+        stdout.print(
+            f"  synthetic:  {item['path']} ({item['rows']:,} rows, seed {item['seed']}, "
+            f"sha256 {item['sha256'][:12]}…, {item['created_at']} UTC)",
+            highlight=False,
+        )
     if summary["manifest_problem"]:
         console.print(f"warning: {summary['manifest_problem']}", highlight=False)
 
