@@ -18,7 +18,7 @@ from typing import Literal
 
 from prefect import Flow, flow
 
-from catalog import release
+from catalog import gx, release
 from catalog.engine import Execution, open_cluster, with_execution
 from catalog.ledger import Catalog, SkippedRelease, default_url
 from flows.notify import notify_reviewers_task
@@ -51,6 +51,7 @@ def release_flow(
     ``source_override`` (a path, e.g. a newly arrived file) replaces the spec's ``dataset.source``;
     ``engine``/``address``, when given, replace the spec's ``execution`` (the CLI wins).
     """
+    gx.prewarm()  # GX's import overlaps plan, ingest and measure
     catalog_url = catalog_url or default_url()
     spec = with_execution(
         load_spec_task(spec_path, source_override), engine=engine, address=address
