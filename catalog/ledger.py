@@ -1578,10 +1578,19 @@ def _over_budget(
     )
 
 
+PG_CONNECT_TIMEOUT = 10
+"""Seconds a PostgreSQL connection may take to open (libpq's ``connect_timeout``) unless the URL
+sets ``?connect_timeout=``: an unreachable catalog host fails with a CatalogError in seconds, not
+after the operating system's TCP time-out (minutes)."""
+
+
 def _make_engine(url: str) -> Engine:
     if not url.startswith("sqlite"):
+        connect_args: dict[str, Any] = {}
+        if url.startswith("postgresql") and "connect_timeout" not in sa.engine.make_url(url).query:
+            connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT
         try:
-            return sa.create_engine(url, pool_pre_ping=True)
+            return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
         except (ModuleNotFoundError, sa.exc.NoSuchModuleError) as exc:
             shown = sa.engine.make_url(url).render_as_string(hide_password=True)
             raise CatalogError(
