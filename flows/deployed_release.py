@@ -12,7 +12,9 @@ on an arrival event, or run on demand).  It
    any data is read, ledger charge before noise, stage);
 4. records which flow run awaits the review (``catalog.watch_state.ReviewRuns``) and pauses with a
    typed :class:`ReviewDecision` input, so a reviewer decides in the Prefect UI, through the API
-   (``prefect.flow_runs.resume_flow_run``) or with ``dprelease review``;
+   (``prefect.flow_runs.resume_flow_run``) or with ``dprelease review``; with ``review.approvers:
+   N`` it pauses again after each approval until N distinct reviewers approved (or one rejected),
+   and a decision the policy refuses is logged and awaited again;
 5. records the decision with :func:`catalog.review.review`: approval publishes a copy, rejection
    keeps the spent budget spent; both land in the catalog and the manifest with who and when.
 
@@ -33,6 +35,7 @@ All parameters are public: paths, a catalog URL, ids, a fingerprint of a file.
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -51,6 +54,7 @@ from pydantic import Field, ValidationError
 from catalog import review as reviewing
 from catalog.errors import CatalogError, DataError
 from catalog.ledger import Catalog, ReleaseRecord, SkippedRelease, default_url
+from catalog.release import StagedRelease
 from catalog.spec import load_spec
 from catalog.watch_state import ReviewRun, ReviewRuns
 from flows.release_flow import release_flow
@@ -249,36 +253,23 @@ def release_deployment_flow(
             release_id=staged.release_id, flow_run_id=str(run_id), api_url=PREFECT_API_URL.value()
         )
     try:
-        decision = pause_flow_run(
-            wait_for_input=ReviewDecision.with_initial_data(
-                description=_review_prompt(staged.release_id, staged.directory, staged.charged)
-            ),
-            timeout=review_timeout_seconds,
-            poll_interval=min(REVIEW_POLL_SECONDS, review_timeout_seconds),
-            key="review",  # one pause per run (keys: lowercase letters, digits, dashes)
+        decision, outcome = _collect_review(
+            staged, catalog_url, publish_dir, review_timeout_seconds, logger=logger
         )
     except FlowPauseTimeout:
         if run_id is not None:
             reviews.mark(staged.release_id, status="expired")
         logger.warning(
-            "no review for %s within %d s: this run ends, the release stays staged; decide "
+            "no decision on %s within %d s: this run ends, the release stays staged; decide "
             "with `dprelease review %s`",
             staged.release_id,
             review_timeout_seconds,
             staged.release_id,
         )
         raise
-    try:
-        outcome = record_review_task(
-            catalog_url,
-            staged.release_id,
-            decision.approve,
-            decision.reviewer,
-            decision.note,
-            publish_dir,
-        )
     finally:
-        if run_id is not None:
+        awaiting = reviews.get(staged.release_id)
+        if run_id is not None and awaiting is not None and awaiting.status == "awaiting":
             reviews.mark(staged.release_id, status="decided")
     return DeployedRelease(
         release_id=staged.release_id,
@@ -288,6 +279,73 @@ def release_deployment_flow(
         reviewer=decision.reviewer,
         flow_run_id=None if run_id is None else str(run_id),
     )
+
+
+MAX_REVIEW_PAUSES = 50
+"""Decisions one run waits for (refused ones included) before it leaves the rest to
+``dprelease review``; every pause also ends after ``review_timeout_seconds``."""
+
+
+def _collect_review(
+    staged: StagedRelease,
+    catalog_url: str,
+    publish_dir: str | None,
+    review_timeout_seconds: int,
+    *,
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+) -> tuple[ReviewDecision, dict[str, Any]]:
+    """Pause for decisions until the release is published or rejected (a policy of
+    ``review.approvers: N`` needs N approvals by distinct reviewers, so the run pauses again
+    after each approval that leaves it staged).  A decision the policy refuses (the operator
+    approving their own release, the same reviewer twice) is logged and the run pauses again;
+    nothing is recorded for it.  Returns the last decision and the catalog's outcome."""
+    decision: ReviewDecision | None = None
+    outcome: dict[str, Any] = {}
+    for pause in range(1, MAX_REVIEW_PAUSES + 1):
+        decision = pause_flow_run(
+            wait_for_input=ReviewDecision.with_initial_data(
+                description=_review_prompt(staged.release_id, staged.directory, staged.charged)
+            ),
+            timeout=review_timeout_seconds,
+            poll_interval=min(REVIEW_POLL_SECONDS, review_timeout_seconds),
+            key=f"review-{pause}",  # one key per pause (lowercase letters, digits, dashes)
+        )
+        try:
+            reviewing.check_reviewer(
+                Catalog(catalog_url),
+                staged.release_id,
+                approve=decision.approve,
+                reviewer=decision.reviewer,
+            )
+        except CatalogError as refused:
+            logger.warning("decision refused, waiting for another: %s", refused)
+            continue
+        outcome = record_review_task(
+            catalog_url,
+            staged.release_id,
+            decision.approve,
+            decision.reviewer,
+            decision.note,
+            publish_dir,
+        )
+        if outcome["status"] != "staged":
+            return decision, outcome
+        logger.info(
+            "%s approved %s: %d of %d approvals; waiting for the next reviewer",
+            decision.reviewer,
+            staged.release_id,
+            len(outcome.get("approvals", [])),
+            outcome.get("required_approvals", 0),
+        )
+    if decision is None:  # MAX_REVIEW_PAUSES >= 1: a decision was awaited
+        raise RuntimeError("no review pause was made")
+    logger.warning(
+        "%s still awaits approvals after %d decisions; decide with `dprelease review %s`",
+        staged.release_id,
+        MAX_REVIEW_PAUSES,
+        staged.release_id,
+    )
+    return decision, outcome or {"status": "staged"}
 
 
 # --- resuming a paused review from the CLI -------------------------------------------------------

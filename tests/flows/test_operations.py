@@ -213,6 +213,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
         ),
         "manual": (specs_dir, _spec("ops-manual", "ops-manual", data, cap=5.0)),
         "serial": (specs_dir, _spec("ops-serial", "ops-serial", data, cap=5.0)),
+        "two": (specs_dir, _spec("ops-two", "ops-two", data, cap=5.0, review={"approvers": 2})),
     }
     spec_paths = {}
     for key, (folder, spec) in specs.items():
@@ -645,6 +646,47 @@ def test_a_paused_release_approved_through_the_api_is_published(ops: Operations)
     ]
     assert ReviewRuns(ops.catalog_url).get(record.id).status == "decided"
     assert "Ada" in (target / "report.html").read_text()
+
+
+def test_two_approvers_each_decide_in_the_same_paused_run(ops: Operations) -> None:
+    """``review.approvers: 2``: the run pauses again after the first approval, a second approval
+    by the same reviewer is refused (nothing recorded) and awaited again, and the second distinct
+    approval publishes the release."""
+    deployment = _deployment(ops, "ops-two")
+    with ops.api() as client:
+        created = client.create_flow_run_from_deployment(deployment.id)
+    _wait_paused(ops, created.id)
+    record = _only_release(ops, "ops-two")
+    catalog = Catalog(ops.catalog_url)
+
+    def paused_at(key: str, reviews: int) -> Any:
+        run = _wait_paused(ops, created.id)
+        recorded = len(catalog.reviews(record.id))
+        return run if run.state.state_details.pause_key == key and recorded == reviews else None
+
+    def wait_paused_at(key: str, reviews: int) -> None:
+        _wait_for(
+            lambda: paused_at(key, reviews),
+            what=f"the run to pause at {key} with {reviews} review(s)",
+            timeout=RUN_TIMEOUT,
+            ops=ops,
+        )
+
+    wait_paused_at("review-1", 0)
+    _resume(ops, created.id, {"approve": True, "reviewer": "Ada", "note": "first"})
+    wait_paused_at("review-2", 1)
+    assert catalog.release(record.id).status == "staged"
+    _resume(ops, created.id, {"approve": True, "reviewer": "ada", "note": "again"})
+    wait_paused_at("review-3", 1)  # the same person twice: refused, nothing recorded
+    _resume(ops, created.id, {"approve": True, "reviewer": "Grace", "note": "second"})
+    finished = _wait_final(ops, created.id)
+    assert finished.state.is_completed(), finished.state
+    assert catalog.release(record.id).status == "published"
+    assert [(r.decision, r.reviewer) for r in catalog.reviews(record.id)] == [
+        ("approved", "Ada"),
+        ("approved", "Grace"),
+    ]
+    assert ReviewRuns(ops.catalog_url).get(record.id).status == "decided"
 
 
 def test_a_second_concurrent_release_of_the_same_dataset_waits_for_the_first(
