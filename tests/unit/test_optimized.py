@@ -31,12 +31,14 @@ from mechanisms.optimized.search import (
 from mechanisms.optimized.templates import (
     column_sensitivity,
     gaussian_dual,
+    gram_right_multiply,
     optimize_factor,
     optimize_gaussian_full_rank,
     pidentity_loss_and_gradient,
     pidentity_strategy,
     predict_factor_seconds,
     predict_pidentity_seconds,
+    structured_gram,
     unit_error,
     validate_gram,
 )
@@ -76,6 +78,32 @@ def prefix_gram(n: int) -> np.ndarray:
     """Gram of the n prefix (CDF) queries: n − max(i, j) + 1."""
     i = np.arange(1, n + 1)
     return n - np.maximum.outer(i, i) + 1.0
+
+
+def test_structured_gram_products_equal_the_dense_product() -> None:
+    """The O(p n) products for all-range and prefix Grams (any positive multiple) equal ``X @ G``;
+    anything else, even one entry off, takes the dense product."""
+    rng = np.random.default_rng(4)  # public randomness: test matrices
+    x = rng.random((6, 33))
+    ranges = np.array(  # the all-range matrix itself, row by row
+        [[1.0 if a <= i <= b else 0.0 for i in range(33)] for a in range(33) for b in range(a, 33)]
+    )
+    prefixes = np.tril(np.ones((33, 33)))
+    cases = [
+        (ranges.T @ ranges, "ranges"),
+        (0.37 * all_range_gram(33), "ranges"),
+        (prefixes.T @ prefixes, "prefix"),
+        (5.0 * prefix_gram(33), "prefix"),
+    ]
+    for gram, kind in cases:
+        recognised = structured_gram(gram)
+        assert recognised is not None and recognised[0] == kind
+        np.testing.assert_allclose(gram_right_multiply(gram)(x), x @ gram, rtol=1e-12)
+    perturbed = all_range_gram(33)
+    perturbed[3, 5] = perturbed[5, 3] = perturbed[3, 5] + 1.0
+    assert structured_gram(perturbed) is None
+    assert structured_gram(all_range_gram(33) + prefix_gram(33)) is None
+    np.testing.assert_allclose(gram_right_multiply(perturbed)(x), x @ perturbed, rtol=1e-12)
 
 
 def dense_kron(matrices: tuple[np.ndarray, ...]) -> np.ndarray:
