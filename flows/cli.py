@@ -1165,5 +1165,17 @@ def server_stop() -> None:
         stdout.print(f"stopped the server on {stopped.url} (pid {stopped.pid})", highlight=False)
 
 
+@server_app.command("prepare")
+@_clear_errors
+def server_prepare() -> None:
+    """Migrate an empty Prefect database into the user cache (once per Prefect version), so the
+    first server on this machine starts in seconds. install.sh runs it."""
+    from flows import server
+
+    template, created = server.prepare_template()
+    state = "prepared" if created else "already prepared"
+    stdout.print(f"{state}: {template}", highlight=False)
+
+
 def main() -> None:  # pragma: no cover - console-script entry point
     app()

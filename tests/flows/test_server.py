@@ -253,3 +253,31 @@ def _record(*, pid: int, port: int, started_at: datetime) -> server.ServerRecord
 
 def _unused_port() -> int:
     return server._free_port()
+
+
+def test_prepare_migrates_once_and_a_new_home_starts_from_it(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dprelease server prepare`` (run by install.sh) leaves a migrated, empty Prefect database
+    in the user cache; a second call keeps it; a new home's server starts from a copy."""
+    import sqlite3
+
+    cache = tmp_path / "new-machine-cache"
+    monkeypatch.setenv("DPRELEASE_CACHE_DIR", str(cache))
+    runner = CliRunner()
+    first = runner.invoke(app, ["server", "prepare"])
+    assert first.exit_code == 0, first.output
+    template = cache / f"prefect-{server.prefect_version()}.db"
+    assert f"prepared: {template}" in first.stdout
+    with sqlite3.connect(template) as db:
+        [(revision,)] = db.execute("SELECT version_num FROM alembic_version").fetchall()
+        assert revision
+        assert db.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
+    before = template.read_bytes()
+    again = runner.invoke(app, ["server", "prepare"])
+    assert again.exit_code == 0 and f"already prepared: {template}" in again.stdout
+    assert template.read_bytes() == before
+    started = _connect(DPRELEASE_CACHE_DIR=str(cache))
+    assert started["started"] is True
+    assert server.healthy(str(started["url"]))
+    assert (home / "prefect" / "prefect.db").is_file()
