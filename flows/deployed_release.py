@@ -268,8 +268,8 @@ def release_deployment_flow(
         )
         raise
     finally:
-        awaiting = reviews.get(staged.release_id)
-        if run_id is not None and awaiting is not None and awaiting.status == "awaiting":
+        awaiting = None if run_id is None else reviews.get(staged.release_id)
+        if awaiting is not None and awaiting.status == "awaiting":  # not after a time-out
             reviews.mark(staged.release_id, status="decided")
     return DeployedRelease(
         release_id=staged.release_id,
@@ -299,9 +299,9 @@ def _collect_review(
     after each approval that leaves it staged).  A decision the policy refuses (the operator
     approving their own release, the same reviewer twice) is logged and the run pauses again;
     nothing is recorded for it.  Returns the last decision and the catalog's outcome."""
-    decision: ReviewDecision | None = None
-    outcome: dict[str, Any] = {}
-    for pause in range(1, MAX_REVIEW_PAUSES + 1):
+    pause = 0
+    while True:  # ends by a final decision, a pause's time-out or MAX_REVIEW_PAUSES
+        pause += 1
         decision = pause_flow_run(
             wait_for_input=ReviewDecision.with_initial_data(
                 description=_review_prompt(staged.release_id, staged.directory, staged.charged)
@@ -311,7 +311,7 @@ def _collect_review(
             key=f"review-{pause}",  # one key per pause (lowercase letters, digits, dashes)
         )
         try:
-            reviewing.check_reviewer(
+            reviewing.check_reviewer(  # refused here, the decision fails no task
                 Catalog(catalog_url),
                 staged.release_id,
                 approve=decision.approve,
@@ -319,33 +319,33 @@ def _collect_review(
             )
         except CatalogError as refused:
             logger.warning("decision refused, waiting for another: %s", refused)
-            continue
-        outcome = record_review_task(
-            catalog_url,
-            staged.release_id,
-            decision.approve,
-            decision.reviewer,
-            decision.note,
-            publish_dir,
-        )
-        if outcome["status"] != "staged":
+            outcome: dict[str, Any] = {"status": "staged"}
+        else:
+            outcome = record_review_task(
+                catalog_url,
+                staged.release_id,
+                decision.approve,
+                decision.reviewer,
+                decision.note,
+                publish_dir,
+            )
+            if outcome["status"] != "staged":
+                return decision, outcome
+            logger.info(
+                "%s approved %s: %d of %d approvals; waiting for the next reviewer",
+                decision.reviewer,
+                staged.release_id,
+                len(outcome.get("approvals", [])),
+                outcome.get("required_approvals", 0),
+            )
+        if pause >= MAX_REVIEW_PAUSES:
+            logger.warning(
+                "%s still awaits approvals after %d decisions; decide with `dprelease review %s`",
+                staged.release_id,
+                MAX_REVIEW_PAUSES,
+                staged.release_id,
+            )
             return decision, outcome
-        logger.info(
-            "%s approved %s: %d of %d approvals; waiting for the next reviewer",
-            decision.reviewer,
-            staged.release_id,
-            len(outcome.get("approvals", [])),
-            outcome.get("required_approvals", 0),
-        )
-    if decision is None:  # MAX_REVIEW_PAUSES >= 1: a decision was awaited
-        raise RuntimeError("no review pause was made")
-    logger.warning(
-        "%s still awaits approvals after %d decisions; decide with `dprelease review %s`",
-        staged.release_id,
-        MAX_REVIEW_PAUSES,
-        staged.release_id,
-    )
-    return decision, outcome or {"status": "staged"}
 
 
 # --- resuming a paused review from the CLI -------------------------------------------------------

@@ -585,7 +585,9 @@ def prepare_template() -> tuple[Path, bool]:
         _save_template(scratch / "prefect.db")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return template, template.is_file()
+    if not template.is_file():
+        raise ServerError(f"could not write the migrated Prefect database to {template}")
+    return template, True
 
 
 # --- status and stop --------------------------------------------------------------------------------

@@ -149,10 +149,10 @@ def structured_gram(gram: np.ndarray) -> tuple[str, float] | None:
     tolerance 1e-12), else None. O(n²)."""
     n = gram.shape[0]
     cells = np.arange(n, dtype=np.float64)
+    c = float(gram[0, 0]) / float(n)  # both weights are n at (0, 0)
+    if not c > 0:
+        return None
     for kind in ("ranges", "prefix"):
-        c = float(gram[0, 0]) / float(n)  # both weights are n at (0, 0)
-        if not c > 0:
-            return None
         for row in range(n):  # row by row: no n × n temporaries, stops at the first mismatch
             low, high = np.minimum(cells, row), np.maximum(cells, row)
             weight = (low + 1.0) * (n - high) if kind == "ranges" else n - high
@@ -165,15 +165,14 @@ def structured_gram(gram: np.ndarray) -> tuple[str, float] | None:
 
 def _fast_right_multiply(n: int, c: float, kind: str) -> RightMultiply:
     cells = np.arange(n, dtype=np.float64)
-    low_weight = cells + 1.0 if kind == "ranges" else np.ones(n)
-    high_weight = cells + 1.0 if kind == "ranges" else np.ones(n)
+    weight = cells + 1.0 if kind == "ranges" else np.ones(n)  # (min + 1) factor, or 1
     distance = n - cells
 
     def multiply(x: np.ndarray) -> np.ndarray:  # O(p n)
-        up_to = np.cumsum(x * low_weight, axis=-1)  # Σ_{i ≤ j} x_i w_i
+        up_to = np.cumsum(x * weight, axis=-1)  # Σ_{i ≤ j} x_i w_i
         after = np.zeros_like(x)  # Σ_{i > j} x_i (n − i)
         after[..., :-1] = np.cumsum((x * distance)[..., :0:-1], axis=-1)[..., ::-1]
-        return c * (distance * up_to + high_weight * after)
+        return c * (distance * up_to + weight * after)
 
     return multiply
 
@@ -325,7 +324,8 @@ def optimize_pidentity_factor(
 
     Θ = 0 (the identity) is always a local minimum of the Laplace loss (extra mass raises the L1
     sensitivity linearly but lowers the trace only quadratically), so Laplace starts stay away
-    from it: every restart starts at ``Uniform[0, 1)`` (HDMM's start; bounds Θ ≥ 0), and when all of
+    from it: every restart starts at HDMM's ``Uniform[0, 1)``, scaled by
+    :func:`_uniform_start_scale` (bounds Θ ≥ 0), and when all of
     them still end at Θ = 0 (small p: n = 64, p = 4) one more run starts at :func:`_block_start`
     (a two-level hierarchy; as a first start it converged more slowly: rmse 7.86 vs 7.84 after
     300 iterations at n = 1024).  Gaussian restart 0 starts at the SVD-bound-like Θ of
