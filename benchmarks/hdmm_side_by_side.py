@@ -53,7 +53,7 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     return wall, cpu, done.stdout
 
 
-def ours(n: int, home: Path) -> list[tuple[str, float, float, float]]:
+def ours(n: int, home: Path, time_budget: float | None) -> list[tuple[str, float, float, float]]:
     spec = home / f"ranges-{n}.yaml"
     spec.write_text(
         f"name: ranges-{n}\n"
@@ -66,7 +66,8 @@ def ours(n: int, home: Path) -> list[tuple[str, float, float, float]]:
     env = dict(os.environ, DPRELEASE_HOME=str(home / f"state-{n}"))
     rows = []
     for label in ("cold", "warm"):
-        wall, cpu, out = timed([str(CLI), "plan", str(spec)], env)
+        budget = [] if time_budget is None else ["--time-budget", str(time_budget)]
+        wall, cpu, out = timed([str(CLI), "plan", str(spec), *budget], env)
         # the plan table prints rmse at the spec's ε = 1; ε = √2 divides it by √2
         match = re.search(r"\* optimized\s*│\s*([0-9.]+)", out)
         rmse = float(match.group(1)) / 2**0.5 if match else float("nan")
@@ -91,13 +92,16 @@ def main() -> None:
     )
     parser.add_argument("--sizes", default="256,1024")
     parser.add_argument("--hdmm-src", type=Path, help="HDMM checkout's src directory (optional)")
+    parser.add_argument(
+        "--time-budget", type=float, help="passed to `dprelease plan --time-budget` (seconds)"
+    )
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dprelease-hdmm-") as tmp:
         home = Path(tmp)
         script = home / "hdmm_pidentity.py"
         script.write_text(HDMM_SCRIPT)
         for n in (int(s) for s in options.sizes.split(",")):
-            rows = ours(n, home)
+            rows = ours(n, home, options.time_budget)
             if options.hdmm_src is not None:
                 rows += hdmm(n, options.hdmm_src, script)
             base = rows[2][2] if len(rows) > 2 else float("nan")

@@ -266,8 +266,9 @@ def _split_axes(term_factors: Sequence[tuple[Factor, ...]], workload: Workload) 
     return [
         axis
         for axis in range(len(workload.domain_shape))
-        if all(ij_coefficients(factors[axis].gram()) is not None for factors in term_factors)
-        and all(isinstance(item.factors[axis], Identity | Total) for item in workload.items)
+        # the O(n²) Gram test only where the O(1) workload test passed
+        if all(isinstance(item.factors[axis], Identity | Total) for item in workload.items)
+        and all(ij_coefficients(factors[axis].gram()) is not None for factors in term_factors)
     ]
 
 
@@ -544,10 +545,10 @@ def _optimize_log_weights(
     progress: Progress | None,
 ) -> tuple[np.ndarray, int, bool]:
     """(weights, evaluations, stopped early): L-BFGS-B on the log-weights from equal weights."""
+    if len(terms) == 1:  # the objective is scale-free: nothing to optimise
+        return np.ones(1), 0, False
     problem = _WeightProblem(workload, terms, norm=norm)
     start = np.zeros(len(terms))
-    if len(terms) == 1:
-        return np.ones(1), 0, False
     seen = {"value": math.inf, "point": start, "evaluations": 0}
 
     def objective(point: np.ndarray) -> tuple[float, np.ndarray]:

@@ -17,12 +17,13 @@ was optimised with, so a later plan (or another process) rebuilds exactly the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import threadpoolctl
 
+from mechanisms.budget import WorkLimit
 from mechanisms.hierarchical import TreeOptions
 from mechanisms.marginal_strategies import (
     MarginalWeights,
@@ -58,6 +59,8 @@ from mechanisms.workload import Workload
 MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item
 
 Optimized = KronStrategy | UnionStrategy | SubsetStrategy
+
+_MIN_TEMPLATE_SECONDS = 1e-3  # past the deadline a template still returns one valid strategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +121,7 @@ class OptimizedMechanism(MatrixMechanism):
         best: Optimized | None = None
         best_error = float("inf")
         notes: dict[str, float | str] = {}
+        limit = WorkLimit(time_limit=request.time_limit)  # one deadline for union and templates
         if len(workload.items) > MAX_UNION_ITEMS:
             notes["union"] = f"skipped: more than {MAX_UNION_ITEMS} workload items"
         else:
@@ -126,6 +130,8 @@ class OptimizedMechanism(MatrixMechanism):
                 notes["union"] = best_error
             except CandidateUnavailable as exc:
                 notes["union"] = f"not available: {exc.reason}"
+        if request.time_limit is not None:  # what the union left (a template still takes one step)
+            request = replace(request, time_limit=max(_MIN_TEMPLATE_SECONDS, limit.remaining()))
         if _is_marginal_workload(workload):
             # Subset space: cost independent of the domain size; for L2 noise it is the SVD bound,
             # which no other template can beat, so nothing else is tried.
@@ -173,6 +179,7 @@ def _subset_weights(request: PlanRequest) -> MarginalWeights:
 def _best_union(request: PlanRequest, *, branching: int) -> tuple[UnionStrategy, float]:
     best: UnionStrategy | None = None
     best_error = float("inf")
+    limit = WorkLimit(time_limit=request.time_limit)  # the families share one deadline
     for family in FAMILIES:
         terms = per_item_terms(
             request.workload, ordered=request.ordered, family=family, branching=branching
@@ -182,7 +189,9 @@ def _best_union(request: PlanRequest, *, branching: int) -> tuple[UnionStrategy,
             terms,
             norm=request.norm,
             name="optimized",
-            time_limit=request.time_limit,
+            time_limit=None
+            if request.time_limit is None
+            else max(_MIN_TEMPLATE_SECONDS, limit.remaining()),
             progress=request.progress,
         )
         error = unit_error(candidate, request.workload, norm=request.norm)

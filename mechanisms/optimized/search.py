@@ -190,7 +190,7 @@ def optimize_pidentity(
     """p-Identity strategy ``[I; Θ] diag(1/s)`` for one attribute with Gram ``gram``.
 
     Laplace: ``Θ ≥ 0``, unit L1 columns.  Gaussian: real ``Θ``, unit L2 columns, restart 0 from
-    the SVD-bound strategy's top-p eigenspace.  L-BFGS(-B) with the analytic gradient, O(n² p)
+    the SVD-bound strategy's top-p eigenspace.  Projected L-BFGS with the analytic gradient, O(n² p)
     per evaluation; the best of ``restarts`` runs (and of the identity) is returned.
     ``time_limit`` (seconds) stops at the next evaluation with the best Θ so far
     (``stopped_early``); ``progress(fraction, message)`` after every L-BFGS iteration.

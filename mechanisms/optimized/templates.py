@@ -12,7 +12,8 @@ Two templates:
   ``p`` extra queries ``Θ`` (p × n).  For Laplace noise ``Θ ≥ 0`` and ``s_j = 1 + Σ_k Θ_kj`` (unit
   L1 column norms); for Gaussian noise ``Θ`` is real and ``s_j = √(1 + Σ_k Θ_kj²)`` (unit L2 column
   norms; signs cost nothing under L2).  The loss and its analytic gradient cost O(n² p) through the
-  Woodbury identity; optimised with L-BFGS(-B) from random restarts.
+  Woodbury identity; optimised with projected L-BFGS (:mod:`mechanisms.optimized.projected_lbfgs`)
+  from random restarts.
 * **Full rank (Gaussian only)**: the exact convex problem ``min tr(G X⁻¹) s.t. diag(X) ≤ 1`` over all
   positive definite ``X = AᵀA`` (Yuan et al. 2016's L2 formulation), solved through its dual
   ``max_{v>0} ‖W diag(v)‖²_* / ‖v‖²`` (a weighted nuclear norm; v = 1 gives the SVD bound).  For any
@@ -38,7 +39,6 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 import scipy.linalg.lapack
-import scipy.optimize
 
 from mechanisms.budget import (
     DGEMM_FLOPS_PER_SECOND,
@@ -52,6 +52,7 @@ from mechanisms.budget import (
 )
 from mechanisms.lower_bound import validate_gram
 from mechanisms.noise import NoiseKind, validate_noise
+from mechanisms.optimized import projected_lbfgs
 
 # X ← (1 − ε) X + ε I keeps diag(X) = 1 and costs at most a factor 1/(1 − ε) in error, but makes
 # every returned strategy Gram positive definite (condition number ≤ 1/ε).
@@ -123,8 +124,9 @@ def column_sensitivity(strategy: np.ndarray, *, noise: NoiseKind) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-RightMultiply = Callable[[np.ndarray], np.ndarray]
-"""``X ↦ X @ G`` for a fixed symmetric Gram ``G`` (rows of ``X`` are strategy rows)."""
+RightMultiply = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""``(X, out) ↦ out = X @ G`` for a fixed symmetric Gram ``G`` (rows of ``X`` are strategy rows);
+``X`` may be overwritten (it serves as scratch)."""
 
 
 def gram_right_multiply(gram: np.ndarray) -> RightMultiply:
@@ -139,7 +141,11 @@ def gram_right_multiply(gram: np.ndarray) -> RightMultiply:
     """
     recognised = structured_gram(gram)
     if recognised is None:
-        return lambda x: x @ gram
+
+        def dense(x: np.ndarray, out: np.ndarray) -> np.ndarray:  # O(p n²)
+            return np.matmul(x, gram, out=out)
+
+        return dense
     kind, c = recognised
     return _fast_right_multiply(gram.shape[0], c, kind)
 
@@ -168,11 +174,17 @@ def _fast_right_multiply(n: int, c: float, kind: str) -> RightMultiply:
     weight = cells + 1.0 if kind == "ranges" else np.ones(n)  # (min + 1) factor, or 1
     distance = n - cells
 
-    def multiply(x: np.ndarray) -> np.ndarray:  # O(p n)
-        up_to = np.cumsum(x * weight, axis=-1)  # Σ_{i ≤ j} x_i w_i
-        after = np.zeros_like(x)  # Σ_{i > j} x_i (n − i)
-        after[..., :-1] = np.cumsum((x * distance)[..., :0:-1], axis=-1)[..., ::-1]
-        return c * (distance * up_to + weight * after)
+    def multiply(x: np.ndarray, out: np.ndarray) -> np.ndarray:  # O(p n), in place
+        np.multiply(x, weight, out=out)
+        np.cumsum(out, axis=-1, out=out)  # Σ_{i ≤ j} x_i w_i
+        out *= distance
+        x *= distance
+        np.cumsum(x, axis=-1, out=x)
+        np.subtract(x[..., -1:], x, out=x)  # Σ_{i > j} x_i (n − i): the total less the prefix
+        x *= weight
+        out += x
+        out *= c
+        return out
 
     return multiply
 
@@ -201,44 +213,70 @@ def pidentity_strategy(theta: np.ndarray, *, noise: NoiseKind) -> np.ndarray:
     return np.vstack([np.eye(theta.shape[1]), used]) / scales
 
 
-def pidentity_loss_and_gradient(
-    params: np.ndarray,
-    gram: np.ndarray,
-    p: int,
-    noise: NoiseKind,
-    right_multiply: RightMultiply | None = None,
-) -> tuple[float, np.ndarray]:
+class PIdentityObjective:
     """Unit error ``tr(G (AᵀA)⁻¹)`` of the p-Identity strategy and its gradient in ``Θ``.
 
-    ``params`` is ``Θ`` (p × n) flattened row-major.  With ``S = diag(s)`` the strategy Gram is
-    ``S⁻¹(I + ΘᵀΘ)S⁻¹``, so ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹`` (Woodbury).
-    Cost O(n² p + n p² + p³); one n × n matrix product with a p × n matrix dominates, unless
-    ``right_multiply`` (:func:`gram_right_multiply` of ``gram``) does it in O(p n).
+    Called with ``Θ`` (p × n) flattened row-major, ``Θ ≥ 0`` for Laplace; returns (loss, new
+    gradient array).  With ``S = diag(s)`` the strategy Gram is ``S⁻¹(I + ΘᵀΘ)S⁻¹``, so
+    ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹`` (Woodbury).  Cost O(p² n + p³) in
+    four GEMMs, plus one product with ``G``: O(p n) for all-range and prefix Grams
+    (:func:`gram_right_multiply`), else O(p n²).  Three p × n work arrays are kept between calls:
+    at p·n = 10⁶ a fresh 8 MB array costs ~2 ms of page faults, as much as the arithmetic on it.
     """
-    n = gram.shape[0]
-    theta = params.reshape(p, n)
-    scales = pidentity_column_scales(theta, noise=noise)  # O(p n)
-    small = np.eye(p) + theta @ theta.T  # O(p² n)
-    # B = MΘ through M itself: I + ΘΘᵀ has eigenvalues ≥ 1, so forming M is stable, and one GEMM
-    # with Θ is ~7× faster than a triangular solve with n right-hand sides. O(p³ + p² n)
-    m = scipy.linalg.cho_solve(
-        scipy.linalg.cho_factor(small, check_finite=False), np.eye(p), check_finite=False
-    )
-    b = m @ theta
-    bs = b * scales
-    e = bs @ gram if right_multiply is None else right_multiply(bs)  # E = B S G, O(p n²) or O(p n)
-    c = e * scales  # C = B S G S = Θ Y S G S, O(p n)
-    diag_gram = np.diag(gram)
-    loss = float(diag_gram @ (scales * scales) - np.sum(theta * c))
-    # d/dΘ with s fixed: −2 Θ Y (SGS) Y = −2 (C − (CΘᵀ) B). O(p² n)
-    gradient = -2.0 * (c - (c @ theta.T) @ b)
-    # d/ds: 2 ((G ∘ Y) s) = 2 (diag(G) s − colsum(Θ ∘ E)). O(p n)
-    d_scales = 2.0 * (diag_gram * scales - np.sum(theta * e, axis=0))
-    if noise == "laplace":
-        gradient += d_scales  # ∂s_j/∂Θ_kj = 1 (Θ ≥ 0)
-    else:
-        gradient += theta * (d_scales / scales)  # ∂s_j/∂Θ_kj = Θ_kj / s_j
-    return loss, gradient.ravel()
+
+    def __init__(self, gram: np.ndarray, *, p: int, noise: NoiseKind) -> None:
+        self._n = gram.shape[0]
+        self._p = p
+        self._noise = noise
+        self._diag_gram = np.array(np.diag(gram), dtype=np.float64)
+        self._right_multiply = gram_right_multiply(gram)  # O(n²) once
+        self._b = np.empty((p, self._n))
+        self._e = np.empty((p, self._n))
+        self._c = np.empty((p, self._n))
+
+    def __call__(self, params: np.ndarray) -> tuple[float, np.ndarray]:
+        p, n = self._p, self._n
+        theta = params.reshape(p, n)
+        if self._noise == "laplace":  # Θ ≥ 0 (the optimiser projects): no |Θ| temporary, O(p n)
+            scales = theta.sum(axis=0)
+            scales += 1.0
+        else:
+            scales = pidentity_column_scales(theta, noise=self._noise)  # O(p n)
+        small = theta @ theta.T  # O(p² n)
+        small[np.diag_indices(p)] += 1.0
+        # M itself (potrf + potri, O(p³)): I + ΘΘᵀ has eigenvalues ≥ 1, so forming M is stable, and
+        # one GEMM with Θ is ~7× faster than a triangular solve with n right-hand sides.
+        factor, info = scipy.linalg.lapack.dpotrf(small, lower=False, clean=True)
+        upper, info_inverse = scipy.linalg.lapack.dpotri(factor, lower=False)
+        if info != 0 or info_inverse != 0:
+            return math.inf, np.zeros(p * n)
+        m = np.triu(upper) + np.triu(upper, 1).T
+        b, e, c = self._b, self._e, self._c
+        np.matmul(m, theta, out=b)  # B = MΘ, O(p² n)
+        np.multiply(b, scales, out=e)  # B S
+        self._right_multiply(e, c)  # E = B S G into c (e is scratch)
+        # d/ds: 2 ((G ∘ Y) s) = 2 (diag(G) s − colsum(Θ ∘ E)). O(p n)
+        d_scales = self._diag_gram * scales - np.einsum("ij,ij->j", theta, c)
+        d_scales *= 2.0
+        c *= scales  # C = B S G S = Θ Y S G S, O(p n)
+        loss = float(self._diag_gram @ (scales * scales) - np.vdot(theta, c))
+        # d/dΘ with s fixed: −2 Θ Y (SGS) Y = −2 (C − (CΘᵀ) B). O(p² n)
+        gradient = (c @ theta.T) @ b
+        gradient -= c
+        gradient *= 2.0
+        if self._noise == "laplace":
+            gradient += d_scales  # ∂s_j/∂Θ_kj = 1 (Θ ≥ 0)
+        else:
+            np.multiply(theta, d_scales / scales, out=e)  # ∂s_j/∂Θ_kj = Θ_kj / s_j
+            gradient += e
+        return loss, gradient.ravel()
+
+
+def pidentity_loss_and_gradient(
+    params: np.ndarray, gram: np.ndarray, p: int, noise: NoiseKind
+) -> tuple[float, np.ndarray]:
+    """One evaluation of :class:`PIdentityObjective` (which keeps its set-up between calls)."""
+    return PIdentityObjective(gram, p=p, noise=noise)(params)
 
 
 def _top_eigenpairs(
@@ -304,8 +342,8 @@ STALL_ITERATIONS = 50
 STALL_TOLERANCE = 3e-4
 """p-Identity stops once ``STALL_ITERATIONS`` L-BFGS iterations lowered the loss by less than
 ``STALL_TOLERANCE`` of itself (HDMM stops at a per-iteration ``ftol`` of 1e-4; a window is steadier).
-At n = 1024 (all ranges, Laplace) three starts end at rmse 7.80–7.87 after 490–650 iterations
-(HDMM's own runs: 7.85–7.87); at 1e-3 some stopped at 7.87 after 300."""
+At n = 1024 (all ranges, Laplace) starts end at rmse 7.80–7.85 after ~600 iterations (HDMM's
+own runs: 7.86–7.87); at 1e-3 some stopped at 7.87 after 300."""
 
 
 def optimize_pidentity_factor(
@@ -320,7 +358,7 @@ def optimize_pidentity_factor(
     limit: WorkLimit | None = None,
     progress: Progress | None = None,
 ) -> tuple[np.ndarray, float, int, bool]:
-    """Best ``Θ`` over ``restarts`` L-BFGS(-B) runs: (Θ, unit error, total iterations, stopped).
+    """Best ``Θ`` over ``restarts`` projected L-BFGS runs: (Θ, unit error, iterations, stopped).
 
     Θ = 0 (the identity) is always a local minimum of the Laplace loss (extra mass raises the L1
     sensitivity linearly but lowers the trace only quadratically), so Laplace starts stay away
@@ -334,7 +372,7 @@ def optimize_pidentity_factor(
 
     ``limit``: checked at every loss evaluation (O(n² p) each); once it has passed, the run in
     progress stops and the best Θ evaluated so far (over all runs, and the identity) is returned
-    with ``stopped = True``.  L-BFGS-B only evaluates points inside the bounds, so that Θ is
+    with ``stopped = True``.  The optimiser only evaluates points inside the bounds, so that Θ is
     feasible.  ``progress`` is called after every L-BFGS iteration.  A run stops after
     ``max_iterations`` or once it stalls (:data:`STALL_ITERATIONS`, :data:`STALL_TOLERANCE`).
     """
@@ -348,34 +386,34 @@ def optimize_pidentity_factor(
     seen = {"loss": best_loss, "theta": best_theta, "iterations": 0}
     run_losses: list[float] = []  # best loss of the current run after each iteration
 
-    multiply = gram_right_multiply(normalised)  # O(n²) once
+    objective = PIdentityObjective(normalised, p=p, noise=noise)  # O(n²) once
 
     def evaluate(params: np.ndarray) -> tuple[float, np.ndarray]:
         if limit is not None:
             limit.check()
-        loss, gradient = pidentity_loss_and_gradient(params, normalised, p, noise, multiply)
+        loss, gradient = objective(params)
         if np.isfinite(loss) and loss < seen["loss"]:
-            seen["loss"], seen["theta"] = loss, params.reshape(p, n).copy()
+            # no copy: the optimiser never writes to a point after evaluating it
+            seen["loss"], seen["theta"] = loss, params.reshape(p, n)
         return loss, gradient
 
-    def iterated(intermediate_result: scipy.optimize.OptimizeResult) -> None:  # scipy's name
-        seen["iterations"] += 1
-        run_losses.append(
-            min(float(intermediate_result.fun), run_losses[-1] if run_losses else math.inf)
-        )
+    def iterated(iteration: int, loss: float) -> bool:
+        seen["iterations"] = iteration
+        run_losses.append(min(loss, run_losses[-1] if run_losses else math.inf))
         if len(run_losses) > STALL_ITERATIONS:
             before, now = run_losses[-1 - STALL_ITERATIONS], run_losses[-1]
             if before - now <= STALL_TOLERANCE * abs(now):
-                raise StopIteration  # scipy ends the run and returns its current point
+                return True
         if progress is not None:
             used = math.nan if limit is None else limit.fraction_used()
-            share = min(1.0, (restart + min(1.0, seen["iterations"] / max_iterations)) / restarts)
+            share = min(1.0, (restart + min(1.0, iteration / max_iterations)) / restarts)
             report(
                 progress,
                 share if math.isnan(used) else max(share, used),
                 f"p-Identity (n = {n}, p = {p}): start {restart + 1} of {restarts}, "
                 f"unit error {float(seen['loss']) * scale:.6g}",
             )
+        return False
 
     identity_loss = best_loss
     for restart in range(restarts + 1):
@@ -397,22 +435,18 @@ def optimize_pidentity_factor(
         seen["iterations"] = 0
         run_losses.clear()
         try:
-            result = scipy.optimize.minimize(
+            result = projected_lbfgs.minimize(
                 evaluate,
                 start.ravel(),
-                jac=True,
-                method="L-BFGS-B",
-                # a Bounds object, not p·n tuples (scipy converts a list in ~4 s at p·n = 10⁶)
-                bounds=scipy.optimize.Bounds(np.zeros(p * n), np.inf)
-                if noise == "laplace"
-                else None,
+                nonnegative=noise == "laplace",
+                memory=_MAXCOR,
+                max_iterations=max_iterations,
                 callback=iterated,
-                options={"maxiter": max_iterations, "ftol": 1e-12, "gtol": 1e-9, "maxcor": _MAXCOR},
             )
         except TimeLimitReached:
             iterations += int(seen["iterations"])
             return (*_pidentity_best(seen, noise, scale, iterations), True)
-        iterations += int(result.nit)
+        iterations += result.iterations
         if np.isfinite(result.fun) and result.fun < best_loss:
             best_loss = float(result.fun)
             best_theta = result.x.reshape(p, n)
@@ -742,15 +776,17 @@ def optimize_factor(
 # Cost prediction (from sizes only)
 # --------------------------------------------------------------------------------------------
 
-# p-Identity, per L-BFGS-B iteration (one BLAS thread): fixed 2e-4 s, 2.3e-7 s per variable
-# (L-BFGS-B's own O(maxcor·pn) updates dominate) and ~1.2 loss evaluations of 2n²p flops.
-# Iterations until the stall rule stops a run: about 230 (n = 256), 490-650 (n = 1024) on all-range
-# Grams (Laplace), i.e. about 120 + 0.45·n (before the rule: the 2000 cap from n = 256 on).  Measured (process time) by
+# p-Identity, per projected L-BFGS iteration (one BLAS thread): fixed 3e-4 s, 6e-8 s per variable
+# (elementwise passes of the loss and the optimiser's O(memory·pn) products) and ~1.05 loss
+# evaluations of four p × p × n GEMMs (8p²n flops; the Gram product is O(pn) for the range and
+# prefix Grams p-Identity serves, O(n²p) otherwise).  Iterations until the stall rule stops a run:
+# 333 (n = 256), 413-737 (512), 612-802 (1024) on all-range and prefix Grams (Laplace), modelled
+# as 150 + 0.6·n.  Measured (process time) by
 #   .venv/bin/python benchmarks/predict_bench.py --calibrate templates
-# n = 256, 512, 1024 (p = n/16): 1.5, 4.9, 19 ms per iteration.
-_PIDENTITY_ITERATION_FIXED = 2.0e-4
-_PIDENTITY_PER_VARIABLE = 2.3e-7
-_PIDENTITY_EVALUATIONS_PER_ITERATION = 1.2
+# n = 256, 512, 1024, 4096 (p = n/16): 0.69, 1.5, 5.6, ~110 ms per iteration.
+_PIDENTITY_ITERATION_FIXED = 3.0e-4
+_PIDENTITY_PER_VARIABLE = 6.0e-8
+_PIDENTITY_EVALUATIONS_PER_ITERATION = 1.05
 # Full-rank Gaussian: 2-11 iterations on the same Grams (n = 64…1024), each about 1.8 eighs
 # (eigh of VGV, √K, two Cholesky inverses): 0.48 s per iteration at n = 1024.
 _FULL_RANK_ITERATIONS = 6
@@ -764,11 +800,11 @@ def predict_pidentity_seconds(
     if n <= 1:
         return 0.0
     extra = default_p(n) if p is None else p
-    iterations = min(max_iterations, 120 + 0.45 * n)
+    iterations = min(max_iterations, 150 + 0.6 * n)
     per_iteration = (
         _PIDENTITY_ITERATION_FIXED
         + _PIDENTITY_PER_VARIABLE * extra * n
-        + _PIDENTITY_EVALUATIONS_PER_ITERATION * 2.0 * n * n * extra / DGEMM_FLOPS_PER_SECOND
+        + _PIDENTITY_EVALUATIONS_PER_ITERATION * 8.0 * extra * extra * n / DGEMM_FLOPS_PER_SECOND
     )
     return restarts * iterations * per_iteration
 

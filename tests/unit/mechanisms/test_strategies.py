@@ -14,9 +14,10 @@ from mechanisms.strategies import (
     build_kron_strategy,
     hierarchical_strategy,
     identity_strategy,
+    psd_inverse,
     wavelet_strategy,
 )
-from mechanisms.workload import WorkloadItem
+from mechanisms.workload import Workload, WorkloadItem
 
 H4 = np.array(
     [
@@ -153,3 +154,50 @@ def test_kron_strategy_is_frozen() -> None:
     strategy = KronStrategy(name="identity", factors=(identity_strategy(3),))
     with pytest.raises(AttributeError):
         strategy.name = "other"  # type: ignore[misc]
+
+
+def test_psd_inverse_matches_the_dense_pseudo_inverse(rng: np.random.Generator) -> None:
+    """Cholesky path for a well-conditioned Gram, ``pinvh`` (full rank False) for a singular one."""
+    factor = rng.standard_normal((9, 6))
+    full = factor.T @ factor
+    inverse, full_rank = psd_inverse(full)
+    assert full_rank
+    np.testing.assert_allclose(inverse, np.linalg.pinv(full), rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(inverse, inverse.T)
+    large = rng.standard_normal((400, 300))  # several 128-row tiles, the last one partial
+    inverse, full_rank = psd_inverse(large.T @ large)
+    assert full_rank
+    np.testing.assert_allclose(inverse, np.linalg.inv(large.T @ large), rtol=1e-8, atol=1e-12)
+    np.testing.assert_array_equal(inverse, inverse.T)
+    scaled_identity = np.diag(np.arange(1.0, 7.0))  # the O(n²) diagonal path
+    inverse, full_rank = psd_inverse(scaled_identity)
+    assert full_rank
+    np.testing.assert_array_equal(inverse, np.linalg.inv(scaled_identity))
+    with_zero = np.diag([1.0, 0.0, 2.0])  # singular diagonal: not full rank
+    inverse, full_rank = psd_inverse(with_zero)
+    assert not full_rank
+    np.testing.assert_allclose(inverse, np.diag([1.0, 0.0, 0.5]), atol=1e-12)
+    deficient = factor[:4].T @ factor[:4]  # rank 4 of 6
+    inverse, full_rank = psd_inverse(deficient)
+    assert not full_rank
+    np.testing.assert_allclose(inverse, np.linalg.pinv(deficient, hermitian=True), atol=1e-9)
+
+
+def test_support_residual_shortcut_matches_the_dense_residual(rng: np.random.Generator) -> None:
+    """A full-rank factor skips its product (M AᵀA = I); a rank-deficient one is still computed,
+    and both agree with ``‖G_W (I − (AᵀA)⁺ AᵀA)‖`` on dense Kronecker matrices."""
+    items = (WorkloadItem(name="w", factors=(AllRanges(4), Total(3))),)
+    full = KronStrategy(name="full", factors=(MatrixFactor(H4), MatrixFactor(np.eye(3))))
+    halves = MatrixFactor(np.array([[1.0, 1, 0, 0], [0, 0, 1, 1]]))  # cannot answer [0, 1]
+    deficient = KronStrategy(name="halves", factors=(halves, MatrixFactor(np.ones((1, 3)))))
+    workload_dense = kron_dense(items[0].factors)
+    gram_w = workload_dense.T @ workload_dense
+    for strategy, supported in ((full, True), (deficient, False)):
+        dense = kron_dense(strategy.factors)
+        gram_a = dense.T @ dense
+        dense_residual = np.abs(gram_w - gram_w @ np.linalg.pinv(gram_a) @ gram_a).max()
+        residual = strategy.support_residual(Workload(items=items, domain_shape=(4, 3)))
+        if supported:
+            assert dense_residual < 1e-9 and residual == 0.0
+        else:
+            assert dense_residual > 0.1 and residual > 0.1
