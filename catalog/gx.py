@@ -20,10 +20,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from catalog import validation_service
 
 # GX would otherwise print tqdm progress bars and could look for analytics settings.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+
+def load() -> None:
+    """Import GX now (the validation service does this once, before it listens)."""
+    _gx()
 
 
 def _gx() -> Any:
@@ -52,8 +57,8 @@ def prewarm() -> None:
     never touches the filters.  An import that fails on the thread is left for ``run_suites`` to
     repeat and report on the caller's thread.  Idempotent: one thread per process."""
     global _prewarm_started
-    if _prewarm_started:
-        return
+    if _prewarm_started or validation_service.configured_socket() is not None:
+        return  # the service validates: importing here would only compete for the CPU
     _prewarm_started = True
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="module 'sre_", category=DeprecationWarning)
@@ -84,10 +89,22 @@ def _class_name(expectation_type: str) -> str:
     return "".join(part.capitalize() for part in expectation_type.split("_"))
 
 
-Jobs = list[tuple[str, pd.DataFrame, list[tuple[str, dict[str, Any]]]]]
+Jobs = validation_service.Jobs
 
 
 def run_suites(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """:func:`run_suites_here`, in the shared validation service when this command has one
+    (``catalog.validation_service``: GX already imported there), else in this process."""
+    service = validation_service.configured_socket()
+    if service is not None:
+        try:
+            return validation_service.validate_remotely(service, jobs, docs_dir=docs_dir)
+        except validation_service.ServiceUnavailable as exc:  # public: names no value
+            logging.getLogger(__name__).warning("validating in this process: %s", exc)
+    return run_suites_here(jobs, docs_dir=docs_dir)
+
+
+def run_suites_here(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[str, Any]]:
     """Run each ``(name, frame, expectations)`` in one ephemeral GX context.
 
     ``expectations`` are ``(snake_case GX type, kwargs)`` pairs; ``where_not: (column, value)``

@@ -25,6 +25,7 @@ This module imports neither prefect nor the catalog: the supervisor must stay sm
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -60,6 +62,10 @@ HEALTH_REQUEST_SECONDS = 2.0
 # orphan: a busy but working server (SQLite under load) must not be killed under another command.
 ORPHAN_PATIENCE_SECONDS = 10.0
 SUPERVISOR_MARKER = "flows.server"
+VALIDATION_MARKER = "catalog.validation_service"  # the GX service the supervisor also runs
+VALIDATION_SOCKET_FILE = "validation.sock"
+VALIDATION_SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"  # read by catalog.validation_service
+MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes on Linux
 MAX_LOG_BYTES = 5_000_000
 UNRECORDED_GRACE_SECONDS = 30.0  # a supervisor missing from server.json this long stops
 
@@ -308,7 +314,11 @@ def _is_ours(pid: int, port: int) -> bool:
     line = _cmdline(pid)
     if not line:
         return not Path("/proc/self/cmdline").exists()  # no procfs: trust the record
-    return SUPERVISOR_MARKER in line or ("prefect" in line and f"--port {port}" in line)
+    return (
+        SUPERVISOR_MARKER in line
+        or VALIDATION_MARKER in line
+        or ("prefect" in line and f"--port {port}" in line)
+    )
 
 
 def _our_members(record: ServerRecord) -> list[int]:
@@ -410,6 +420,8 @@ def connect(*, wait: bool = True) -> Connection:
     if configured:
         return Connection(record=None, url=configured)
     home = state_home()
+    # GX validation goes to the server's validation service while its socket answers
+    os.environ[VALIDATION_SOCKET_ENV] = str(validation_socket(home))
     with _locked(home, timeout=start_timeout() + STOP_GRACE_SECONDS * 3):
         found = _reuse(home)
         if found is not None:
@@ -697,6 +709,7 @@ def supervise(*, port: int, home: Path, idle: float) -> int:
         preexec_fn=_die_with_parent,  # the supervisor is single-threaded here
     )
     _log(f"supervisor {os.getpid()}: prefect server pid {child.pid} on port {port}")
+    validator = _start_validation_service(home)
     interval = max(0.2, min(5.0, idle / 4))
     reason = "stopped"
     unrecorded_since: float | None = None
@@ -734,12 +747,51 @@ def supervise(*, port: int, home: Path, idle: float) -> int:
                     break
     finally:
         _terminate(child)
+        if validator is not None:
+            _terminate(validator)
         # A busy lock means `stop` or a starting command holds it: that holder cleans up.
         with contextlib.suppress(OSError), _locked(home, timeout=0, blocking=False) as held:
             if held:
                 _remove_record(home, os.getpid())
         _log(f"supervisor {os.getpid()}: {reason}; exiting")
     return 0
+
+
+def validation_socket(home: Path) -> Path:
+    """``home/validation.sock``; when that path is too long for AF_UNIX, a name derived from the
+    home in ``$TMPDIR/dprelease-<uid>/`` (the socket itself is created mode 0600)."""
+    path = home / VALIDATION_SOCKET_FILE
+    if len(str(path)) <= MAX_SOCKET_PATH:
+        return path
+    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"dprelease-{os.getuid()}" / f"{digest}.sock"
+
+
+def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
+    """``python -m catalog.validation_service``: GX imported once for every command of ``home``.
+
+    Optional: if it cannot start or dies, commands validate in their own process."""
+    path = validation_socket(home)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        _log(f"supervisor {os.getpid()}: no validation service ({exc})")
+        return None
+    service = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            VALIDATION_MARKER,
+            "--socket",
+            str(path),
+            "--parent-pid",
+            str(os.getpid()),
+        ],
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,  # the supervisor is single-threaded here
+    )
+    _log(f"supervisor {os.getpid()}: validation service pid {service.pid} on {path}")
+    return service
 
 
 def _terminate(child: subprocess.Popen[bytes]) -> None:

@@ -237,3 +237,36 @@ def _session_processes(session: int) -> list[int]:
         if fields is not None and fields[3] == str(session) and fields[0] not in ("Z", "X"):
             alive.append(int(entry.name))
     return alive
+
+
+def test_a_run_through_the_shared_server_validates_in_its_service(
+    tmp_path: Path, tiny_dataset: Path, home: Path
+) -> None:
+    """The server's validation service imports GX once; a `run` then never imports it itself."""
+    started = _program("from flows import server; server.connect()")
+    assert started.returncode == 0, started.stderr[-2000:]
+    record = server.read_record(home)
+    assert record is not None
+    socket_path = server.validation_socket(home)
+    deadline = time.monotonic() + 120  # GX's import in the service, on a busy machine
+    while not socket_path.is_socket():
+        assert time.monotonic() < deadline, "the validation service never listened"
+        time.sleep(0.1)
+    service = [
+        pid
+        for pid in server.group_members(record.pid)
+        if "validation_service" in server._cmdline(pid)
+    ]
+    assert len(service) == 1  # in the server's process group: stopped with it
+
+    spec_path = write_spec(tmp_path, tiny_dataset, mechanism="identity")
+    out = tmp_path / "out"
+    result = _program(AS_PROGRAM, "run", str(spec_path), "--out", str(out))
+    verdict = _verdict(result)
+    assert verdict["code"] == 0, result.stderr[-3000:]
+    assert "great_expectations" not in verdict["heavy"]  # validated in the service
+    (results,) = out.glob("*/validation/results.json")
+    assert json.loads(results.read_text())["success"] is True
+    assert (results.parent / "docs" / "index.html").is_file()
+    log = Path(record.log).read_text()
+    assert f"validation service {service[0]}: validated" in log

@@ -85,7 +85,8 @@ def test_second_command_reuses_the_server_and_stop_ends_it(home: Path) -> None:
         record.prefect_home == str(home / "prefect") and record.version == server.prefect_version()
     )
     members = server.group_members(record.pid)
-    assert record.pid in members and len(members) == 2  # the supervisor and `prefect server start`
+    # the supervisor, `prefect server start` and the validation service
+    assert record.pid in members and len(members) == 3
     assert os.getsid(record.pid) == record.pid  # its own session: a terminal's Ctrl-C misses it
 
     again = _connect()
@@ -101,6 +102,7 @@ def test_second_command_reuses_the_server_and_stop_ends_it(home: Path) -> None:
     assert stopped.exit_code == 0 and f"(pid {record.pid})" in stopped.stdout
     assert server.group_members(record.pid) == []  # stop waits until the group is gone
     assert server.read_record() is None and not server.healthy(record.url)
+    assert not server.validation_socket(home).exists()  # the service removed its socket
 
 
 def test_two_commands_starting_at_once_share_one_server(home: Path) -> None:

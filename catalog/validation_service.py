@@ -1,0 +1,210 @@
+"""A long-lived process that keeps Great Expectations imported for the commands of one state home.
+
+Importing GX costs ~4 s per command (of a warm 1,360-cell ``run``'s ~9 s).  The shared server's
+supervisor (``flows.server``) therefore also starts ``python -m catalog.validation_service`` in its
+process group: it imports GX once, then listens on ``$DPRELEASE_HOME/validation.sock`` (mode 0600,
+created only once GX is loaded, so a command never waits on the import) and runs
+:func:`catalog.gx.run_suites` for each request.  It stops with the supervisor (same process group,
+and it exits when its parent changes) or on SIGTERM.
+
+Privacy: exactly what ``run_suites`` may see crosses the socket, released (noisy) tables and public
+expectations (``catalog.validation`` builds both); the socket is a file only its owner may open.
+
+Protocol, one request per connection: the client sends one JSON line ``{"docs_dir": str | null,
+"jobs": [{"name", "expectations": [[type, kwargs], ...], "frame_bytes": n}, ...]}`` and then each
+job's frame as an Arrow IPC stream of exactly ``frame_bytes`` bytes; the service answers one JSON
+line, ``{"ok": true, "summaries": {...}}`` or ``{"ok": false, "error": "<exception type>"}``.
+Any failure on the client's side (no socket, refused, closed, an error answer) means: validate in
+this process instead, which reports a real error itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"
+"""Set by ``flows.server.connect`` for a command that uses the shared server: the socket to try
+(``flows.server`` keeps its own copy of the name: the supervisor imports nothing of the catalog)."""
+MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes on Linux
+CONNECT_SECONDS = 2.0
+REQUEST_SECONDS = 600.0  # an answer later than this means a hung service: validate here instead
+ACCEPT_POLL_SECONDS = 1.0
+
+
+class ServiceUnavailable(RuntimeError):
+    """The validation service could not validate this request (the caller validates itself)."""
+
+
+Jobs = list[tuple[str, pd.DataFrame, list[tuple[str, dict[str, Any]]]]]
+
+
+# --- client -------------------------------------------------------------------------------------
+
+
+def configured_socket() -> Path | None:
+    """The service socket this command may use (``DPRELEASE_VALIDATION_SOCKET``), if it exists."""
+    value = os.environ.get(SOCKET_ENV)
+    if not value:
+        return None
+    path = Path(value)
+    return path if path.is_socket() else None
+
+
+def validate_remotely(
+    path: Path, jobs: Jobs, *, docs_dir: Path | None, timeout: float = REQUEST_SECONDS
+) -> dict[str, dict[str, Any]]:
+    """Run ``jobs`` in the service behind ``path``; raises :class:`ServiceUnavailable`."""
+    frames = [_arrow_bytes(frame) for _, frame, _ in jobs]
+    header = {
+        "docs_dir": None if docs_dir is None else str(docs_dir.resolve()),  # its cwd is not ours
+        "jobs": [
+            {"name": name, "expectations": expectations, "frame_bytes": len(data)}
+            for (name, _, expectations), data in zip(jobs, frames, strict=True)
+        ],
+    }
+    try:
+        line = json.dumps(header, allow_nan=False).encode() + b"\n"
+    except (TypeError, ValueError) as exc:  # an expectation argument JSON cannot carry
+        raise ServiceUnavailable(f"request not serialisable: {type(exc).__name__}") from None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(CONNECT_SECONDS)
+            connection.connect(str(path))
+            connection.settimeout(timeout)
+            connection.sendall(line)
+            for data in frames:
+                connection.sendall(data)
+            connection.shutdown(socket.SHUT_WR)
+            answer = _read_line(connection.makefile("rb"))
+    except OSError as exc:
+        raise ServiceUnavailable(f"{type(exc).__name__}: {exc.strerror or exc}") from None
+    if answer is None:
+        raise ServiceUnavailable("the service closed the connection without an answer")
+    reply = json.loads(answer)
+    if not reply.get("ok"):
+        raise ServiceUnavailable(f"the service failed: {reply.get('error')}")
+    return reply["summaries"]
+
+
+def _arrow_bytes(frame: pd.DataFrame) -> bytes:
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _read_line(stream: io.BufferedReader) -> bytes | None:
+    line = stream.readline()
+    return line if line.endswith(b"\n") else None
+
+
+# --- service ------------------------------------------------------------------------------------
+
+
+def serve(path: Path, *, parent_pid: int) -> int:
+    """Import GX, listen on ``path`` and validate requests one at a time until stopped."""
+    from catalog import gx
+
+    gx.load()  # the ~4 s this process exists for, before the socket appears
+    stopping = False
+
+    def request_stop(_signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, request_stop)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a socket left by a killed service
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)  # the socket file is created 0600
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(previous)
+    listener.listen(8)
+    listener.settimeout(ACCEPT_POLL_SECONDS)
+    _log(f"Great Expectations loaded; listening on {path}")
+    try:
+        while not stopping and os.getppid() == parent_pid:
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except InterruptedError:
+                continue
+            with connection:
+                connection.settimeout(None)
+                _answer(connection)
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return 0
+
+
+def _answer(connection: socket.socket) -> None:
+    from catalog import gx
+
+    started = time.monotonic()
+    stream = connection.makefile("rb")
+    try:
+        line = _read_line(stream)
+        if line is None:
+            return
+        header = json.loads(line)
+        jobs: Jobs = []
+        for job in header["jobs"]:
+            data = stream.read(int(job["frame_bytes"]))
+            frame = pa.ipc.open_stream(data).read_all().to_pandas()
+            expectations = [(str(kind), dict(kwargs)) for kind, kwargs in job["expectations"]]
+            for _, kwargs in expectations:
+                if "where_not" in kwargs:
+                    kwargs["where_not"] = tuple(kwargs["where_not"])
+            jobs.append((str(job["name"]), frame, expectations))
+        docs = header.get("docs_dir")
+        summaries = gx.run_suites_here(jobs, docs_dir=None if docs is None else Path(docs))
+        reply: dict[str, Any] = {"ok": True, "summaries": summaries}
+        _log(f"validated {len(jobs)} suite(s) in {time.monotonic() - started:.2f} s")
+    except Exception as exc:  # the client validates in its own process, which reports the error
+        reply = {"ok": False, "error": type(exc).__name__}
+        _log(f"request failed with {type(exc).__name__}")  # the type only: no value, no message
+    with contextlib.suppress(OSError):
+        connection.sendall(json.dumps(reply).encode() + b"\n")
+
+
+def _log(message: str) -> None:
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    sys.stderr.write(f"{stamp} dprelease validation service {os.getpid()}: {message}\n")
+    sys.stderr.flush()
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m catalog.validation_service")
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    if len(str(args.socket)) > MAX_SOCKET_PATH:
+        sys.stderr.write(f"validation service: socket path longer than {MAX_SOCKET_PATH} bytes\n")
+        return 2
+    return serve(args.socket, parent_pid=args.parent_pid)
+
+
+if __name__ == "__main__":  # pragma: no cover - the service's entry point
+    raise SystemExit(_main(sys.argv[1:]))

@@ -1,0 +1,160 @@
+"""The validation service (catalog/validation_service.py) as a real process on a Unix socket.
+
+It must give exactly the summaries in-process validation gives, write the Data Docs where the
+client asks, refuse nobody's release (every failure falls back to validating in the caller's
+process), keep its socket private, and stop on SIGTERM or when its parent goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from catalog import gx, validation_service
+from catalog.validation import table_expectations
+
+ROOT = Path(__file__).resolve().parents[3]
+READY_SECONDS = 120.0  # GX's import on a busy 2-core machine
+
+
+def _start(path: Path, *, parent_pid: int | None = None) -> subprocess.Popen[bytes]:
+    """The service on ``path``, its log beside the socket (``<path>.log``)."""
+    with open(f"{path}.log", "wb") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "catalog.validation_service",
+                "--socket",
+                str(path),
+                "--parent-pid",
+                str(os.getpid() if parent_pid is None else parent_pid),
+            ],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stderr=log,
+        )
+
+
+def _wait_ready(path: Path, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + READY_SECONDS
+    while not path.is_socket():
+        assert process.poll() is None, Path(f"{path}.log").read_text()
+        assert time.monotonic() < deadline, "the validation service never listened"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("vs") / "s.sock"
+    process = _start(path)
+    try:
+        _wait_ready(path, process)
+        yield path
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _jobs() -> gx.Jobs:
+    table = pa.table(
+        {
+            "v": [0, 1, 2],
+            "estimate": [1.0, 2.0, 3.0],
+            "std_error": [1.0, 1.0, 0.0],  # one failing row: a failure must travel back too
+            "ci_low": [0.0, None, 2.0],
+            "ci_high": [2.0, None, 4.0],
+            "uncertainty": ["noise+bias", "noise-only", "noise+bias"],
+        }
+    )
+    return [("released table", table.to_pandas(), table_expectations(table, expected_rows=3))]
+
+
+def test_remote_summaries_and_docs_equal_in_process_validation(
+    service: Path, tmp_path: Path
+) -> None:
+    remote = validation_service.validate_remotely(service, _jobs(), docs_dir=tmp_path / "r")
+    local = gx.run_suites_here(_jobs(), docs_dir=tmp_path / "l")
+    assert remote == local
+    assert not remote["released table"]["success"]  # std_error 0 fails: the verdict came back
+    assert (tmp_path / "r" / "index.html").is_file()  # the service wrote the client's docs
+    assert stat.S_IMODE(service.stat().st_mode) == 0o600  # only its owner may connect
+    log = Path(f"{service}.log").read_text()
+    assert "Great Expectations loaded" in log
+    # what a request leaves in the log: a count and a time, no value of any table
+    assert re.search(r"validation service \d+: validated 1 suite\(s\) in \d+\.\d\d s\n", log)
+
+
+def test_run_suites_uses_the_configured_service(
+    service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(validation_service.SOCKET_ENV, str(service))
+    assert validation_service.configured_socket() == service
+    assert gx.run_suites(_jobs()) == gx.run_suites_here(_jobs())
+    monkeypatch.setenv(validation_service.SOCKET_ENV, str(tmp_path / "absent.sock"))
+    assert validation_service.configured_socket() is None  # no socket there: validate here
+
+
+def test_every_service_failure_falls_back_to_this_process(
+    service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = tmp_path / "dead.sock"  # a socket file nobody listens on (a killed service's)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
+        stale.bind(str(dead))
+    with pytest.raises(validation_service.ServiceUnavailable, match="ConnectionRefusedError"):
+        validation_service.validate_remotely(dead, _jobs(), docs_dir=None)
+    monkeypatch.setenv(validation_service.SOCKET_ENV, str(dead))
+    with caplog.at_level(logging.WARNING, logger="catalog.gx"):
+        assert gx.run_suites(_jobs()) == gx.run_suites_here(_jobs())
+    assert "validating in this process" in caplog.text
+
+    # an error inside the service comes back as its type only; the caller then raises the real one
+    broken = [("t", _jobs()[0][1], [("expect_no_such_thing", {"column": "estimate"})])]
+    with pytest.raises(validation_service.ServiceUnavailable, match="AttributeError"):
+        validation_service.validate_remotely(service, broken, docs_dir=None)
+    monkeypatch.setenv(validation_service.SOCKET_ENV, str(service))
+    with pytest.raises(AttributeError):
+        gx.run_suites(broken)
+
+    odd = [("t", _jobs()[0][1], [("expect_column_to_exist", {"column": object()})])]
+    with pytest.raises(validation_service.ServiceUnavailable, match="not serialisable"):
+        validation_service.validate_remotely(service, odd, docs_dir=None)
+
+
+def test_sigterm_stops_the_service_and_removes_its_socket(tmp_path: Path) -> None:
+    path = tmp_path / "t.sock"
+    process = _start(path)
+    try:
+        _wait_ready(path, process)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert not path.exists()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_service_whose_parent_is_gone_exits(tmp_path: Path) -> None:
+    """Started with a parent pid that is not its parent (its supervisor died): it stops."""
+    path = tmp_path / "o.sock"
+    process = _start(path, parent_pid=os.getpid() + 1_000_000)
+    try:
+        assert process.wait(timeout=READY_SECONDS) == 0
+        assert not path.exists()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
