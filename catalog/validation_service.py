@@ -42,6 +42,7 @@ MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes on Linux
 CONNECT_SECONDS = 2.0
 REQUEST_SECONDS = 600.0  # an answer later than this means a hung service: validate here instead
 ACCEPT_POLL_SECONDS = 1.0
+NICENESS = 10
 
 
 class ServiceUnavailable(RuntimeError):
@@ -119,6 +120,10 @@ def serve(path: Path, *, parent_pid: int) -> int:
     """Import GX, listen on ``path`` and validate requests one at a time until stopped."""
     from catalog import gx
 
+    with contextlib.suppress(OSError):
+        # below the commands and the Prefect server: on a fresh home the import runs while they
+        # start, and it must not delay them (a request waits for this process anyway)
+        os.nice(NICENESS)
     gx.load()  # the ~4 s this process exists for, before the socket appears
     stopping = False
 

@@ -15,6 +15,10 @@ the server once nothing touched it for ``DPRELEASE_SERVER_IDLE_SECONDS`` (defaul
 * An orphan from an earlier crash (``server.json`` whose process is alive but not healthy after the
   start-up window, or whose Prefect version or home differ) is stopped by process group; a stale
   file whose process is gone is removed.
+* The supervisor also runs ``python -m catalog.validation_service`` in its process group: Great
+  Expectations imported once (~4 s) for every command of the home, on ``validation.sock``
+  (:func:`validation_socket`); ``connect`` points the command at it, and a command whose service is
+  missing validates in its own process.
 * A fresh state home would spend ~20-30 s on Prefect's database migrations; a migrated, empty
   Prefect database is kept once per Prefect version in the user cache (``DPRELEASE_CACHE_DIR``,
   default ``$XDG_CACHE_HOME/dprelease``) and copied into new homes.
@@ -65,6 +69,7 @@ SUPERVISOR_MARKER = "flows.server"
 VALIDATION_MARKER = "catalog.validation_service"  # the GX service the supervisor also runs
 VALIDATION_SOCKET_FILE = "validation.sock"
 VALIDATION_SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"  # read by catalog.validation_service
+VALIDATION_SERVICE_ENV = "DPRELEASE_VALIDATION_SERVICE"  # "off": no service beside the server
 MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes on Linux
 MAX_LOG_BYTES = 5_000_000
 UNRECORDED_GRACE_SECONDS = 30.0  # a supervisor missing from server.json this long stops
@@ -770,7 +775,11 @@ def validation_socket(home: Path) -> Path:
 def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
     """``python -m catalog.validation_service``: GX imported once for every command of ``home``.
 
-    Optional: if it cannot start or dies, commands validate in their own process."""
+    Optional: if it cannot start or dies, or ``DPRELEASE_VALIDATION_SERVICE=off`` (a host short of
+    the ~250 MB it keeps), commands validate in their own process."""
+    if os.environ.get(VALIDATION_SERVICE_ENV, "on").strip().lower() in ("0", "off", "false", "no"):
+        _log(f"supervisor {os.getpid()}: validation service off ({VALIDATION_SERVICE_ENV})")
+        return None
     path = validation_socket(home)
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

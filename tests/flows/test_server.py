@@ -105,6 +105,15 @@ def test_second_command_reuses_the_server_and_stop_ends_it(home: Path) -> None:
     assert not server.validation_socket(home).exists()  # the service removed its socket
 
 
+def test_the_validation_service_can_be_switched_off(home: Path) -> None:
+    found = _connect(DPRELEASE_VALIDATION_SERVICE="off")
+    pid = int(found["pid"])
+    assert len(server.group_members(pid)) == 2  # the supervisor and `prefect server start` only
+    assert not server.validation_socket(home).exists()
+    log = (home / "logs" / "prefect-server.log").read_text()
+    assert f"supervisor {pid}: validation service off (DPRELEASE_VALIDATION_SERVICE)" in log
+
+
 def test_two_commands_starting_at_once_share_one_server(home: Path) -> None:
     env = {**os.environ}
     racers = [
