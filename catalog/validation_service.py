@@ -94,9 +94,13 @@ def validate_remotely(
         raise ServiceUnavailable(f"{type(exc).__name__}: {exc.strerror or exc}") from None
     if answer is None:
         raise ServiceUnavailable("the service closed the connection without an answer")
-    reply = json.loads(answer)
-    if not reply.get("ok"):
-        raise ServiceUnavailable(f"the service failed: {reply.get('error')}")
+    try:
+        reply = json.loads(answer)
+    except ValueError:
+        raise ServiceUnavailable("the service's answer is not JSON") from None
+    if not isinstance(reply, dict) or not reply.get("ok") or "summaries" not in reply:
+        error = reply.get("error") if isinstance(reply, dict) else None
+        raise ServiceUnavailable(f"the service failed: {error}")
     return reply["summaries"]
 
 

@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,3 +159,23 @@ def test_a_service_whose_parent_is_gone_exits(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_garbled_answer_is_a_service_failure(tmp_path: Path) -> None:
+    """A peer that answers something other than the protocol's JSON line: validate here."""
+    path = tmp_path / "g.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(1)
+
+        def answer_garbage() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(1 << 16)
+                connection.sendall(b"not json\n")
+
+        thread = threading.Thread(target=answer_garbage)
+        thread.start()
+        with pytest.raises(validation_service.ServiceUnavailable, match="not JSON"):
+            validation_service.validate_remotely(path, _jobs(), docs_dir=None)
+        thread.join(timeout=10)
