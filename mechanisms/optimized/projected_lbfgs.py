@@ -13,8 +13,10 @@ products with the stored pairs per iteration instead of the two-loop recursion's
 operations (at 10⁶ variables: ~10 ms instead of ~23 ms).  No temporaries of the variables' size
 beyond the trial point.
 
-Measured on the all-range Gram (Laplace p-Identity, `benchmarks/hdmm_side_by_side.py`): n = 1024
-reaches rmse 7.81 in 450 iterations / 11.6 s where L-BFGS-B reached 7.84 in 590 / 19.2 s.
+Measured on the all-range Gram (Laplace p-Identity, one start, the same script and BLAS threads):
+at n = 1024 this optimiser (then with the two-loop recursion) reached rmse 7.81 in 450 iterations
+/ 11.6 s where L-BFGS-B reached 7.84 in 590 / 19.2 s; in the compact form with one BLAS thread, as
+plans run, 7.80 in 612 iterations / 3.6 s.  Whole plans: `benchmarks/hdmm_side_by_side.py`.
 """
 
 from __future__ import annotations

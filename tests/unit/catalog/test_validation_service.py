@@ -7,6 +7,7 @@ process), keep its socket private, and stop on SIGTERM or when its parent goes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -134,31 +135,35 @@ def test_every_service_failure_falls_back_to_this_process(
         validation_service.validate_remotely(service, odd, docs_dir=None)
 
 
-def test_sigterm_stops_the_service_and_removes_its_socket(tmp_path: Path) -> None:
-    path = tmp_path / "t.sock"
-    process = _start(path)
+@contextlib.contextmanager
+def _service_process(
+    path: Path, *, parent_pid: int | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A service started for one test and killed afterwards if it is still running."""
+    process = _start(path, parent_pid=parent_pid)
     try:
-        _wait_ready(path, process)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-        assert not path.exists()
+        yield process
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_sigterm_stops_the_service_and_removes_its_socket(tmp_path: Path) -> None:
+    path = tmp_path / "t.sock"
+    with _service_process(path) as process:
+        _wait_ready(path, process)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert not path.exists()
 
 
 def test_a_service_whose_parent_is_gone_exits(tmp_path: Path) -> None:
     """Started with a parent pid that is not its parent (its supervisor died): it stops."""
     path = tmp_path / "o.sock"
-    process = _start(path, parent_pid=os.getpid() + 1_000_000)
-    try:
+    with _service_process(path, parent_pid=os.getpid() + 1_000_000) as process:
         assert process.wait(timeout=READY_SECONDS) == 0
         assert not path.exists()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_a_garbled_answer_is_a_service_failure(tmp_path: Path) -> None:
