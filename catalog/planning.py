@@ -30,6 +30,7 @@ from catalog.spec import (
 )
 from catalog.strategy_store import StrategyStore
 from mechanisms import registry
+from mechanisms.budget import MIN_TIME_LIMIT
 from mechanisms.lower_bound import svd_bound
 from mechanisms.noise import calibrate, noise_kind_for
 from mechanisms.operators import (
@@ -55,7 +56,6 @@ from mechanisms.workload import Workload, WorkloadItem
 
 MAX_MEASURED_ANSWERS = 1_000_000_000
 SUPPORT_TOLERANCE = 1e-4  # relative; an unsupported query leaves a residual of order 1
-MIN_TIME_LIMIT = 0.001  # seconds: an optimiser past the deadline still returns one valid strategy
 EARLY_STOP = 0.005  # auto stops once a candidate's rmse is within 0.5% of the lower bound
 DEFAULT_TIME_BUDGET = 120.0  # seconds of predicted planning work auto may spend on candidates
 

@@ -67,6 +67,10 @@ BLOCK_FLOPS = 1.0e10
 """Largest product :func:`blocked_matmul` issues as one BLAS call (about 0.25 s on one core)."""
 
 LAPACK_THREAD_FLOPS = 4.0e10
+
+MIN_TIME_LIMIT = 1e-3
+"""Seconds given to an optimiser whose planning budget has passed: it still takes one step and
+returns one valid strategy."""
 """Calls predicted above this many flop-equivalents (about 1 s) run in :func:`interruptible`."""
 
 
@@ -122,6 +126,13 @@ class WorkLimit:
         """Raise :class:`TimeLimitReached` if the limit has passed."""
         if self.expired():
             raise TimeLimitReached(f"time limit of {self.time_limit:g} s reached")
+
+    def nested_limit(self) -> float | None:
+        """The time limit for a stage inside this one: None without a limit, else what remains
+        (at least :data:`MIN_TIME_LIMIT`)."""
+        if self.time_limit is None:
+            return None
+        return max(MIN_TIME_LIMIT, self.remaining())
 
     def fraction_used(self) -> float:
         """Share of the limit already spent, in [0, 1]; NaN without a limit."""

@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from mechanisms.budget import MIN_TIME_LIMIT
 from mechanisms.marginal_strategies import (
     DEFAULT_L1_RESTARTS,
     MarginalWeights,
@@ -57,9 +58,6 @@ from mechanisms.protocol import (
     cache_key,
 )
 from mechanisms.workload import Workload, WorkloadItem, axes_of, item_subset, mask_of
-
-_MIN_TIME_LIMIT = 1e-3  # an expired planning budget still lets the template take one step
-
 
 # ------------------------------------------------------------------------------------------------
 # Subsets and tables
@@ -291,7 +289,7 @@ class MarginalSpaceMechanism(MatrixMechanism):
         else:
             subset = subset_workload(workload)
             limit = request.time_limit
-            limit = None if limit is None else max(limit, _MIN_TIME_LIMIT)
+            limit = None if limit is None else max(limit, MIN_TIME_LIMIT)
             if request.norm == 2:
                 weights = marginal_weights_l2(subset, time_limit=limit, progress=request.progress)
             else:

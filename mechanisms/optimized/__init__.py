@@ -60,8 +60,6 @@ MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item
 
 Optimized = KronStrategy | UnionStrategy | SubsetStrategy
 
-_MIN_TEMPLATE_SECONDS = 1e-3  # past the deadline a template still returns one valid strategy
-
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizedOptions(TreeOptions):
@@ -130,8 +128,7 @@ class OptimizedMechanism(MatrixMechanism):
                 notes["union"] = best_error
             except CandidateUnavailable as exc:
                 notes["union"] = f"not available: {exc.reason}"
-        if request.time_limit is not None:  # what the union left (a template still takes one step)
-            request = replace(request, time_limit=max(_MIN_TEMPLATE_SECONDS, limit.remaining()))
+        request = replace(request, time_limit=limit.nested_limit())  # what the union left
         if _is_marginal_workload(workload):
             # Subset space: cost independent of the domain size; for L2 noise it is the SVD bound,
             # which no other template can beat, so nothing else is tried.
@@ -189,9 +186,7 @@ def _best_union(request: PlanRequest, *, branching: int) -> tuple[UnionStrategy,
             terms,
             norm=request.norm,
             name="optimized",
-            time_limit=None
-            if request.time_limit is None
-            else max(_MIN_TEMPLATE_SECONDS, limit.remaining()),
+            time_limit=limit.nested_limit(),
             progress=request.progress,
         )
         error = unit_error(candidate, request.workload, norm=request.norm)

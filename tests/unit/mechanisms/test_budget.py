@@ -55,6 +55,15 @@ def test_limit_counts_from_its_start() -> None:
     assert 9.9 < running.elapsed() < 11.0
 
 
+def test_nested_limit_is_what_remains_and_never_zero() -> None:
+    """A stage inside a plan gets the plan's remaining time; past the deadline still one step."""
+    started = time.monotonic() - 10.0
+    assert WorkLimit().nested_limit() is None
+    assert WorkLimit(time_limit=5.0, started=started).nested_limit() == budget.MIN_TIME_LIMIT
+    nested = WorkLimit(time_limit=100.0, started=started).nested_limit()
+    assert nested is not None and 89.0 < nested <= 90.0
+
+
 def test_limit_is_frozen() -> None:
     limit = WorkLimit(time_limit=1.0)
     with pytest.raises(AttributeError):
