@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mechanisms.error import dense_support_residual
+from mechanisms.linalg import psd_pinv
 from mechanisms.operators import kron_query_variances
 from mechanisms.protocol import LeastSquaresAnswers
-from mechanisms.strategies import psd_pinv
 from mechanisms.workload import Workload, WorkloadItem
 
 MAX_DENSE_CELLS = 8192

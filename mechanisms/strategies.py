@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-import scipy.linalg
 import scipy.sparse as sp
 
 from mechanisms.intervals import kron_single_term_rows
@@ -122,10 +121,10 @@ class KronStrategy(LeastSquaresAnswers):
         return float(np.prod([f.sensitivity(norm=norm) for f in self.factors]))
 
     def gram_pinvs(self) -> list[np.ndarray]:
-        """Per-factor ``(A_iᵀA_i)⁺``: Cholesky inverse when full rank, else eigh-based. O(Σ n_i³)."""
+        """Per-factor ``(A_iᵀA_i)⁺`` (:meth:`Factor.gram_inverse`): O(Σ n_i³) for dense factors."""
         if not self._gram_pinvs:
             for factor in self.factors:
-                pinv, full_rank = psd_inverse(factor.gram())
+                pinv, full_rank = factor.gram_inverse()
                 self._gram_pinvs.append(pinv)
                 self._full_rank.append(full_rank)
         return self._gram_pinvs
@@ -179,64 +178,6 @@ class KronStrategy(LeastSquaresAnswers):
                 scale = max(1.0, float(np.abs(gram_w).max()))
                 worst = max(worst, float(np.abs(residual).max()) / scale)
         return worst
-
-
-def psd_pinv(matrix: np.ndarray) -> np.ndarray:
-    """Pseudo-inverse of a symmetric PSD matrix (see :func:`psd_inverse`). O(n³)."""
-    return psd_inverse(matrix)[0]
-
-
-def psd_inverse(matrix: np.ndarray) -> tuple[np.ndarray, bool]:
-    """(pseudo-inverse, full rank?) of a symmetric PSD matrix: Cholesky when well conditioned,
-    else the eigendecomposition's pseudo-inverse of its symmetric part (full rank then False).
-
-    The Cholesky path is taken only when the factor's diagonal shows the matrix is far from
-    singular (a Cholesky of a singular Gram can succeed in floating point and return garbage); it
-    reads the upper triangle.  O(n³): LAPACK ``potrf`` + ``potri`` (n³ flops in all, a third of a
-    solve against I), else an eigendecomposition; a positive diagonal matrix in O(n²).
-    """
-    square = np.asarray(matrix, dtype=np.float64)
-    diagonal = np.diag(square)
-    if np.all(diagonal > 0) and np.count_nonzero(square) == square.shape[0]:
-        return np.diag(1.0 / diagonal), True  # diagonal (the identity strategy's Gram): O(n²)
-    # the transpose of a C-ordered matrix is Fortran-ordered: LAPACK takes it without a transpose
-    factor, info = scipy.linalg.lapack.dpotrf(square.T, lower=True, clean=True)
-    if info == 0:
-        diagonal = np.abs(np.diag(factor))
-        if diagonal.min() ** 2 >= 1e-10 * diagonal.max() ** 2:
-            lower, info = scipy.linalg.lapack.dpotri(factor, lower=True)
-            if info == 0:
-                return _symmetric_from_lower(lower), True
-    return _eigh_pinv((square + square.T) / 2), False
-
-
-def _eigh_pinv(symmetric: np.ndarray) -> np.ndarray:
-    """Pseudo-inverse from an eigendecomposition, eigenvalues below ``n·eps·max|λ|`` dropped (the
-    cut-off of ``scipy.linalg.pinvh``, without its input checks: half its time at n = 85, where
-    the union's weight search inverts thousands of singular blocks). O(n³)."""
-    values, vectors = np.linalg.eigh(symmetric)
-    if values.size == 0:
-        return np.zeros_like(symmetric)
-    cutoff = float(np.abs(values).max()) * symmetric.shape[0] * np.finfo(np.float64).eps
-    keep = np.abs(values) > cutoff
-    kept = vectors[:, keep]
-    return (kept / values[keep]) @ kept.T
-
-
-def _symmetric_from_lower(lower: np.ndarray, *, block: int = 128) -> np.ndarray:
-    """Copy the lower triangle onto the upper one, in place, tile by tile. O(n²).
-
-    A whole-matrix transpose at n = 4096 takes ~0.5-1 s of cache misses; 128-row tiles ~0.03 s.
-    """
-    n = lower.shape[0]
-    for start in range(block, n, block):
-        stop = min(n, start + block)
-        lower[:start, start:stop] = lower[start:stop, :start].T
-    for start in range(0, n, block):
-        stop = min(n, start + block)
-        tile = lower[start:stop, start:stop]
-        tile[...] = np.tril(tile) + np.tril(tile, -1).T
-    return lower
 
 
 FAMILIES = ("identity", "hierarchical", "wavelet")

@@ -40,6 +40,7 @@ from mechanisms.budget import (
     interruptible,
     report,
 )
+from mechanisms.linalg import psd_pinv
 from mechanisms.operators import (
     Factor,
     Identity,
@@ -52,7 +53,6 @@ from mechanisms.protocol import CandidateUnavailable, LeastSquaresAnswers
 from mechanisms.strategies import (
     hierarchical_strategy,
     identity_strategy,
-    psd_pinv,
     total_strategy,
     wavelet_strategy,
 )

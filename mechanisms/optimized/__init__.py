@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import threadpoolctl
 
 from mechanisms.budget import WorkLimit
@@ -32,9 +33,11 @@ from mechanisms.marginal_strategies import (
     marginal_weights_l2,
     subset_strategy,
 )
-from mechanisms.operators import Identity, MatrixFactor, Total
+from mechanisms.noise import NoiseKind
+from mechanisms.operators import Factor, Identity, MatrixFactor, Total
 from mechanisms.optimized.search import OptimizedStrategy, optimize_workload
 from mechanisms.optimized.search import predict_seconds as predict_template_seconds
+from mechanisms.optimized.templates import PIdentityFactor
 from mechanisms.optimized_marginals import MAX_MARGINAL_ATTRIBUTES
 from mechanisms.protocol import (
     CandidateUnavailable,
@@ -104,11 +107,7 @@ class OptimizedMechanism(MatrixMechanism):
         with threadpoolctl.threadpool_limits(limits=1):
             best, notes = self._search(request, branching=branching)
         parameters = {**best.parameters, "unit_errors": notes}
-        arrays = (
-            {f"factor_{i}": f.dense() for i, f in enumerate(best.factors)}
-            if isinstance(best, KronStrategy)
-            else {}
-        )
+        arrays = _factor_arrays(best) if isinstance(best, KronStrategy) else {}
         cache.save(key, StoredStrategy(parameters=parameters, arrays=arrays))
         return _with_parameters(best, parameters)
 
@@ -235,7 +234,7 @@ def _from_template(optimized: OptimizedStrategy, workload: Workload, *, seed: in
         )
     return KronStrategy(
         name="optimized",
-        factors=tuple(MatrixFactor(f) for f in optimized.factors),
+        factors=optimized.factor_operators(),
         parameters={
             "template": "kron",
             "factor_templates": list(optimized.factor_templates),
@@ -270,8 +269,54 @@ def _restore(request: PlanRequest, stored: StoredStrategy, *, branching: int) ->
         return marginal_union(
             np.asarray(parameters["marginal_weights"]), workload.domain_shape, parameters
         )
-    factors = tuple(MatrixFactor(stored.arrays[f"factor_{i}"]) for i in range(len(stored.arrays)))
-    return KronStrategy(name="optimized", factors=factors, parameters=parameters)
+    return KronStrategy(
+        name="optimized",
+        factors=_restore_factors(stored, workload.domain_shape, noise=request.noise),
+        parameters=parameters,
+    )
+
+
+def _factor_arrays(strategy: KronStrategy) -> dict[str, np.ndarray]:
+    """What the store keeps of a Kronecker template: Θ of p-Identity factors (O(p n), not the
+    140 MB dense factor at n = 4096), nothing for identity factors, other factors dense."""
+    arrays: dict[str, np.ndarray] = {}
+    for i, factor in enumerate(strategy.factors):
+        if isinstance(factor, PIdentityFactor):
+            arrays[f"theta_{i}"] = factor.theta
+        elif not _is_identity(factor):
+            arrays[f"factor_{i}"] = factor.dense()
+    return arrays
+
+
+def _is_identity(factor: Factor) -> bool:
+    """A sparse ``I_n`` (what the identity template is kept as). O(n)."""
+    if not (isinstance(factor, MatrixFactor) and sp.issparse(factor.matrix)):
+        return False
+    matrix = factor.matrix
+    n = factor.n
+    return (
+        factor.m == n
+        and matrix.nnz == n
+        and np.array_equal(matrix.indptr, np.arange(n + 1))
+        and np.array_equal(matrix.indices, np.arange(n))
+        and bool(np.all(matrix.data == 1.0))
+    )
+
+
+def _restore_factors(
+    stored: StoredStrategy, domain_shape: tuple[int, ...], *, noise: NoiseKind
+) -> tuple[Factor, ...]:
+    """The inverse of :func:`_factor_arrays` (entries stored before Θ was kept have dense
+    ``factor_i`` arrays for every attribute)."""
+    factors: list[Factor] = []
+    for i, n in enumerate(domain_shape):
+        if f"theta_{i}" in stored.arrays:
+            factors.append(PIdentityFactor(stored.arrays[f"theta_{i}"], noise=noise))
+        elif f"factor_{i}" in stored.arrays:
+            factors.append(MatrixFactor(stored.arrays[f"factor_{i}"]))
+        else:
+            factors.append(identity_strategy(n))
+    return tuple(factors)
 
 
 def _with_parameters(strategy: Optimized, parameters: dict[str, Any]) -> Optimized:

@@ -43,12 +43,15 @@ from types import MappingProxyType
 from typing import Literal
 
 import numpy as np
+import scipy.sparse as sp
 
 from mechanisms.budget import DGEMM_FLOPS_PER_SECOND, Progress, WorkLimit, report, scaled
+from mechanisms.operators import Factor, MatrixFactor
 from mechanisms.optimized.templates import (
     FACTOR_TEMPLATES,
     FactorSolution,
     NoiseKind,
+    PIdentityFactor,
     column_sensitivity,
     identity_factor,
     optimize_factor,
@@ -106,6 +109,8 @@ class OptimizedStrategy:
     """Per-attribute dense strategy matrices (``rows_i × n_i``); empty for ``"marginals"``."""
     factor_templates: tuple[str, ...] = ()
     """Per attribute: ``"identity"``, ``"pidentity"`` or ``"fullrank"``."""
+    thetas: tuple[np.ndarray | None, ...] = ()
+    """Per attribute: Θ of a p-Identity factor, else None (empty: none recorded)."""
     weights: np.ndarray | None = None
     """``"marginals"`` only: 2^d nonnegative weights indexed by kept-attribute bitmask."""
     lower_bound: float | None = None
@@ -135,6 +140,10 @@ class OptimizedStrategy:
                 if np.ndim(factor) != 2 or np.shape(factor)[1] != n:
                     raise ValueError(f"factor shape {np.shape(factor)} must be (rows, {n})")
             object.__setattr__(self, "factors", tuple(_read_only(f) for f in self.factors))
+            if self.thetas and len(self.thetas) != d:
+                raise ValueError(f"thetas ({len(self.thetas)}) must be empty or number d = {d}")
+            thetas = tuple(None if t is None else _read_only(t) for t in self.thetas)
+            object.__setattr__(self, "thetas", thetas)
         object.__setattr__(self, "details", MappingProxyType(dict(self.details)))
 
     def factor_grams(self) -> tuple[np.ndarray, ...]:
@@ -142,6 +151,23 @@ class OptimizedStrategy:
         if self.kind == "marginals":
             raise ValueError("a marginals strategy has no per-attribute factors")
         return tuple(f.T @ f for f in self.factors)
+
+    def factor_operators(self) -> tuple[Factor, ...]:
+        """Per attribute the factor as an operator: p-Identity factors kept as Θ
+        (:class:`PIdentityFactor`, O(p n)), identity factors sparse, others dense."""
+        if self.kind == "marginals":
+            raise ValueError("a marginals strategy has no per-attribute factors")
+        thetas = self.thetas or (None,) * len(self.factors)
+        templates = self.factor_templates or ("",) * len(self.factors)
+        operators: list[Factor] = []
+        for factor, theta, template in zip(self.factors, thetas, templates, strict=True):
+            if theta is not None:
+                operators.append(PIdentityFactor(theta, noise=self.objective_noise))
+            elif template == "identity":  # I_n: n non-zeros
+                operators.append(MatrixFactor(sp.csr_array(factor)))
+            else:
+                operators.append(MatrixFactor(factor))
+        return tuple(operators)
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,6 +247,7 @@ def optimize_pidentity(
         seconds=time.perf_counter() - start,
         factors=(strategy,),
         factor_templates=("pidentity",),
+        thetas=(theta,),
         iterations=iterations,
         stopped_early=stopped,
     )
@@ -405,6 +432,7 @@ def _optimize_kron_checked(
         seconds=time.perf_counter() - start,
         factors=factors,
         factor_templates=templates,
+        thetas=tuple(s.theta for s in solutions),
         lower_bound=lower_bound,
         iterations=iterations,
         stopped_early=stopped,

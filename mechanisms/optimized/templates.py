@@ -52,6 +52,7 @@ from mechanisms.budget import (
 )
 from mechanisms.lower_bound import validate_gram
 from mechanisms.noise import NoiseKind, validate_noise
+from mechanisms.operators import Factor, check_norm
 from mechanisms.optimized import projected_lbfgs
 
 # X ← (1 − ε) X + ε I keeps diag(X) = 1 and costs at most a factor 1/(1 − ε) in error, but makes
@@ -76,6 +77,8 @@ class FactorSolution:
     """A certified lower bound on the unit error of *any* strategy (full-rank dual), if known."""
     stopped_early: bool = False
     """True when a time limit stopped the optimisation (the strategy is the best found so far)."""
+    theta: np.ndarray | None = None
+    """Θ of a p-Identity strategy (:class:`PIdentityFactor`), None for the other templates."""
 
 
 def unit_error(gram: np.ndarray, strategy_gram: np.ndarray) -> float:
@@ -197,20 +200,78 @@ def pidentity_column_scales(theta: np.ndarray, *, noise: NoiseKind) -> np.ndarra
 
 
 def pidentity_strategy(theta: np.ndarray, *, noise: NoiseKind) -> np.ndarray:
-    """The p-Identity strategy ``[I; Θ] diag(1/s)`` (sensitivity 1). O(p n).
+    """The p-Identity strategy ``[I; Θ] diag(1/s)`` (sensitivity 1) as a dense matrix. O(n² + p n).
 
     Rows of Θ that are entirely zero measure nothing and are left out, so the result has
     ``n + (number of non-zero rows of Θ)`` rows.
     """
-    validate_noise(noise)
-    theta = np.asarray(theta, dtype=np.float64)
-    if theta.ndim != 2:
-        raise ValueError(f"theta (shape {theta.shape}) must be a p × n matrix")
-    if noise == "laplace" and np.any(theta < 0):
-        raise ValueError("theta must be >= 0 for the Laplace p-Identity template")
-    scales = pidentity_column_scales(theta, noise=noise)
-    used = theta[np.any(theta != 0.0, axis=1)]
-    return np.vstack([np.eye(theta.shape[1]), used]) / scales
+    return PIdentityFactor(theta, noise=noise).dense()
+
+
+class PIdentityFactor(Factor):
+    """The p-Identity strategy ``A = [I; Θ] S⁻¹`` (``S = diag(s)``, unit column norms), kept as Θ.
+
+    O(p n) memory and products instead of the (n + p) × n matrix (140 MB at n = 4096), and the
+    Gram inverse by Woodbury, ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹``: O(p n²)
+    instead of the dense Gram's O(n³) Cholesky inverse.  ``AᵀA = S⁻¹(I + ΘᵀΘ)S⁻¹ ⪰ S⁻²`` is always
+    positive definite.  Public: Θ comes from the workload alone.
+    """
+
+    def __init__(self, theta: np.ndarray, *, noise: NoiseKind) -> None:
+        validate_noise(noise)
+        theta = np.asarray(theta, dtype=np.float64)
+        if theta.ndim != 2:
+            raise ValueError(f"theta (shape {theta.shape}) must be a p × n matrix")
+        if noise == "laplace" and np.any(theta < 0):
+            raise ValueError("theta must be >= 0 for the Laplace p-Identity template")
+        self.noise: NoiseKind = noise
+        self.scales = pidentity_column_scales(theta, noise=noise)  # O(p n)
+        self.theta = np.ascontiguousarray(theta[np.any(theta != 0.0, axis=1)])  # used rows
+        super().__init__(shape=(theta.shape[1] + self.theta.shape[0], theta.shape[1]))
+
+    def dense(self) -> np.ndarray:
+        return np.vstack([np.eye(self.n), self.theta]) / self.scales
+
+    def gram(self) -> np.ndarray:
+        """``S⁻¹(I + ΘᵀΘ)S⁻¹``. O(p n²)."""
+        gram = self.theta.T @ self.theta
+        gram[np.diag_indices(self.n)] += 1.0
+        gram /= self.scales
+        gram /= self.scales[:, None]
+        return gram
+
+    def gram_inverse(self) -> tuple[np.ndarray, bool]:
+        """``(S (I − Zᵀ Z) S, True)`` with ``Z = L⁻¹Θ``, ``LLᵀ = I_p + ΘΘᵀ`` (Woodbury). O(p n²)."""
+        small = self.theta @ self.theta.T  # O(p² n)
+        small[np.diag_indices(small.shape[0])] += 1.0  # eigenvalues >= 1: Cholesky is stable
+        lower = scipy.linalg.cholesky(small, lower=True, check_finite=False)
+        z = scipy.linalg.solve_triangular(lower, self.theta, lower=True, check_finite=False)
+        inverse = -(z.T @ z)  # O(p n²)
+        inverse[np.diag_indices(self.n)] += 1.0
+        inverse *= self.scales
+        inverse *= self.scales[:, None]
+        return inverse, True
+
+    def column_norms(self, *, norm: int) -> np.ndarray:
+        check_norm(norm)
+        if norm == 1:
+            return (1.0 + np.abs(self.theta).sum(axis=0)) / self.scales
+        return np.sqrt(1.0 + (self.theta * self.theta).sum(axis=0)) / self.scales
+
+    def max_abs(self) -> float:
+        return float(max((1.0 / self.scales).max(), (np.abs(self.theta) / self.scales).max()))
+
+    def row_norms_squared(self) -> np.ndarray:
+        scaled = self.theta / self.scales
+        return np.concatenate([self.scales**-2.0, np.einsum("ij,ij->i", scaled, scaled)])
+
+    def _matmat(self, x: np.ndarray) -> np.ndarray:  # O(p n k)
+        scaled = np.asarray(x, dtype=np.float64) / self.scales[:, None]
+        return np.vstack([scaled, self.theta @ scaled])
+
+    def _rmatmat(self, y: np.ndarray) -> np.ndarray:  # O(p n k)
+        y = np.asarray(y, dtype=np.float64)
+        return (y[: self.n] + self.theta.T @ y[self.n :]) / self.scales[:, None]
 
 
 class PIdentityObjective:
@@ -721,6 +782,7 @@ def optimize_factor(
                 strategy=warm_start.strategy,
                 unit_error=previous,
                 template=warm_start.template,
+                theta=warm_start.theta,
                 noise=noise,
                 restarts=0,
                 iterations=0,
@@ -765,6 +827,7 @@ def optimize_factor(
             strategy=pidentity_strategy(theta, noise=noise),
             unit_error=error,
             template="pidentity",
+            theta=theta,
             noise=noise,
             restarts=restarts,
             iterations=iterations,

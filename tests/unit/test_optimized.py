@@ -9,6 +9,7 @@ the large cases (n up to 4096) live in benchmarks/strategy_bench.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -29,6 +30,7 @@ from mechanisms.optimized.search import (
     validate_terms,
 )
 from mechanisms.optimized.templates import (
+    PIdentityFactor,
     column_sensitivity,
     gaussian_dual,
     gram_right_multiply,
@@ -511,6 +513,54 @@ def test_identity_wins_ties_and_unused_rows_are_dropped() -> None:
     np.testing.assert_allclose(strategy[4], [0.0, 0.5, 2.0 / 3.0, 0.0])
 
 
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_pidentity_factor_equals_its_dense_matrix(noise: str) -> None:
+    """Θ-only p-Identity factor: every product, norm and the Woodbury Gram inverse against the
+    dense ``[I; Θ] diag(1/s)``; all-zero rows of Θ are left out."""
+    rng = np.random.default_rng(5)
+    theta = rng.random((4, 9)) if noise == "laplace" else rng.standard_normal((4, 9))
+    theta[2] = 0.0
+    factor = PIdentityFactor(theta, noise=noise)
+    dense = factor.dense()
+    used = np.delete(theta, 2, axis=0)
+    scales = 1 + used.sum(axis=0) if noise == "laplace" else np.sqrt(1 + (used**2).sum(axis=0))
+    np.testing.assert_allclose(dense, np.vstack([np.eye(9), used]) / scales, rtol=1e-14)
+    assert factor.shape == (12, 9)
+    np.testing.assert_allclose(factor.gram(), dense.T @ dense, rtol=1e-12)
+    inverse, full_rank = factor.gram_inverse()
+    assert full_rank
+    np.testing.assert_allclose(inverse, np.linalg.inv(dense.T @ dense), rtol=1e-9, atol=1e-12)
+    x, y = rng.standard_normal((9, 3)), rng.standard_normal((12, 2))
+    np.testing.assert_allclose(factor.matmat(x), dense @ x, rtol=1e-12)
+    np.testing.assert_allclose(factor.rmatmat(y), dense.T @ y, rtol=1e-12)
+    np.testing.assert_allclose(factor.matvec(x[:, 0]), dense @ x[:, 0], rtol=1e-12)
+    for norm in (1, 2):
+        expected = (np.abs(dense) ** norm).sum(axis=0) ** (1 / norm)
+        np.testing.assert_allclose(factor.column_norms(norm=norm), expected, rtol=1e-12)
+    assert factor.sensitivity(norm=1 if noise == "laplace" else 2) == pytest.approx(1.0)
+    assert factor.max_abs() == pytest.approx(np.abs(dense).max())
+    np.testing.assert_allclose(factor.row_norms_squared(), (dense**2).sum(axis=1), rtol=1e-12)
+    with pytest.raises(ValueError, match="theta must be >= 0"):
+        PIdentityFactor(-theta - 1.0, noise="laplace")
+    with pytest.raises(ValueError, match=r"theta \(shape \(9,\)\) must be a p × n matrix"):
+        PIdentityFactor(theta[0], noise=noise)
+    with pytest.raises(ValueError, match="norm"):
+        factor.column_norms(norm=3)
+
+
+def test_kron_template_keeps_pidentity_factors_as_theta() -> None:
+    """A Kronecker template's operators equal its dense factors; p-Identity ones are Θ-only and
+    identity ones sparse."""
+    terms = [(all_range_gram(64), np.eye(3))]
+    result = optimize_kron(terms, noise="laplace", rng=np.random.default_rng(3))
+    assert result.factor_templates == ("pidentity", "identity")
+    operators = result.factor_operators()
+    assert isinstance(operators[0], PIdentityFactor)
+    assert result.thetas[0] is not None and result.thetas[1] is None
+    for operator, dense in zip(operators, result.factors, strict=True):
+        np.testing.assert_allclose(operator.dense(), dense, rtol=1e-12, atol=1e-15)
+
+
 def test_kron_single_term_gaussian_is_certified_optimal() -> None:
     terms = [(all_range_gram(16), prefix_gram(8))]
     result = optimize_kron(terms, noise="gaussian", rng=np.random.default_rng(0))
@@ -621,6 +671,8 @@ def test_strategy_arrays_are_read_only() -> None:
     )
     with pytest.raises(ValueError, match="read-only"):
         result.factors[0][0, 0] = 1.0
+    with pytest.raises(ValueError, match="read-only"):
+        result.thetas[0][0, 0] = 1.0  # type: ignore[index]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -639,6 +691,10 @@ VALIDATOR_CASES = [
     (lambda: validate_terms([]), "terms must be a non-empty sequence"),
     (lambda: validate_terms([()]), "terms[0] must be a non-empty tuple"),
     (lambda: validate_terms([(GOOD,), (np.eye(3),)]), "terms[1] has attribute sizes (3,)"),
+    (
+        lambda: dataclasses.replace(dense_strategy((np.eye(2),)), thetas=(None, None)),
+        "thetas (2) must be empty or number d = 1",
+    ),
     (
         lambda: optimize_pidentity(GOOD, p=1, noise="poisson", rng=RNG),
         "noise ('poisson') must be one of",

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from catalog import planning
 from catalog.spec import parse_spec
 from catalog.strategy_store import StrategyStore
 from mechanisms import optimized as optimized_mechanism
+from mechanisms.operators import MatrixFactor
 from mechanisms.protocol import StoredStrategy, cache_key
 
 
@@ -152,3 +154,36 @@ def test_planned_optimized_strategy_is_rebuilt_exactly(
         # same strategy: the planned total variance is the rebuilt unit error × one noise variance
         assert variance == pytest.approx(plan.candidate("optimized").noise_scale ** 2, rel=1e-9)
     assert len(templates) == 2  # two different winning templates were rebuilt
+
+
+def test_kron_template_is_stored_as_theta_and_restored_exactly(rng: np.random.Generator) -> None:
+    """A Kronecker template keeps Θ for p-Identity factors, nothing for identity ones and dense
+    matrices otherwise; restoring gives the same factors, and entries written before Θ was kept
+    (dense ``factor_i`` for every attribute) still restore."""
+    from mechanisms.optimized.templates import PIdentityFactor
+    from mechanisms.strategies import KronStrategy, identity_strategy
+
+    pidentity = PIdentityFactor(rng.random((2, 6)), noise="laplace")
+    other = MatrixFactor(rng.random((5, 4)))
+    doubled = MatrixFactor(sp.csr_array(2.0 * np.eye(2)))  # sparse and diagonal, not I
+    strategy = KronStrategy(
+        name="optimized", factors=(pidentity, identity_strategy(3), other, doubled)
+    )
+    arrays = optimized_mechanism._factor_arrays(strategy)
+    assert sorted(arrays) == ["factor_2", "factor_3", "theta_0"]
+    assert arrays["theta_0"].shape == (2, 6)
+    for stored in (
+        StoredStrategy(parameters={}, arrays=arrays),
+        StoredStrategy(
+            parameters={}, arrays={f"factor_{i}": f.dense() for i, f in enumerate(strategy.factors)}
+        ),
+    ):
+        restored = optimized_mechanism._restore_factors(stored, (6, 3, 4, 2), noise="laplace")
+        for before, after in zip(strategy.factors, restored, strict=True):
+            np.testing.assert_allclose(after.dense(), before.dense(), rtol=1e-14)
+    assert isinstance(
+        optimized_mechanism._restore_factors(
+            StoredStrategy(parameters={}, arrays=arrays), (6, 3, 4, 2), noise="laplace"
+        )[0],
+        PIdentityFactor,
+    )

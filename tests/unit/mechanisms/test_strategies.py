@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from mechanisms.error import item_unit_total, item_unit_variances
+from mechanisms.linalg import psd_inverse
 from mechanisms.operators import AllRanges, MatrixFactor, Ranges, Total, kron_apply, kron_dense
+from mechanisms.optimized.templates import PIdentityFactor
 from mechanisms.strategies import (
     KronStrategy,
     build_kron_strategy,
     hierarchical_strategy,
     identity_strategy,
-    psd_inverse,
     wavelet_strategy,
 )
 from mechanisms.workload import Workload, WorkloadItem
@@ -141,6 +142,25 @@ def test_kronecker_strategy_shortcuts_match_dense(rng: np.random.Generator) -> N
     np.testing.assert_allclose(strategy.apply(x), dense @ x, atol=1e-10)
     y = rng.normal(size=dense.shape[0])
     np.testing.assert_allclose(strategy.least_squares(y), np.linalg.pinv(dense) @ y, atol=1e-8)
+
+
+def test_kronecker_strategy_with_a_pidentity_factor_matches_dense(rng: np.random.Generator) -> None:
+    """The Θ-only p-Identity factor (Woodbury Gram inverse) inside a product strategy."""
+    strategy = KronStrategy(
+        name="optimized",
+        factors=(PIdentityFactor(rng.random((2, 6)), noise="laplace"), identity_strategy(3)),
+    )
+    dense = kron_dense(strategy.factors)
+    assert strategy.sensitivity(norm=1) == pytest.approx(np.abs(dense).sum(0).max())
+    x, y = rng.normal(size=dense.shape[1]), rng.normal(size=dense.shape[0])
+    np.testing.assert_allclose(strategy.apply(x), dense @ x, atol=1e-10)
+    np.testing.assert_allclose(strategy.least_squares(y), np.linalg.pinv(dense) @ y, atol=1e-8)
+    item = WorkloadItem(name="w", factors=(AllRanges(6), Total(3)))
+    workload = Workload(items=(item,), domain_shape=(6, 3))
+    gram_w = kron_dense(item.factors).T @ kron_dense(item.factors)
+    expected = np.trace(gram_w @ np.linalg.inv(dense.T @ dense))
+    assert strategy.item_unit_total(item, workload) == pytest.approx(expected, rel=1e-9)
+    assert strategy.support_residual(workload) == 0.0
 
 
 def test_least_squares_recovers_cells_without_noise(rng: np.random.Generator) -> None:
