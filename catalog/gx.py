@@ -57,7 +57,7 @@ def prewarm() -> None:
     never touches the filters.  An import that fails on the thread is left for ``run_suites`` to
     repeat and report on the caller's thread.  Idempotent: one thread per process."""
     global _prewarm_started
-    if _prewarm_started or validation_service.configured_socket() is not None:
+    if _prewarm_started or validation_service.expected():
         return  # the service validates: importing here would only compete for the CPU
     _prewarm_started = True
     with warnings.catch_warnings():
@@ -94,8 +94,9 @@ Jobs = validation_service.Jobs
 
 def run_suites(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[str, Any]]:
     """:func:`run_suites_here`, in the shared validation service when this command has one
-    (``catalog.validation_service``: GX already imported there), else in this process."""
-    service = validation_service.configured_socket()
+    (``catalog.validation_service``: GX already imported there, or being imported: then it waits
+    for it, bounded), else in this process."""
+    service = validation_service.wait_for_socket()
     if service is not None:
         try:
             return validation_service.validate_remotely(service, jobs, docs_dir=docs_dir)

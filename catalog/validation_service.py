@@ -3,8 +3,10 @@
 Importing GX costs ~4 s per command (of a warm 1,360-cell ``run``'s ~9 s).  The shared server's
 supervisor (``flows.server``) therefore also starts ``python -m catalog.validation_service`` in its
 process group: it imports GX once, then listens on ``$DPRELEASE_HOME/validation.sock`` (mode 0600,
-created only once GX is loaded, so a command never waits on the import) and runs
-:func:`catalog.gx.run_suites` for each request.  It stops with the supervisor (same process group,
+created once GX is loaded) and runs :func:`catalog.gx.run_suites` for each request.  While it
+imports, ``<socket>.starting`` holds its pid: a command that reaches validation then waits for it
+(at most :data:`STARTUP_WAIT_SECONDS`) instead of importing GX itself; on a fresh home the two
+imports competed for the 2 cores (fresh ``demo`` median 11.1 s, 9.3 s waiting).  It stops with the supervisor (same process group,
 and it exits when its parent changes) or on SIGTERM.
 
 Privacy: exactly what ``run_suites`` may see crosses the socket, released (noisy) tables and public
@@ -41,6 +43,9 @@ SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"
 CONNECT_SECONDS = 2.0
 REQUEST_SECONDS = 600.0  # an answer later than this means a hung service: validate here instead
 ACCEPT_POLL_SECONDS = 1.0
+STARTUP_WAIT_SECONDS = 30.0
+"""How long a command waits for a service that is still importing GX (niced, on a busy 2-core
+machine up to ~10 s) before it validates in its own process."""
 NICENESS = 10
 
 
@@ -56,11 +61,53 @@ Jobs = list[tuple[str, pd.DataFrame, list[tuple[str, dict[str, Any]]]]]
 
 def configured_socket() -> Path | None:
     """The service socket this command may use (``DPRELEASE_VALIDATION_SOCKET``), if it exists."""
-    value = os.environ.get(SOCKET_ENV)
-    if not value:
+    path = _configured_path()
+    return path if path is not None and path.is_socket() else None
+
+
+def expected() -> bool:
+    """True when this command's service listens or is still importing GX (a live start marker):
+    importing GX here as well would only compete with it for the CPU."""
+    path = _configured_path()
+    return path is not None and (path.is_socket() or _starting(path))
+
+
+def wait_for_socket(*, timeout: float = STARTUP_WAIT_SECONDS) -> Path | None:
+    """:func:`configured_socket`, after waiting (at most ``timeout`` s) while the service is still
+    importing GX; None when there is no service, it died, or it is not listening in time."""
+    path = _configured_path()
+    if path is None:
         return None
-    path = Path(value)
-    return path if path.is_socket() else None
+    deadline = time.monotonic() + timeout
+    while not path.is_socket():
+        if not _starting(path) or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+    return path
+
+
+def _configured_path() -> Path | None:
+    value = os.environ.get(SOCKET_ENV)
+    return Path(value) if value else None
+
+
+def _start_marker(path: Path) -> Path:
+    return path.with_name(path.name + ".starting")
+
+
+def _starting(path: Path) -> bool:
+    """The service of ``path`` is alive and importing GX: its start marker names a live process
+    that is this socket's validation service (a marker left by a killed one is ignored)."""
+    try:
+        pid = int(_start_marker(path).read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: a live pid is all that can be checked
+    return b"catalog.validation_service" in command and os.fsencode(str(path)) in command
 
 
 def validate_remotely(
@@ -127,7 +174,13 @@ def serve(path: Path, *, parent_pid: int) -> int:
         # below the commands and the Prefect server: on a fresh home the import runs while they
         # start, and it must not delay them (a request waits for this process anyway)
         os.nice(NICENESS)
-    gx.load()  # the ~4 s this process exists for, before the socket appears
+    marker = _start_marker(path)
+    marker.write_text(f"{os.getpid()}\n")  # commands wait for this import instead of repeating it
+    try:
+        gx.load()  # the ~4 s this process exists for, before the socket appears
+    except BaseException:
+        marker.unlink(missing_ok=True)
+        raise
     stopping = False
 
     def request_stop(_signum: int, _frame: Any) -> None:
@@ -145,6 +198,7 @@ def serve(path: Path, *, parent_pid: int) -> int:
     finally:
         os.umask(previous)
     listener.listen(8)
+    marker.unlink(missing_ok=True)  # after listen: a waiting command sees the socket first
     listener.settimeout(ACCEPT_POLL_SECONDS)
     _log(f"Great Expectations loaded; listening on {path}")
     try:
@@ -162,6 +216,7 @@ def serve(path: Path, *, parent_pid: int) -> int:
         listener.close()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        marker.unlink(missing_ok=True)
     return 0
 
 

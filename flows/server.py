@@ -17,8 +17,9 @@ the server once nothing touched it for ``DPRELEASE_SERVER_IDLE_SECONDS`` (defaul
   file whose process is gone is removed.
 * The supervisor also runs ``python -m catalog.validation_service`` in its process group: Great
   Expectations imported once (~4 s) for every command of the home, on ``validation.sock``
-  (:func:`validation_socket`); ``connect`` points the command at it, and a command whose service is
-  missing validates in its own process.
+  (:func:`validation_socket`); ``connect`` points the command at it, a command whose service is
+  still importing GX waits for it (bounded) and one whose service is missing validates in its own
+  process.
 * A fresh state home would spend ~20-30 s on Prefect's database migrations; a migrated, empty
   Prefect database is kept once per Prefect version in the user cache (``DPRELEASE_CACHE_DIR``,
   default ``$XDG_CACHE_HOME/dprelease``) and copied into new homes.

@@ -185,3 +185,41 @@ def test_a_garbled_answer_is_a_service_failure(tmp_path: Path) -> None:
         with pytest.raises(validation_service.ServiceUnavailable, match="not JSON"):
             validation_service.validate_remotely(path, _jobs(), docs_dir=None)
         thread.join(timeout=10)
+
+
+def test_a_command_waits_for_a_service_that_is_still_importing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While GX imports, the start marker names the service: commands neither import GX
+    themselves (prewarm) nor give up (they wait, bounded); after listen the marker is gone."""
+    path = tmp_path / "w.sock"
+    marker = Path(f"{path}.starting")
+    monkeypatch.setenv(validation_service.SOCKET_ENV, str(path))
+    monkeypatch.setattr(gx, "_prewarm_started", False)
+    with _service_process(path) as process:
+        deadline = time.monotonic() + READY_SECONDS
+        while not marker.exists() and not path.is_socket():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        assert validation_service.expected()
+        gx.prewarm()
+        assert not gx._prewarm_started  # no second GX import beside the service's
+        assert gx.run_suites(_jobs()) == gx.run_suites_here(_jobs())
+        assert "validated 1 suite(s)" in Path(f"{path}.log").read_text()  # it went there
+        assert not marker.exists()
+
+
+def test_a_stale_start_marker_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A marker left by a killed service, or naming a process that is not this socket's service,
+    neither delays a command nor stops it from validating itself."""
+    path = tmp_path / "k.sock"
+    monkeypatch.setenv(validation_service.SOCKET_ENV, str(path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for pid in (dead.pid, os.getpid(), "not a pid"):
+        Path(f"{path}.starting").write_text(f"{pid}\n")
+        assert not validation_service.expected()
+        started = time.monotonic()
+        assert validation_service.wait_for_socket(timeout=60) is None
+        assert time.monotonic() - started < 5  # no waiting for a service that is not there
+    assert gx.run_suites(_jobs()) == gx.run_suites_here(_jobs())
