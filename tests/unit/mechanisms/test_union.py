@@ -187,3 +187,26 @@ def test_weight_objective_gradient_matches_finite_differences(norm: int) -> None
         shift[t] = step
         numeric = (problem(np.exp(point + shift)) - problem(np.exp(point - shift))) / (2 * step)
         assert gradient[t] == pytest.approx(numeric, rel=1e-4, abs=1e-6 * abs(value))
+
+
+@pytest.mark.parametrize("norm", [1, 2])
+def test_weight_objective_on_range_bases_equals_the_unit_error(norm: int) -> None:
+    """The weight problem inverts each block on a basis of its (weight-independent) range; its
+    value equals the union's unit error computed from the full singular blocks, at any weights."""
+    from mechanisms.union import _WeightProblem
+
+    terms = per_item_terms(WORKLOAD, ordered=(True, False, False), family="hierarchical")
+    problem = _WeightProblem(WORKLOAD, terms, norm=norm)
+    full = SHAPE[0]
+    assert any(block.shape[0] < full for block in problem.workload_blocks)  # some were singular
+    rng = np.random.default_rng(11)
+    for weights in (np.ones(len(terms)), np.exp(rng.uniform(-3.0, 3.0, len(terms)))):
+        strategy = UnionStrategy(
+            name="w",
+            domain_shape=SHAPE,
+            terms=tuple(
+                UnionTerm(weight=float(w), factors=f) for w, f in zip(weights, terms, strict=True)
+            ),
+        )
+        expected = unit_error(strategy, WORKLOAD, norm=norm)
+        assert problem(weights) == pytest.approx(expected, rel=1e-9)
