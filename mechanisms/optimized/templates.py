@@ -242,6 +242,8 @@ class PIdentityFactor(Factor):
 
     def gram_inverse(self) -> tuple[np.ndarray, bool]:
         """``(S (I − Zᵀ Z) S, True)`` with ``Z = L⁻¹Θ``, ``LLᵀ = I_p + ΘΘᵀ`` (Woodbury). O(p n²)."""
+        if self.theta.shape[0] == 0:  # Θ = 0: the identity
+            return np.diag(self.scales**2), True
         small = self.theta @ self.theta.T  # O(p² n)
         small[np.diag_indices(small.shape[0])] += 1.0  # eigenvalues >= 1: Cholesky is stable
         lower = scipy.linalg.cholesky(small, lower=True, check_finite=False)

@@ -540,6 +540,9 @@ def test_pidentity_factor_equals_its_dense_matrix(noise: str) -> None:
     assert factor.sensitivity(norm=1 if noise == "laplace" else 2) == pytest.approx(1.0)
     assert factor.max_abs() == pytest.approx(np.abs(dense).max())
     np.testing.assert_allclose(factor.row_norms_squared(), (dense**2).sum(axis=1), rtol=1e-12)
+    zero = PIdentityFactor(np.zeros((2, 9)), noise=noise)  # Θ = 0 is the identity
+    assert zero.shape == (9, 9)
+    np.testing.assert_array_equal(zero.gram_inverse()[0], np.eye(9))
     with pytest.raises(ValueError, match="theta must be >= 0"):
         PIdentityFactor(-theta - 1.0, noise="laplace")
     with pytest.raises(ValueError, match=r"theta \(shape \(9,\)\) must be a p × n matrix"):
