@@ -308,14 +308,20 @@ def _restore_factors(
 ) -> tuple[Factor, ...]:
     """The inverse of :func:`_factor_arrays` (entries stored before Θ was kept have dense
     ``factor_i`` arrays for every attribute)."""
+    templates = list(stored.parameters.get("factor_templates", []))
     factors: list[Factor] = []
     for i, n in enumerate(domain_shape):
         if f"theta_{i}" in stored.arrays:
             factors.append(PIdentityFactor(stored.arrays[f"theta_{i}"], noise=noise))
         elif f"factor_{i}" in stored.arrays:
             factors.append(MatrixFactor(stored.arrays[f"factor_{i}"]))
-        else:
+        elif i < len(templates) and templates[i] == "identity":
             factors.append(identity_strategy(n))
+        else:  # _factor_arrays leaves out identity factors only
+            raise ValueError(
+                f"stored Kronecker strategy has no array for attribute {i} and its template "
+                f"({templates[i] if i < len(templates) else 'unrecorded'}) is not identity"
+            )
     return tuple(factors)
 
 

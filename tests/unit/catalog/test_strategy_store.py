@@ -172,8 +172,9 @@ def test_kron_template_is_stored_as_theta_and_restored_exactly(rng: np.random.Ge
     arrays = optimized_mechanism._factor_arrays(strategy)
     assert sorted(arrays) == ["factor_2", "factor_3", "theta_0"]
     assert arrays["theta_0"].shape == (2, 6)
+    templates = {"factor_templates": ["pidentity", "identity", "fullrank", "fullrank"]}
     for stored in (
-        StoredStrategy(parameters={}, arrays=arrays),
+        StoredStrategy(parameters=templates, arrays=arrays),
         StoredStrategy(
             parameters={}, arrays={f"factor_{i}": f.dense() for i, f in enumerate(strategy.factors)}
         ),
@@ -183,7 +184,13 @@ def test_kron_template_is_stored_as_theta_and_restored_exactly(rng: np.random.Ge
             np.testing.assert_allclose(after.dense(), before.dense(), rtol=1e-14)
     assert isinstance(
         optimized_mechanism._restore_factors(
-            StoredStrategy(parameters={}, arrays=arrays), (6, 3, 4, 2), noise="laplace"
+            StoredStrategy(parameters=templates, arrays=arrays), (6, 3, 4, 2), noise="laplace"
         )[0],
         PIdentityFactor,
     )
+    # an entry missing a factor that is not the identity is a bug: loud, never a silent identity
+    incomplete = {k: v for k, v in arrays.items() if k != "factor_2"}
+    with pytest.raises(ValueError, match=r"no array for attribute 2 and its template \(fullrank\)"):
+        optimized_mechanism._restore_factors(
+            StoredStrategy(parameters=templates, arrays=incomplete), (6, 3, 4, 2), noise="laplace"
+        )
