@@ -20,6 +20,9 @@ the server once nothing touched it for ``DPRELEASE_SERVER_IDLE_SECONDS`` (defaul
   (:func:`validation_socket`); ``connect`` points the command at it, a command whose service is
   still importing GX waits for it (bounded) and one whose service is missing validates in its own
   process.
+* The server registers no block types at start (that would import every installed Prefect
+  collection, prefect-dask's dask.distributed among them: 1.5-1.9 s of its ~6 s start); a saved
+  block registers its own type.
 * A fresh state home would spend ~20-30 s on Prefect's database migrations; a migrated, empty
   Prefect database is kept once per Prefect version in the user cache (``DPRELEASE_CACHE_DIR``,
   default ``$XDG_CACHE_HOME/dprelease``) and copied into new homes.
@@ -491,6 +494,11 @@ def _start(home: Path) -> Connection:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
         "PREFECT_UI_ENABLED": "false",
+        # No block-type registration at start: to register them the server imports every installed
+        # Prefect collection (prefect-dask: dask.distributed), 1.5-1.9 s of a ~6 s start.  Saving a
+        # block registers its own type (`dprelease notify webhook`, Block.save).
+        "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+        "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
         "PREFECT_SERVER_LOGGING_LEVEL": os.environ.get("PREFECT_SERVER_LOGGING_LEVEL", "WARNING"),
         "PYTHONPATH": os.pathsep.join(
             p for p in (_project_root(), os.environ.get("PYTHONPATH")) if p
