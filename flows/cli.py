@@ -160,9 +160,17 @@ def _run_release(
             make_plan(spec)
         with _server_ready(connection):
             status.update("running the release flow…")
+            from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
             from flows.interrupt import InterruptGuard
 
-            with InterruptGuard(write=lambda text: console.print(text, highlight=False)):
+            # No flow-run heartbeats for a run inside this command (the user sees it end or
+            # crash): Prefect's heartbeat thread sleeps in 1 s steps and is joined at the flow's
+            # end, ~0.5-1 s of every command.  Deployed runs keep them (crash detection).
+            with (
+                InterruptGuard(write=lambda text: console.print(text, highlight=False)),
+                temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+            ):
                 staged = run_release(
                     spec_path=str(spec_path), out_dir=str(out_dir), execution=execution
                 )

@@ -46,3 +46,27 @@ def test_run_review_reject_budget_and_verify(tmp_path: Path, tiny_dataset: Path)
     manifest_path.write_text(manifest_path.read_text().replace('"hierarchical"', '"identity"', 1))
     tampered = runner.invoke(app, ["verify", str(directory)])
     assert tampered.exit_code == 1 and "manifest.json was modified" in tampered.output
+
+
+def test_a_command_runs_its_flow_without_heartbeats(
+    tmp_path: Path, tiny_dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flow run inside `run`/`demo` sends no Prefect heartbeats (joining their thread cost
+    ~0.5-1 s per command); the setting is changed for that flow only."""
+    from prefect.settings import get_current_settings
+
+    import flows.release_flow
+
+    seen: dict[str, object] = {}
+
+    def record_settings(**_: object) -> None:
+        seen["heartbeat"] = get_current_settings().flows.heartbeat_frequency
+        raise RuntimeError("stopped by the test")
+
+    default = get_current_settings().flows.heartbeat_frequency
+    monkeypatch.setattr(flows.release_flow, "run_release", record_settings)
+    spec_path = write_spec(tmp_path, tiny_dataset, mechanism="identity")
+    result = runner.invoke(app, ["run", str(spec_path), "--out", str(tmp_path / "out")])
+    assert result.exit_code != 0 and "internal error: RuntimeError" in result.output
+    assert seen == {"heartbeat": None}
+    assert default is not None and get_current_settings().flows.heartbeat_frequency == default
