@@ -67,11 +67,11 @@ BLOCK_FLOPS = 1.0e10
 """Largest product :func:`blocked_matmul` issues as one BLAS call (about 0.25 s on one core)."""
 
 LAPACK_THREAD_FLOPS = 4.0e10
+"""Calls predicted above this many flop-equivalents (about 1 s) run in :func:`interruptible`."""
 
 MIN_TIME_LIMIT = 1e-3
 """Seconds given to an optimiser whose planning budget has passed: it still takes one step and
 returns one valid strategy."""
-"""Calls predicted above this many flop-equivalents (about 1 s) run in :func:`interruptible`."""
 
 
 def _now() -> float:
