@@ -34,6 +34,18 @@ class ValidationFailedError(DprReleaseError):
     """A release's outputs failed validation; the budget stays spent, nothing is staged."""
 
 
+class StageTimeLimitExceeded(DprReleaseError):
+    """A release stage ran past its time limit, or did not stop after SIGTERM/SIGINT.
+
+    Raised asynchronously by the stage watchdog (the class, without arguments): the message is
+    then the one the watchdog logged for the stage."""
+
+    last_message = "a stage ran past its time limit"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or StageTimeLimitExceeded.last_message)
+
+
 __all__ = [
     "BudgetExceededError",
     "CatalogError",
@@ -42,6 +54,7 @@ __all__ = [
     "MeasureMismatchError",
     "PrivacyError",
     "SpecError",
+    "StageTimeLimitExceeded",
     "ValidationFailedError",
     "VerificationError",
 ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 import warnings
 from functools import partial
 from pathlib import Path
@@ -42,36 +41,6 @@ def _gx() -> Any:
         if name.startswith("great_expectations"):
             logging.getLogger(name).setLevel(logging.WARNING)
     return gx, gxe
-
-
-_prewarm_started = False
-
-
-def prewarm() -> None:
-    """Start importing GX on a daemon thread, so the ~3 s import overlaps the stages before
-    validation (a release spends them mostly waiting on the Prefect API).  :func:`run_suites`
-    then finds the modules loaded, or waits for the import to finish.
-
-    The deprecated ``sre_*`` modules GX imports are imported here first, on the calling thread and
-    under its own warning filter: ``warnings.catch_warnings`` is not thread-safe, so the thread
-    never touches the filters.  An import that fails on the thread is left for ``run_suites`` to
-    repeat and report on the caller's thread.  Idempotent: one thread per process."""
-    global _prewarm_started
-    if _prewarm_started or validation_service.expected():
-        return  # the service validates: importing here would only compete for the CPU
-    _prewarm_started = True
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="module 'sre_", category=DeprecationWarning)
-        import sre_constants  # noqa: F401
-        import sre_parse  # noqa: F401
-
-    def load() -> None:
-        try:
-            import great_expectations.expectations  # noqa: F401
-        except Exception:  # repeated, and reported on the caller's thread, by run_suites
-            return
-
-    threading.Thread(target=load, name="dprelease-gx-import", daemon=True).start()
 
 
 def _gx_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -137,6 +137,9 @@ def _run_release(
 
     spec = load_spec(spec_path)  # fail fast on a bad spec: before Prefect or any server starts
     execution = resolve_execution(spec.execution, engine=engine, address=address)  # CLI wins
+    from flows.watchdog import stage_timeout_seconds
+
+    stage_timeout_seconds()  # a bad DPRELEASE_STAGE_TIMEOUT is refused before Prefect starts
     _prefect_defaults()
     console.print(
         f"[bold]dprelease[/] release [cyan]{spec.name}[/] of dataset [cyan]{spec.dataset.id}[/] "
@@ -961,16 +964,37 @@ def recover(
         ),
     ] = None,
 ) -> None:
-    """Move releases whose process died (stuck in `measuring`) to failed/aborted; charges stay."""
+    """Find release runs that ended inside a stage or are stuck past their stage's time limit (the
+    stuck ones are stopped: SIGTERM, then SIGKILL), then move releases whose process died (stuck
+    in `measuring`) to failed/aborted; charges stay."""
     from catalog.ledger import Catalog
+    from flows.server import state_home
+    from flows.watchdog import forget, inspect_runs, stop_stuck
 
     catalog = Catalog()
     adopted = catalog.adopt_ledger(reason=adopt_ledger) if adopt_ledger is not None else None
+    runs = []
+    for problem in inspect_runs(state_home()):
+        text = problem.describe(now=time.time())
+        if problem.kind == "stuck":
+            text += "; stopped" if stop_stuck(problem) else "; could not be stopped"
+        if problem.kind == "gone" or text.endswith("; stopped"):
+            forget(problem)
+        runs.append(
+            {
+                "kind": problem.kind,
+                "pid": problem.record.pid,
+                "stage": problem.record.stage,
+                "release_id": problem.record.release_id,
+                "summary": text,
+            }
+        )
     moved = catalog.recover(lease_seconds=lease_seconds)
     unfinished = [r.id for r in catalog.releases(status="approved")]
     problems = catalog.verify_chain()
     if as_json:
         report = {
+            "runs": runs,
             "recovered": [m.as_dict() for m in moved],
             "unfinished_publications": unfinished,
             "ledger_problems": problems,
@@ -980,6 +1004,8 @@ def recover(
         return
     if adopted is not None:
         stdout.print(f"ledger adopted at entry #{adopted.seq}", highlight=False)
+    for run in runs:
+        stdout.print(str(run["summary"]), highlight=False)
     for m in moved:
         stdout.print(
             f"{m.release_id}: measuring -> {m.status} ({m.reason}; {m.charges} charge(s) kept)",
@@ -993,7 +1019,7 @@ def recover(
         )
     for problem in problems:
         console.print(f"ledger problem: {problem}", highlight=False)
-    if not (moved or unfinished or problems):
+    if not (runs or moved or unfinished or problems):
         stdout.print("nothing to recover", highlight=False)
 
 

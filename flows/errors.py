@@ -34,6 +34,7 @@ from catalog.errors import (
     DataError,
     DprReleaseError,
     SpecError,
+    StageTimeLimitExceeded,
     ValidationFailedError,
     VerificationError,
 )
@@ -133,6 +134,15 @@ _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
             title="the release failed validation",
             hint="nothing was staged and the budget stays spent; see the validation results and "
             "the spec's privacy level",
+            exit_code=EXIT_CHECK_FAILED,
+        ),
+    ),
+    (
+        StageTimeLimitExceeded,
+        Failure(
+            title="the release stopped",
+            hint="if the stage needs longer, raise DPRELEASE_STAGE_TIMEOUT (seconds) and run "
+            "again; `dprelease recover` lists runs that ended inside a stage",
             exit_code=EXIT_CHECK_FAILED,
         ),
     ),

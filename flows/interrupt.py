@@ -1,4 +1,4 @@
-"""Ctrl-C during a release (issue 13 item 4): out within 5 s, the release ``aborted``, no child left.
+"""Ctrl-C (or SIGTERM) during a release: out within 5 s, the release ``aborted``, no child left.
 
 The release flow itself marks its release ``aborted`` when ``KeyboardInterrupt`` reaches it.  This
 module is the CLI's side, which does not depend on the flow's cooperation:
@@ -253,7 +253,7 @@ class InterruptGuard:
                 data = reader.recv(64) if ready else b""
             except OSError:
                 return
-            if bytes([signal.SIGINT]) in data:
+            if bytes([signal.SIGINT]) in data or bytes([signal.SIGTERM]) in data:
                 if deadline is not None:  # a second Ctrl-C: stop now
                     self._hard_exit()
                 deadline = time.monotonic() + GRACE_SECONDS

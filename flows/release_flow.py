@@ -18,10 +18,12 @@ from typing import Literal
 
 from prefect import Flow, flow
 
-from catalog import gx, release
+from catalog import release
 from catalog.engine import Execution, open_cluster, with_execution
 from catalog.ledger import Catalog, SkippedRelease, default_url
 from flows.notify import notify_reviewers_task
+from flows.server import state_home
+from flows.watchdog import RunWatchdog, stage_timeout_seconds
 from tasks.ingest import ingest_task
 from tasks.load_spec import load_spec_task
 from tasks.measure import measure_task
@@ -51,35 +53,73 @@ def release_flow(
     ``source_override`` (a path, e.g. a newly arrived file) replaces the spec's ``dataset.source``;
     ``engine``/``address``, when given, replace the spec's ``execution`` (the CLI wins).
     """
-    gx.prewarm()  # GX's import overlaps plan, ingest and measure
     catalog_url = catalog_url or default_url()
-    spec = with_execution(
-        load_spec_task(spec_path, source_override), engine=engine, address=address
-    )
-    plan = plan_task(spec)
+    watchdog = RunWatchdog(home=state_home(), spec=spec_path, limit_seconds=stage_timeout_seconds())
+    with watchdog:
+        return _run_stages(
+            watchdog,
+            spec_path,
+            out_dir,
+            catalog_url,
+            source_override,
+            engine,
+            address,
+            on_unchanged,
+        )
+
+
+def _run_stages(
+    watchdog: RunWatchdog,
+    spec_path: str,
+    out_dir: str,
+    catalog_url: str,
+    source_override: str | None,
+    engine: Literal["local", "dask"] | None,
+    address: str | None,
+    on_unchanged: Literal["skip", "release"],
+) -> release.StagedRelease | SkippedRelease:
+    """The pipeline, each stage under the watchdog's time limit (flows.watchdog)."""
+    with watchdog.stage("load-spec"):
+        loaded = load_spec_task(spec_path, source_override)
+        spec = with_execution(loaded, engine=engine, address=address)
+    with watchdog.stage("plan"):
+        plan = plan_task(spec)
     release_id = release.new_release_id(spec)
     directory = release.release_directory(out_dir, release_id)
-    spent_before = register_task(spec, plan, catalog_url, release_id, str(directory), on_unchanged)
+    with watchdog.stage("register"):
+        spent_before = register_task(
+            spec, plan, catalog_url, release_id, str(directory), on_unchanged
+        )
     if isinstance(spent_before, SkippedRelease):
         return spent_before  # nothing read, nothing charged
+    watchdog.set_release(release_id)
+    watchdog.on_stop = lambda reason: release.mark_stopped(
+        Catalog(catalog_url), release_id, directory, status="failed"
+    )
     try:
-        ingested = ingest_task(spec, plan, catalog_url)
-        measurement = measure_task(ingested, spec, plan, catalog_url, release_id)
-        tables = reconstruct_task(spec, plan, measurement)
-        validation = validate_task(tables, plan, str(directory))
-        staged = stage_task(
-            spec,
-            plan,
-            release_id,
-            str(directory),
-            ingested,
-            measurement,
-            tables,
-            validation,
-            spent_before,
-            catalog_url,
-        )
-        notify_reviewers_task(catalog_url, staged.release_id)  # spec's review.notify; never raises
+        with watchdog.stage("ingest"):
+            ingested = ingest_task(spec, plan, catalog_url)
+        with watchdog.stage("measure"):
+            measurement = measure_task(ingested, spec, plan, catalog_url, release_id)
+        with watchdog.stage("reconstruct"):
+            tables = reconstruct_task(spec, plan, measurement)
+        with watchdog.stage("validate"):
+            validation = validate_task(tables, plan, str(directory))
+        with watchdog.stage("stage"):
+            staged = stage_task(
+                spec,
+                plan,
+                release_id,
+                str(directory),
+                ingested,
+                measurement,
+                tables,
+                validation,
+                spent_before,
+                catalog_url,
+            )
+        with watchdog.stage("notify"):
+            notify_reviewers_task(catalog_url, staged.release_id)  # review.notify; never raises
         return staged
     except KeyboardInterrupt:
         release.mark_stopped(Catalog(catalog_url), release_id, directory, status="aborted")

@@ -270,3 +270,43 @@ def test_a_run_through_the_shared_server_validates_in_its_service(
     assert (results.parent / "docs" / "index.html").is_file()
     log = Path(record.log).read_text()
     assert f"validation service {service[0]}: validated" in log
+
+
+def test_a_stage_past_its_time_limit_fails_the_release_with_a_clear_message(
+    tmp_path: Path, tiny_dataset: Path, home: Path
+) -> None:
+    """A stage that runs past DPRELEASE_STAGE_TIMEOUT ends the command (no hang): the message
+    names the stage and the limit, the release is ``failed``, nothing was charged (the stage is
+    ingest, before measure) and the run record is gone.  Ingest is slowed down in the command's
+    own process; every other stage is the real one."""
+    spec_path = write_spec(tmp_path, tiny_dataset, mechanism="identity")
+    snippet = (
+        "import os, time, catalog.release\n"
+        "def slow_ingest(*args, **kwargs):\n"
+        "    for _ in range(2400):\n"
+        "        time.sleep(0.05)\n"
+        "catalog.release.ingest = slow_ingest\n"
+        "os.environ['DPRELEASE_STAGE_TIMEOUT'] = '20'\n" + AS_PROGRAM
+    )
+    started = time.monotonic()
+    result = _program(snippet, "run", str(spec_path), "--out", str(tmp_path / "out"))
+    took = time.monotonic() - started
+    assert _verdict(result)["code"] == 1, result.stderr[-3000:]
+    assert "stage 'ingest' exceeded its time limit of 20 s" in result.stderr
+    assert "DPRELEASE_STAGE_TIMEOUT" in result.stderr.splitlines()[-1]  # what to do
+    assert took < 100  # 120 s of sleeping without the watchdog
+    with sqlite3.connect(home / "catalog.db") as db:
+        rows = db.execute(
+            "select r.status, (select count(*) from ledger l where l.release_id = r.id) "
+            "from releases r where r.dataset_id = ?",
+            ("tiny-" + tmp_path.name[-12:],),
+        ).fetchall()
+    assert rows == [("failed", 0)]
+    assert not list((home / "run" / "releases").glob("*.json"))
+
+
+def test_an_invalid_stage_timeout_is_refused_before_prefect(tmp_path: Path, home: Path) -> None:
+    snippet = "import os\nos.environ['DPRELEASE_STAGE_TIMEOUT'] = 'soon'\n" + AS_PROGRAM
+    result = _program(snippet, "run", str(bundled_spec()), "--out", str(tmp_path / "out"))
+    assert _verdict(result) == {"code": 2, "heavy": []}
+    assert "DPRELEASE_STAGE_TIMEOUT='soon': must be a finite number of seconds > 0" in result.stderr

@@ -190,20 +190,17 @@ def test_a_garbled_answer_is_a_service_failure(tmp_path: Path) -> None:
 def test_a_command_waits_for_a_service_that_is_still_importing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While GX imports, the start marker names the service: commands neither import GX
-    themselves (prewarm) nor give up (they wait, bounded); after listen the marker is gone."""
+    """While GX imports, the start marker names the service: commands do not give up (they wait,
+    bounded) and validate there; after listen the marker is gone."""
     path = tmp_path / "w.sock"
     marker = Path(f"{path}.starting")
     monkeypatch.setenv(validation_service.SOCKET_ENV, str(path))
-    monkeypatch.setattr(gx, "_prewarm_started", False)
     with _service_process(path) as process:
         deadline = time.monotonic() + READY_SECONDS
         while not marker.exists() and not path.is_socket():
             assert process.poll() is None and time.monotonic() < deadline
             time.sleep(0.01)
         assert validation_service.expected()
-        gx.prewarm()
-        assert not gx._prewarm_started  # no second GX import beside the service's
         assert gx.run_suites(_jobs()) == gx.run_suites_here(_jobs())
         assert "validated 1 suite(s)" in Path(f"{path}.log").read_text()  # it went there
         assert not marker.exists()
