@@ -6,12 +6,16 @@ DPRELEASE_VENV="${DPRELEASE_VENV:-$DPRELEASE_ROOT/.venv}"
 DPRELEASE_SERVER_HOST="${DPRELEASE_SERVER_HOST:-127.0.0.1}"
 DPRELEASE_SERVER_PORT="${DPRELEASE_SERVER_PORT:-4200}"
 DPRELEASE_POOL="${DPRELEASE_POOL:-dprelease-process}"
-RUN_DIR="$DPRELEASE_HOME/run"                       # pid files and logs of the scripts
+RUN_DIR="$DPRELEASE_HOME/run"                       # logs of the scripts (worker.log: flow logs)
+# What the scripts started, per checkout and independent of DPRELEASE_HOME (which may change
+# between start and stop): one NAME.run file per process with its pid and start time.
+RUN_REGISTRY="${DPRELEASE_RUN_REGISTRY:-$DPRELEASE_ROOT/.dprelease-run}"
 export DPRELEASE_ROOT DPRELEASE_HOME
 export PREFECT_HOME="${PREFECT_HOME:-$DPRELEASE_HOME/prefect}"
 export PREFECT_API_URL="${PREFECT_API_URL:-http://$DPRELEASE_SERVER_HOST:$DPRELEASE_SERVER_PORT/api}"
 export DO_NOT_TRACK=1                               # no SDK telemetry
 export PREFECT_SERVER_ANALYTICS_ENABLED=false       # no server telemetry
+export PYTHONPATH="$DPRELEASE_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$RUN_DIR" "$PREFECT_HOME"
 
 # healthy URL -> exit 0 when GET URL/health answers true (no curl needed)
@@ -26,11 +30,57 @@ except (OSError, ValueError):
 PY
 }
 
-# stop_pid NAME PIDFILE -> SIGTERM, then SIGINT (a Prefect worker ignores SIGTERM), then SIGKILL
-stop_pid() {
-  local name="$1" pidfile="$2" pid step signal ticks
-  [ -f "$pidfile" ] || { echo "$name: not running (no $pidfile)"; return 0; }
-  pid="$(cat "$pidfile")"
+# proc_start PID -> the process's start time (clock ticks since boot, /proc/PID/stat field 22)
+proc_start() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  stat="${stat##*) }"
+  # shellcheck disable=SC2086
+  set -- $stat
+  echo "${20}"
+}
+
+# register NAME PID MARKER LOG [URL] -> record a started process in $RUN_REGISTRY/NAME.run
+register() {
+  mkdir -p "$RUN_REGISTRY"
+  printf 'pid=%s\nstart=%s\nmarker=%s\nhome=%s\nprefect_home=%s\nlog=%s\nurl=%s\n' \
+    "$2" "$(proc_start "$2")" "$3" "$DPRELEASE_HOME" "$PREFECT_HOME" "$4" "${5:-}" \
+    >"$RUN_REGISTRY/$1.run.tmp"
+  mv "$RUN_REGISTRY/$1.run.tmp" "$RUN_REGISTRY/$1.run"
+}
+
+# registered NAME -> exit 0 and set REG_PID REG_HOME REG_PREFECT_HOME REG_LOG REG_URL when the
+# recorded process still runs: same pid, same start time and its command line holds the marker.
+# A stale entry (process gone, or the pid now belongs to another program) is removed.
+registered() {
+  local file="$RUN_REGISTRY/$1.run" key value start="" marker="" line
+  REG_PID="" REG_HOME="" REG_PREFECT_HOME="" REG_LOG="" REG_URL=""
+  [ -f "$file" ] || return 1
+  while IFS='=' read -r key value; do
+    case "$key" in
+      pid) REG_PID="$value" ;; start) start="$value" ;; marker) marker="$value" ;;
+      home) REG_HOME="$value" ;; prefect_home) REG_PREFECT_HOME="$value" ;;
+      log) REG_LOG="$value" ;; url) REG_URL="$value" ;;
+    esac
+  done <"$file"
+  line="$(tr '\0' ' ' <"/proc/$REG_PID/cmdline" 2>/dev/null || true)"
+  if [ -n "$REG_PID" ] && [ -n "$start" ] && [ "$(proc_start "$REG_PID" || true)" = "$start" ] \
+    && [[ "$line" == *"$marker"* ]]; then
+    return 0
+  fi
+  rm -f "$file"
+  return 1
+}
+
+# stop_registered NAME LABEL -> SIGTERM, then SIGINT (a Prefect worker ignores SIGTERM), then
+# SIGKILL, to the recorded process only (never one it cannot prove it started)
+stop_registered() {
+  local name="$1" label="$2" pid step signal ticks
+  if ! registered "$name"; then
+    echo "$label: not running (nothing recorded in $RUN_REGISTRY)"
+    return 0
+  fi
+  pid="$REG_PID"
   for step in TERM:10 INT:40 KILL:10; do   # signal:half-seconds to wait (5 s, 20 s, 5 s)
     signal="${step%%:*}" ticks="${step##*:}"
     kill -0 "$pid" 2>/dev/null || break
@@ -41,9 +91,9 @@ stop_pid() {
     done
   done
   if kill -0 "$pid" 2>/dev/null; then
-    echo "$name (pid $pid) did not stop" >&2
+    echo "$label (pid $pid) did not stop" >&2
     return 1
   fi
-  rm -f "$pidfile"
-  echo "$name (pid $pid) stopped"
+  rm -f "$RUN_REGISTRY/$name.run"
+  echo "$label (pid $pid, DPRELEASE_HOME=$REG_HOME) stopped"
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Start a process worker that runs dprelease deployments (pool dprelease-process by default,
 # created if missing).  It inherits this environment: DPRELEASE_HOME / DPRELEASE_CATALOG_URL
-# decide which catalog the releases charge.
-#   deploy/start-worker.sh              # in the background; pid and log in $DPRELEASE_HOME/run
+# decide which catalog the releases charge.  Flow-run logs go to $DPRELEASE_HOME/run/worker.log.
+#   deploy/start-worker.sh              # in the background (recorded in $DPRELEASE_RUN_REGISTRY)
 #   deploy/start-worker.sh --foreground
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
@@ -12,13 +12,13 @@ cd "$DPRELEASE_ROOT"
 if [ "${1:-}" = "--foreground" ]; then
   exec "$DPRELEASE_VENV/bin/prefect" "${ARGS[@]}"
 fi
-PIDFILE="$RUN_DIR/worker.pid"
-if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-  echo "worker already running (pid $(cat "$PIDFILE"))"
+if registered worker; then
+  echo "worker already running (pid $REG_PID, DPRELEASE_HOME=$REG_HOME); log: $REG_LOG"
   exit 0
 fi
-nohup "$DPRELEASE_VENV/bin/prefect" "${ARGS[@]}" >"$RUN_DIR/worker.log" 2>&1 &
-echo $! >"$PIDFILE"
+nohup "$DPRELEASE_VENV/bin/prefect" "${ARGS[@]}" >>"$RUN_DIR/worker.log" 2>&1 &
+PID=$!
+register worker "$PID" "worker start --pool $DPRELEASE_POOL" "$RUN_DIR/worker.log" "$PREFECT_API_URL"
 sleep 3
-kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { echo "worker exited; see $RUN_DIR/worker.log" >&2; exit 1; }
-echo "worker (pid $(cat "$PIDFILE")) polls pool $DPRELEASE_POOL on $PREFECT_API_URL; log: $RUN_DIR/worker.log"
+kill -0 "$PID" 2>/dev/null || { echo "worker exited; see $RUN_DIR/worker.log" >&2; exit 1; }
+echo "worker (pid $PID) polls pool $DPRELEASE_POOL on $PREFECT_API_URL; log: $RUN_DIR/worker.log"

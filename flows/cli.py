@@ -133,9 +133,10 @@ def _run_release(
     spec_path: Path, out_dir: Path, *, engine: str | None = None, address: str | None = None
 ) -> Any:
     from catalog.engine import resolve_execution
-    from catalog.spec import load_spec
+    from catalog.spec import check_runnable_before_planning, load_spec
 
     spec = load_spec(spec_path)  # fail fast on a bad spec: before Prefect or any server starts
+    check_runnable_before_planning(spec)  # sizes only: a too-large release is never planned
     execution = resolve_execution(spec.execution, engine=engine, address=address)  # CLI wins
     from flows.watchdog import stage_timeout_seconds
 
@@ -794,14 +795,33 @@ def watch(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Log the events instead of sending them.")
     ] = False,
+    adopt_claims_from: Annotated[
+        str | None,
+        typer.Option(
+            "--adopt-claims-from",
+            help="Copy the arrival claims of the catalog at this URL (e.g. the SQLite catalog "
+            "before a move to PostgreSQL) into the current catalog, then exit.",
+        ),
+    ] = None,
 ) -> None:
     """Announce complete new Parquet files in DIR as `dprelease.data.arrived` events (one per
     file content, remembered across restarts); files that are not Parquet are logged and skipped."""
     import logging
 
     from catalog.watch_state import WatchState
-    from flows.watch import SpecResolver, Watcher, logging_emitter, prefect_emitter
+    from flows.watch import SpecResolver, Watcher, adopt_claims, logging_emitter, prefect_emitter
 
+    if adopt_claims_from is not None:
+        try:
+            report = adopt_claims(source_url=adopt_claims_from)
+        except ValueError as exc:
+            raise CatalogError(str(exc)) from None
+        stdout.print(
+            f"claims adopted {report.adopted}, already claimed {report.already}, content "
+            f"changed {report.changed}, file missing {report.missing}",
+            highlight=False,
+        )
+        return
     if once and max_polls is not None:
         raise CatalogError("give --once or --max-polls, not both")
     if dry_run:
@@ -1162,6 +1182,13 @@ def server_status(
         return
     if current.state == "external":
         stdout.print(f"external: PREFECT_API_URL={current.url} (dprelease starts no server)")
+        return
+    if current.state == "deploy":
+        stdout.print(
+            f"deploy: {current.url} (deploy/start-server.sh on this Prefect database, pid "
+            f"{current.processes[0]}; every command uses it, dprelease starts no server)",
+            highlight=False,
+        )
         return
     if current.record is None:
         stdout.print("stopped: the next command that needs Prefect starts one", highlight=False)

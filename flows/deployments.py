@@ -7,8 +7,13 @@ after the spec (``release-deployment/<spec name>``) on a *process* work pool, wi
 * an arrival trigger when it has ``trigger: arrival``: a ``DeploymentEventTrigger`` on the
   ``dprelease.data.arrived`` event of resource ``dprelease.dataset.<dataset id>`` that passes the
   event's ``path`` (and ``fingerprint``) as flow parameters;
+* the work queue ``dataset-<dataset id>`` of the pool, with a concurrency limit of 1, shared by all
+  of the dataset's deployments: the server hands a worker a run of the dataset only while no other
+  run of it is Pending or Running (a run paused for review does not count), so queued runs wait
+  as *Scheduled* rows on the server, not as processes on the worker (each is 240-400 MB);
 * a global concurrency limit ``dprelease-dataset-<dataset id>`` with one slot, which the flow holds
-  while it releases: one running release per dataset id, across all of the dataset's specs;
+  while it releases: one running release per dataset id even for a run that bypasses the queue
+  (another pool, a run created with another queue);
 * the spec's ``on_unchanged`` policy (default ``skip``): a scheduled or triggered run whose input
   and spec equal the series' last release charges nothing (``flows.deployed_release``); and, for
   a spec with ``dataset.partitions``, per-partition charges (``catalog.partitions``);
@@ -17,7 +22,9 @@ after the spec (``release-deployment/<spec name>``) on a *process* work pool, wi
   it from ``DPRELEASE_CATALOG_URL`` instead), the review timeout.
 
 Deployments, schedules, triggers and limits need a real Prefect server (``PREFECT_API_URL``); see
-``deploy/README.md``.  Re-running ``dprelease deploy`` updates the deployments in place.
+``deploy/README.md``.  Re-running ``dprelease deploy`` updates the deployments in place; a
+deployment or schedule an operator paused stays paused (its state is read first).  A spec whose
+``review.notify`` names a block the server does not hold is refused before anything is registered.
 """
 
 from __future__ import annotations
@@ -38,6 +45,12 @@ from flows.watch import ARRIVAL_EVENT, resource_id
 
 WORK_POOL = "dprelease-process"
 DEPLOYMENT_TAG = "dprelease"
+DATASET_QUEUE_PREFIX = "dataset-"
+
+
+def dataset_queue_name(dataset_id: str) -> str:
+    """The work queue (1 run at a time) of all deployments of ``dataset_id``."""
+    return DATASET_QUEUE_PREFIX + dataset_id
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +65,7 @@ class DeploymentSummary:
     arrival_trigger: bool
     work_pool: str
     concurrency_limit: str
+    work_queue: str = ""
     on_unchanged: str = "skip"
     partitioned_by: str | None = None
 
@@ -101,11 +115,12 @@ def build_deployment(
     publish_dir: Path | None = None,
     review_timeout_seconds: int = DEFAULT_REVIEW_TIMEOUT_SECONDS,
     interval_seconds: float | None = None,
+    kept: KeptState | None = None,
 ) -> Any:
     """The ``RunnerDeployment`` of one spec (not yet registered).
 
     ``interval_seconds`` adds an interval schedule (development and tests: cron's finest step is a
-    minute).
+    minute).  ``kept``: what an operator paused on the registered deployment stays paused.
     """
     from prefect.deployments.runner import EntrypointType, RunnerDeployment
     from prefect.schedules import Cron, Interval
@@ -114,15 +129,27 @@ def build_deployment(
         raise ValueError(f"review_timeout_seconds ({review_timeout_seconds}) must be >= 1")
     if interval_seconds is not None and not interval_seconds >= 1:
         raise ValueError(f"interval_seconds ({interval_seconds}) must be >= 1")
+    kept = kept or KeptState()
     schedules = []
     if spec.schedule is not None:
-        schedules.append(Cron(spec.schedule.cron, timezone=spec.schedule.timezone))
+        key = _cron_key(spec.schedule.cron, spec.schedule.timezone)
+        schedules.append(
+            Cron(
+                spec.schedule.cron,
+                timezone=spec.schedule.timezone,
+                active=key not in kept.inactive_schedules,
+            )
+        )
     if interval_seconds is not None:
-        schedules.append(Interval(timedelta(seconds=interval_seconds)))
+        key = _interval_key(float(interval_seconds))
+        schedules.append(
+            Interval(timedelta(seconds=interval_seconds), active=key not in kept.inactive_schedules)
+        )
     return RunnerDeployment.from_flow(
         release_deployment_flow,
         name=spec.name,
         schedules=schedules or None,
+        paused=kept.paused,
         triggers=[arrival_trigger(spec.dataset.id)] if spec.trigger == "arrival" else None,
         parameters=_parameters(
             spec_path,
@@ -142,8 +169,70 @@ def build_deployment(
         ),
         tags=[DEPLOYMENT_TAG, f"dataset:{spec.dataset.id}"],
         work_pool_name=work_pool,
+        work_queue_name=dataset_queue_name(spec.dataset.id),
         entrypoint_type=EntrypointType.MODULE_PATH,  # the installed package, any working directory
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeptState:
+    """What an operator paused on a registered deployment, kept when ``deploy`` runs again:
+    the whole deployment, and schedules (by cron + timezone or interval) set inactive."""
+
+    paused: bool = False
+    inactive_schedules: frozenset[str] = frozenset()
+
+
+def _cron_key(cron: str, timezone: str | None) -> str:
+    return f"cron {cron} {timezone or 'UTC'}"
+
+
+def _interval_key(seconds: float) -> str:
+    return f"interval {seconds:g}"
+
+
+def kept_state(full_name: str) -> KeptState:
+    """The pause state of the registered deployment ``flow/name`` (nothing paused if it is new)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            existing = client.read_deployment_by_name(full_name)
+        except ObjectNotFound:
+            return KeptState()
+    inactive = set()
+    for entry in existing.schedules or []:
+        if entry.active:
+            continue
+        schedule = entry.schedule
+        if getattr(schedule, "cron", None):
+            inactive.add(_cron_key(schedule.cron, schedule.timezone))
+        elif getattr(schedule, "interval", None) is not None:
+            inactive.add(_interval_key(schedule.interval.total_seconds()))
+    return KeptState(paused=bool(existing.paused), inactive_schedules=frozenset(inactive))
+
+
+def check_notification_blocks(specs: list[tuple[Path, ReleaseSpec]]) -> None:
+    """Every block a spec names in ``review.notify`` must be saved on this Prefect server: a
+    missing one would only show when the first release is staged and nobody is told."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for path, spec in specs:
+            if spec.review is None or spec.review.notify is None:
+                continue
+            block_type, name = spec.review.notify.split("/", 1)
+            try:
+                client.read_block_document_by_name(name, block_type, include_secrets=False)
+            except ObjectNotFound:
+                raise SpecError(
+                    f"spec {str(path)!r}: review.notify names the notification block "
+                    f"{spec.review.notify!r}, which is not saved on the Prefect server "
+                    f"{client.api_url}; save it first (deploy/setup-notifications.sh, "
+                    "deploy/NOTIFICATIONS.md)"
+                ) from None
 
 
 def ensure_work_pool(name: str = WORK_POOL) -> None:
@@ -167,6 +256,26 @@ def ensure_work_pool(name: str = WORK_POOL) -> None:
             return
     if pool.type != "process":
         raise SpecError(f"work pool {name!r} is a {pool.type!r} pool; dprelease needs 'process'")
+
+
+def ensure_dataset_queue(dataset_id: str, work_pool: str = WORK_POOL) -> str:
+    """Create the dataset's work queue in ``work_pool``, or set its concurrency limit back to 1.
+
+    The limit is what keeps queued runs of one dataset off the worker: the server's scheduling
+    query counts the queue's Pending and Running runs and hands out none while one is active.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectAlreadyExists
+
+    name = dataset_queue_name(dataset_id)
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_queue(name=name, work_pool_name=work_pool, concurrency_limit=1)
+        except ObjectAlreadyExists:
+            queue = client.read_work_queue_by_name(name, work_pool_name=work_pool)
+            if queue.concurrency_limit != 1:
+                client.update_work_queue(queue.id, concurrency_limit=1)
+    return name
 
 
 def find_specs(specs_dir: Path) -> list[Path]:
@@ -201,10 +310,12 @@ def deploy_specs(
                 "deployment is named after its spec, so names must be unique"
             )
         names[spec.name] = path
+    check_notification_blocks(specs)
     ensure_work_pool(work_pool)
     summaries = []
     for path, spec in specs:
         limit = ensure_dataset_limit(spec.dataset.id)
+        queue = ensure_dataset_queue(spec.dataset.id, work_pool)
         deployment = build_deployment(
             path,
             spec,
@@ -214,6 +325,7 @@ def deploy_specs(
             publish_dir=publish_dir,
             review_timeout_seconds=review_timeout_seconds,
             interval_seconds=interval_seconds,
+            kept=kept_state(f"{release_deployment_flow.name}/{spec.name}"),
         )
         deployment_id = deployment.apply()
         schedule = None
@@ -231,6 +343,7 @@ def deploy_specs(
                 arrival_trigger=spec.trigger == "arrival",
                 work_pool=work_pool,
                 concurrency_limit=limit,
+                work_queue=queue,
                 on_unchanged=spec.on_unchanged,
                 partitioned_by=(
                     None

@@ -10,6 +10,10 @@ the server once nothing touched it for ``DPRELEASE_SERVER_IDLE_SECONDS`` (defaul
 
 * ``PREFECT_API_URL`` set by the user (or an active Prefect settings context, e.g. a test harness):
   that server is used and nothing is started.
+* One Prefect server per database: a server started by ``deploy/start-server.sh`` on the same
+  ``PREFECT_HOME`` (it records itself in ``PREFECT_HOME/deploy-server.json``) is used instead of
+  starting a second one on its database; the script in turn refuses to start while this shared
+  server runs (``python -m flows.server shared-server``).
 * Start-up and clean-up run under an exclusive ``fcntl`` lock on ``server.lock``: two commands that
   start at once share one server.
 * An orphan from an earlier crash (``server.json`` whose process is alive but not healthy after the
@@ -62,6 +66,7 @@ except ImportError:  # pragma: no cover - Windows: no advisory locks, one comman
 SERVER_FILE = "server.json"
 LOCK_FILE = "server.lock"
 LAST_USED_FILE = "server.last-used"
+DEPLOY_SERVER_FILE = "deploy-server.json"  # in PREFECT_HOME, written by deploy/start-server.sh
 DEFAULT_IDLE_SECONDS = 1800.0
 DEFAULT_START_TIMEOUT = 180.0  # a fresh Prefect database migrates for 20-30 s on 2 busy cores
 STOP_GRACE_SECONDS = 10.0
@@ -418,6 +423,46 @@ class Connection:
         return self
 
 
+def _process_start(pid: int) -> str | None:
+    """The start time of ``pid`` (clock ticks since boot, ``/proc/PID/stat`` field 22): with the
+    pid it names one process, so a recycled pid never passes for the recorded one."""
+    fields = proc_fields(pid)
+    return None if fields is None or len(fields) < 20 else fields[19]
+
+
+def deploy_server(phome: Path | None = None) -> tuple[int, str] | None:
+    """(pid, API URL) of the server ``deploy/start-server.sh`` runs on this Prefect home's
+    database, if its recorded process still runs; None otherwise.  Not waited for: a caller that
+    needs it healthy polls :func:`healthy`."""
+    where = phome or prefect_home()
+    try:
+        data = json.loads((where / DEPLOY_SERVER_FILE).read_text())
+        pid, start, url = int(data["pid"]), str(data["start"]), str(data["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not pid_alive(pid) or _process_start(pid) != start:
+        return None
+    if "server start" not in _cmdline(pid):
+        return None
+    return pid, url
+
+
+def _use_deploy_server(phome: Path) -> Connection | None:
+    found = deploy_server(phome)
+    if found is None:
+        return None
+    pid, url = found
+    deadline = time.monotonic() + start_timeout()
+    while not healthy(url):  # it may still be migrating a fresh database
+        if not pid_alive(pid) or time.monotonic() > deadline:
+            raise ServerError(
+                f"the Prefect server of deploy/start-server.sh (pid {pid}) on this database "
+                f"({phome}) does not answer at {url}; see its log in $DPRELEASE_HOME/run"
+            )
+        time.sleep(0.2)
+    return Connection(record=None, url=url)
+
+
 def connect(*, wait: bool = True) -> Connection:
     """The Prefect API for this command: the user's, or the shared local server (started if needed).
 
@@ -435,6 +480,10 @@ def connect(*, wait: bool = True) -> Connection:
         found = _reuse(home)
         if found is not None:
             return Connection(record=found, url=found.url, _home=home)
+        # one server per database: the operator's server on this Prefect home serves us too
+        deployed = _use_deploy_server(prefect_home())
+        if deployed is not None:
+            return deployed
         connection = _start(home)
     return connection.wait() if wait else connection
 
@@ -624,6 +673,9 @@ def status() -> ServerStatus:
     home = state_home()
     record = read_record(home)
     if record is None:
+        deployed = deploy_server()
+        if deployed is not None:
+            return ServerStatus(state="deploy", url=deployed[1], processes=(deployed[0],))
         return ServerStatus(state="stopped", url=None)
     members = tuple(_our_members(record))
     last = _last_used(home)
@@ -843,6 +895,17 @@ def _daemonize() -> None:
     os.close(devnull)
 
 
+def _print_shared_server(*, home: Path, phome: Path) -> int:
+    """Exit 0 printing ``PID URL`` when the shared server of ``home`` runs on ``phome``'s database."""
+    record = read_record(home.resolve()) if home.is_dir() else None
+    if record is None or Path(record.prefect_home) != phome.resolve():
+        return 1
+    if not _our_members(record):
+        return 1
+    sys.stdout.write(f"{record.pid} {record.url}\n")
+    return 0
+
+
 def _main(argv: list[str]) -> int:
     import argparse
 
@@ -852,7 +915,22 @@ def _main(argv: list[str]) -> int:
     run.add_argument("--port", type=int, required=True)
     run.add_argument("--home", type=Path, required=True)
     run.add_argument("--idle-seconds", type=float, required=True)
+    shared = sub.add_parser(
+        "shared-server",
+        help="print 'PID URL' and exit 0 if the shared server of --home runs on --prefect-home",
+    )
+    shared.add_argument("--home", type=Path, required=True)
+    shared.add_argument("--prefect-home", type=Path, required=True)
+    seed = sub.add_parser(
+        "seed-database", help="copy the migrated empty Prefect database into a new PREFECT_HOME"
+    )
+    seed.add_argument("--prefect-home", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.command == "shared-server":
+        return _print_shared_server(home=args.home, phome=args.prefect_home)
+    if args.command == "seed-database":
+        target = args.prefect_home / "prefect.db"
+        return 0 if target.exists() or _restore_template(target) else 1
     _daemonize()
     return supervise(port=args.port, home=args.home, idle=args.idle_seconds)
 

@@ -399,3 +399,48 @@ def logging_emitter(event: ArrivalEvent) -> None:
         event.resource,
         event.payload,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdoptionReport:
+    """``dprelease watch --adopt-claims-from OLD_URL``: what the new catalog now remembers."""
+
+    adopted: int  # re-keyed and claimed in the new catalog
+    already: int  # the new catalog had claimed that content already
+    changed: int  # the file's bytes differ from what was announced: it is new content
+    missing: int  # the file is gone: its fingerprint cannot be re-keyed (a copy reappearing is new)
+
+
+def adopt_claims(*, source_url: str, target_url: str | None = None) -> AdoptionReport:
+    """Carry the watcher's arrival claims from the catalog at ``source_url`` (e.g. the SQLite
+    catalog before a move to PostgreSQL) into the catalog at ``target_url`` (default: the current
+    one), so files already announced are not announced again.
+
+    Fingerprints are keyed with each catalog's own key, so a claim cannot be copied as it is: each
+    announced file still on disk is hashed under the old key (it must match the claim, else its
+    content changed and it is new) and claimed under the new key.  O(bytes of announced files).
+    """
+    target = target_url or default_url()
+    if source_url == target:
+        raise ValueError(f"source_url ({source_url!r}) must differ from the target catalog")
+    old_key, new_key = catalog_key(source_url), catalog_key(target)
+    old, new = WatchState(source_url), WatchState(target)
+    adopted = already = changed = missing = 0
+    for claim in old.announcements():
+        path = Path(claim.path)
+        if not path.is_file():
+            missing += 1
+            continue
+        if file_fingerprint(path, key=old_key) != claim.fingerprint:
+            changed += 1
+            continue
+        if new.claim(
+            dataset_id=claim.dataset_id,
+            fingerprint=file_fingerprint(path, key=new_key),
+            path=claim.path,
+            size=claim.size,
+        ):
+            adopted += 1
+        else:
+            already += 1
+    return AdoptionReport(adopted=adopted, already=already, changed=changed, missing=missing)
