@@ -1031,6 +1031,42 @@ def check_runnable(spec: ReleaseSpec) -> None:
         )
 
 
+def check_runnable_before_planning(spec: ReleaseSpec) -> None:
+    """Refuse, from sizes alone, a central release that every later check would refuse, before
+    the (costly) plan is made: planning a 10¹⁴-cell identity workload builds dense Gram matrices
+    for seconds and gigabytes only to be refused afterwards.
+
+    Raises :class:`SpecError` (the messages of :func:`check_runnable`): no ``dataset.source``;
+    output tables of plain (not derived) items above ``MAX_RELEASE_QUERIES`` rows, which every
+    mechanism writes; and, for a named mechanism that counts the full cell vector, a domain above
+    ``MAX_RELEASE_CELLS``.  ``auto`` may still choose a marginal-space plan, so its cell count is
+    checked after planning.  O(attributes × workload items); reads no data, builds no matrix.
+    """
+    if spec.model != "central":
+        return
+    if spec.dataset.source is None:
+        raise SpecError(
+            "dataset.source is not set in the spec; plan works without it, run does not"
+        )
+    sizes = {
+        item.name: item_num_queries(spec, item)
+        for item in spec.workload
+        if item.derived_column is None
+    }
+    if sum(sizes.values()) > MAX_RELEASE_QUERIES:
+        largest = max(sizes, key=lambda name: sizes[name])
+        raise SpecError(
+            f"workload: the output tables would have at least {sum(sizes.values()):,} rows (item "
+            f"{largest!r}: {sizes[largest]:,}); a release writes at most {MAX_RELEASE_QUERIES:,} "
+            "rows: drop or narrow the largest items"
+        )
+    if (
+        spec.mechanism != registry.AUTO
+        and registry.get(spec.mechanism, model=spec.model).input_kind == "cells"
+    ):
+        check_runnable(spec)
+
+
 def _check_privacy_dict(values: dict[str, float], *, field: str) -> dict[str, float]:
     keys = set(values)
     if keys not in ({"epsilon"}, {"rho"}, {"epsilon", "delta"}):
