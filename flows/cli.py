@@ -24,6 +24,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import contextlib
 import gc
 import json
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -698,9 +699,11 @@ def _require_prefect_server(command: str) -> str:
 
     url = PREFECT_API_URL.value()
     if not url:
-        raise CatalogError(
-            f"{command} needs a running Prefect server: start one (deploy/start-server.sh) and "
-            "set PREFECT_API_URL, e.g. http://127.0.0.1:4200/api (see deploy/README.md)"
+        raise errors.Refused(
+            f"{command} needs a running Prefect server and PREFECT_API_URL is not set",
+            title="no Prefect server",
+            hint="start one (deploy/start-server.sh) and set PREFECT_API_URL, e.g. "
+            "http://127.0.0.1:4200/api (see deploy/README.md)",
         )
     return str(url)
 
@@ -823,7 +826,20 @@ def watch(
         )
         return
     if once and max_polls is not None:
-        raise CatalogError("give --once or --max-polls, not both")
+        raise errors.Refused(
+            "give --once or --max-polls, not both",
+            title="conflicting options",
+            hint="give --once (two polls) or --max-polls N, not both",
+        )
+    for role, folder in (("watch folder", directory), ("--spec-dir", spec_dir)):
+        if folder is not None and not folder.is_dir():
+            state_of = "is not a folder" if folder.exists() else "does not exist"
+            raise errors.Refused(
+                f"the {role} {str(folder)!r} {state_of}: it must be an existing folder",
+                title="cannot watch",
+                hint=f"create it (mkdir -p {shlex.quote(str(folder))}) or give the folder "
+                "that exists, then run `dprelease watch` again",
+            )
     if dry_run:
         emitter, state = logging_emitter, WatchState("sqlite://")
     else:

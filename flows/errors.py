@@ -2,7 +2,8 @@
 
 * A user error (the spec, the data against the spec, the budget, the privacy parameters, the
   catalog refusing an operation, a path that cannot be used) prints one short block on stderr:
-  what failed with the field, value and rule (the exception's message), then what to do; exit 2.
+  what failed with the field, value and rule (the exception's message), then what to do for that
+  kind of error (a :class:`Refused` carries its own); exit 2.
 * A failed check (``verify`` finds a mismatch, a release fails validation) prints the same kind of
   block and exits 1: the command worked and its answer is "no".
 * Anything else is an internal error: one line naming the exception type and a log file under
@@ -83,6 +84,16 @@ class Failure:
     exit_code: int
 
 
+class Refused(DprReleaseError):
+    """A refusal that knows its own title and what to do (e.g. a missing watch folder: create
+    it), reported like the other user errors with exit 2."""
+
+    def __init__(self, message: str, *, title: str, hint: str) -> None:
+        super().__init__(message)
+        self.title = title
+        self.hint = hint
+
+
 # Most specific first.
 _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
     (
@@ -150,7 +161,8 @@ _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
         CatalogError,
         Failure(
             title="the catalog refused the operation",
-            hint="see `dprelease releases` and `dprelease budget`",
+            hint="see `dprelease releases` for each release's status; the reason above names "
+            "the release, dataset or setting refused and what to change",
             exit_code=EXIT_USER,
         ),
     ),
@@ -169,6 +181,8 @@ _PATH_ERROR = Failure(
 
 def classify(exc: BaseException) -> Failure | None:
     """The user-facing report of ``exc``; None for an internal error."""
+    if isinstance(exc, Refused):
+        return Failure(title=exc.title, hint=exc.hint, exit_code=EXIT_USER)
     for kind, failure in _USER_ERRORS:
         if isinstance(exc, kind):
             return failure
