@@ -107,8 +107,9 @@ class ServerRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class ServerStatus:
-    """``dprelease server status``: ``state`` is running, starting, unhealthy, stale, stopped or
-    external (a user-configured ``PREFECT_API_URL``)."""
+    """``dprelease server status``: ``state`` is running, starting, unhealthy, stale, stopped,
+    external (a user-configured ``PREFECT_API_URL``) or deploy (``deploy/start-server.sh``'s server
+    on this Prefect home, used instead of starting one)."""
 
     state: str
     url: str | None

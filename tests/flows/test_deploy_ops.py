@@ -410,6 +410,62 @@ def test_worker_and_watcher_run_log_rotate_and_stop_after_the_home_changed(site:
     assert not (site.home / "prefect" / "deploy-server.json").exists()
 
 
+def test_the_postgresql_path_starts_and_stops_in_the_documented_order(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    """deploy/postgres.md: server on PostgreSQL, then worker and watcher with the catalog there,
+    with DPRELEASE_HOME changed between the server and the others; stop.sh finds all three."""
+    from catalog.watch_state import WatchState
+
+    prefect_db = postgres_server.create_database("prefect")
+    catalog = postgres_server.create_database("catalog")
+    landing, specs, registry = tmp_path / "landing", tmp_path / "specs", tmp_path / "registry"
+    specs.mkdir()
+    (specs / "arrival.yaml").write_text(
+        yaml.safe_dump(_spec("pg-arrival", "pg-arrival", landing / "pg-arrival", trigger="arrival"))
+    )
+    port = free_port()
+    server_env = _clean_env(
+        DPRELEASE_HOME=str(tmp_path / "first-home"),
+        DPRELEASE_RUN_REGISTRY=str(registry),
+        DPRELEASE_SERVER_PORT=str(port),
+        PREFECT_API_DATABASE_CONNECTION_URL=prefect_db.replace("+psycopg", "+asyncpg", 1),
+    )
+    shared_env = {
+        **server_env,
+        "DPRELEASE_HOME": str(tmp_path / "shared"),
+        "DPRELEASE_CATALOG_URL": catalog,
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "DPRELEASE_SPECS": str(specs),
+        "DPRELEASE_WATCH_INTERVAL": "1",
+    }
+    try:
+        for script, env in (
+            ("start-server.sh", server_env),
+            ("start-worker.sh", shared_env),
+            ("start-watcher.sh", shared_env),
+        ):
+            args = (str(landing),) if script == "start-watcher.sh" else ()
+            started = _script(script, *args, env=env)
+            assert started.returncode == 0, f"{script}: {started.stdout}{started.stderr}"
+        assert not (tmp_path / "first-home" / "prefect" / "prefect.db").exists()  # on PostgreSQL
+        _write_parquet(landing / "pg-arrival" / "one.parquet", seed=8)
+        _wait_for(
+            lambda: WatchState(catalog).announcements("pg-arrival"),
+            what="the watcher's claim in the PostgreSQL catalog",
+        )
+        recorded = _registry(registry)
+        status = _script("status.sh", env=shared_env)
+        assert status.returncode == 0, status.stdout
+        stopped = _script("stop.sh", env=shared_env)
+        assert stopped.returncode == 0 and stopped.stdout.count("stopped") == 3, stopped.stdout
+        for name, entry in recorded.items():
+            assert _proc_start(int(entry["pid"])) != entry["start"], f"{name} still runs"
+    finally:
+        _script("stop.sh", env=shared_env)
+        _kill_recorded(registry)
+
+
 # --- 4. the watcher's claims move from SQLite to PostgreSQL ------------------------------------------
 def test_claims_adopted_from_sqlite_are_not_announced_again_on_postgresql(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_server: PostgresServer
