@@ -679,3 +679,31 @@ def test_a_guide_block_is_found_by_name() -> None:
     with pytest.raises(AssertionError, match="no block"):
         _guide_block("no-such-block")
     assert "sqlite3" in _guide_block("sqlite-backup")
+
+
+def test_adopting_claims_counts_changed_and_missing_files_and_refuses_one_catalog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from catalog.keys import catalog_key
+    from catalog.watch_state import WatchState
+    from flows.watch import adopt_claims, file_fingerprint
+
+    monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "home"))
+    old_url, new_url = f"sqlite:///{tmp_path / 'old.db'}", f"sqlite:///{tmp_path / 'new.db'}"
+    old = WatchState(old_url)
+    for name, seed in (("kept", 1), ("changed", 2), ("gone", 3)):
+        path = tmp_path / "landing" / f"{name}.parquet"
+        _write_parquet(path, seed=seed)
+        fingerprint = file_fingerprint(path, key=catalog_key(old_url))
+        old.claim(dataset_id="ds", fingerprint=fingerprint, path=str(path), size=1)
+    _write_parquet(tmp_path / "landing" / "changed.parquet", seed=9)
+    (tmp_path / "landing" / "gone.parquet").unlink()
+    first = adopt_claims(source_url=old_url, target_url=new_url)
+    assert (first.adopted, first.already, first.changed, first.missing) == (1, 0, 1, 1)
+    kept = tmp_path / "landing" / "kept.parquet"
+    (claim,) = WatchState(new_url).announcements("ds")
+    assert claim.fingerprint == file_fingerprint(kept, key=catalog_key(new_url))  # re-keyed
+    again = adopt_claims(source_url=old_url, target_url=new_url)
+    assert (again.adopted, again.already) == (0, 1)
+    with pytest.raises(ValueError, match=r"source_url .* must differ"):
+        adopt_claims(source_url=new_url, target_url=new_url)
