@@ -2,7 +2,8 @@
 
 One small table in the catalog database (``review_policies``, its own ``MetaData`` like
 ``catalog.watch_state``): per release, the operator (the person who ran it), the number of
-distinct approvals it needs, whether the operator is excluded from approving, and the Prefect
+distinct approvals it needs, whether the operator is excluded from approving (always, unless
+the spec says ``review: {allow_self_approval: true}``), and the Prefect
 notification block that tells reviewers it is staged.  It is written once, by the process that
 registers the release, from the spec it ran, so a later edit of the spec or the manifest cannot
 lower the bar.  A release without a row (registered before this table existed) needs one approval
@@ -81,8 +82,10 @@ class ReviewPolicyRecord:
         if self.exclude_operator and self.operator and same_person(reviewer, self.operator):
             return (
                 f"reviewer {reviewer!r} ran release {self.release_id!r} (operator "
-                f"{self.operator!r}) and may not approve it; its spec requires "
-                f"{self.required_approvals} approval(s) by other people"
+                f"{self.operator!r}) and may not approve it: it needs "
+                f"{self.required_approvals} approval(s) by someone other than the person who "
+                "ran it; ask another reviewer (a one-person setup sets review: "
+                "{allow_self_approval: true} in the spec, for releases run after that)"
             )
         return None
 
@@ -123,7 +126,7 @@ def record_policy(catalog: Catalog, *, release_id: str, spec: ReleaseSpec) -> Re
         operator=current_operator(),
         operator_host=str(process_owner()["owner_host"]),
         required_approvals=1 if policy is None else policy.approvers,
-        exclude_operator=policy is not None,
+        exclude_operator=policy is None or not policy.allow_self_approval,
         notify=None if policy is None else policy.notify,
         recorded_at=now(),
     )

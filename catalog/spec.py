@@ -628,13 +628,16 @@ _BLOCK_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9-]{0,62}$"
 class ReviewPolicy(_Strict):
     """Who must approve a staged release before it is published (``review:`` in a spec).
 
-    With a ``review`` section the person who ran the release (``DPRELEASE_OPERATOR``, else the
-    login name) may not approve it; ``approvers`` distinct reviewers must.  ``notify`` names the
-    Prefect notification block told when the release is staged (see deploy/NOTIFICATIONS.md).
+    The person who ran the release (``DPRELEASE_OPERATOR``, else the login name) may not approve
+    it, with or without a ``review`` section, unless ``allow_self_approval: true`` (a one-person
+    setup; recorded with the release, shown by ``dprelease review ID``); ``approvers`` distinct
+    reviewers must approve.  ``notify`` names the Prefect notification block told when the release
+    is staged (see deploy/NOTIFICATIONS.md).
     """
 
     approvers: int = Field(default=1, ge=1, le=MAX_APPROVERS)
     notify: str | None = None
+    allow_self_approval: bool = False
 
     @field_validator("notify")
     @classmethod
@@ -669,7 +672,8 @@ class ReleaseSpec(_Strict):
     schedule: Schedule | None = None
     trigger: Literal["arrival"] | None = None
     review: ReviewPolicy | None = None
-    """Separation of duties and reviewer notification; without it one reviewer, anyone, decides."""
+    """Separation of duties and reviewer notification; without it one reviewer decides, who is
+    not the person who ran the release."""
     allow_large_delta: bool = False
     """Accept ``delta`` above 1e-3 in ``privacy`` and ``dataset.budget`` (shown in manifest/report)."""
     execution: Execution = Execution()
@@ -872,6 +876,8 @@ class ReleaseSpec(_Strict):
             del data["dataset"]["partitions"]
         if self.on_unchanged == "skip":
             del data["on_unchanged"]
+        if self.review is not None and not self.review.allow_self_approval:
+            del data["review"]["allow_self_approval"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def series_key(self) -> str:

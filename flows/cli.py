@@ -607,12 +607,20 @@ def review(
     stdout.print(f"{release_id}: {result['status']}", highlight=False)
     if "published_directory" in result:
         stdout.print(f"published to {result['published_directory']}", highlight=False)
-    if result["status"] == "staged":
-        stdout.print(
-            f"approvals: {len(result['approvals'])} of {result['required_approvals']} "
-            f"({', '.join(result['approvals'])}); the release stays staged until the rest approve",
-            highlight=False,
-        )
+    _print_approval_progress(reviewing.status(catalog, release_id))
+
+
+def _print_approval_progress(current: dict[str, Any]) -> None:
+    """After an approval that did not decide: how many are in and how many are still needed."""
+    if current["status"] != "staged" or not current["approvers"]:
+        return
+    missing = current["approvals_missing"]
+    more = "1 more approver approves" if missing == 1 else f"{missing} more approvers approve"
+    stdout.print(
+        f"approval {len(current['approvers'])} of {current['required_approvals']} recorded "
+        f"({', '.join(current['approvers'])}); the release stays staged until {more}",
+        highlight=False,
+    )
 
 
 def _cost(cost: dict[str, float]) -> str:
@@ -665,6 +673,7 @@ def _review_through_flow_run(
 ) -> bool:
     """Resume the paused deployed run with the decision; False when it can no longer decide."""
     _prefect_defaults()
+    from catalog import review as reviewing
     from catalog.watch_state import ReviewRuns
     from flows.deployed_release import ReviewRunNotPaused, resume_review
 
@@ -683,12 +692,14 @@ def _review_through_flow_run(
         return False
     if quiet:
         return True
+    how = "recorded" if record.status == "staged" else "decided"
     stdout.print(
-        f"{record.id}: {record.status} (decided through flow run {paused_run.flow_run_id})",
+        f"{record.id}: {record.status} ({how} through flow run {paused_run.flow_run_id})",
         highlight=False,
     )
     if record.published_directory:
         stdout.print(f"published to {record.published_directory}", highlight=False)
+    _print_approval_progress(reviewing.status(catalog, record.id))
     return True
 
 

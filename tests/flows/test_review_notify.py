@@ -144,7 +144,10 @@ def test_staged_release_notifies_and_needs_two_approvers_other_than_the_operator
     assert own.exit_code == 2 and "may not approve it" in own.output
     first = runner.invoke(app, ["review", release_id, "--approve", "--reviewer", "Ada"])
     assert first.exit_code == 0 and f"{release_id}: staged" in first.stdout
-    assert "approvals: 1 of 2 (Ada)" in first.stdout
+    assert (
+        "approval 1 of 2 recorded (Ada); the release stays staged until 1 more approver approves"
+        in first.stdout
+    )
     twice = runner.invoke(app, ["review", release_id, "--approve", "--reviewer", "ADA"])
     assert twice.exit_code == 2 and "already approved" in twice.output
     second = runner.invoke(

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from catalog import review as review_module
 from catalog.review_policy import OPERATOR_ENV, record_policy
+from catalog.spec import parse_spec
 from flows import cli
 from flows.cli import app, bundled_spec
 from mechanisms import registry
@@ -435,6 +436,43 @@ def test_two_approvers_through_the_cli_with_json_status(
     assert paths["table t"] == str(staged_home.directory / "tables" / "t.parquet")
     assert paths["published_directory"] == str(staged_home.published.resolve())
     assert shown["manifest_problem"] is None
+
+
+def test_the_first_of_two_approvals_says_how_many_are_in_and_missing(
+    staged_home: Staged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26 item 3: the approval that does not decide says "1 of 2" and what is missing."""
+    monkeypatch.setenv(OPERATOR_ENV, "Olga")
+    record_policy(staged_home.catalog, release_id=LONG_ID, spec=policy_spec(approvers=3))
+    first = runner.invoke(app, ["review", LONG_ID, "--approve", "--reviewer", "Ada"])
+    assert first.exit_code == 0, first.output
+    assert first.stdout.splitlines() == [
+        f"{LONG_ID}: staged",
+        "approval 1 of 3 recorded (Ada); the release stays staged until 2 more approvers approve",
+    ]
+    second = runner.invoke(app, ["review", LONG_ID, "--approve", "--reviewer", "Bob"])
+    assert second.stdout.splitlines()[-1] == (
+        "approval 2 of 3 recorded (Ada, Bob); the release stays staged until 1 more approver "
+        "approves"
+    )
+    third = runner.invoke(app, ["review", LONG_ID, "--approve", "--reviewer", "Cleo"])
+    assert third.exit_code == 0 and "recorded (" not in third.stdout
+    assert f"{LONG_ID}: published" in third.stdout
+
+
+def test_without_a_review_section_the_operator_may_not_approve_through_the_cli(
+    staged_home: Staged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26 item 4: the default policy excludes the person who ran the release."""
+    monkeypatch.setenv(OPERATOR_ENV, "Olga")
+    spec = parse_spec(yaml.safe_load(bundled_spec().read_text()))
+    assert spec.review is None
+    record_policy(staged_home.catalog, release_id=LONG_ID, spec=spec)
+    own = runner.invoke(app, ["review", LONG_ID, "--approve", "--reviewer", "olga"])
+    assert own.exit_code == 2 and "may not approve it" in own.output
+    assert "allow_self_approval: true" in own.output
+    other = runner.invoke(app, ["review", LONG_ID, "--approve", "--reviewer", "Ada"])
+    assert other.exit_code == 0 and f"{LONG_ID}: published" in other.stdout
 
 
 def test_review_refuses_half_a_command(staged_home: Staged) -> None:

@@ -408,8 +408,8 @@ def test_one_reviewer_cannot_approve_twice(two_approvers: Staged, again: str) ->
 def test_the_operator_may_not_approve(two_approvers: Staged, name: str) -> None:
     with pytest.raises(
         CatalogError,
-        match=r"reviewer '.*' ran release 'rel-1' \(operator 'Olga'\) and may not approve it; "
-        r"its spec requires 2 approval\(s\) by other people",
+        match=r"reviewer '.*' ran release 'rel-1' \(operator 'Olga'\) and may not approve it: "
+        r"it needs 2 approval\(s\) by someone other than the person who ran it",
     ):
         approve(two_approvers, reviewer=name)
     assert two_approvers.catalog.reviews(RELEASE) == []
@@ -456,13 +456,49 @@ def test_a_release_without_a_policy_needs_one_approval_by_anyone(staged: Staged)
     assert (policy.required_approvals, policy.exclude_operator, policy.operator) == (1, False, None)
 
 
-def test_a_spec_without_review_records_one_approval_and_no_exclusion(
+def test_a_spec_without_review_needs_one_approval_by_someone_else(
+    staged: Staged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: without ``review:`` the operator may no longer approve their own release (before,
+    this test approved as the operator and expected ``published``)."""
+    monkeypatch.setenv(OPERATOR_ENV, "Ada")
+    spec = parse_spec(yaml.safe_load(bundled_spec().read_text()))
+    assert spec.review is None
+    policy = record_policy(staged.catalog, release_id=RELEASE, spec=spec)
+    assert (policy.required_approvals, policy.exclude_operator) == (1, True)
+    with pytest.raises(CatalogError) as refused:
+        approve(staged, reviewer="ada")
+    assert str(refused.value) == (
+        f"reviewer 'ada' ran release {RELEASE!r} (operator 'Ada') and may not approve it: it "
+        "needs 1 approval(s) by someone other than the person who ran it; ask another reviewer "
+        "(a one-person setup sets review: {allow_self_approval: true} in the spec, for releases "
+        "run after that)"
+    )
+    assert staged.catalog.reviews(RELEASE) == []  # refused before anything was recorded
+    assert approve(staged, reviewer="Bob")["status"] == "published"
+
+
+def test_allow_self_approval_lets_the_operator_approve(
     staged: Staged, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(OPERATOR_ENV, "Ada")
-    spec = parse_spec(yaml.safe_load(bundled_spec().read_text()))
-    record_policy(staged.catalog, release_id=RELEASE, spec=spec)
-    assert approve(staged, reviewer="Ada")["status"] == "published"  # as before issue 17
+    spec = policy_spec(allow_self_approval=True)
+    policy = record_policy(staged.catalog, release_id=RELEASE, spec=spec)
+    assert (policy.required_approvals, policy.exclude_operator) == (1, False)
+    assert approve(staged, reviewer="Ada")["status"] == "published"
+
+
+def test_allow_self_approval_must_be_a_boolean() -> None:
+    with pytest.raises(SpecError, match=r"allow_self_approval"):
+        policy_spec(allow_self_approval="yes")
+
+
+def test_allow_self_approval_left_at_its_default_changes_no_spec_hash() -> None:
+    assert policy_spec(approvers=2).fingerprint() == (
+        policy_spec(approvers=2, allow_self_approval=False).fingerprint()
+    )
+    assert policy_spec().fingerprint() != policy_spec(allow_self_approval=True).fingerprint()
+    assert "allow_self_approval" not in policy_spec(approvers=2).canonical_json()
 
 
 def test_operator_is_the_declared_name_else_the_login(monkeypatch: pytest.MonkeyPatch) -> None:
