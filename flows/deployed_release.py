@@ -5,9 +5,12 @@ on an arrival event, or run on demand).  It
 
 1. checks, for an arrival-triggered run, that the announced file still has the announced content
    (a file replaced after its announcement is refused before any budget is spent);
-2. takes the dataset's global concurrency slot (``dprelease-dataset-<id>``, limit 1), so a second
-   release of the same dataset waits until the first is staged; the slot is *not* held while the
-   release waits for review;
+2. takes the dataset's global concurrency slot (``dprelease-dataset-<id>``, limit 1), so two
+   releases of one dataset never overlap; the slot is *not* held while the release waits for
+   review.  A deployed run normally finds the slot free: its deployment is in the dataset's work
+   queue (``flows.deployments.dataset_queue_name``, limit 1), and the server starts no run of the
+   dataset while another is Pending or Running, so queued runs wait as Scheduled runs on the
+   server instead of as waiting processes on the worker;
 3. runs the ``release`` flow as a subflow (the same tasks as ``dprelease run``: budget check before
    any data is read, ledger charge before noise, stage);
 4. records which flow run awaits the review (``catalog.watch_state.ReviewRuns``) and pauses with a
