@@ -183,7 +183,42 @@ _TAG = re.compile(
     re.IGNORECASE,
 )
 _FAVICON = re.compile(r"href=[\"'](?:\./|\.\./)*static/images/favicon\.ico[\"']")
-_LOGO = re.compile(r"https://great-expectations-web-assets\.s3\.[^\"']+?\.png(?:\?[^\"']*)?")
+_LOGO = re.compile(r"https://great-expectations-web-assets\.s3\.[^\"')]+?\.png(?:\?[^\"')]*)?")
+LOGO = "static/images/logo-long.png"  # inside the docs folder (GX's own static files)
+_EXTERNAL = r"(?:[a-z][a-z0-9+.-]*:(?<!data:)|//)"  # a scheme other than data:, or //host
+_CSS_URL = re.compile(r"url\(\s*[\"']?(?P<url>" + _EXTERNAL + r"[^\"')\s]*)", re.IGNORECASE)
+_CSS_IMPORT = re.compile(
+    r"@import\s+(?:url\(\s*)?[\"']?(?P<url>" + _EXTERNAL + r"[^\"')\s;]*)", re.IGNORECASE
+)
+_HTML_RESOURCE = re.compile(
+    r"<(?:script|link|img|iframe|embed|object|source|audio|video|track|input)\b[^>]*?"
+    r"\b(?:src|href|data|srcset|poster)\s*=\s*[\"']?(?P<url>" + _EXTERNAL + r"[^\"'\s>]*)",
+    re.IGNORECASE,
+)
+_JS_LOAD = re.compile(
+    r"(?:\bimport\s*\(|\bimportScripts\s*\(|\bfetch\s*\(|\.(?:src|href)\s*=|"
+    r"\bnew\s+(?:WebSocket|EventSource|Worker)\s*\()\s*[\"'`](?P<url>" + _EXTERNAL + r"[^\"'`]*)",
+    re.IGNORECASE,
+)
+_SCANNERS = {
+    ".html": (_HTML_RESOURCE, _CSS_URL, _CSS_IMPORT),  # CSS rules: <style> blocks, style=""
+    ".htm": (_HTML_RESOURCE, _CSS_URL, _CSS_IMPORT),
+    ".css": (_CSS_URL, _CSS_IMPORT),
+    ".js": (_JS_LOAD, _CSS_URL, _CSS_IMPORT),
+}
+
+
+def external_references(path: Path) -> list[str]:
+    """The network resources an HTML, CSS or JS file would load when opened (empty for other
+    files): ``src``/``href`` of resource tags, CSS ``url(...)`` and ``@import``, and JS loads of a
+    literal URL.  A plain ``<a href>`` link is not a resource.  O(bytes)."""
+    scanners = _SCANNERS.get(path.suffix.lower())
+    if scanners is None:
+        return []
+    text = path.read_text(errors="replace")
+    return list(
+        dict.fromkeys(m.group("url") for scanner in scanners for m in scanner.finditer(text))
+    )
 
 
 class OfflineDocsError(RuntimeError):
@@ -195,8 +230,9 @@ def make_docs_offline(docs_dir: Path) -> list[Path]:
 
     Each CDN ``<script>``/``<link>`` becomes a relative link to ``static/vendor/``; unused ones
     (:data:`DROPPED`) are removed with their ``integrity``/``crossorigin`` attributes (which a
-    ``file://`` page cannot satisfy); the S3 logo becomes the logo inside the GX package.  Raises
-    :class:`OfflineDocsError` naming the page and URL of any other network resource.
+    ``file://`` page cannot satisfy); the S3 logo (in pages and in GX's style sheet) becomes the
+    logo inside the GX package.  Raises :class:`OfflineDocsError` naming the file and URL of any
+    other network resource of a page, style sheet or script (:func:`external_references`).
     """
     import shutil
 
@@ -210,10 +246,22 @@ def make_docs_offline(docs_dir: Path) -> list[Path]:
     for page in pages:
         up = "../" * (len(page.relative_to(docs_dir).parts) - 1)
         text = _TAG.sub(partial(_local_tag, up=up, page=page), page.read_text())
-        text = _LOGO.sub(f"{up}static/images/logo-long.png", text)
+        text = _LOGO.sub(f"{up}{LOGO}", text)
         # GX links the favicon of pages four folders deep one folder too high
         text = _FAVICON.sub(f'href="{up}static/images/favicon.ico"', text)
         page.write_text(text)
+    for sheet in sorted(docs_dir.rglob("*.css")):  # GX's styles load its logo from S3
+        logo = os.path.relpath(docs_dir / LOGO, sheet.parent)
+        text = sheet.read_text()
+        if _LOGO.search(text):
+            sheet.write_text(_LOGO.sub(logo, text))
+    for written in sorted(docs_dir.rglob("*")):
+        remote = external_references(written) if written.is_file() else []
+        if remote:
+            raise OfflineDocsError(
+                f"Data Docs file {written.relative_to(docs_dir)} loads {remote[0]}, which has no "
+                f"bundled copy in {ASSETS}"
+            )
     return pages
 
 

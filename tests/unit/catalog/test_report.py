@@ -18,7 +18,13 @@ import pytest
 
 from catalog import report
 from catalog.artifacts import write_table
-from catalog.gx import ASSETS, LOCAL_COPIES, OfflineDocsError, make_docs_offline
+from catalog.gx import (
+    ASSETS,
+    LOCAL_COPIES,
+    OfflineDocsError,
+    external_references,
+    make_docs_offline,
+)
 from catalog.planning import build_workload
 from catalog.report_charts import chart_for, png_rgb, table_model
 from catalog.spec import parse_spec
@@ -375,7 +381,14 @@ def test_data_docs_point_at_bundled_copies(tmp_path: Path) -> None:
     (tmp_path / "validations" / "a").mkdir(parents=True)
     (tmp_path / "index.html").write_text(PAGE)
     (tmp_path / "validations" / "a" / "run.html").write_text(PAGE)
+    (tmp_path / "static" / "styles").mkdir(parents=True)
+    (tmp_path / "static" / "styles" / "gx.css").write_text(
+        "a { background: url('https://great-expectations-web-assets.s3.us-east-2.amazonaws.com/"
+        "full_logo_dark.png') }"
+    )
     make_docs_offline(tmp_path)
+    # every page, style sheet and script (bundled ones included) loads nothing from the network
+    assert [p for p in tmp_path.rglob("*") if p.is_file() and external_references(p)] == []
     for page, up in (
         (tmp_path / "index.html", ""),
         (tmp_path / "validations/a/run.html", "../../"),
