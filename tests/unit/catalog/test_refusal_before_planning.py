@@ -69,3 +69,28 @@ def test_a_spec_without_a_source_is_refused_before_planning() -> None:
     spec = spec_of([{"name": "a0", "marginal": ["a0"]}], mechanism="auto", source=None)
     with pytest.raises(SpecError, match=r"dataset.source is not set in the spec"):
         check_runnable_before_planning(spec)
+
+
+def test_the_flow_s_load_spec_stage_refuses_it_too(tmp_path: Any) -> None:
+    """Deployed runs (schedule, arrival) do not pass through `dprelease run`: the flow's first
+    stage refuses the same spec before the plan stage, also with an arrived file as source."""
+    import yaml
+
+    from tasks.load_spec import load_spec_task
+
+    path = tmp_path / "huge.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "huge",
+                "dataset": {"id": "huge", "source": "x.parquet", "budget": {"epsilon": 10.0}},
+                "domain": HUGE,
+                "workload": [{"name": "all", "marginal": ["a0", "a1", "a2", "a3"]}],
+                "mechanism": "identity",
+                "privacy": {"epsilon": 1.0},
+            }
+        )
+    )
+    for override in (None, str(tmp_path / "arrived.parquet")):
+        with pytest.raises(SpecError, match="a release writes at most 200,000,000 rows"):
+            load_spec_task.fn(str(path), override)
