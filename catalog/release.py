@@ -31,6 +31,7 @@ from catalog.errors import SpecError, ValidationFailedError
 from catalog.inputs import READERS, Ingested
 from catalog.ledger import Catalog, DatasetAccountant, SkippedRelease
 from catalog.manifest import Manifest
+from catalog.memory import check_memory, predict_plan
 from catalog.planning import Plan, build_workload
 from catalog.report import render_report
 from catalog.review_policy import record_policy
@@ -91,6 +92,7 @@ def register(
         )
         if skipped is not None:
             return skipped
+    check_memory(predict_plan(spec, plan))  # refused before any data is read or charge made
     due = cost_due(spec, plan, catalog)
     catalog.check_budget(spec.dataset.id, due, partitions=touched)  # before any data is read
     before = catalog.spent(spec.dataset.id, partitions=touched)

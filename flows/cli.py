@@ -160,9 +160,10 @@ def _run_release(
             # Data-free planning fills the strategy store on the other core while the server
             # starts; the flow's plan task then finds the strategy there.
             status.update("planning while the local Prefect server starts (reused later)…")
+            from catalog.memory import check_memory, predict_plan
             from catalog.planning import make_plan
 
-            make_plan(spec)
+            check_memory(predict_plan(spec, make_plan(spec)))  # before the flow charges
         with _server_ready(connection):
             status.update("running the release flow…")
             from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
@@ -325,8 +326,13 @@ def plan(
 
     loaded = load_spec(spec)
     result = make_plan(loaded, time_budget=time_budget)
+    from catalog.memory import predict_plan
+
+    memory = predict_plan(loaded, result)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(
+            json.dumps(result.to_json() | {"memory": memory.to_json()}, indent=2) + "\n"
+        )
         return
     table = Table(title=f"plan: {result.num_queries:,} queries over {result.num_cells:,} cells")
     for column in ("mechanism", "rmse", "total variance", "ratio to bound", "seconds", "note"):
@@ -351,6 +357,13 @@ def plan(
     stdout.print(f"chosen: {result.chosen} — {result.reason}", highlight=False)
     stdout.print(
         f"privacy cost: {result.expected_cost.describe()} ({result.noise_kind} noise)",
+        highlight=False,
+    )
+    peak_stage, _, driver = memory.peak
+    stdout.print(
+        "predicted memory: "
+        + ", ".join(f"{name} {size / 1e6:,.0f} MB" for name, size, _ in memory.stages)
+        + f"; peak {peak_stage} ({driver})",
         highlight=False,
     )
 
