@@ -34,6 +34,16 @@ class ValidationFailedError(DprReleaseError):
     """A release's outputs failed validation; the budget stays spent, nothing is staged."""
 
 
+class SettingError(DprReleaseError, ValueError):
+    """An environment setting (``DPRELEASE_MEMORY_LIMIT``, ``DPRELEASE_STAGE_TIMEOUT``) is not
+    usable: the message names the variable, its value and the rule."""
+
+
+class MemoryLimitError(DprReleaseError):
+    """A release predicted to need more memory than the limit; refused before any data is read or
+    any budget charged.  The message names the stage and the size that drives it."""
+
+
 class StageTimeLimitExceeded(DprReleaseError):
     """A release stage ran past its time limit, or did not stop after SIGTERM/SIGINT.
 
@@ -52,7 +62,9 @@ __all__ = [
     "DataError",
     "DprReleaseError",
     "MeasureMismatchError",
+    "MemoryLimitError",
     "PrivacyError",
+    "SettingError",
     "SpecError",
     "StageTimeLimitExceeded",
     "ValidationFailedError",

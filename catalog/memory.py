@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from catalog.errors import SpecError
+from catalog.errors import MemoryLimitError, SettingError
 
 ENV = "DPRELEASE_MEMORY_LIMIT"
 BASE_BYTES = 330e6  # measured: the `dprelease run` process's imports (prefect, GX) and catalog
@@ -131,7 +131,7 @@ def predict_plan(spec: Any, plan: Any) -> MemoryPrediction:
 
 
 def parse_limit(text: str) -> int:
-    """``2GB``, ``1500MB``, ``1000000`` (bytes) -> bytes; anything else raises SpecError."""
+    """``2GB``, ``1500MB``, ``1000000`` (bytes) -> bytes; anything else raises SettingError."""
     raw = text.strip().upper().replace(" ", "")
     number = raw.rstrip("KMGTB")
     unit = raw[len(number) :]
@@ -140,7 +140,7 @@ def parse_limit(text: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in _UNITS or not value > 0 or value != value or value == float("inf"):
-        raise SpecError(
+        raise SettingError(
             f"{ENV}={text!r} must be a positive size: bytes, or a number with KB, MB, GB or TB "
             "(e.g. 2GB, 1500MB)"
         )
@@ -172,13 +172,14 @@ def _size(value: float) -> str:
 
 
 def check_memory(prediction: MemoryPrediction) -> None:
-    """Refuse (SpecError, exit 2) a release predicted past the limit; before any data is read."""
+    """Refuse (MemoryLimitError, exit 2) a release predicted past the limit; before any data is
+    read."""
     limit = memory_limit()
     if limit is None:
         return
     stage, peak, driver = prediction.peak
     if peak > limit[0]:
-        raise SpecError(
+        raise MemoryLimitError(
             f"{stage} needs ~{_size(peak)} for {driver}; limit {_size(limit[0])} ({limit[1]}): "
             "raise the limit, run on a larger machine, or narrow the workload"
         )

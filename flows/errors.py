@@ -34,6 +34,8 @@ from catalog.errors import (
     CatalogError,
     DataError,
     DprReleaseError,
+    MemoryLimitError,
+    SettingError,
     SpecError,
     StageTimeLimitExceeded,
     ValidationFailedError,
@@ -146,6 +148,24 @@ _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
             hint="nothing was staged and the budget stays spent; see the validation results and "
             "the spec's privacy level",
             exit_code=EXIT_CHECK_FAILED,
+        ),
+    ),
+    (
+        MemoryLimitError,
+        Failure(
+            title="not enough memory for this release",
+            hint="nothing was read or charged; run on a machine with more memory (or set "
+            "DPRELEASE_MEMORY_LIMIT if the limit is wrong), or narrow the workload; "
+            "`dprelease plan SPEC` shows each stage's predicted memory",
+            exit_code=EXIT_USER,
+        ),
+    ),
+    (
+        SettingError,
+        Failure(
+            title="invalid setting",
+            hint="fix or unset the environment variable named above",
+            exit_code=EXIT_USER,
         ),
     ),
     (

@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from catalog.errors import DprReleaseError, StageTimeLimitExceeded
+from catalog.errors import SettingError, StageTimeLimitExceeded
 from flows.server import pid_alive, proc_fields
 
 STAGE_TIMEOUT_ENV = "DPRELEASE_STAGE_TIMEOUT"
@@ -62,7 +62,7 @@ RUNS_FOLDER = Path("run") / "releases"
 logger = logging.getLogger("dprelease.watchdog")
 
 
-class WatchdogSettingError(DprReleaseError, ValueError):
+class WatchdogSettingError(SettingError):
     """``DPRELEASE_STAGE_TIMEOUT`` is not a usable number of seconds."""
 
 

@@ -310,3 +310,28 @@ def test_an_invalid_stage_timeout_is_refused_before_prefect(tmp_path: Path, home
     result = _program(snippet, "run", str(bundled_spec()), "--out", str(tmp_path / "out"))
     assert _verdict(result) == {"code": 2, "heavy": []}
     assert "DPRELEASE_STAGE_TIMEOUT='soon': must be a finite number of seconds > 0" in result.stderr
+
+
+def test_a_release_predicted_past_the_memory_limit_is_refused_with_nothing_charged(
+    tmp_path: Path, tiny_dataset: Path, home: Path
+) -> None:
+    """Exit 2 before any data is read: the message names the stage and the size that drives it,
+    and the catalog holds no release and no charge for the dataset."""
+    spec_path = write_spec(tmp_path, tiny_dataset, mechanism="identity")
+    snippet = "import os\nos.environ['DPRELEASE_MEMORY_LIMIT'] = '50MB'\n" + AS_PROGRAM
+    result = _program(snippet, "run", str(spec_path), "--out", str(tmp_path / "out"))
+    assert _verdict(result)["code"] == 2, result.stderr[-3000:]
+    assert "error: not enough memory for this release" in result.stderr
+    assert "limit 50 MB (DPRELEASE_MEMORY_LIMIT)" in result.stderr
+    assert "Traceback" not in result.stderr
+    dataset = "tiny-" + tmp_path.name[-12:]
+    if (home / "catalog.db").exists():
+        with sqlite3.connect(home / "catalog.db") as db:
+            released = db.execute(
+                "select count(*) from releases where dataset_id = ?", (dataset,)
+            ).fetchone()
+            charged = db.execute(
+                "select count(*) from ledger where dataset_id = ?", (dataset,)
+            ).fetchone()
+        assert released == (0,) and charged == (0,)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

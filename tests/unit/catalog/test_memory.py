@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from catalog import memory, release
-from catalog.errors import SpecError
+from catalog.errors import MemoryLimitError, SettingError
 from catalog.ledger import Catalog
 from catalog.planning import make_plan
 from catalog.spec import ReleaseSpec, parse_spec
@@ -48,7 +48,7 @@ def test_an_invalid_memory_limit_is_refused_naming_the_variable(
     text: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DPRELEASE_MEMORY_LIMIT", text)
-    with pytest.raises(SpecError, match=r"DPRELEASE_MEMORY_LIMIT=.*must be a positive size"):
+    with pytest.raises(SettingError, match=r"DPRELEASE_MEMORY_LIMIT=.*must be a positive size"):
         memory.memory_limit()
 
 
@@ -89,7 +89,7 @@ def test_register_refuses_past_the_limit_before_any_charge(
     catalog = Catalog(f"sqlite:///{tmp_path / 'catalog.db'}")
     plan = make_plan(spec)
     monkeypatch.setenv("DPRELEASE_MEMORY_LIMIT", "10MB")
-    with pytest.raises(SpecError, match=r"needs ~.* limit 10 MB \(DPRELEASE_MEMORY_LIMIT\)"):
+    with pytest.raises(MemoryLimitError, match=r"needs ~.* limit 10 MB \(DPRELEASE_MEMORY_LIMIT\)"):
         release.register(spec, plan, catalog, release_id="r1")
     assert catalog.ledger_entries("ds") == []
     assert catalog.releases() == []
