@@ -1088,3 +1088,27 @@ def test_item_variances_stay_exact_with_a_near_dead_direction() -> None:
     # can fail: the covariance route is far off here
     through_covariance = DenseStrategy.item_unit_variances(strategy, item)
     assert not np.allclose(through_covariance, exact, rtol=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_example_2_released_strategy_total_variance_at_most_38_4(seed: int) -> None:
+    """Issue 26: the released least-squares strategy (not only B·L) reaches ≈38/ε² for every
+    seed; before pruning near-dead rows of L it gave 38.2–1421 depending on the seed."""
+    from mechanisms.lrm import _least_variance_measurement, _unit_total
+
+    decomposition = decompose(EXAMPLE_2_W, rng=np.random.default_rng(seed))
+    chosen = _least_variance_measurement(EXAMPLE_2_W, decomposition.L)
+    total = 2.0 * _unit_total(EXAMPLE_2_W, chosen.matrix)  # epsilon = 1
+    assert total <= 38.4
+    assert total <= 2.0 * float(np.sum(EXAMPLE_2_W**2))  # never worse than identity (40)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_released_strategy_never_worse_than_identity(seed: int) -> None:
+    from mechanisms.lrm import _least_variance_measurement, _unit_total
+
+    rng = np.random.default_rng(100 + seed)
+    workload = rng.integers(-2, 3, size=(5, 6)).astype(np.float64)
+    decomposition = decompose(workload, rng=np.random.default_rng(seed))
+    chosen = _least_variance_measurement(workload, decomposition.L)
+    assert _unit_total(workload, chosen.matrix) <= float(np.sum(workload**2)) * (1 + 1e-9)
