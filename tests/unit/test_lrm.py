@@ -1112,3 +1112,20 @@ def test_released_strategy_never_worse_than_identity(seed: int) -> None:
     decomposition = decompose(workload, rng=np.random.default_rng(seed))
     chosen = _least_variance_measurement(workload, decomposition.L)
     assert _unit_total(workload, chosen.matrix) <= float(np.sum(workload**2)) * (1 + 1e-9)
+
+
+def test_planned_error_equals_dense_error_of_returned_strategy() -> None:
+    """Issue 26: the planner's reported LRM error is that of the strategy it returns, recomputed
+    densely as ``2·Δ(A)²·‖W·A⁺‖²_F/ε²``, and not above identity's ``2‖W‖²_F/ε²``."""
+    request = lrm_request(AGE_BY_GROUP_WORKLOAD)
+    strategy = LRM.plan(request, cache=MemoryCache())
+    reported = LRM.evaluate(strategy, request).total_variance
+    workload = AGE_BY_GROUP_WORKLOAD.dense_matrix()
+    matrix = strategy.matrix
+    dense = (
+        2.0
+        * float(np.abs(matrix).sum(axis=0).max()) ** 2
+        * float(np.sum((workload @ np.linalg.pinv(matrix)) ** 2))
+    )
+    assert reported == pytest.approx(dense, rel=1e-6)
+    assert reported <= 2.0 * float(np.sum(workload**2)) * (1 + 1e-9)
