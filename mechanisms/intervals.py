@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.special import ndtri
 
-from mechanisms.operators import Factor
+from mechanisms.operators import Factor, Ranges
 
 # Relative size below which an entry of a least-squares row counts as zero (floating-point noise of
 # a pseudo-inverse; genuine weights are O(1/n) or larger for any domain this package accepts).
@@ -122,6 +122,27 @@ def kron_single_term_rows(
     for workload, strategy, pinv in zip(
         workload_factors, strategy_factors, gram_pinvs, strict=True
     ):
-        answer_rows = workload.dense() @ np.asarray(pinv) @ strategy.dense().T
-        flags = np.logical_and.outer(flags, single_term_rows(answer_rows)).ravel()
+        right = np.asarray(pinv) @ strategy.dense().T  # n × p
+        flags = np.logical_and.outer(flags, _factor_single_term_rows(workload, right)).ravel()
     return flags
+
+
+ROW_BLOCK_ENTRIES = 1 << 22
+"""Entries of one block of answer rows (32 MB): bounds the peak for 500,500 ranges × 2,000 queries."""
+
+
+def _factor_single_term_rows(workload: Factor, right: np.ndarray) -> np.ndarray:
+    """:func:`single_term_rows` of ``workload.dense() @ right`` in row blocks of at most
+    :data:`ROW_BLOCK_ENTRIES` entries; range factors use prefix differences of ``right`` (O(m p)),
+    never their dense ``m × n`` matrix."""
+    m, p = workload.m, right.shape[1]
+    block = max(1, ROW_BLOCK_ENTRIES // max(p, 1))
+    if isinstance(workload, Ranges):
+        prefix = np.vstack([np.zeros((1, p)), np.cumsum(right, axis=0)])
+        lo, hi = workload.lo, workload.hi
+        parts = [
+            single_term_rows(prefix[hi[i : i + block] + 1] - prefix[lo[i : i + block]])
+            for i in range(0, m, block)
+        ]
+        return np.concatenate(parts)
+    return single_term_rows(workload.dense() @ right)
