@@ -22,7 +22,7 @@ FLOAT = 8.0
 # benchmark specs with benchmarks/memory_bench.py)
 INGEST_PER_INPUT_BYTE = 3.0  # Arrow table + numpy copy + cell index
 MEASURE_PER_ROW = 4 * FLOAT  # strategy answers, noise, noisy answers, scratch
-RECONSTRUCT_PER_QUERY = 8 * FLOAT  # estimates, variances, intervals, table columns
+RECONSTRUCT_PER_QUERY = 1400.0  # estimates, variances, intervals, labels and table columns
 RECONSTRUCT_PER_CELL = 6 * FLOAT
 VALIDATE_PER_ROW = 400.0  # pandas frame of a released table (object columns) + GX copies
 STAGE_PER_ROW = 200.0  # report charts and Parquet writer buffers
