@@ -27,9 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,26 +35,18 @@ EXAMPLES = ROOT / "flows" / "examples"
 CLI = Path(sys.executable).parent / "dprelease"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from pipeline_bench import adult_spec, rows_spec, write_spec  # noqa: E402
+from pipeline_bench import (  # noqa: E402
+    adult_spec,
+    rows_spec,
+    write_random_parquet,
+    write_spec,
+)
 
 
 def big_spec(home: Path, rows: int) -> Path:
     path = home / f"big-{rows}.parquet"
-    rng = np.random.default_rng(20261128)  # public randomness: synthetic benchmark data
-    chunk = 2_000_000
-    writer = None
-    for start in range(0, rows, chunk):
-        size = min(chunk, rows - start)
-        table = pa.table(
-            {
-                "a": pa.array(rng.integers(0, 1000, size), pa.int64()),
-                "b": pa.array(rng.integers(0, 100, size), pa.int64()),
-            }
-        )
-        writer = writer or pq.ParquetWriter(path, table.schema)
-        writer.write_table(table)
-    if writer is not None:
-        writer.close()
+    columns = {"a": (1000, pa.int64()), "b": (100, pa.int64())}
+    write_random_parquet(path, rows, columns, seed=20261128)
     return write_spec(
         home,
         f"big-{rows}",

@@ -87,25 +87,33 @@ def adult_spec(home: Path) -> Path:
     )
 
 
+def write_random_parquet(
+    path: Path, rows: int, columns: dict[str, tuple[int, pa.DataType]], *, seed: int
+) -> None:
+    """``rows`` uniform integers in ``[0, high)`` per column, written in 2M-row batches (public
+    randomness: synthetic benchmark data)."""
+    rng = np.random.default_rng(seed)
+    chunk = 2_000_000
+    with pq.ParquetWriter(
+        path, pa.schema([(name, kind) for name, (_, kind) in columns.items()])
+    ) as writer:
+        for start in range(0, rows, chunk):
+            size = min(chunk, rows - start)
+            writer.write_table(
+                pa.table(
+                    {
+                        name: pa.array(rng.integers(0, high, size), kind)
+                        for name, (high, kind) in columns.items()
+                    }
+                )
+            )
+
+
 def rows_spec(home: Path, rows: int) -> Path:
     path = home / f"rows-{rows}.parquet"
     if not path.exists():
-        rng = np.random.default_rng(3)  # public randomness: synthetic benchmark data
-        chunk = 5_000_000
-        writer = None
-        for start in range(0, rows, chunk):
-            size = min(chunk, rows - start)
-            table = pa.table(
-                {
-                    "a": pa.array(rng.integers(0, 100, size), pa.int16()),
-                    "b": pa.array(rng.integers(0, 100, size), pa.int16()),
-                    "c": pa.array(rng.integers(0, 10, size), pa.int8()),
-                }
-            )
-            writer = writer or pq.ParquetWriter(path, table.schema)
-            writer.write_table(table)
-        if writer is not None:
-            writer.close()
+        columns = {"a": (100, pa.int16()), "b": (100, pa.int16()), "c": (10, pa.int8())}
+        write_random_parquet(path, rows, columns, seed=3)
     return write_spec(
         home,
         f"bench-rows-{rows}",

@@ -1027,13 +1027,17 @@ def check_runnable(spec: ReleaseSpec) -> None:
             f"{MAX_RELEASE_CELLS:,} cells on one machine (plan works up to {MAX_PLAN_CELLS:.0e}): "
             "use wider bins or fewer attributes"
         )
-    sizes = {item.name: item_num_queries(spec, item) for item in spec.workload}
+    _check_release_rows({item.name: item_num_queries(spec, item) for item in spec.workload})
+
+
+def _check_release_rows(sizes: dict[str, int], *, lower_bound: bool = False) -> None:
+    """Refuse output tables above ``MAX_RELEASE_QUERIES`` rows, naming the largest item."""
     if sum(sizes.values()) > MAX_RELEASE_QUERIES:
         largest = max(sizes, key=lambda name: sizes[name])
         raise SpecError(
-            f"workload: the output tables would have {sum(sizes.values()):,} rows (item "
-            f"{largest!r}: {sizes[largest]:,}); a release writes at most {MAX_RELEASE_QUERIES:,} "
-            "rows: drop or narrow the largest items"
+            f"workload: the output tables would have {'at least ' if lower_bound else ''}"
+            f"{sum(sizes.values()):,} rows (item {largest!r}: {sizes[largest]:,}); a release "
+            f"writes at most {MAX_RELEASE_QUERIES:,} rows: drop or narrow the largest items"
         )
 
 
@@ -1054,18 +1058,10 @@ def check_runnable_before_planning(spec: ReleaseSpec) -> None:
         raise SpecError(
             "dataset.source is not set in the spec; plan works without it, run does not"
         )
-    sizes = {
-        item.name: item_num_queries(spec, item)
-        for item in spec.workload
-        if item.derived_column is None
-    }
-    if sum(sizes.values()) > MAX_RELEASE_QUERIES:
-        largest = max(sizes, key=lambda name: sizes[name])
-        raise SpecError(
-            f"workload: the output tables would have at least {sum(sizes.values()):,} rows (item "
-            f"{largest!r}: {sizes[largest]:,}); a release writes at most {MAX_RELEASE_QUERIES:,} "
-            "rows: drop or narrow the largest items"
-        )
+    plain = [item for item in spec.workload if item.derived_column is None]
+    _check_release_rows(
+        {item.name: item_num_queries(spec, item) for item in plain}, lower_bound=True
+    )
     if (
         spec.mechanism != registry.AUTO
         and registry.get(spec.mechanism, model=spec.model).input_kind == "cells"
