@@ -147,7 +147,10 @@ def simulate(
         loaded, published, input_path=str(input_path), output_path=out, rng=rng
     )
     dropped = (
-        f" ({summary.dropped_rows} out-of-domain rows dropped)" if summary.dropped_rows else ""
+        # the exact count is confidential: `dprelease check` shows it to the custodian
+        " (out-of-domain rows dropped; `dprelease check SPEC` counts them)"
+        if summary.dropped_rows
+        else ""
     )
     stdout.print(
         f"wrote {summary.num_responses:,} responses to {summary.output}{dropped}; strategy "

@@ -196,3 +196,35 @@ def test_bad_responses_fail_the_release_and_charge_nothing(tmp_path: Path) -> No
     catalog = Catalog()
     assert catalog.ledger_entries(dataset) == []
     assert [r.status for r in catalog.releases(dataset_id=dataset)] == ["failed"]
+
+
+def test_simulate_names_no_count_of_dropped_rows(tmp_path: Path) -> None:
+    """How many true items were out of the domain is confidential: `ldp simulate` says rows
+    were dropped and where to count them (`dprelease check`), never how many."""
+    items = tmp_path / "items.parquet"
+    pq.write_table(pa.table({"v": pa.array([1, 2, 3, 99, 98, 97, 96], pa.int16())}), items)
+    spec = _spec(tmp_path, tmp_path / "responses.parquet", "ldp-dropped")
+    loaded = yaml.safe_load(spec.read_text())
+    spec.write_text(yaml.safe_dump({**loaded, "on_out_of_domain": "drop"}))
+    strategy_dir = tmp_path / "strategy"
+    assert (
+        runner.invoke(ldp_app, ["strategy", str(spec), "--out", str(strategy_dir)]).exit_code == 0
+    )
+    simulated = runner.invoke(
+        ldp_app,
+        [
+            "simulate",
+            str(spec),
+            "--strategy",
+            str(strategy_dir),
+            "--input",
+            str(items),
+            "--out",
+            str(tmp_path / "responses.parquet"),
+            "--seed",
+            "5",
+        ],
+    )
+    assert simulated.exit_code == 0, simulated.output
+    assert "out-of-domain rows dropped; `dprelease check SPEC` counts them" in simulated.stdout
+    assert "4 out-of-domain" not in simulated.stdout  # 4 of the 7 items are out of the domain
