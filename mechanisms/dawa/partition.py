@@ -42,7 +42,8 @@ Design notes (``seed-dawa.md`` §10 lists the thesis's open points; the choices 
 - Uncertainty (:func:`query_uncertainty`): a released answer's ``std_error`` combines the
   measurement noise with an estimate of the bias of uniform expansion inside the buckets the
   query cuts, computed from the released bucket estimates and the public partition only (cell
-  counts taken as Poisson around a linear trend fitted to the neighbouring buckets); queries whose
+  counts vary around a linear trend fitted to the neighbouring buckets, with the larger of the
+  Poisson variance and the roughness the neighbours show around that trend); queries whose
   bias cannot be estimated (a single bucket) are flagged noise-only, with no interval.
 - Step 2 measures the budget-weighted tree ``A = diag(f)·Y`` (``f`` = budget fractions, every
   leaf-to-root path sums to 1) with one Laplace scale ``Δ(A)/ε₂``; this is the same mechanism as
@@ -1214,6 +1215,10 @@ def measure_and_reconstruct(
 _COVERAGE_CHUNK_ENTRIES = 2_000_000
 # A (row, bucket) whose weights vary by less than this (relative) is treated as evenly covered.
 _EVEN_COVER_TOLERANCE = 1e-9
+# Buckets on each side whose roughness samples a bucket's cell variance averages: one squared
+# residual is a χ²₁-like draw, and narrower windows under-cover on rough histograms (the
+# table of benchmarks/dawa_coverage_bench.py); wider ones widen smooth data's intervals.
+_ROUGHNESS_WINDOW = 8
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -1299,6 +1304,25 @@ def bucket_covariance(strategy: HierarchicalStrategy, *, noise_variance: float) 
     return noise_variance * (upper + np.triu(upper, 1).T)
 
 
+def _cross_edges(
+    partition: Partition, coordinates: np.ndarray
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Per axis, every grid edge between cells of different buckets: ``(axis, b, c)`` with ``c``'s
+    cell one step further along ``axis`` than ``b``'s.  O(n) per axis."""
+    bucket = partition.bucket_of_cell()
+    shape = tuple(int(s) for s in coordinates.max(axis=0) + 1)
+    grid = np.ravel_multi_index(tuple(coordinates.T), shape)
+    position = np.full(math.prod(shape), -1, dtype=np.int64)
+    position[grid] = np.arange(grid.size)
+    for axis in range(coordinates.shape[1]):
+        here = np.flatnonzero(coordinates[:, axis] < shape[axis] - 1)
+        there = position[grid[here] + math.prod(shape[axis + 1 :])]
+        keep = there >= 0
+        b, c = bucket[here[keep]], bucket[there[keep]]
+        cross = b != c
+        yield axis, b[cross], c[cross]
+
+
 def _bucket_slopes_squared(
     partition: Partition,
     densities: np.ndarray,
@@ -1325,22 +1349,10 @@ def _bucket_slopes_squared(
             for a in range(n_axes)
         ]
     )
-    shape = tuple(int(s) for s in coordinates.max(axis=0) + 1)
-    grid = np.ravel_multi_index(tuple(coordinates.T), shape)
-    position = np.full(math.prod(shape), -1, dtype=np.int64)
-    position[grid] = np.arange(grid.size)
     variance = np.diag(density_covariance)
     sums = np.zeros((k, n_axes))
     counts = np.zeros((k, n_axes))
-    for axis in range(n_axes):  # O(n) per axis
-        has_next = coordinates[:, axis] < shape[axis] - 1
-        here = np.flatnonzero(has_next)
-        there = position[grid[here] + math.prod(shape[axis + 1 :])]
-        keep = there >= 0
-        here, there = here[keep], there[keep]
-        b, c = bucket[here], bucket[there]
-        cross = b != c
-        b, c = b[cross], c[cross]
+    for axis, b, c in _cross_edges(partition, coordinates):
         contrast = (densities[c] - densities[b]) ** 2 - (
             variance[b] + variance[c] - 2.0 * density_covariance[b, c]
         )
@@ -1354,6 +1366,48 @@ def _bucket_slopes_squared(
     axis_mean = slopes.sum(axis=1) / np.maximum(seen.sum(axis=1), 1)
     slopes = np.where(seen, slopes, axis_mean[:, None])
     return slopes, centroids, estimable
+
+
+def _bucket_roughness(
+    partition: Partition, densities: np.ndarray, density_covariance: np.ndarray
+) -> np.ndarray:
+    """Per bucket of a 1-D partition, the variance ``σ²`` of its cells around the local trend.
+
+    For a bucket ``b`` between buckets ``l = b−1`` and ``r = b+1`` a linear trend through the
+    three centroids predicts ``d_b`` as ``w_l·d_l + w_r·d_r``.  If cells vary around the trend
+    independently with variance ``σ²``, the residual's variance is
+    ``σ²(1/|b| + w_l²/|l| + w_r²/|r|)`` plus the noise's (from ``density_covariance``), which
+    gives the sample ``max(0, residual² − noise) / (1/|b| + w_l²/|l| + w_r²/|r|)``.  One
+    squared residual is a noisy estimate: a bucket takes the mean of the samples of the
+    ``2·_ROUGHNESS_WINDOW + 1`` buckets around it.  NaN only when the partition has fewer than three
+    buckets.  O(k).
+    """
+    k = partition.n_buckets
+    if k < 3:
+        return np.full(k, np.nan)
+    sizes = partition.sizes.astype(np.float64)
+    centroids = partition.starts + (sizes - 1.0) / 2.0
+    left, middle, right = slice(0, k - 2), slice(1, k - 1), slice(2, k)
+    w_l = (centroids[right] - centroids[middle]) / (centroids[right] - centroids[left])
+    w_r = 1.0 - w_l
+    residual = densities[middle] - w_l * densities[left] - w_r * densities[right]
+    cov = density_covariance
+    noise = (
+        np.diag(cov)[middle]
+        + w_l**2 * np.diag(cov)[left]
+        + w_r**2 * np.diag(cov)[right]
+        - 2.0 * w_l * np.diag(cov, -1)[left]  # Cov(d_b, d_{b−1})
+        - 2.0 * w_r * np.diag(cov, 1)[middle]  # Cov(d_b, d_{b+1})
+        + 2.0 * w_l * w_r * np.diag(cov, 2)  # Cov(d_{b−1}, d_{b+1})
+    )
+    spread = 1.0 / sizes[middle] + w_l**2 / sizes[left] + w_r**2 / sizes[right]
+    samples = np.r_[0.0, np.maximum(residual**2 - noise, 0.0) / spread, 0.0]
+    known = np.r_[0.0, np.ones(k - 2), 0.0]  # the end buckets have no sample
+    index = np.arange(k)
+    lo = np.maximum(index - _ROUGHNESS_WINDOW, 0)
+    hi = np.minimum(index + _ROUGHNESS_WINDOW + 1, k)
+    total, count = np.r_[0.0, np.cumsum(samples)], np.r_[0.0, np.cumsum(known)]
+    return (total[hi] - total[lo]) / (count[hi] - count[lo])
 
 
 def _partial_covers(
@@ -1436,20 +1490,22 @@ def query_uncertainty(
     ``Σ_b q_b(ŝ_b − s_b)`` (noise; ``q_b = Σ_{j∈b} a_j / |b|``) plus the bias
     ``Σ_b Σ_{j∈b} a_j (s_b/|b| − x_j)``, which is zero in every bucket the query covers evenly
     (all or none of its cells at one weight).  The bias in a bucket ``b`` that the query cuts is
-    estimated under this **assumption**: inside a bucket, the cell counts are independent
-    Poisson draws around a linear trend, ``x_j ~ Poisson(λ_b + g_b·(z_j − m_b))`` (``z_j`` the
-    cell's grid coordinates, ``m_b`` the bucket's centroid) — the counts are a sample from a
-    population whose density varies smoothly inside a bucket.  Then
+    estimated under this **assumption**: inside a bucket, the cell counts vary independently
+    around a linear trend, ``x_j = λ_b + g_b·(z_j − m_b) + e_j`` (``z_j`` the cell's grid
+    coordinates, ``m_b`` the bucket's centroid) with ``Var(e_j) = σ_b²``.  Then
 
-    ``E[bias_b²] = λ_b (Σa_j² − (Σa_j)²/|b|) + Σ_axes g_{b,axis}² (Σ a_j (z_j − m_b)_axis)²``
+    ``E[bias_b²] = σ_b² (Σa_j² − (Σa_j)²/|b|) + Σ_axes g_{b,axis}² (Σ a_j (z_j − m_b)_axis)²``
 
-    with ``λ_b`` estimated by ``max(ŝ_b/|b|, 0)`` and ``g_b²`` from the density contrasts with
-    the neighbouring buckets in the grid (:func:`_bucket_slopes_squared`, noise-corrected).
-    Buckets' terms are added (slopes of different buckets taken as independent).  Spikes or
-    heaping inside a bucket (a cell far from the trend by more than Poisson variation) break the
-    assumption: the intervals then cover less than they claim.  A bucket with no neighbour
-    (``k = 1``) has no slope estimate: queries that cut it get ``bias_variance = NaN``
-    (noise-only, publish no interval).
+    with ``g_b²`` from the density contrasts with the neighbouring buckets in the grid
+    (:func:`_bucket_slopes_squared`, noise-corrected) and ``σ_b²`` the larger of the Poisson
+    variance ``max(ŝ_b/|b|, 0)`` and, on 1-D domains, the roughness of the neighbourhood around
+    its local trend (:func:`_bucket_roughness`): real histograms vary between neighbouring cells far more than
+    Poisson, and single-cell intervals built on Poisson alone under-cover on them.  Buckets' terms
+    are added (slopes of different buckets taken as independent).  The assumption still fails for
+    a spike inside a bucket whose neighbourhood is smooth; ``benchmarks/dawa_coverage_bench.py``
+    measures the coverage on real histograms.
+    A bucket with no neighbour (``k = 1``) has no slope estimate: queries that cut it get
+    ``bias_variance = NaN`` (noise-only, publish no interval).
 
     ``noise_variance`` is the variance of one unit-weight draw (``2·scale²`` for Laplace);
     ``coordinates`` gives each cell's grid coordinates (:func:`cell_coordinates`; default: the 1-D
@@ -1491,11 +1547,19 @@ def query_uncertainty(
     slopes, centroids, estimable = _bucket_slopes_squared(
         partition, densities, density_covariance, coords
     )
+    # Roughness is estimated on 1-D partitions only: along a grid axis of an n-D table the residual
+    # from a linear trend mostly measures the other axes' categories, not cell-level variation.
+    roughness = (
+        _bucket_roughness(partition, densities, density_covariance)
+        if coords.shape[1] == 1
+        else np.full(partition.n_buckets, np.nan)
+    )
+    cell_variance = np.fmax(np.maximum(densities, 0.0), roughness)
 
     # Bias: one term per unevenly covered (row, bucket).  O(P log P)
     row, bucket, a1, a2, coord_sum = _partial_covers(workload, partition, coords)
     spread = coord_sum - a1[:, None] * centroids[bucket]
-    term = np.maximum(densities[bucket], 0.0) * (a2 - a1**2 / sizes[bucket]) + np.sum(
+    term = cell_variance[bucket] * (a2 - a1**2 / sizes[bucket]) + np.sum(
         slopes[bucket] * spread**2, axis=1
     )
     bias = np.bincount(row, term, workload.n_rows).astype(np.float64)  # int when nothing is cut

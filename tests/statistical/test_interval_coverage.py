@@ -24,6 +24,14 @@ coverage is ≤ 0.84 or ≥ 0.995 passes with probability ≤ 1e-6 (power).  Eve
 same releases: a deliberately wrong interval (half the standard error; DAWA's old noise-only
 interval) must fall outside the window.
 
+DAWA's error includes the bias of uniform expansion, which no release can measure: its intervals
+estimate it from the released bucket counts (``query_uncertainty``) and are built to cover at
+least 95% on real histograms whose cells vary far more than Poisson, so on smoother data they
+over-cover.  For DAWA the window is therefore [0.90, 1] (a correct interval still fails with
+probability ≤ 4.7e-7), and sharpness is checked instead of an upper limit: an interval of a third
+of the width must fall below 0.90, so the published one is not more than about three times too
+wide.
+
 The seed is fixed, so the test is deterministic; ALPHA bounds the chance that a correct
 implementation fails for an unlucky seed.
 """
@@ -54,7 +62,7 @@ from mechanisms.dawa.partition import (
     dawa,
     query_uncertainty,
 )
-from mechanisms.intervals import normal_quantile
+from mechanisms.intervals import interval_half_widths, normal_quantile
 from mechanisms.noise import NoiseMechanism, calibrate
 from mechanisms.protocol import Measurement, NoiseDescription
 from mechanisms.workload import Workload
@@ -69,6 +77,8 @@ REPETITIONS = 1200
 EPSILON = 1.0
 DAWA_EPSILON = 0.1
 DAWA_RATIO, DAWA_NOISE_OFFSET = 0.25, 3.0  # the release pipeline's defaults
+# DAWA's bias is estimated, not known: its intervals may be conservative (see the module docstring).
+DAWA_HIGH = 1.0
 AGES, EDUCATIONS = 85, 16
 ADULT = Path(__file__).resolve().parents[2] / "flows" / "examples" / "adult.parquet"
 
@@ -166,17 +176,28 @@ class Tally:
         for label in self.wrong:
             self.wrong_fractions.setdefault(label, []).append(wrong_hits[label] / rows)
 
-    def check(self) -> None:
-        assert len(self.published) == REPETITIONS
-        coverage = float(np.mean(self.published))
-        assert LOW <= coverage <= HIGH, f"published 95% intervals cover {coverage:.4f}"
-        for label, fractions in self.wrong_fractions.items():
-            wrong = float(np.mean(fractions))
-            assert not LOW <= wrong <= HIGH, f"the test failed to reject {label} ({wrong:.4f})"
+    def check(self, *, high: float = HIGH) -> None:
+        check_window(self.published, self.wrong_fractions, high=high)
+
+
+def check_window(
+    published: list[float], wrong_fractions: dict[str, list[float]], *, high: float = HIGH
+) -> None:
+    """Mean published coverage in ``[LOW, high]``; every deliberately wrong interval outside."""
+    assert len(published) == REPETITIONS
+    coverage = float(np.mean(published))
+    assert LOW <= coverage <= high, f"published 95% intervals cover {coverage:.4f}"
+    for label, fractions in wrong_fractions.items():
+        wrong = float(np.mean(fractions))
+        assert not LOW <= wrong <= high, f"the test failed to reject {label} ({wrong:.4f})"
 
 
 def half_std(name: str, table: pa.Table) -> np.ndarray:
     return normal_quantile(NOMINAL) * table["std_error"].to_numpy() / 2.0
+
+
+def third_std(name: str, table: pa.Table) -> np.ndarray:
+    return normal_quantile(NOMINAL) * table["std_error"].to_numpy() / 3.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -387,7 +408,7 @@ def test_dawa_intervals_cover_95_percent_of_true_cells(case: DawaCase, counts: n
     noise_only: list[np.ndarray] = []
     tally = Tally(
         counts=counts,
-        wrong={"noise-only": lambda name, table: noise_only[-1], "std_error/2": half_std},
+        wrong={"noise-only": lambda name, table: noise_only[-1], "std_error/3": third_std},
     )
 
     def on_release(tables: dict[str, pa.Table], uncertainty: QueryUncertainty) -> None:
@@ -396,4 +417,47 @@ def test_dawa_intervals_cover_95_percent_of_true_cells(case: DawaCase, counts: n
         tally.add(tables)
 
     dawa_releases(case, counts, seed=1500 + len(case.domain), on_release=on_release)
-    tally.check()
+    tally.check(high=DAWA_HIGH)
+
+
+def overdispersed_counts(n: int = 256) -> np.ndarray:
+    """Counts that vary between neighbouring cells far more than Poisson around a smooth trend.
+
+    Gamma–Poisson draws (coefficient of variation 0.4) around ``300 + 200·sin``, the shape of the
+    real histograms (citations, incomes, rejection statistics) whose single-cell intervals covered
+    well under 90% while the estimate assumed Poisson counts.
+    """
+    rng = np.random.default_rng(2026)  # public randomness: the test's data set
+    trend = 300.0 + 200.0 * np.sin(np.linspace(0.0, 4.0 * np.pi, n))
+    return rng.poisson(trend * rng.gamma(shape=1 / 0.4**2, scale=0.4**2, size=n)).astype(float)
+
+
+def test_dawa_intervals_cover_95_percent_of_overdispersed_cells() -> None:
+    x = overdispersed_counts()
+    cells = IntervalWorkload.from_ranges(np.arange(x.size), np.arange(x.size), n_cells=x.size)
+    sampler = SeededNumpyNoise(np.random.default_rng(1600))
+    published: list[float] = []
+    wrong: dict[str, list[float]] = {"noise-only": [], "std_error/3": []}
+    for _ in range(REPETITIONS):
+        result = dawa(
+            x,
+            cells,
+            epsilon=DAWA_EPSILON,
+            sampler=sampler,
+            ratio=DAWA_RATIO,
+            noise_offset=DAWA_NOISE_OFFSET,
+        )
+        uncertainty = query_uncertainty(
+            cells,
+            result.strategy,
+            result.bucket_estimates,
+            noise_variance=2.0 * result.measurement_scale**2,
+        )
+        assert np.all(uncertainty.bias_estimated)
+        error = np.abs(cells.answer(result.estimate) - x)
+        half = interval_half_widths(uncertainty.std_error, interval=uncertainty.interval)
+        published.append(float(np.mean(error <= half)))
+        noise_only = normal_quantile(NOMINAL) * np.sqrt(uncertainty.noise_variance)
+        wrong["noise-only"].append(float(np.mean(error <= noise_only)))
+        wrong["std_error/3"].append(float(np.mean(error <= half / 3.0)))
+    check_window(published, wrong, high=DAWA_HIGH)

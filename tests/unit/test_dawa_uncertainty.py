@@ -78,6 +78,7 @@ def brute_force(
         distance = max(abs(centroid[c, axis] - centroid[b, axis]), 1.0)
         for own in (b, c):
             samples[own][axis].append(max(contrast, 0.0) / distance**2)
+    roughness = brute_force_roughness(partition, d, cov_d) if n_axes == 1 else np.full(k, np.nan)
     bias = np.zeros(workload.n_rows)
     for row in range(workload.n_rows):
         for b in range(k):
@@ -92,14 +93,44 @@ def brute_force(
                 continue
             slopes = np.array([np.mean(known) if v is None else v for v in per_axis])
             spread = weights @ (coords[bucket == b] - centroid[b])
-            lam = max(d[b], 0.0)
-            bias[row] += lam * ((weights**2).sum() - weights.sum() ** 2 / size) + float(
+            rough = roughness[b] if np.isfinite(roughness[b]) else 0.0  # NaN: Poisson only
+            cell_variance = max(d[b], 0.0, rough)
+            bias[row] += cell_variance * ((weights**2).sum() - weights.sum() ** 2 / size) + float(
                 slopes @ spread**2
             )
     answers = q @ inverse @ a.T
     exact = np.isfinite(bias) & (bias == 0) & ~_cut_rows(w, partition)
     single = exact & single_term_rows(answers)
     return noise, bias, single
+
+
+def brute_force_roughness(partition: Partition, d: np.ndarray, cov_d: np.ndarray) -> np.ndarray:
+    """Cell variance around the local trend (1-D), one bucket and one window at a time."""
+    k, window = partition.n_buckets, 8
+    sizes = partition.sizes.astype(float)
+    centroid = np.array(
+        [
+            np.mean(np.arange(lo, lo + size))
+            for lo, size in zip(partition.starts, sizes, strict=True)
+        ]
+    )
+    sample = np.full(k, np.nan)
+    for b in range(1, k - 1):
+        lr = np.array([b - 1, b + 1])
+        w = np.array([centroid[b + 1] - centroid[b], centroid[b] - centroid[b - 1]])
+        w /= centroid[b + 1] - centroid[b - 1]
+        combination = np.zeros(k)
+        combination[b], combination[lr] = 1.0, -w
+        residual = combination @ d
+        noise = combination @ cov_d @ combination
+        spread = 1 / sizes[b] + float(w**2 @ (1 / sizes[lr]))
+        sample[b] = max(residual**2 - noise, 0.0) / spread
+    return np.array(
+        [
+            np.nanmean(sample[max(b - window, 0) : b + window + 1]) if k >= 3 else np.nan
+            for b in range(k)
+        ]
+    )
 
 
 def _cut_rows(w: np.ndarray, partition: Partition) -> np.ndarray:
@@ -222,6 +253,24 @@ def test_linear_trend_bias_matches_the_exact_bias_of_a_noise_free_linear_density
     poisson = estimates[cut_bucket] / 4 * covered * (4 - covered) / 4
     assert np.all(exact_bias != 0)
     np.testing.assert_allclose(result.bias_variance, exact_bias**2 + poisson, rtol=1e-6)
+
+
+def test_roughness_around_the_local_trend_widens_cut_cells_beyond_poisson() -> None:
+    # Densities alternate 10, 50, 10, … over buckets of 2 cells: an interior bucket's residual from
+    # the trend through its neighbours is ±40, so σ² = 40² / (1/2 + ¼·½ + ¼·½) for every bucket
+    # that has both neighbours (and the mean over a bucket and its neighbours keeps that value).
+    n = 16
+    partition = Partition.from_starts(np.arange(0, n, 2), n_cells=n)
+    densities = np.tile([10.0, 50.0], 4)
+    workload = IntervalWorkload.from_ranges([6], [6], n_cells=n)  # one cell of bucket 3
+    strategy = greedy_h_strategy(workload, partition)
+    result = query_uncertainty(workload, strategy, 2.0 * densities, noise_variance=1e-12)
+    roughness = 40.0**2 / (1 / 2 + 1 / 8 + 1 / 8)
+    slope_squared = 40.0**2 / 2.0**2  # contrast over the 2-cell distance between centroids
+    uneven = 1.0 - 1.0 / 2.0  # Σa² − (Σa)²/|b| for one of the bucket's two cells
+    expected = roughness * uneven + slope_squared * 0.5**2
+    np.testing.assert_allclose(result.bias_variance, [expected], rtol=1e-6)
+    assert expected > 5 * (50.0 * uneven + slope_squared * 0.5**2)  # Poisson alone: far less
 
 
 @pytest.mark.parametrize(
