@@ -1,6 +1,6 @@
 """The release directory: writing tables and the manifest, publishing, and offline verification.
 
-Layout (DESIGN.md)::
+Layout::
 
     <DIR>/<release_id>/
       manifest.json          ids, spec + fingerprints, code version, mechanism, cost, receipts,

@@ -87,7 +87,7 @@ class CheckReport:
         """Every problem with its exact figures and example values.
 
         Privacy: the one sanctioned place where un-noised counts and raw values are formatted
-        (issue 13: the custodian's local check).  The lines go to the custodian's terminal only,
+        (the custodian's local check).  The lines go to the custodian's terminal only,
         via ``format_report``; never into an exception, a log record, a file or Prefect.
         """
         found = [f"{_where(p)}: {p.message.split(';')[0]} ({p.detail})" for p in self.schema]

@@ -1,6 +1,6 @@
 """The per-catalog secret: keyed input fingerprints and the ledger's anchor outside the database.
 
-Privacy rule 5 (DESIGN.md): a fingerprint of a confidential file is an HMAC-SHA256 under a secret
+Privacy rule: a fingerprint of a confidential file is an HMAC-SHA256 under a secret
 of the catalog, never a plain hash; whoever holds a candidate file cannot confirm it against a
 published manifest without the key.  The manifest names only the key id (the first 16 hex digits
 of the SHA-256 of the key), which reveals nothing about the key.

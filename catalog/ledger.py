@@ -3,7 +3,7 @@
 SQLite under ``$DPRELEASE_HOME/catalog.db`` by default (``./.dprelease``); any SQLAlchemy URL
 (``DPRELEASE_CATALOG_URL``, e.g. PostgreSQL) for shared deployments.
 
-Ledger rules (DESIGN.md, privacy rules 3): a charge is committed in its own transaction *before*
+Ledger rules (privacy obligations): a charge is committed in its own transaction *before*
 noise is drawn; it is never updated, deleted or refunded (a crashed or rejected release keeps its
 charge); a charge that would take the dataset over its cap is refused with the requested, spent
 and cap values in the message.  Charges are serialised: SQLite takes the write lock up front
@@ -1507,45 +1507,15 @@ def process_owner() -> dict[str, Any]:
     return {
         "owner_pid": os.getpid(),
         "owner_host": socket.gethostname(),
-        "owner_start": _process_start(os.getpid()),
+        "owner_start": process_start(os.getpid()),
     }
-
-
-def _process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
-    state = _proc_stat(pid)
-    return None if state is None else state[1]
-
-
-def _proc_stat(pid: int) -> tuple[str, str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2 :].split()  # after "pid (command) "
-    return fields[0], fields[19]  # state (field 3), starttime (field 22)
-
-
-def _process_alive(pid: int, start: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, another user's
-    state = _proc_stat(pid)
-    if state is None:
-        return not Path("/proc/self/stat").exists()  # no procfs: trust kill(0)
-    if state[0] in ("Z", "X"):  # zombie or dead: it will never heartbeat again
-        return False
-    return start is None or state[1] == start
 
 
 def _stuck_reason(record: ReleaseRecord, *, clock: datetime, lease_seconds: float) -> str | None:
     if (
         record.owner_pid is not None
         and record.owner_host == socket.gethostname()
-        and not _process_alive(record.owner_pid, record.owner_start)
+        and not is_alive(record.owner_pid, started_at=record.owner_start)
     ):
         return f"its process {record.owner_pid} on {record.owner_host} is gone"
     stamps = [record.updated_at, record.heartbeat_at or record.created_at]

@@ -1,4 +1,4 @@
-"""The release spec: pydantic models for the YAML a release engineer writes (DESIGN.md contract).
+"""The release spec: pydantic models for the YAML a release engineer writes (the contract).
 
 Everything in a spec is public: the domain, bins and workload never come from the data.  Every
 invalid spec fails here, before any work, with a :class:`~catalog.errors.SpecError` whose message

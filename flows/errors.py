@@ -1,4 +1,4 @@
-"""How ``dprelease`` reports a failure (issue 13): short, actionable, and never a data value.
+"""How ``dprelease`` reports a failure: short, actionable, and never a data value.
 
 * A user error (the spec, the data against the spec, the budget, the privacy parameters, the
   catalog refusing an operation, a path that cannot be used) prints one short block on stderr:

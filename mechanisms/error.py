@@ -2,7 +2,7 @@
 
 For the matrix mechanism with i.i.d. noise of variance ``v`` on ``A·x`` (``v`` already includes the
 strategy's sensitivity), the least-squares answer to query ``w`` has variance
-``v · w (AᵀA)⁺ wᵀ`` (Li thesis Prop 3.4; ``seed-mm.md`` §3.2).  With ``A`` and every item
+``v · w (AᵀA)⁺ wᵀ`` (Li thesis §3.2.1, Prop 3.4).  With ``A`` and every item
 Kronecker products, ``w (AᵀA)⁺ wᵀ`` over an item is the outer product of per-attribute terms
 ``diag(W_i M_i W_iᵀ)`` with ``M_i = (A_iᵀA_i)⁺``, and its sum is ``Π_i tr(W_iᵀW_i M_i)``.
 

@@ -1,7 +1,7 @@
 """Dense symmetric linear algebra shared by strategies: PSD (pseudo-)inverses.
 
 Strategy Grams ``AᵀA`` are symmetric positive semi-definite; the matrix mechanism needs their
-(pseudo-)inverse for least squares and for the expected error (``seed-mm.md``).
+(pseudo-)inverse for least squares and for the expected error (Li thesis §3.1-3.2).
 """
 
 from __future__ import annotations

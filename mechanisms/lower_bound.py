@@ -1,6 +1,6 @@
 """The singular value (SVD) lower bound on the total error of every matrix-mechanism strategy.
 
-``SVDB(W) = (Σ_i √λ_i(WᵀW))² / N`` (Li thesis Def 4.3, Prop 4.3; ``seed-eigen.md`` §1): no
+``SVDB(W) = (Σ_i √λ_i(WᵀW))² / N`` (Li thesis §4.2.1, Def 4.3, Prop 4.3): no
 strategy ``A`` has ``Δ₂(A)² · tr(WᵀW (AᵀA)⁺)`` below it (Thm 4.1), so ``P · SVDB`` bounds the total
 squared error at noise variance ``P`` per unit L2 sensitivity.  Since ``Δ₁ ≥ Δ₂`` it also bounds
 Laplace strategies at their variance per unit L1 sensitivity.
@@ -16,7 +16,8 @@ A union of items is exact through the split of the ``a·I + b·J`` ("marginal-li
 the mean direction (eigenvalue ``a + b·n``, multiplicity 1) and its complement (``a``, multiplicity
 ``n − 1``): with k such attributes the spectrum is the union over 2^k blocks of the eigenvalues of
 ``Σ_t (Π scalars) ⊗_dense G_{t,i}``, identical blocks computed once.  Pure marginal workloads are the
-closed form ``(Σ_T r_T √λ_T)² / N`` over attribute subsets T (``reference/marginals.md``).
+closed form ``(Σ_T r_T √λ_T)² / N`` over attribute subsets T
+(:mod:`mechanisms.marginal_strategies`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 For attributes ``1..d`` (sizes ``n_i``, ``N = Π n_i`` cells, row-major) and a subset ``T`` (bitmask,
 bit i ⇔ attribute i), ``Q_T = ⊗_i (P⁰_i if i ∈ T else P¹_i)`` with ``P¹ = J/n`` (the mean
 direction) and ``P⁰ = I − J/n`` (the centred space); the ``Q_T`` are orthogonal projectors of rank
-``r_T = Π_{i∈T}(n_i − 1)`` that sum to ``I_N`` (``reference/marginals.md``).  Any strategy whose
+``r_T = Π_{i∈T}(n_i − 1)`` that sum to ``I_N`` (``P⁰ + P¹ = I`` per attribute).  Any strategy whose
 Gram is ``AᵀA = Σ_T μ_T Q_T`` answers a workload ``W`` (any Kronecker items) with total squared
 error ``Δ² · Σ_T g_T / μ_T`` per unit noise variance, where ``g_T = tr(WᵀW Q_T)`` factorises over
 each item's attributes (each factor's Gram trace and sum suffice: no Gram is formed).

@@ -50,7 +50,7 @@ def validate_noise(noise: str) -> None:
 
 
 # OpenDP's discretisation granularity 2**k.  k = -40 keeps the privacy-map slack tiny (about 2e-7
-# relative at 1e6 values) while sampling about 3x faster than the default (ecosystem.md).
+# relative at 1e6 values) while sampling faster than OpenDP's default k (benchmarks/noise_bench.py).
 OPENDP_K = -40
 # Below this many values, sharding across threads costs more than it saves.
 _MIN_SHARD = 50_000

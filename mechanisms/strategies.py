@@ -1,7 +1,7 @@
 """Data-independent measurement strategies: per-attribute factors and their Kronecker products.
 
 A strategy ``A`` is measured as ``A·x + noise`` and the workload is answered from the least-squares
-cell estimate ``x̂ = (AᵀA)⁺Aᵀŷ`` (matrix mechanism, Li thesis ch. 3; ``seed-mm.md``).  For a
+cell estimate ``x̂ = (AᵀA)⁺Aᵀŷ`` (matrix mechanism, Li thesis §3.1).  For a
 product domain the pipeline uses ``A = A_1 ⊗ … ⊗ A_d``, one factor per attribute, so sensitivity,
 Gram, pseudo-inverse and error all factor: ``Δ(A) = Π Δ(A_i)`` (column norms of a Kronecker
 product multiply) and ``(AᵀA)⁺ = ⊗ (A_iᵀA_i)⁺``.
@@ -164,7 +164,7 @@ class KronStrategy(LeastSquaresAnswers):
 
     def support_residual(self, workload: Workload) -> float:
         """Largest ‖W_iᵀW_i (I − M_i A_iᵀA_i)‖ (relative) over items and attributes; ≈ 0 iff A
-        supports W.  An unsupported item would be answered with bias (``seed-mm.md`` §8.5)."""
+        supports W.  An unsupported item would be answered with bias (Li thesis §3.1, Prop 3.1)."""
         worst = 0.0
         pinvs = self.gram_pinvs()
         for item in workload.items:

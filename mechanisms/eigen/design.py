@@ -22,7 +22,8 @@ Conventions.  ``P`` is the noise variance per unit sensitivity (``1 / (2 rho)`` 
 ``2 / eps^2`` for Laplace, ``(sigma / Delta)^2`` for (eps, delta)); every ``total_error_*`` value
 here is for ``P = 1``, and the expected total error of a calibrated mechanism is
 ``mechanism.variance * workload_variance_factor(G, A)``.  Ratios against the SVD bound are
-independent of epsilon, delta and rho, and of the calibration chosen (reference note A1).
+independent of epsilon, delta and rho, and of the calibration chosen (the thesis' two Gaussian
+constants, §3.2.1 and Prop 2.5, give the same ratios).
 Cells are in C order for multi-dimensional domains (the last attribute varies fastest).
 
 References
@@ -202,7 +203,7 @@ class EigenDesignStrategy:
     sensitivity_norm: SensitivityNorm
     method: DesignMethod
     source: StrategySource
-    """Which candidate was returned: the optimised weights, or the SVD-bound weights (A14)."""
+    """Which candidate was returned: the optimised weights, or the SVD-bound weights (completed)."""
     total_error: float
     """``sensitivity(A)^2 * trace(G (A^T A)^+)`` for the input Gram (noise variance P = 1)."""
     total_error_before_completion: float
@@ -489,7 +490,7 @@ def cell_simplified_svd_bound(gram: np.ndarray) -> float:
     """``SVDB+(W) = SVDB(W')`` for the minimised workload W' (Def 4.10, O(n^3)).
 
     Both SVDB and SVDB+ are valid lower bounds, so ``max(svd_bound, cell_simplified_svd_bound)``
-    is too (reference note A5); the two are not ordered in general (Example 4.4).
+    is too (Li thesis §4.5.1); the two are not ordered in general (Example 4.4).
     """
     return svd_bound_gram(minimize_workload(gram).gram)
 
@@ -649,8 +650,8 @@ def _solve_weighting(
     """Minimise ``sum_i c_i / x_i^power`` subject to ``constraint @ x <= 1``, ``x > 0``.
 
     L2 (Program 5.1.1): x_i = lambda_i^2, power 1, ``constraint = Q o Q`` (squared column norms).
-    L1 (Program 5.1.3 with the L1 constraint, note A12): x_i = lambda_i, power 2,
-    ``constraint = |Q|`` (column L1 norms).
+    L1 (Program 5.1.3, whose printed ``Q o Q`` is read as the L1 constraint): x_i = lambda_i,
+    power 2, ``constraint = |Q|`` (column L1 norms).
 
     With many more cells (constraints) than variables, only a few cells are tight at the optimum,
     so the dual is solved on a working set of cells that grows by the most violated cells until the
@@ -817,7 +818,7 @@ def _weights_separated(
     rtol: float,
     max_iterations: int,
 ) -> tuple[np.ndarray, list[_WeightingSolution]]:
-    """Eigen-query separation (thesis 5.2.2.1; merge step per reference note A10).
+    """Eigen-query separation (thesis §5.2.2.1; the merge step, unspecified there, is ours).
 
     Groups of ``group_size`` consecutive eigen-queries (decreasing eigenvalue) are weighted
     independently, O(n g) per evaluation; then one factor per group is chosen by the same program
@@ -908,9 +909,10 @@ def _candidate(
 ) -> _Candidate:
     """Strategy rows ``lambda_i q_i`` plus completion (steps 3-5), with its exact error.
 
-    ``variables`` are scaled so the largest column norm is 1.  Completion (Thm 3.11, note A4) adds
-    the row ``d_j e_j`` to every deficient column j: ``d_j = sqrt(1 - m_j^2)`` (L2) or
-    ``d_j = 1 - m_j`` (L1), where m_j is the column norm; the sensitivity stays 1.
+    ``variables`` are scaled so the largest column norm is 1.  Completion (Thm 3.11, in the form
+    that reproduces Table 4.1) adds the row ``d_j e_j`` to every deficient column j:
+    ``d_j = sqrt(1 - m_j^2)`` (L2) or ``d_j = 1 - m_j`` (L1), where m_j is the column norm; the
+    sensitivity stays 1.
     """
     loads = constraint @ variables  # O(n r): squared L2 or L1 column norms
     peak = float(loads.max())
@@ -963,7 +965,7 @@ def _design(
     if sensitivity == "l2":
         constraint, power = eigenvectors**2, 1  # (Q o Q)^T u <= 1
     else:
-        constraint, power = np.abs(eigenvectors), 2  # |Q|^T lambda <= 1 (note A12)
+        constraint, power = np.abs(eigenvectors), 2  # |Q|^T lambda <= 1 (printed as Q o Q)
     costs = spectrum.eigenvalues  # c_i = |W q_i|^2 = sigma_i for orthonormal eigen-queries
     solver = {"power": power, "rtol": solver_rtol, "max_iterations": max_iterations}
     if method == "full":
@@ -980,7 +982,8 @@ def _design(
     designed = _candidate(spectrum, variables, constraint, norm=sensitivity, complete=complete)
     chosen, source, alternative = designed, "eigen_design", math.nan
     if compare_svd_bound:
-        # SVD-bound strategy A_l: row weights sigma_i^(1/4) (Thm 4.10), then completion (A14).
+        # SVD-bound strategy A_l: row weights sigma_i^(1/4) (Thm 4.10), then completion; this
+        # comparison is not in the thesis.
         quarter_roots = spectrum.eigenvalues**0.25
         svd_variables = quarter_roots**2 if sensitivity == "l2" else quarter_roots
         svd_candidate = _candidate(
@@ -1049,7 +1052,8 @@ def eigen_design(
        ``principal_fraction`` of eigen-queries free, the rest one shared weight; 5.2.2.2).
     4. Complete deficient columns without raising the sensitivity (steps 4-5) if ``complete``.
     5. If ``compare_svd_bound``, also build the SVD-bound strategy (rows ``sigma_i^(1/4) q_i``)
-       with completion and return whichever has the lower total error (reference note A14).
+       with completion and return whichever has the lower total error (not in the thesis, whose
+       weights ignore what completion gains).
 
     Parameters
     ----------

@@ -75,7 +75,7 @@ class LocalOptions(MechanismOptions):
     rows_factor: int = 4
     """outputs of the random start per cell, m = rows_factor · n ([McKenna20] §4: 4)"""
     iterations: int = 500
-    """maximum gradient steps (within about 1 % of 1000 steps on Prefix-512, notes/ldp.md)"""
+    """maximum gradient steps (vs 1000: ``benchmarks/ldp_bench.py --n 512 --iterations 1000``)"""
     tolerance: float = 1e-5
     """a phase stops when the objective fell by less than this fraction over 50 steps"""
 

@@ -16,13 +16,13 @@ from the measurements answers ``W`` without bias (see :mod:`mechanisms.lrm`).
 Also here: the paper's random workload families (WDiscrete, WRange, WRelated, §6.1) and the two
 error bounds every exact decomposition obeys (``error_bounds``).
 
-Decisions where the paper is silent or inconsistent (``seed-lrm.md`` §2.4, §6.1) are listed in
+Decisions where the paper is silent or inconsistent (mostly its §5 solver) are listed in
 the docstring of :func:`decompose`.
 
 References
 ----------
 G. Yuan, Z. Zhang, M. Winslett, X. Xiao, Y. Yang, Z. Hao, "Low-Rank Mechanism: Optimizing Batch
-Queries under Differential Privacy", PVLDB 5(11), 2012 (VLDB 2012).  Notes: ``seed-lrm.md``.
+Queries under Differential Privacy", PVLDB 5(11), 2012 (VLDB 2012).
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def error_bounds(workload: np.ndarray, *, epsilon: float) -> tuple[float, float]
     """Bounds on the optimal LRM error: ``(2‖W‖²_*/n, 2·rank(W)·‖W‖²_F) / ε²``.
 
     Lower: every decomposition with ``B·L = W`` has ``Δ(L)²‖B‖²_F ≥ ‖W‖²_*/n`` (for the polar
-    factor Y of W, ``‖W‖_* = ⟨Y, B·L⟩ ≤ Δ(L)·√n·‖B‖_F``; ``seed-lrm.md`` §3, recomputed, not in
+    factor Y of W, ``‖W‖_* = ⟨Y, B·L⟩ ≤ Δ(L)·√n·‖B‖_F``; derived here, not in
     the paper).  Upper: Lemma 3's construction ``B = √k·UΣ``, ``L = Vᵀ/√k`` with k = rank(W), with
     the factor 2 of Lemma 1 that the paper's statement omits.  O(mn·min(m, n)).
     """
@@ -373,7 +373,7 @@ def decompose(
     Ctrl-C: products above ~0.25 s are split into row blocks and the SVD runs in a worker thread,
     so ``KeyboardInterrupt`` is raised within about half a second.
 
-    Decisions (paper silent or inconsistent; ``seed-lrm.md`` §6.1):
+    Decisions (paper's §5 and Algorithms 1-2 silent or inconsistent):
 
     - initial point from the SVD (Lemma 3's ``B = √r·UΣ``, ``L = Vᵀ/√r``; rows beyond rank(W)
       start at zero and are revived by the guard below); β₀ = 1, π₀ = 0 (paper);
@@ -834,7 +834,7 @@ def expected_total_error(
     The bias term is the paper's Cauchy-Schwarz bound ``‖(W − BL)x‖² ≤ ‖W − BL‖²_F·‖x‖²₂``:
     with the default ``data_norm_sq = 1`` it is the bias per unit squared L2 norm of the data;
     pass a public bound on ``Σ x_i²`` for a bound on real data.  Total, not per query (divide by
-    m); the paper's experiments report the same total (``seed-lrm.md`` §1.3).
+    m); the paper's experiments (§6, "Average Squared Error") report the same total.
 
     Parameters
     ----------
@@ -1027,7 +1027,7 @@ def wdiscrete_workload(
     """WDiscrete: each ``W_ij`` is 1 with probability 0.02 and ``otherwise`` (−1) else.
 
     The paper's text, read literally ("1 with probability 0.02 and −1 otherwise"): a dense ±1
-    matrix.  ``otherwise=0.0`` gives the sparse 0/1 reading (``seed-lrm.md`` §6.3 item 20).
+    matrix.  ``otherwise=0.0`` gives the sparse 0/1 reading (§6 may mean either).
     """
     m, n = _positive_int(m, "m"), _positive_int(n, "n")
     _check_generator(rng)
@@ -1041,8 +1041,8 @@ def wdiscrete_workload(
 def wrange_workload(m: int, n: int, *, rng: np.random.Generator) -> np.ndarray:
     """WRange: m range queries ``Σ_{a ≤ j ≤ b} x_j``, endpoints i.i.d. uniform on the domain.
 
-    The two endpoints are drawn independently and sorted (a = b allowed): the paper does not
-    say (``seed-lrm.md`` §6.3 item 21).  O(mn).
+    The two endpoints are drawn independently and sorted (a = b allowed): the paper (§6) does
+    not say.  O(mn).
     """
     m, n = _positive_int(m, "m"), _positive_int(n, "n")
     _check_generator(rng)

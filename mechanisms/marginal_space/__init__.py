@@ -1,7 +1,8 @@
 """``marginal_space``: unions of marginals measured and answered without ever forming the cell vector.
 
 For a workload whose every item is a marginal (each factor ``Identity`` or ``Total``), the plan is
-one weight per attribute subset (``reference/marginals.md``; bit i of a subset = attribute i):
+one weight per attribute subset (bit i of a subset = attribute i; the algebra is in
+:mod:`mechanisms.marginal_strategies`):
 
 * Laplace noise (ε-DP, L1): HDMM's marginals template, weights ``w_S`` of plain marginals ``M_S``
   (``Δ₁ = Σ w_S``), :func:`mechanisms.marginal_strategies.marginal_weights_l1`;
