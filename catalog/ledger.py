@@ -59,6 +59,7 @@ from sqlalchemy.engine import Connection, Engine
 from catalog import keys
 from catalog.errors import BudgetExceededError, CatalogError
 from catalog.home import default_home
+from catalog.processes import is_alive, process_start
 from mechanisms.privacy import PrivacyCost, convert
 
 SCHEMA_NAME = "dprelease-catalog"

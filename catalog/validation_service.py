@@ -38,9 +38,12 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from catalog.processes import command_line, is_alive
+
 SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"
 """Set by ``flows.server.connect`` for a command that uses the shared server: the socket to try
-(``flows.server`` keeps its own copy of the name: the supervisor imports nothing of the catalog)."""
+(``flows.server`` keeps its own copy of the name: the supervisor imports only the standard-library
+``catalog.processes`` of the catalog)."""
 CONNECT_SECONDS = 2.0
 REQUEST_SECONDS = 600.0  # an answer later than this means a hung service: validate here instead
 ACCEPT_POLL_SECONDS = 1.0
@@ -101,14 +104,14 @@ def _starting(path: Path) -> bool:
     that is this socket's validation service (a marker left by a killed one is ignored)."""
     try:
         pid = int(_start_marker(path).read_text().strip())
-        os.kill(pid, 0)
     except (OSError, ValueError):
         return False
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+    if not is_alive(pid):
+        return False
+    command = command_line(pid)
+    if command is None:
         return True  # no /proc: a live pid is all that can be checked
-    return b"catalog.validation_service" in command and os.fsencode(str(path)) in command
+    return "catalog.validation_service" in command and str(path) in command
 
 
 def validate_remotely(

@@ -28,12 +28,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from catalog.processes import is_alive, live_processes
 from flows.errors import EXIT_INTERRUPTED, debug_enabled
-from flows.server import pid_alive, proc_fields
 
 GRACE_SECONDS = 3.5  # + at most ~1 s of clean-up: exit within 5 s of the first Ctrl-C
 CLEANUP_SECONDS = 0.8
@@ -88,28 +87,21 @@ def stop_own_children(*, grace: float = CHILD_GRACE_SECONDS) -> list[int]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(pid_alive(pid) for pid in victims):
+    while time.monotonic() < deadline and any(is_alive(pid) for pid in victims):
         time.sleep(0.02)
     for pid in victims:
-        if pid_alive(pid):
+        if is_alive(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
     return victims
 
 
 def _descendants(root: int) -> list[int]:
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():  # pragma: no cover - no procfs
-        return []
     session = os.getsid(0)
     parents: dict[int, list[int]] = {}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = proc_fields(int(entry.name))
-        if fields is None or fields[0] in ("Z", "X") or int(fields[3]) != session:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    for pid, fields in live_processes():  # nothing without procfs
+        if int(fields[3]) == session:
+            parents.setdefault(int(fields[1]), []).append(pid)
     found: list[int] = []
     frontier = [root]
     while frontier:

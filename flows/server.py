@@ -31,7 +31,8 @@ the server once nothing touched it for ``DPRELEASE_SERVER_IDLE_SECONDS`` (defaul
   Prefect database is kept once per Prefect version in the user cache (``DPRELEASE_CACHE_DIR``,
   default ``$XDG_CACHE_HOME/dprelease``) and copied into new homes.
 
-This module imports neither prefect nor the catalog: the supervisor must stay small.
+This module imports neither prefect nor the catalog beyond ``catalog.processes`` (standard library
+only): the supervisor must stay small.
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from catalog.processes import (
+    command_line,
+    is_alive,
+    live_processes,
+    process_start,
+    procfs_available,
+)
 
 try:
     import fcntl
@@ -279,56 +288,18 @@ def _locked(home: Path, *, timeout: float, blocking: bool = True) -> Iterator[bo
 
 
 # --- processes --------------------------------------------------------------------------------------
-def proc_fields(pid: int) -> list[str] | None:
-    """``/proc/PID/stat`` after the command name: [state, ppid, pgrp, ...] (Linux)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2 :].split()
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    except OSError:
-        return ""
-
-
-def pid_alive(pid: int) -> bool:
-    """True if ``pid`` runs (a zombie does not count)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = proc_fields(pid)
-    return fields is None or fields[0] not in ("Z", "X")
-
-
 def group_members(pgid: int) -> list[int]:
     """Live processes of process group ``pgid`` (Linux ``/proc``; elsewhere the leader if alive)."""
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():  # pragma: no cover - no procfs
-        return [pgid] if pid_alive(pgid) else []
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = proc_fields(int(entry.name))
-        if fields is not None and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return sorted(members)
+    if not procfs_available():  # pragma: no cover - no procfs
+        return [pgid] if is_alive(pgid) else []
+    return sorted(pid for pid, fields in live_processes() if fields[2] == str(pgid))
 
 
 def _is_ours(pid: int, port: int) -> bool:
     """The process is our supervisor or the Prefect server it started on ``port`` (pid reuse)."""
-    line = _cmdline(pid)
+    line = command_line(pid)
     if not line:
-        return not Path("/proc/self/cmdline").exists()  # no procfs: trust the record
+        return not procfs_available()  # no procfs: trust the record
     return (
         SUPERVISOR_MARKER in line
         or VALIDATION_MARKER in line
@@ -381,7 +352,7 @@ def _wait_healthy(record: ServerRecord, *, until: float) -> bool:
     while True:
         if healthy(record.url):
             return True
-        if not pid_alive(record.pid) or time.monotonic() >= until:
+        if not is_alive(record.pid) or time.monotonic() >= until:
             return False
         time.sleep(0.1)
 
@@ -424,13 +395,6 @@ class Connection:
         return self
 
 
-def _process_start(pid: int) -> str | None:
-    """The start time of ``pid`` (clock ticks since boot, ``/proc/PID/stat`` field 22): with the
-    pid it names one process, so a recycled pid never passes for the recorded one."""
-    fields = proc_fields(pid)
-    return None if fields is None or len(fields) < 20 else fields[19]
-
-
 def deploy_server(phome: Path | None = None) -> tuple[int, str] | None:
     """(pid, API URL) of the server ``deploy/start-server.sh`` runs on this Prefect home's
     database, if its recorded process still runs; None otherwise.  Not waited for: a caller that
@@ -441,9 +405,9 @@ def deploy_server(phome: Path | None = None) -> tuple[int, str] | None:
         pid, start, url = int(data["pid"]), str(data["start"]), str(data["url"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not pid_alive(pid) or _process_start(pid) != start:
+    if not is_alive(pid) or process_start(pid) != start:  # no procfs: no start, never ours
         return None
-    if "server start" not in _cmdline(pid):
+    if "server start" not in (command_line(pid) or ""):
         return None
     return pid, url
 
@@ -455,7 +419,7 @@ def _use_deploy_server(phome: Path) -> Connection | None:
     pid, url = found
     deadline = time.monotonic() + start_timeout()
     while not healthy(url):  # it may still be migrating a fresh database
-        if not pid_alive(pid) or time.monotonic() > deadline:
+        if not is_alive(pid) or time.monotonic() > deadline:
             raise ServerError(
                 f"the Prefect server of deploy/start-server.sh (pid {pid}) on this database "
                 f"({phome}) does not answer at {url}; see its log in $DPRELEASE_HOME/run"
@@ -496,7 +460,7 @@ def _reuse(home: Path) -> ServerRecord | None:
     if record is None:
         return None
     compatible = record.version == prefect_version() and record.prefect_home == str(prefect_home())
-    if compatible and pid_alive(record.pid) and _is_ours(record.pid, record.port):
+    if compatible and is_alive(record.pid) and _is_ours(record.pid, record.port):
         remaining = start_timeout() - _started_seconds_ago(record)
         until = time.monotonic() + max(remaining, ORPHAN_PATIENCE_SECONDS)
         if _wait_healthy(record, until=until):

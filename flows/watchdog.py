@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Literal
 
 from catalog.errors import SettingError, StageTimeLimitExceeded
-from flows.server import pid_alive, proc_fields
+from catalog.processes import is_alive, process_start
 
 STAGE_TIMEOUT_ENV = "DPRELEASE_STAGE_TIMEOUT"
 DEFAULT_STAGE_TIMEOUT_SECONDS = 6 * 3600.0  # the largest measured stage (10^8 cells) took 612 s
@@ -114,12 +114,6 @@ class RunProblem:
             return f"{what}: its process ended inside stage {r.stage!r}"
         late = now - r.deadline
         return f"{what}: alive but stuck in stage {r.stage!r}, {late:.0f} s past its time limit"
-
-
-def process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    fields = proc_fields(pid)
-    return None if fields is None or len(fields) < 20 else fields[19]
 
 
 def runs_folder(home: Path) -> Path:
@@ -362,4 +356,6 @@ def forget(problem: RunProblem) -> None:
 
 
 def _same_process_alive(record: RunRecord) -> bool:
-    return pid_alive(record.pid) and process_start(record.pid) == record.process_start
+    # exact start match: a record without one never matches a process procfs dates (no kill by a
+    # bare, possibly reused pid)
+    return is_alive(record.pid) and process_start(record.pid) == record.process_start

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from catalog import processes
 from flows import server
 from flows.cli import bundled_spec
 from tests.flows.conftest import write_spec
@@ -231,12 +232,7 @@ def _wait_for_measuring(
 
 
 def _session_processes(session: int) -> list[int]:
-    alive = []
-    for entry in Path("/proc").iterdir():
-        fields = server.proc_fields(int(entry.name)) if entry.name.isdigit() else None
-        if fields is not None and fields[3] == str(session) and fields[0] not in ("Z", "X"):
-            alive.append(int(entry.name))
-    return alive
+    return [pid for pid, fields in processes.live_processes() if fields[3] == str(session)]
 
 
 def test_a_run_through_the_shared_server_validates_in_its_service(
@@ -255,7 +251,7 @@ def test_a_run_through_the_shared_server_validates_in_its_service(
     service = [
         pid
         for pid in server.group_members(record.pid)
-        if "validation_service" in server._cmdline(pid)
+        if "validation_service" in (processes.command_line(pid) or "")
     ]
     assert len(service) == 1  # in the server's process group: stopped with it
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from catalog import processes
 from flows import server
 from flows.cli import app
 
@@ -222,9 +223,9 @@ def test_killing_the_supervisor_takes_the_server_with_it(home: Path) -> None:
     members = server.group_members(pid)
     os.kill(pid, signal.SIGKILL)  # no clean-up code runs: the server must still not survive
     deadline = time.monotonic() + 30
-    while any(server.pid_alive(m) for m in members) and time.monotonic() < deadline:
+    while any(processes.is_alive(m) for m in members) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(server.pid_alive(m) for m in members)
+    assert not any(processes.is_alive(m) for m in members)
     again = _connect()  # the stale record is cleaned and a new server starts
     assert again["started"] is True and again["pid"] != pid
 

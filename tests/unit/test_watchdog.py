@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from catalog.processes import process_start
 from flows import watchdog
 from flows.watchdog import (
     STAGE_TIMEOUT_ENV,
@@ -27,7 +28,6 @@ from flows.watchdog import (
     WatchdogSettingError,
     forget,
     inspect_runs,
-    process_start,
     stage_timeout_seconds,
     stop_stuck,
 )
