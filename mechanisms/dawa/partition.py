@@ -1215,10 +1215,14 @@ def measure_and_reconstruct(
 _COVERAGE_CHUNK_ENTRIES = 2_000_000
 # A (row, bucket) whose weights vary by less than this (relative) is treated as evenly covered.
 _EVEN_COVER_TOLERANCE = 1e-9
-# Buckets on each side whose roughness samples a bucket's cell variance averages: one squared
-# residual is a χ²₁-like draw, and narrower windows under-cover on rough histograms (the
-# table of benchmarks/dawa_coverage_bench.py); wider ones widen smooth data's intervals.
+# Roughness (``_bucket_roughness``): buckets on each side whose dispersion samples a bucket pools,
+# and the pooled quantile, read as a χ²₁ quantile (``scipy.stats.chi2.ppf(0.9, 1)``).  The 0.9
+# quantile ignores the few squared residuals that a spike or a bend of the trend inflates (the mean
+# made smooth and sparse histograms' intervals several times too wide); lower quantiles or
+# narrower windows under-cover on rough ones (benchmarks/dawa_coverage_bench.py).
 _ROUGHNESS_WINDOW = 8
+_ROUGHNESS_QUANTILE = 0.9
+_CHI2_1_QUANTILE = 2.705543454095404
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -1377,10 +1381,12 @@ def _bucket_roughness(
     three centroids predicts ``d_b`` as ``w_l·d_l + w_r·d_r``.  If cells vary around the trend
     independently with variance ``σ²``, the residual's variance is
     ``σ²(1/|b| + w_l²/|l| + w_r²/|r|)`` plus the noise's (from ``density_covariance``), which
-    gives the sample ``max(0, residual² − noise) / (1/|b| + w_l²/|l| + w_r²/|r|)``.  One
-    squared residual is a noisy estimate: a bucket takes the mean of the samples of the
-    ``2·_ROUGHNESS_WINDOW + 1`` buckets around it.  NaN only when the partition has fewer than three
-    buckets.  O(k).
+    gives the sample ``(residual² − noise) / (1/|b| + w_l²/|l| + w_r²/|r|)`` of ``σ²``.  Counts
+    vary more where they are larger, so samples are pooled as dispersions ``σ²/λ`` (``λ = max(d,
+    1)``, the Poisson variance): a bucket's ``σ²`` is its ``λ`` times the ``_ROUGHNESS_QUANTILE``
+    quantile of the dispersion samples of the ``2·_ROUGHNESS_WINDOW + 1`` buckets around it,
+    divided by the same quantile of ``χ²₁`` (one squared residual is ``σ²`` times a ``χ²₁`` draw).
+    NaN only when the partition has fewer than three buckets.  O(k·window).
     """
     k = partition.n_buckets
     if k < 3:
@@ -1401,13 +1407,12 @@ def _bucket_roughness(
         + 2.0 * w_l * w_r * np.diag(cov, 2)  # Cov(d_{b−1}, d_{b+1})
     )
     spread = 1.0 / sizes[middle] + w_l**2 / sizes[left] + w_r**2 / sizes[right]
-    samples = np.r_[0.0, np.maximum(residual**2 - noise, 0.0) / spread, 0.0]
-    known = np.r_[0.0, np.ones(k - 2), 0.0]  # the end buckets have no sample
-    index = np.arange(k)
-    lo = np.maximum(index - _ROUGHNESS_WINDOW, 0)
-    hi = np.minimum(index + _ROUGHNESS_WINDOW + 1, k)
-    total, count = np.r_[0.0, np.cumsum(samples)], np.r_[0.0, np.cumsum(known)]
-    return (total[hi] - total[lo]) / (count[hi] - count[lo])
+    level = np.maximum(densities, 1.0)  # the Poisson variance, at least one count
+    padding = np.full(_ROUGHNESS_WINDOW + 1, np.nan)  # the end buckets have no sample
+    dispersion = np.r_[padding, (residual**2 - noise) / spread / level[middle], padding]
+    windows = np.lib.stride_tricks.sliding_window_view(dispersion, 2 * _ROUGHNESS_WINDOW + 1)
+    upper = np.nanquantile(windows, _ROUGHNESS_QUANTILE, axis=1)  # O(k·window)
+    return level * np.maximum(upper, 0.0) / _CHI2_1_QUANTILE
 
 
 def _partial_covers(

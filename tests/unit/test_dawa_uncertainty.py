@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from mechanisms.dawa.hilbert import HilbertLayout
 from mechanisms.dawa.partition import (
@@ -114,7 +115,8 @@ def brute_force_roughness(partition: Partition, d: np.ndarray, cov_d: np.ndarray
             for lo, size in zip(partition.starts, sizes, strict=True)
         ]
     )
-    sample = np.full(k, np.nan)
+    level = np.maximum(d, 1.0)
+    dispersion = np.full(k, np.nan)
     for b in range(1, k - 1):
         lr = np.array([b - 1, b + 1])
         w = np.array([centroid[b + 1] - centroid[b], centroid[b] - centroid[b - 1]])
@@ -124,10 +126,15 @@ def brute_force_roughness(partition: Partition, d: np.ndarray, cov_d: np.ndarray
         residual = combination @ d
         noise = combination @ cov_d @ combination
         spread = 1 / sizes[b] + float(w**2 @ (1 / sizes[lr]))
-        sample[b] = max(residual**2 - noise, 0.0) / spread
+        dispersion[b] = (residual**2 - noise) / spread / level[b]
+    if k < 3:
+        return np.full(k, np.nan)
+    chi2_90 = scipy.stats.chi2.ppf(0.9, 1)
     return np.array(
         [
-            np.nanmean(sample[max(b - window, 0) : b + window + 1]) if k >= 3 else np.nan
+            level[b]
+            * max(np.nanquantile(dispersion[max(b - window, 0) : b + window + 1], 0.9), 0.0)
+            / chi2_90
             for b in range(k)
         ]
     )
@@ -257,20 +264,23 @@ def test_linear_trend_bias_matches_the_exact_bias_of_a_noise_free_linear_density
 
 def test_roughness_around_the_local_trend_widens_cut_cells_beyond_poisson() -> None:
     # Densities alternate 10, 50, 10, … over buckets of 2 cells: an interior bucket's residual from
-    # the trend through its neighbours is ±40, so σ² = 40² / (1/2 + ¼·½ + ¼·½) for every bucket
-    # that has both neighbours (and the mean over a bucket and its neighbours keeps that value).
+    # the trend through its neighbours is ±40, so its σ² sample is 40² / (1/2 + ¼·½ + ¼·½) and its
+    # dispersion that over its density.  The window (all 6 samples here) holds three dispersions
+    # of each kind; its 0.9 quantile is the larger, and bucket 3 (density 50) takes 50 times it
+    # over the 0.9 quantile of χ²₁.
     n = 16
     partition = Partition.from_starts(np.arange(0, n, 2), n_cells=n)
     densities = np.tile([10.0, 50.0], 4)
     workload = IntervalWorkload.from_ranges([6], [6], n_cells=n)  # one cell of bucket 3
     strategy = greedy_h_strategy(workload, partition)
     result = query_uncertainty(workload, strategy, 2.0 * densities, noise_variance=1e-12)
-    roughness = 40.0**2 / (1 / 2 + 1 / 8 + 1 / 8)
+    sample = 40.0**2 / (1 / 2 + 1 / 8 + 1 / 8)
+    roughness = 50.0 * (sample / 10.0) / scipy.stats.chi2.ppf(0.9, 1)
     slope_squared = 40.0**2 / 2.0**2  # contrast over the 2-cell distance between centroids
     uneven = 1.0 - 1.0 / 2.0  # Σa² − (Σa)²/|b| for one of the bucket's two cells
     expected = roughness * uneven + slope_squared * 0.5**2
     np.testing.assert_allclose(result.bias_variance, [expected], rtol=1e-6)
-    assert expected > 5 * (50.0 * uneven + slope_squared * 0.5**2)  # Poisson alone: far less
+    assert expected > 10 * (50.0 * uneven + slope_squared * 0.5**2)  # Poisson alone: far less
 
 
 @pytest.mark.parametrize(
