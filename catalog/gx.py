@@ -1,8 +1,9 @@
 """A thin, lazily imported wrapper around Great Expectations (GX 1.x, ephemeral context).
 
-GX takes 6–10 s to import, so it is imported inside :func:`run_suites` only.  Each call builds a
-fresh ephemeral context (names must be unique per context), runs the suites on pandas frames,
-optionally writes Data Docs into a chosen directory, and returns a JSON-ready summary.
+GX takes seconds to import (``benchmarks/demo_bench.py`` times it), so it is imported inside
+:func:`run_suites` only.  Each call builds a fresh ephemeral context (names must be unique per
+context), runs the suites on pandas frames, optionally writes Data Docs into a chosen directory, and
+returns a JSON-ready summary.
 
 Privacy: summaries and Data Docs hold observed values and unexpected counts and values, so only
 released (noisy) values and public metadata may be validated here (``catalog.validation``).  The
@@ -93,7 +94,7 @@ def run_suites_here(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, di
         safe = re.sub(r"[^A-Za-z0-9_]", "_", name)
         batch = source.add_dataframe_asset(name=safe).add_batch_definition_whole_dataframe(safe)
         # all expectations at construction: one store write per suite (add_expectation writes
-        # the whole suite again each time, ~0.1 s per 18-expectation table)
+        # the whole suite again each time)
         suite = context.suites.add(
             gx.ExpectationSuite(
                 name=safe,

@@ -1,7 +1,7 @@
 """Where dprelease keeps its state: ``$DPRELEASE_HOME``, else ``./.dprelease``.
 
 Its own module so that code needing only the path (the strategy store, ``dprelease plan``) does
-not import the ledger and SQLAlchemy (≈ 0.25 s of every ``plan``).
+not import the ledger and SQLAlchemy (an import cost on every ``plan``).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ Privacy: every number in it is public — released (noisy) values, their error m
 domain and the budget.  Nothing here reads the confidential data or the true cell vector.
 
 Cost: O(total rows) to format the tables; charts are inline SVG (:mod:`catalog.report_charts`), so
-a release of 91 tables renders in well under a second and loads in a browser in under two
-(``benchmarks/report_bench.py``).  No matplotlib: the candidates, budget and partition charts
-are inline SVG too (importing matplotlib cost about a second of every release).
+a release of 91 tables renders and loads in a browser quickly (``benchmarks/report_bench.py``
+measures both).  No matplotlib: the candidates, budget and partition charts are inline SVG too
+(importing matplotlib slowed every release).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMB
 
     A table longer than ``max_rows`` pages through its first rows only and says so;
     its CSV and Parquet hold every row (364 three-way Adult marginals are 20.9M rows: embedded,
-    the page took 108 s and 6 GB to write and no browser could open it).
+    no browser could open the page; ``benchmarks/report_bench.py`` times its load).
     """
     axes = table_model(table)
     columns = table.column_names

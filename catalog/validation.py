@@ -167,7 +167,7 @@ def validate_tables(
     ``directory`` (the release's ``validation/``); return the combined summary.
 
     Up to ``BATCH_FROM_TABLES − 1`` tables: one suite per table.  From ``BATCH_FROM_TABLES`` on
-    (GX costs ~0.4–1 s per suite and copies each table to pandas: 364 tables took minutes), one
+    (GX's cost is per suite and it copies each table to pandas: hundreds take minutes), one
     suite checks every table's figures at once (:func:`batched_jobs`) and ``batched_tables``
     lists the tables it covers."""
     if len(tables) >= BATCH_FROM_TABLES:

@@ -1,14 +1,14 @@
 """A long-lived process that keeps Great Expectations imported for the commands of one state home.
 
-Importing GX costs ~4 s per command (of a warm 1,360-cell ``run``'s ~9 s).  The shared server's
-supervisor (``flows.server``) therefore also starts ``python -m catalog.validation_service`` in its
-process group: it imports GX once, then listens on ``$DPRELEASE_HOME/validation.sock`` (mode 0600,
-created once GX is loaded) and runs :func:`catalog.gx.run_suites` for each request.  While it
-imports, ``<socket>.starting`` holds its pid: a command that reaches validation then waits for it
-(at most :data:`STARTUP_WAIT_SECONDS`) instead of importing GX itself (on a fresh home the two
-imports competed for the 2 cores: the demo command's CPU fell from 6.8-11.4 to 7.2-8.3 s).  It
-stops with the supervisor (same process group, and it exits when its parent changes) or on
-SIGTERM.
+Importing GX costs seconds per command, a large share of a warm ``run``
+(``benchmarks/demo_bench.py`` times the import and each stage).  The shared server's supervisor
+(``flows.server``) therefore also starts ``python -m catalog.validation_service`` in its process
+group: it imports GX once, then listens on ``$DPRELEASE_HOME/validation.sock`` (mode 0600, created
+once GX is loaded) and runs :func:`catalog.gx.run_suites` for each request.  While it imports,
+``<socket>.starting`` holds its pid: a command that reaches validation then waits for it (at most
+:data:`STARTUP_WAIT_SECONDS`) instead of importing GX itself (on a fresh home two imports would
+compete for the cores; ``benchmarks/demo_bench.py`` runs the demo on fresh homes).  It stops with
+the supervisor (same process group, and it exits when its parent changes) or on SIGTERM.
 
 Privacy: exactly what ``run_suites`` may see crosses the socket, released (noisy) tables and public
 expectations (``catalog.validation`` builds both); the socket is a file only its owner may open.
@@ -182,7 +182,7 @@ def serve(path: Path, *, parent_pid: int) -> int:
     with contextlib.suppress(OSError):  # best effort: without it commands import GX themselves
         marker.write_text(f"{os.getpid()}\n")  # they wait for this import instead
     try:
-        gx.load()  # the ~4 s this process exists for, before the socket appears
+        gx.load()  # the import this process exists for, before the socket appears
     except BaseException:
         marker.unlink(missing_ok=True)
         raise

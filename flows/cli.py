@@ -10,7 +10,7 @@ unless ``PREFECT_API_URL`` is set.
 Failures (``flows/errors.py``): a user error is one short block on stderr and exit 2, an internal
 error one line pointing to a log under ``$DPRELEASE_HOME/logs/`` and exit 1, Ctrl-C exit 130;
 ``--debug`` shows tracebacks.  Spec errors are reported before Prefect is imported or a server
-starts; prefect, Great Expectations and matplotlib are imported only by the commands that need them.
+starts; prefect and Great Expectations are imported only by the commands that need them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 
 # Before numpy loads: multi-threaded BLAS on the small matrices of strategy work only contends on
-# two cores (measured 10-50x slower under load).  Users can still override it.
+# two cores (many times slower under load: benchmarks/strategy_bench.py --blas-threads).  Users
+# can still override it.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import contextlib
@@ -61,8 +62,8 @@ class _ConsoleScript(typer.Typer):
             sys.exit(errors.report(exc, console))
         finally:
             # Exit hooks still run (Prefect drains its event and log workers), but the final
-            # garbage collection skips the heap prefect, GX and pandas built: 1-3 s measured on
-            # two busy cores, which Ctrl-C's 5-second promise cannot afford.
+            # garbage collection skips the heap prefect, GX and pandas built: seconds on two busy
+            # cores, which Ctrl-C's 5-second promise cannot afford.
             gc.freeze()
 
 
@@ -172,7 +173,7 @@ def _run_release(
 
             # No flow-run heartbeats for a run inside this command (the user sees it end or
             # crash): Prefect's heartbeat thread sleeps in 1 s steps and is joined at the flow's
-            # end, ~0.5-1 s of every command.  Deployed runs keep them (crash detection).
+            # end, up to one step of every command.  Deployed runs keep them (crash detection).
             with (
                 InterruptGuard(write=lambda text: console.print(text, highlight=False)),
                 temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),

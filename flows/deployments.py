@@ -10,7 +10,8 @@ after the spec (``release-deployment/<spec name>``) on a *process* work pool, wi
 * the work queue ``dataset-<dataset id>`` of the pool, with a concurrency limit of 1, shared by all
   of the dataset's deployments: the server hands a worker a run of the dataset only while no other
   run of it is Pending or Running (a run paused for review does not count), so queued runs wait
-  as *Scheduled* rows on the server, not as processes on the worker (each is 240-400 MB);
+  as *Scheduled* rows on the server, not as processes on the worker (each holds a whole run's
+  memory: ``benchmarks/memory_bench.py``);
 * a global concurrency limit ``dprelease-dataset-<dataset id>`` with one slot, which the flow holds
   while it releases: one running release per dataset id even for a run that bypasses the queue
   (another pool, a run created with another queue);

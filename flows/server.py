@@ -1,4 +1,4 @@
-"""One local Prefect server shared by every ``dprelease`` command (issue 14).
+"""One local Prefect server shared by every ``dprelease`` command.
 
 The first command that needs Prefect starts ``prefect server start`` on 127.0.0.1 and a free port,
 in the background, under a small supervisor process (``python -m flows.server supervise``) that
@@ -20,14 +20,14 @@ the server once nothing touched it for ``DPRELEASE_SERVER_IDLE_SECONDS`` (defaul
   start-up window, or whose Prefect version or home differ) is stopped by process group; a stale
   file whose process is gone is removed.
 * The supervisor also runs ``python -m catalog.validation_service`` in its process group: Great
-  Expectations imported once (~4 s) for every command of the home, on ``validation.sock``
+  Expectations imported once for every command of the home, on ``validation.sock``
   (:func:`validation_socket`); ``connect`` points the command at it, a command whose service is
   still importing GX waits for it (bounded) and one whose service is missing validates in its own
   process.
 * The server registers no block types at start (that would import every installed Prefect
-  collection, prefect-dask's dask.distributed among them: 1.5-1.9 s of its ~6 s start); a saved
+  collection, prefect-dask's dask.distributed among them: a large share of its start); a saved
   block registers its own type.
-* A fresh state home would spend ~20-30 s on Prefect's database migrations; a migrated, empty
+* A fresh state home would spend tens of seconds on Prefect's database migrations; a migrated, empty
   Prefect database is kept once per Prefect version in the user cache (``DPRELEASE_CACHE_DIR``,
   default ``$XDG_CACHE_HOME/dprelease``) and copied into new homes.
 
@@ -77,7 +77,7 @@ LOCK_FILE = "server.lock"
 LAST_USED_FILE = "server.last-used"
 DEPLOY_SERVER_FILE = "deploy-server.json"  # in PREFECT_HOME, written by deploy/start-server.sh
 DEFAULT_IDLE_SECONDS = 1800.0
-DEFAULT_START_TIMEOUT = 180.0  # a fresh Prefect database migrates for 20-30 s on 2 busy cores
+DEFAULT_START_TIMEOUT = 180.0  # a fresh Prefect database migrates for tens of seconds
 STOP_GRACE_SECONDS = 10.0
 HEALTH_REQUEST_SECONDS = 2.0
 # A recorded server past its start-up window gets this long to answer before it counts as an
@@ -509,7 +509,7 @@ def _start(home: Path) -> Connection:
         "DO_NOT_TRACK": "1",
         "PREFECT_UI_ENABLED": "false",
         # No block-type registration at start: to register them the server imports every installed
-        # Prefect collection (prefect-dask: dask.distributed), 1.5-1.9 s of a ~6 s start.  Saving a
+        # Prefect collection (prefect-dask: dask.distributed), a large share of a start.  Saving a
         # block registers its own type (`dprelease notify webhook`, Block.save).
         "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
         "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
@@ -586,13 +586,13 @@ def _save_template(source: Path) -> None:
         return  # a cache: the next fresh home migrates instead
 
 
-PREPARE_TIMEOUT = 300.0  # seconds: Prefect's migrations take ~15 s on 2 idle cores
+PREPARE_TIMEOUT = 300.0  # seconds: far above Prefect's migrations (tens of seconds)
 
 
 def prepare_template() -> tuple[Path, bool]:
     """Migrate an empty Prefect database into the user cache now (``dprelease server prepare``,
-    run by ``install.sh``), so the first command on a new machine copies it instead of migrating
-    (~15 s).  Returns (template path, whether it was created now); an existing template is kept.
+    run by ``install.sh``), so the first command on a new machine copies it instead of migrating.
+    Returns (template path, whether it was created now); an existing template is kept.
     Raises :class:`ServerError` naming the log when Prefect's migration fails."""
     template = _template_db()
     if template.is_file():
@@ -802,7 +802,7 @@ def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
     """``python -m catalog.validation_service``: GX imported once for every command of ``home``.
 
     Optional: if it cannot start or dies, or ``DPRELEASE_VALIDATION_SERVICE=off`` (a host short of
-    the ~250 MB it keeps), commands validate in their own process."""
+    the memory it keeps), commands validate in their own process."""
     if os.environ.get(VALIDATION_SERVICE_ENV, "on").strip().lower() in ("0", "off", "false", "no"):
         _log(f"supervisor {os.getpid()}: validation service off ({VALIDATION_SERVICE_ENV})")
         return None

@@ -83,8 +83,8 @@ class NoisyMeasurement:
     receipt_id: str
 
 
-# 2**20 answers (8 MB of float64) per shard: a cluster task's overhead (~ms) is negligible next to
-# its sampling (~5 s at ~5 µs per value), and 10^7 answers already make 10 tasks to balance.
+# 2**20 answers (8 MB of float64) per shard: a cluster task's overhead is negligible next to its
+# sampling (benchmarks/noise_cluster_bench.py), and 10^7 answers already make 10 tasks to balance.
 DEFAULT_SHARD_SIZE = 1 << 20
 
 

@@ -97,8 +97,7 @@ def _single_threaded_blas(
     function: Callable[_Parameters, _Result],
 ) -> Callable[_Parameters, _Result]:
     """Run ``function`` with one BLAS thread: its matrices are at most a few thousand wide, and on
-    a shared machine BLAS threads mostly contend (a 128 x 128 Cholesky measured 90 ms instead of
-    0.1 ms under load)."""
+    a shared machine BLAS threads mostly contend (orders of magnitude slower under load)."""
 
     @functools.wraps(function)
     def wrapper(*args: _Parameters.args, **kwargs: _Parameters.kwargs) -> _Result:
@@ -679,10 +678,10 @@ _SPG_MEMORY = 10
 _ARMIJO_FRACTION = 1e-4
 # Largest step, in units of (widest row window) / max |gradient|; beyond it every coordinate clips.
 _MAX_STEP_WIDTHS = 1e3
-# Paper-step phase: z moves by this fraction of Algorithm 2's beta / (n e^eps).  Measured at
-# n = 128 (worst case per user, seed 0): the paper's fraction 1 gives 1823.5 on Prefix eps=1 and
-# 4260.9 on All Range eps=4 (Algorithm 2 alone / two phases); 0.1 gives 1647.0 / 3699.7; 0.01 is
-# never more than 0.1 % worse than 0.03 or 0.1 on six workload/eps pairs and up to 4 % better.
+# Paper-step phase: z moves by this fraction of Algorithm 2's beta / (n e^eps).  Chosen at
+# n = 128 (worst case per user; benchmarks/ldp_bench.py): the paper's fraction 1 and 0.1 end
+# clearly worse on Prefix eps=1 and All Range eps=4, and 0.01 matches or beats 0.03 and 0.1 on
+# six workload/eps pairs.
 _BOUND_STEP_FRACTION = 0.01
 _STEP_GROWTH = 1.25
 # A phase ends when the objective fell by less than `tolerance` (relative) over this many steps.
@@ -998,9 +997,8 @@ def optimize_strategy(
     The start's ``z`` puts a fraction ``1 / (e^ε + 1)`` of each column's mass at the upper bound
     when every entry sits at a bound (the optimal subset size of subset selection); phase 1 gets
     most of the gain at ε = 1 in few, cheap steps, and phase 2 matters at large ε
-    (``benchmarks/ldp_bench.py --n 128 --ablation``, worst case per user: Prefix ε = 1: two
-    phases 1607.8, phase 1 alone 1608.4, Algorithm 2 alone 1612.2; All Range ε = 4: 3627.2,
-    4859.4, 3641.3).  Each step costs ``O(m n^2 + n^3)`` plus a few ``O(m n)`` projection passes.
+    (``benchmarks/ldp_bench.py --n 128 --ablation`` measures each phase alone).  Each step costs
+    ``O(m n^2 + n^3)`` plus a few ``O(m n)`` projection passes.
 
     Parameters
     ----------
@@ -1014,8 +1012,8 @@ def optimize_strategy(
     rows:
         Number of outputs ``m`` of the random start (default ``4 n``); phase 2 may prune rows.
     iterations:
-        Maximum number of gradient steps over both phases.  A step costs about 0.18 s of CPU at
-        n = 512 (m = 2048) here; 500 steps are within about 1 % of 1000 on Prefix-512.
+        Maximum number of gradient steps over both phases.  Step cost and the gain from more
+        steps: ``benchmarks/ldp_bench.py --iterations``.
     tolerance:
         A phase stops when the objective fell by less than this fraction over 50 steps.
     initial:

@@ -61,7 +61,7 @@ from mechanisms.workload import Workload, WorkloadItem
 SubsetBasis = Literal["centred", "marginal"]
 BASES: tuple[str, ...] = ("centred", "marginal")
 DEFAULT_L1_RESTARTS = 16
-"""Random starts of the L1 template after the workload's own marginals (~1 s each at d = 14)."""
+"""Random starts of the L1 template after the workload's own marginals (O(d 2^d) per evaluation)."""
 _POSITIVE_RTOL = 1e-12
 
 

@@ -205,13 +205,13 @@ class OpenDPSampler:
         if not np.all(np.isfinite(flat)):
             raise ValueError("values to be noised must all be finite")
         # at most _MAX_SHARD values per OpenDP call: its FFI holds ~100 B per value in flight,
-        # so memory is O(threads × _MAX_SHARD), not O(size) (22.9M values took 2.2 GB at once)
+        # so memory is O(threads × _MAX_SHARD), not O(size)
         shards = max(1, min(self.threads, flat.size // _MIN_SHARD), -(-flat.size // _MAX_SHARD))
         pieces = np.array_split(flat, shards)
 
         def sample(piece: np.ndarray) -> np.ndarray:
             measurement = _opendp_measurement(kind, scale=scale, size=piece.size)
-            return np.asarray(measurement(piece), dtype=np.float64)  # O(size), ~4-8 µs per value
+            return np.asarray(measurement(piece), dtype=np.float64)  # O(size)
 
         if shards == 1:
             noisy = sample(flat)

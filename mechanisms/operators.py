@@ -408,7 +408,7 @@ class AllRanges(Ranges):
     closed_form_spectrum: ClassVar[bool] = True
 
     def __init__(self, n: int) -> None:
-        # no lo/hi arrays until a product needs them: 2 × 8.4M indices (0.4 s) at n = 4096
+        # no lo/hi arrays until a product needs them: 2 × 8.4M indices at n = 4096
         Factor.__init__(self, shape=(n * (n + 1) // 2, n))
 
     @functools.cached_property
@@ -446,7 +446,7 @@ class AllRanges(Ranges):
 
 def _min_max_gram(of_min: np.ndarray, of_max: np.ndarray) -> np.ndarray:
     """``G_jk = of_min[min(j, k)] · of_max[max(j, k)]`` (the prefix and all-range Grams). O(n²) in
-    two passes over the matrix; six numpy temporaries took 0.5 s at n = 4096, this 0.06 s."""
+    two passes over the matrix instead of six n × n numpy temporaries."""
     return symmetric_from_lower(np.outer(of_max, of_min))  # exact where j >= k
 
 

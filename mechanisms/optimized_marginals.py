@@ -72,7 +72,7 @@ def _lattice_transform(
 ) -> np.ndarray:
     """One pass per bit: ``low += sign · high`` (``upward=False``) or ``high += sign · low``.
 
-    Each pass is a contiguous 3-D view, so a transform of 2^14 values costs ~0.1 ms. O(d 2^d).
+    Each pass is a contiguous 3-D view.  O(d 2^d).
     """
     out = np.array(values, dtype=np.float64, copy=True)
     if out.shape != (1 << num_attributes,):
@@ -269,12 +269,12 @@ def search_marginal_weights(
     weight is a stationary direction, so restarts explore other supports).  The full-identity
     weight is kept ≥ 1e-6 (relative) so every eigenvalue stays positive; weights below 1e-4 of the
     largest are dropped when that costs < 1e-6 relative error.  BLAS runs single-threaded (scipy's
-    L-BFGS-B is ~20× slower per iteration with contended OpenBLAS threads at 2^14 variables).
+    L-BFGS-B is many times slower per iteration with contended OpenBLAS threads).
 
     ``time_limit`` (seconds, None = none) stops the current run at its next iteration and skips
     the rest; the best point so far is returned with ``stopped_early`` (the first run always
     takes at least one iteration, so an expired limit still yields weights).  ``progress(fraction,
-    message)`` is called after every run.  One evaluation is O(d 2^d) (~2 ms at d = 14).
+    message)`` is called after every run.  One evaluation is O(d 2^d).
     """
     started = time.perf_counter()
     sizes = validate_domain_sizes(domain_sizes)

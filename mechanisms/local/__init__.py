@@ -58,7 +58,7 @@ from mechanisms.workload import Workload, WorkloadItem
 
 NAME = "optimized"
 STORE_VERSION = "1"
-MAX_LDP_CELLS = 2048  # one optimiser step is O(m n^2) with m = 4n: about 1.5 s at n = 2048
+MAX_LDP_CELLS = 2048  # one optimiser step is O(m n^2) with m = 4n (benchmarks/ldp_bench.py)
 MAX_TABLE_ENTRIES = 25_000_000  # queries × cells of one item's dense rows (200 MB of float64)
 V_CHUNK_ENTRIES = 4_000_000  # rows of V formed at a time
 RAPPOR_MAX_CELLS = 16
@@ -369,8 +369,8 @@ class LocalMechanism:
         return None
 
     def predicted_seconds(self, request: PlanRequest) -> float:
-        # Per step max(O(m n) projection passes, O(m n² + n³) algebra), measured on this machine:
-        # 0.65 s per step at n = 512, m = 2048 (single-threaded BLAS).
+        # Per step max(O(m n) projection passes, O(m n² + n³) algebra), single-threaded BLAS; the
+        # constants: benchmarks/predict_bench.py --calibrate ldp.
         options = LocalOptions.parse(request.options)
         n = request.workload.num_cells
         step = max(

@@ -392,7 +392,7 @@ def decompose(
       without it the alternation stalls at τ ≈ 2.1 on Example 2).
 
     Performance: set one BLAS thread (``OPENBLAS_NUM_THREADS=1`` or threadpoolctl) on shared
-    machines; OpenBLAS's spinning threads made a 64×256 decomposition 45× slower under load.
+    machines; OpenBLAS's spinning threads make small decompositions many times slower under load.
 
     References
     ----------

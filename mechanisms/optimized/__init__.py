@@ -103,7 +103,8 @@ class OptimizedMechanism(MatrixMechanism):
         if stored is not None:
             return _restore(request, stored, branching=branching)
         # One BLAS thread: the searches multiply matrices of a few hundred rows thousands of times;
-        # OpenBLAS threads made all ranges n=256 33x slower on a shared 2-core machine (76 s vs 2.3 s).
+        # OpenBLAS threads made them many times slower on a shared 2-core machine (measured by
+        # ``benchmarks/strategy_bench.py`` with and without ``--blas-threads 1``).
         with threadpoolctl.threadpool_limits(limits=1):
             best, notes = self._search(request, branching=branching)
         parameters = {**best.parameters, "unit_errors": notes}

@@ -10,13 +10,10 @@ search along the projected path ``max(x + t d, 0)`` ensures the Armijo decrease.
 Hessian is applied in its compact form (Byrd, Nocedal, Schnabel, "Representations of quasi-Newton
 matrices and their use in limited memory methods", Math. Prog. 1994, §3): three matrix-vector
 products with the stored pairs per iteration instead of the two-loop recursion's 4·memory vector
-operations (at 10⁶ variables: ~10 ms instead of ~23 ms).  No temporaries of the variables' size
-beyond the trial point.
+operations.  No temporaries of the variables' size beyond the trial point.
 
-Measured on the all-range Gram (Laplace p-Identity, one start, the same script and BLAS threads):
-at n = 1024 this optimiser (then with the two-loop recursion) reached rmse 7.81 in 450 iterations
-/ 11.6 s where L-BFGS-B reached 7.84 in 590 / 19.2 s; in the compact form with one BLAS thread, as
-plans run, 7.80 in 612 iterations / 3.6 s.  Whole plans: `benchmarks/hdmm_side_by_side.py`.
+On the all-range Gram (Laplace p-Identity) it reached scipy's L-BFGS-B rmse in less time.  Whole
+plans: `benchmarks/hdmm_side_by_side.py`.
 """
 
 from __future__ import annotations

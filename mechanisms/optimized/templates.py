@@ -139,7 +139,7 @@ def gram_right_multiply(gram: np.ndarray) -> RightMultiply:
     With 0-based cells, all ranges give ``G_ij = c (min(i, j) + 1)(n − max(i, j))`` and prefixes
     ``G_ij = c (n − max(i, j))``; then ``(X G)_j`` needs only prefix sums of ``X`` weighted by
     ``(i + 1)`` or 1 and suffix sums weighted by ``(n − i)``.  These are the Grams of 1-D range and
-    CDF workloads, the ones p-Identity is optimised for, where the dense product is 80% of a loss
+    CDF workloads, the ones p-Identity is optimised for, where the dense product dominates a loss
     evaluation.
     """
     recognised = structured_gram(gram)
@@ -284,7 +284,7 @@ class PIdentityObjective:
     ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹`` (Woodbury).  Cost O(p² n + p³) in
     four GEMMs, plus one product with ``G``: O(p n) for all-range and prefix Grams
     (:func:`gram_right_multiply`), else O(p n²).  Three p × n work arrays are kept between calls:
-    at p·n = 10⁶ a fresh 8 MB array costs ~2 ms of page faults, as much as the arithmetic on it.
+    at p·n = 10⁶ a fresh 8 MB array costs about as much in page faults as the arithmetic on it.
     """
 
     def __init__(self, gram: np.ndarray, *, p: int, noise: NoiseKind) -> None:
@@ -308,7 +308,7 @@ class PIdentityObjective:
         small = theta @ theta.T  # O(p² n)
         small[np.diag_indices(p)] += 1.0
         # M itself (potrf + potri, O(p³)): I + ΘΘᵀ has eigenvalues ≥ 1, so forming M is stable, and
-        # one GEMM with Θ is ~7× faster than a triangular solve with n right-hand sides.
+        # one GEMM with Θ is much faster than a triangular solve with n right-hand sides.
         factor, info = scipy.linalg.lapack.dpotrf(small, lower=False, clean=True)
         upper, info_inverse = scipy.linalg.lapack.dpotri(factor, lower=False)
         if info != 0 or info_inverse != 0:
@@ -380,16 +380,16 @@ def _gaussian_pidentity_start(gram: np.ndarray, p: int, *, rng: np.random.Genera
     return theta
 
 
-# L-BFGS memory: 5 pairs reach the same loss per iteration as 20 at n = 1024 for 60% of the
-# iteration's time (its updates cost O(maxcor · p n) per iteration).
+# L-BFGS memory: 5 pairs reach the same loss per iteration as 20 at n = 1024 in less time per
+# iteration (its updates cost O(maxcor · p n) per iteration).
 _MAXCOR = 5
 
 
 def _uniform_start_scale(p: int) -> float:
     """Scale of the uniform Laplace start: HDMM's ``Uniform[0, 1)`` up to p = 16 extra queries,
-    then ``16 / p``, so a column of Θ sums to about 8 whatever p.  At n = 4096 (p = 256) the
-    unscaled start begins at rmse 237 and spends its first ~200 iterations shrinking Θ (rmse 11.6
-    after 60 s); scaled, rmse 10.2 after 60 s."""
+    then ``16 / p``, so a column of Θ sums to about 8 whatever p.  At large p the unscaled start
+    begins far from the optimum and spends its first iterations shrinking Θ, so within the same
+    time it ends at a higher rmse."""
     return min(1.0, 16.0 / p)
 
 
@@ -427,10 +427,9 @@ def optimize_pidentity_factor(
     sensitivity linearly but lowers the trace only quadratically), so Laplace starts stay away
     from it: every restart starts at HDMM's ``Uniform[0, 1)``, scaled by
     :func:`_uniform_start_scale` (bounds Θ ≥ 0), and when all of
-    them still end at Θ = 0 (small p: n = 64, p = 4) one more run starts at :func:`_block_start`
-    (a two-level hierarchy; as a first start it converged more slowly: rmse 7.86 vs 7.84 after
-    300 iterations at n = 1024).  Gaussian restart 0 starts at the SVD-bound-like Θ of
-    :func:`_gaussian_pidentity_start`, later ones perturb it with ``rng``.
+    them still end at Θ = 0 (small p: n = 64, p = 4) one more run starts at :func:`_block_start` (a
+    two-level hierarchy; as a first start it converged more slowly).  Gaussian restart 0 starts at
+    the SVD-bound-like Θ of :func:`_gaussian_pidentity_start`, later ones perturb it with ``rng``.
     ``initial_theta`` (for warm starts inside the Kronecker alternation) replaces restart 0.
 
     ``limit``: checked at every loss evaluation (O(n² p) each); once it has passed, the run in

@@ -296,7 +296,7 @@ def consistent_marginals(
         v = (lam * target + rho * lattice.adjoint_flat(z - u)) / (lam + rho * beta)
         v[total] = target[total]  # the total is held at its estimate (as private-pgm does)
         bv = lattice.forward_flat(v)
-        # over-relaxation (Boyd §3.4.3) with α = _RELAXATION: ~2× fewer iterations
+        # over-relaxation (Boyd §3.4.3) with α = _RELAXATION: fewer iterations
         mixed = _RELAXATION * bv + (1 - _RELAXATION) * z
         z_old = z
         z = np.maximum(mixed + u, 0.0)
