@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mechanisms.error import dense_support_residual
-from mechanisms.linalg import psd_pinv
+from mechanisms.linalg import l1_sensitivity, psd_pinv
 from mechanisms.operators import kron_query_variances
 from mechanisms.protocol import LeastSquaresAnswers
 from mechanisms.workload import Workload, WorkloadItem
@@ -51,7 +51,7 @@ class DenseStrategy(LeastSquaresAnswers):
 
     def sensitivity(self, *, norm: int) -> float:
         if norm == 1:
-            return float(np.abs(self.matrix).sum(axis=0).max())
+            return l1_sensitivity(self.matrix)
         if norm == 2:
             return float(np.sqrt((self.matrix**2).sum(axis=0)).max())
         raise ValueError(f"norm ({norm}) must be 1 or 2")

@@ -1,13 +1,29 @@
-"""Dense symmetric linear algebra shared by strategies: PSD (pseudo-)inverses.
+"""Dense linear algebra shared by strategies: PSD (pseudo-)inverses and the L1 sensitivity.
 
 Strategy Grams ``AᵀA`` are symmetric positive semi-definite; the matrix mechanism needs their
-(pseudo-)inverse for least squares and for the expected error (Li thesis §3.1-3.2).
+(pseudo-)inverse for least squares and for the expected error (Li thesis §3.1-3.2), and the
+largest column norm of ``A`` to calibrate its noise.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import scipy.linalg
+
+
+def l1_sensitivity(strategy: np.ndarray) -> float:
+    """Maximum column L1 norm ``max_j Σ_i |A_ij|`` of a dense strategy. O(p n).
+
+    Privacy: the L1 sensitivity of ``x ↦ A·x`` when neighbouring data differ by at most 1 in one
+    cell (Li thesis Prop 2.2; LRM Definition 2); the Laplace scale is this over ε.  A non-finite
+    strategy has no sensitivity and is refused.
+    """
+    matrix = np.asarray(strategy, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.size == 0:
+        raise ValueError(f"strategy must be a non-empty 2-D array, got shape {matrix.shape}")
+    if not np.all(np.isfinite(matrix)):
+        raise ValueError("strategy must be finite")
+    return float(np.abs(matrix).sum(axis=0).max())
 
 
 def psd_pinv(matrix: np.ndarray) -> np.ndarray:

@@ -45,6 +45,7 @@ import scipy.fft
 import scipy.linalg
 import scipy.optimize
 
+from mechanisms.linalg import l1_sensitivity
 from mechanisms.lower_bound import svd_bound_from_eigenvalues, svd_bound_gram, validated_gram
 from mechanisms.operators import AllRanges, Identity, Prefix, Total
 from mechanisms.workload import Workload, WorkloadItem
@@ -76,7 +77,6 @@ __all__ = [
     "eigen_design_from_spectrum",
     "k_way_cliques",
     "kronecker_spectrum",
-    "l1_sensitivity",
     "l2_sensitivity",
     "marginals_gram",
     "marginals_spectrum",
@@ -234,7 +234,7 @@ class EigenDesignStrategy:
     def sensitivity(self, *, norm: int) -> float:
         """Largest column L1 (``norm=1``) or L2 (``norm=2``) norm of A, for one record."""
         if norm == 1:
-            return l1_sensitivity(self.A)
+            return l1_sensitivity(_validated_strategy(self.A))
         if norm == 2:
             return l2_sensitivity(self.A)
         raise ValueError(f"norm ({norm}) must be 1 or 2")
@@ -506,12 +506,6 @@ def l2_sensitivity(strategy: np.ndarray) -> float:
     return float(np.sqrt(np.max(np.sum(strategy**2, axis=0))))
 
 
-def l1_sensitivity(strategy: np.ndarray) -> float:
-    """Largest column L1 norm of A (Prop 2.2): the L1 sensitivity for one record (O(p n))."""
-    strategy = _validated_strategy(strategy)
-    return float(np.max(np.sum(np.abs(strategy), axis=0)))
-
-
 def workload_variance_factor(gram: np.ndarray, strategy: np.ndarray) -> float:
     """``trace(G (A^T A)^+) = |W A^+|_F^2``: total error per unit noise variance (O(n^3)).
 
@@ -539,6 +533,7 @@ def total_error_l2(gram: np.ndarray, strategy: np.ndarray) -> float:
 
 def total_error_l1(gram: np.ndarray, strategy: np.ndarray) -> float:
     """``l1_sensitivity(A)^2 * trace(G (A^T A)^+)`` (eps-DP, Laplace; multiply by 2/eps^2)."""
+    strategy = _validated_strategy(strategy)  # this module's messages before the shared helper's
     return l1_sensitivity(strategy) ** 2 * workload_variance_factor(gram, strategy)
 
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import threadpoolctl
 
+from mechanisms.linalg import l1_sensitivity
 from mechanisms.dense import DenseStrategy
 from mechanisms.lrm.decomposition import (
     SupportedMeasurement,
     decompose,
-    l1_sensitivity,
     predict_seconds,
     supported_measurement,
 )

@@ -45,6 +45,7 @@ from mechanisms.budget import (
     report,
     svd_seconds,
 )
+from mechanisms.linalg import l1_sensitivity
 from mechanisms.noise import NoiseSampler
 
 __all__ = [
@@ -54,7 +55,6 @@ __all__ = [
     "default_rank",
     "error_bounds",
     "expected_total_error",
-    "l1_sensitivity",
     "measure",
     "noise_on_data_error",
     "predict_seconds",
@@ -185,18 +185,6 @@ class LowRankDecomposition:
 # --------------------------------------------------------------------------------------------
 # Small building blocks
 # --------------------------------------------------------------------------------------------
-
-
-def l1_sensitivity(strategy: np.ndarray) -> float:
-    """Maximum column L1 norm ``max_j Σ_i |A_ij|`` (Definition 2). O(r n).
-
-    Privacy: the L1 sensitivity of ``x ↦ A·x`` when neighbouring data differ by at most 1 in one
-    cell (the paper's unit-count neighbours).
-    """
-    matrix = np.asarray(strategy, dtype=np.float64)
-    if matrix.ndim != 2 or matrix.size == 0:
-        raise ValueError(f"strategy must be a non-empty 2-D array, got shape {matrix.shape}")
-    return float(np.abs(matrix).sum(axis=0).max())
 
 
 def project_columns_to_l1_ball(matrix: np.ndarray, *, radius: float = 1.0) -> np.ndarray:

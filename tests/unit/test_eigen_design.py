@@ -29,7 +29,6 @@ from mechanisms.eigen.design import (
     eigen_design_from_spectrum,
     k_way_cliques,
     kronecker_spectrum,
-    l1_sensitivity,
     l2_sensitivity,
     marginals_gram,
     marginals_spectrum,
@@ -41,6 +40,7 @@ from mechanisms.eigen.design import (
     workload_spectrum,
     workload_variance_factor,
 )
+from mechanisms.linalg import l1_sensitivity
 from mechanisms.lower_bound import svd_bound_gram as svd_bound
 from mechanisms.privacy import PrivacyCost
 

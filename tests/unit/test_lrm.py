@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import mechanisms.lrm as lrm_mechanism
+from mechanisms.linalg import l1_sensitivity
 from mechanisms.lrm import MECHANISM as LRM
 from mechanisms.lrm.decomposition import (
     LowRankDecomposition,
@@ -30,7 +31,6 @@ from mechanisms.lrm.decomposition import (
     default_rank,
     error_bounds,
     expected_total_error,
-    l1_sensitivity,
     measure,
     noise_on_data_error,
     predict_seconds,
