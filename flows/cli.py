@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 
-# Before numpy loads: multi-threaded BLAS on the small matrices of strategy work only contends on
-# two cores (many times slower under load: benchmarks/strategy_bench.py --blas-threads).  Users
-# can still override it.
+# The BLAS thread policy of mechanisms/threads.py (single_threaded_blas), for the whole command: it
+# must be set before numpy loads.  Multi-threaded BLAS on the small matrices of strategy work only
+# contends on two cores (many times slower under load: benchmarks/strategy_bench.py
+# --blas-threads).  Users can still override it.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import contextlib

@@ -32,21 +32,20 @@ under local differential privacy", PVLDB 13(11), 2020 (referred to as [McKenna20
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
-from typing import ParamSpec, Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
 import scipy.linalg
-import threadpoolctl
 
 from mechanisms.budget import Progress, WorkLimit, report
+from mechanisms.threads import single_threaded_blas
 
 __all__ = [
     "FrequencyOracle",
@@ -87,24 +86,6 @@ _RAPPOR_MAX_DOMAIN = 16
 _SAMPLING_SCALE = 2.0**60
 # Fingerprint format tag: bump when the canonical byte layout changes.
 _FINGERPRINT_TAG = b"dprelease.ldp.strategy.v1"
-
-
-_Parameters = ParamSpec("_Parameters")
-_Result = TypeVar("_Result")
-
-
-def _single_threaded_blas(
-    function: Callable[_Parameters, _Result],
-) -> Callable[_Parameters, _Result]:
-    """Run ``function`` with one BLAS thread: its matrices are at most a few thousand wide, and on
-    a shared machine BLAS threads mostly contend (orders of magnitude slower under load)."""
-
-    @functools.wraps(function)
-    def wrapper(*args: _Parameters.args, **kwargs: _Parameters.kwargs) -> _Result:
-        with threadpoolctl.threadpool_limits(limits=1):
-            return function(*args, **kwargs)
-
-    return wrapper
 
 
 # --------------------------------------------------------------------------------------------
@@ -534,7 +515,7 @@ def _check_row_space(workload_gram: np.ndarray, range_projector: np.ndarray) -> 
         )
 
 
-@_single_threaded_blas
+@single_threaded_blas()
 def reconstruction(W: np.ndarray, Q: LDPStrategy | np.ndarray) -> np.ndarray:
     """The reconstruction ``V = W (Q^T D^-1 Q)^+ Q^T D^-1`` of Thm 3.10 (``p x m``).
 
@@ -568,7 +549,7 @@ def _check_factorization(workload: np.ndarray, matrix: np.ndarray, V: np.ndarray
     return reconstruction_matrix
 
 
-@_single_threaded_blas
+@single_threaded_blas()
 def per_type_variance(
     W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
 ) -> np.ndarray:
@@ -629,7 +610,7 @@ def average_case_variance(
     return float(per_type_variance(W, Q, V).mean())
 
 
-@_single_threaded_blas
+@single_threaded_blas()
 def query_worst_case_variance(
     W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
 ) -> np.ndarray:
@@ -651,7 +632,7 @@ def query_worst_case_variance(
     return ((reconstruction_matrix**2) @ matrix - workload**2).max(axis=1)
 
 
-@_single_threaded_blas
+@single_threaded_blas()
 def lower_bound(W: np.ndarray, *, epsilon: float) -> float:
     """Lower bound on the worst-case variance per user of every ε-LDP factorization mechanism.
 
@@ -968,7 +949,7 @@ def _random_start(
     return _project_columns(start, lower, _upper_bounds(lower, epsilon)), lower
 
 
-@_single_threaded_blas
+@single_threaded_blas()
 def optimize_strategy(
     W: np.ndarray,
     *,

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.optimize
-import threadpoolctl
 
 from mechanisms.budget import Progress
 from mechanisms.noise import NoiseKind, validate_noise
+from mechanisms.threads import single_threaded_blas
 
 MAX_MARGINAL_ATTRIBUTES = 20
 """Largest ``d`` for the marginals template (2^d weights)."""
@@ -307,7 +307,7 @@ def search_marginal_weights(
         if time.perf_counter() > deadline:
             raise StopIteration
 
-    with threadpoolctl.threadpool_limits(limits=1):
+    with single_threaded_blas():
         for run in range(total_runs):
             if run > 0 and time.perf_counter() > deadline:
                 stopped = True

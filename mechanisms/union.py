@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.linalg
 import scipy.optimize
-import threadpoolctl
 
 from mechanisms.budget import (
     DGEMM_FLOPS_PER_SECOND,
@@ -56,6 +55,7 @@ from mechanisms.strategies import (
     total_strategy,
     wavelet_strategy,
 )
+from mechanisms.threads import single_threaded_blas
 from mechanisms.workload import Workload, WorkloadItem
 
 MAX_DENSE_CELLS = 4096
@@ -514,7 +514,7 @@ def optimize_weights(
             progress=progress,
         )
 
-    with threadpoolctl.threadpool_limits(limits=1):
+    with single_threaded_blas():
         terms = list(term_factors)
         kept = list(range(len(terms)))
         weights, evaluations, stopped = optimise(terms)

@@ -7,8 +7,6 @@ to :data:`AUTO_MAX_CELLS`, a spec may ask for it up to :data:`MAX_CELLS`).
 
 from __future__ import annotations
 
-import threadpoolctl
-
 from mechanisms.budget import predict_eigen_design_seconds
 from mechanisms.dense import DenseStrategy
 from mechanisms.eigen.design import eigen_design
@@ -20,6 +18,7 @@ from mechanisms.protocol import (
     StrategyCache,
     cache_key,
 )
+from mechanisms.threads import single_threaded_blas
 
 MAX_CELLS = 4096
 AUTO_MAX_CELLS = 2048
@@ -49,7 +48,7 @@ class EigenDesignMechanism(MatrixMechanism):
         stored = cache.load(key)
         if stored is None:
             gram = request.workload.dense_gram()
-            with threadpoolctl.threadpool_limits(limits=1):
+            with single_threaded_blas():
                 design = eigen_design(gram, sensitivity=norm)
             stored = StoredStrategy(
                 parameters={

@@ -24,10 +24,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
-import threadpoolctl
 
-from mechanisms.linalg import l1_sensitivity
 from mechanisms.dense import DenseStrategy
+from mechanisms.linalg import l1_sensitivity
 from mechanisms.lrm.decomposition import (
     SupportedMeasurement,
     decompose,
@@ -45,6 +44,7 @@ from mechanisms.protocol import (
     StrategyCache,
     cache_key,
 )
+from mechanisms.threads import single_threaded_blas
 from mechanisms.workload import Workload, WorkloadItem
 
 MAX_CELLS = 4096
@@ -86,7 +86,7 @@ class LowRankMechanism(MatrixMechanism):
         stored = cache.load(key)
         if stored is None:
             matrix = workload.dense_matrix()  # O(m N); refused past its size limit
-            with threadpoolctl.threadpool_limits(limits=1):
+            with single_threaded_blas():
                 decomposition = decompose(
                     matrix,
                     rng=np.random.default_rng(request.seed),

@@ -379,8 +379,9 @@ def decompose(
       with a random row of L1 mass 10⁻³ and the columns rescaled into the ball (the §2.5 guard;
       without it the alternation stalls at τ ≈ 2.1 on Example 2).
 
-    Performance: set one BLAS thread (``OPENBLAS_NUM_THREADS=1`` or threadpoolctl) on shared
-    machines; OpenBLAS's spinning threads make small decompositions many times slower under load.
+    Performance: call it under :func:`mechanisms.threads.single_threaded_blas` (as
+    :mod:`mechanisms.lrm` does); OpenBLAS's spinning threads make small decompositions many times
+    slower under load.
 
     References
     ----------

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-import threadpoolctl
 
 from mechanisms.budget import WorkLimit
 from mechanisms.hierarchical import TreeOptions
@@ -48,6 +47,7 @@ from mechanisms.protocol import (
     cache_key,
 )
 from mechanisms.strategies import FAMILIES, KronStrategy, identity_strategy, total_strategy
+from mechanisms.threads import single_threaded_blas
 from mechanisms.union import (
     UnionStrategy,
     UnionTerm,
@@ -105,7 +105,7 @@ class OptimizedMechanism(MatrixMechanism):
         # One BLAS thread: the searches multiply matrices of a few hundred rows thousands of times;
         # OpenBLAS threads made them many times slower on a shared 2-core machine (measured by
         # ``benchmarks/strategy_bench.py`` with and without ``--blas-threads 1``).
-        with threadpoolctl.threadpool_limits(limits=1):
+        with single_threaded_blas():
             best, notes = self._search(request, branching=branching)
         parameters = {**best.parameters, "unit_errors": notes}
         arrays = _factor_arrays(best) if isinstance(best, KronStrategy) else {}
