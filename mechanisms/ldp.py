@@ -45,6 +45,7 @@ import numpy as np
 import scipy.linalg
 
 from mechanisms.budget import Progress, WorkLimit, report
+from mechanisms.checks import check_epsilon
 from mechanisms.threads import single_threaded_blas
 
 __all__ = [
@@ -131,7 +132,7 @@ class LDPStrategy:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name ({self.name!r}) must be a non-empty string")
-        epsilon = _check_epsilon(self.epsilon)
+        epsilon = check_epsilon(self.epsilon)
         matrix = np.array(self.Q, dtype=np.float64, copy=True)
         if matrix.ndim != 2 or matrix.shape[0] < 1 or matrix.shape[1] < 1:
             raise ValueError(f"Q (shape {matrix.shape}) must be a non-empty 2-D matrix")
@@ -157,16 +158,6 @@ class LDPStrategy:
     def domain_size(self) -> int:
         """Number of item types ``n`` (columns of ``Q``)."""
         return int(self.Q.shape[1])
-
-
-def _check_epsilon(epsilon: float) -> float:
-    try:
-        value = float(epsilon)
-    except (TypeError, ValueError):
-        raise ValueError(f"epsilon ({epsilon!r}) must be a real number") from None
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"epsilon ({value!r}) must be finite and > 0")
-    return value
 
 
 def _check_columns_sum_to_one(matrix: np.ndarray) -> None:
@@ -253,7 +244,7 @@ def randomized_response(n: int, *, epsilon: float) -> LDPStrategy:
     [McKenna20] Example 2.7; Warner 1965.
     """
     n = _check_domain_size(n, minimum=2)
-    epsilon = _check_epsilon(epsilon)
+    epsilon = check_epsilon(epsilon)
     exp_epsilon = math.exp(epsilon)
     matrix = np.full((n, n), 1.0 / (exp_epsilon + n - 1.0))
     np.fill_diagonal(matrix, exp_epsilon / (exp_epsilon + n - 1.0))
@@ -280,7 +271,7 @@ def rappor(n: int, *, epsilon: float) -> LDPStrategy:
     n = _check_domain_size(n, minimum=2)
     if n > _RAPPOR_MAX_DOMAIN:
         raise ValueError(f"n ({n}) must be <= {_RAPPOR_MAX_DOMAIN} for RAPPOR (2^n outputs)")
-    epsilon = _check_epsilon(epsilon)
+    epsilon = check_epsilon(epsilon)
     keep = math.exp(epsilon / 2.0) / (1.0 + math.exp(epsilon / 2.0))
     outputs = np.arange(2**n, dtype=np.int64)
     bits = (outputs[:, None] >> np.arange(n)) & 1  # O(2^n n)
@@ -325,7 +316,7 @@ def hadamard(n: int, *, epsilon: float, blocks: int | None = None) -> LDPStrateg
     [McKenna20] Table 1; Acharya, Sun, Zhang, "Hadamard response", AISTATS 2019 (general regime).
     """
     n = _check_domain_size(n, minimum=2)
-    epsilon = _check_epsilon(epsilon)
+    epsilon = check_epsilon(epsilon)
     exp_epsilon = math.exp(epsilon)
     if blocks is None:
         blocks = _largest_power_of_two_below(min(exp_epsilon, 2.0 * n))
@@ -386,7 +377,7 @@ def hierarchical(
     al., SIGMOD 2019.  Branching 4 with the Hadamard oracle as in the authors' code.
     """
     n = _check_domain_size(n, minimum=2)
-    epsilon = _check_epsilon(epsilon)
+    epsilon = check_epsilon(epsilon)
     branching = _check_domain_size(branching, name="branching", minimum=2)
     items = np.arange(n)
     level_matrices = []
@@ -431,7 +422,7 @@ def fourier(d: int, *, epsilon: float, order: int | None = None) -> LDPStrategy:
     [McKenna20] §6.1 (Fourier [12]); Cormode, Kulkarni, Srivastava, SIGMOD 2018.
     """
     d = _check_domain_size(d, name="d")
-    epsilon = _check_epsilon(epsilon)
+    epsilon = check_epsilon(epsilon)
     order = d if order is None else _check_domain_size(order, name="order")
     if order > d:
         raise ValueError(f"order ({order}) must be <= d ({d})")
@@ -644,7 +635,7 @@ def lower_bound(W: np.ndarray, *, epsilon: float) -> float:
     [McKenna20] Theorem 5.6, Corollary 5.7.
     """
     workload = _workload_matrix(W)
-    epsilon = _check_epsilon(epsilon)
+    epsilon = check_epsilon(epsilon)
     n = workload.shape[1]
     singular_values = np.linalg.svd(workload, compute_uv=False)  # O(p n^2)
     return float(singular_values.sum() ** 2 / (n * math.exp(epsilon)) - np.sum(workload**2) / n)
@@ -1027,7 +1018,7 @@ def optimize_strategy(
     """
     limit = WorkLimit(time_limit=time_limit)
     workload = _workload_matrix(W)
-    epsilon = _check_epsilon(epsilon)
+    epsilon = check_epsilon(epsilon)
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng ({type(rng).__name__}) must be a numpy.random.Generator")
     n = workload.shape[1]

@@ -65,6 +65,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from mechanisms.checks import check_epsilon
 from mechanisms.intervals import single_term_rows
 from mechanisms.noise import NoiseSampler
 
@@ -93,14 +94,6 @@ _LAMBDA_CHUNK = 1 << 15
 
 # --------------------------------------------------------------------------------------------------
 # Validation helpers
-
-
-def _check_epsilon(name: str, value: float) -> float:
-    if not (isinstance(value, int | float | np.floating | np.integer) and math.isfinite(value)):
-        raise ValueError(f"{name} ({value}) must be a finite number > 0")
-    if value <= 0:
-        raise ValueError(f"{name} ({value}) must be > 0")
-    return float(value)
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -469,7 +462,7 @@ def bucket_deviations(x: np.ndarray, partition: Partition) -> np.ndarray:
 
 def partition_cost(x: np.ndarray, partition: Partition, *, measurement_epsilon: float) -> float:
     """``pcost(x, B) = Σ dev(x, b_i) + k/ε₂`` (Definition 6.2).  Confidential.  O(n)."""
-    measurement_epsilon = _check_epsilon("measurement_epsilon", measurement_epsilon)
+    measurement_epsilon = check_epsilon(measurement_epsilon, name="measurement_epsilon")
     deviations = bucket_deviations(x, partition)
     return float(deviations.sum() + partition.n_buckets / measurement_epsilon)
 
@@ -608,7 +601,7 @@ def least_cost_partition(
     (1, 27.2)
     """
     cells = _as_cells(x)
-    measurement_epsilon = _check_epsilon("measurement_epsilon", measurement_epsilon)
+    measurement_epsilon = check_epsilon(measurement_epsilon, name="measurement_epsilon")
     _check_choice("intervals", intervals, get_args(IntervalFamily))
     _check_all_intervals_size(cells.size, intervals)
     return _least_cost_partition(
@@ -667,8 +660,8 @@ class PartitionSelector:
     """
 
     def __post_init__(self) -> None:
-        _check_epsilon("epsilon", self.epsilon)
-        _check_epsilon("measurement_epsilon", self.measurement_epsilon)
+        check_epsilon(self.epsilon)
+        check_epsilon(self.measurement_epsilon, name="measurement_epsilon")
         _check_choice("intervals", self.intervals, get_args(IntervalFamily))
         _check_choice("scale_rule", self.scale_rule, get_args(ScaleRule))
         if not isinstance(self.contribution_bound, int | np.integer) or self.contribution_bound < 1:
@@ -1062,7 +1055,7 @@ class HierarchicalStrategy:
 
     def laplace_scale(self, *, epsilon: float) -> float:
         """Laplace scale ``Δ₁(A)/ε₂`` that makes the measurement ε₂-DP (Theorem 6.3)."""
-        return self.sensitivity(norm=1) / _check_epsilon("epsilon", epsilon)
+        return self.sensitivity(norm=1) / check_epsilon(epsilon)
 
     def expected_squared_error(self, *, epsilon: float) -> float:
         """Expected ``‖Ŵŝ − Ŵ B(x)‖²`` summed over the workload: ``2·scale²·error_trace``.
@@ -1594,7 +1587,7 @@ def query_uncertainty(
 
 def split_budget(epsilon: float, *, ratio: float = 0.25) -> tuple[float, float]:
     """``(ε₁, ε₂) = (ratio·ε, ε − ratio·ε)`` (§6.5.1 uses ratio 0.25)."""
-    epsilon = _check_epsilon("epsilon", epsilon)
+    epsilon = check_epsilon(epsilon)
     if not (isinstance(ratio, int | float | np.floating) and 0 < ratio < 1):
         raise ValueError(f"ratio ({ratio}) must lie strictly between 0 and 1")
     partition_epsilon = ratio * epsilon

@@ -45,6 +45,7 @@ from mechanisms.budget import (
     report,
     svd_seconds,
 )
+from mechanisms.checks import check_epsilon
 from mechanisms.linalg import l1_sensitivity
 from mechanisms.noise import NoiseSampler
 
@@ -260,7 +261,7 @@ def noise_on_data_error(workload: np.ndarray, *, epsilon: float) -> float:
     The paper's baseline M_D (NOD, "LM" in its experiments), §3.2 Eq. (4).
     """
     matrix = _finite_matrix(workload, "W")
-    _check_epsilon(epsilon)
+    check_epsilon(epsilon)
     return float(2.0 * np.sum(matrix * matrix) / epsilon**2)
 
 
@@ -273,7 +274,7 @@ def error_bounds(workload: np.ndarray, *, epsilon: float) -> tuple[float, float]
     the factor 2 of Lemma 1 that the paper's statement omits.  O(mn·min(m, n)).
     """
     matrix = _finite_matrix(workload, "W")
-    _check_epsilon(epsilon)
+    check_epsilon(epsilon)
     singular_values = np.linalg.svd(matrix, compute_uv=False)
     nuclear = float(singular_values.sum())
     lower = 2.0 * nuclear**2 / matrix.shape[1]
@@ -839,7 +840,7 @@ def expected_total_error(
     """
     workload = _finite_matrix(W, "W")
     _check_matching(workload, decomposition)
-    _check_epsilon(epsilon)
+    check_epsilon(epsilon)
     _check_data_sensitivity(data_sensitivity)
     if not (math.isfinite(data_norm_sq) and data_norm_sq >= 0):
         raise ValueError(f"data_norm_sq ({data_norm_sq}) must be finite and >= 0")
@@ -860,7 +861,7 @@ def query_variances(
         raise TypeError(
             f"decomposition must be a LowRankDecomposition, got {type(decomposition).__name__}"
         )
-    _check_epsilon(epsilon)
+    check_epsilon(epsilon)
     _check_data_sensitivity(data_sensitivity)
     scale = data_sensitivity * l1_sensitivity(decomposition.L) / epsilon
     return 2.0 * scale * scale * np.sum(decomposition.B * decomposition.B, axis=1)
@@ -897,7 +898,7 @@ def measure(
         )
     if not np.all(np.isfinite(data)):
         raise ValueError("x must be finite")
-    _check_epsilon(epsilon)
+    check_epsilon(epsilon)
     _check_data_sensitivity(data_sensitivity)
     # Privacy obligation: the scale uses the actual Δ(L) of the L that is applied to x.
     scale = data_sensitivity * l1_sensitivity(decomposition.L) / epsilon
@@ -1069,11 +1070,6 @@ def _positive_int(value: int, name: str) -> int:
     if not isinstance(value, Integral) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
     return int(value)
-
-
-def _check_epsilon(epsilon: float) -> None:
-    if not (isinstance(epsilon, Real) and math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon ({epsilon}) must be finite and > 0")
 
 
 def _check_data_sensitivity(data_sensitivity: float) -> None:

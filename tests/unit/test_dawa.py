@@ -698,18 +698,18 @@ def strategy_for_validation() -> HierarchicalStrategy:
 
 
 VALIDATORS = {
-    "epsilon-zero": (lambda: split_budget(0.0), "epsilon (0.0) must be > 0"),
-    "epsilon-inf": (lambda: split_budget(float("inf")), "epsilon (inf) must be a finite number"),
-    "epsilon-nan": (lambda: split_budget(float("nan")), "epsilon (nan) must be a finite number"),
+    "epsilon-zero": (lambda: split_budget(0.0), "epsilon (0.0) must be finite and > 0"),
+    "epsilon-inf": (lambda: split_budget(float("inf")), "epsilon (inf) must be finite and > 0"),
+    "epsilon-nan": (lambda: split_budget(float("nan")), "epsilon (nan) must be finite and > 0"),
     "ratio-zero": (lambda: split_budget(1.0, ratio=0.0), "ratio (0.0) must lie strictly between"),
     "ratio-one": (lambda: split_budget(1.0, ratio=1), "ratio (1) must lie strictly between"),
     "measurement-eps": (
         lambda: PartitionSelector(epsilon=1.0, measurement_epsilon=-1.0),
-        "measurement_epsilon (-1.0) must be > 0",
+        "measurement_epsilon (-1.0) must be finite and > 0",
     ),
     "selector-eps": (
         lambda: PartitionSelector(epsilon=0, measurement_epsilon=1.0),
-        "epsilon (0) must be > 0",
+        "epsilon (0) must be finite and > 0",
     ),
     "intervals": (
         lambda: PartitionSelector(epsilon=1, measurement_epsilon=1, intervals="some"),
@@ -850,7 +850,7 @@ VALIDATORS = {
     ),
     "strategy-scale": (
         lambda: strategy_for_validation().laplace_scale(epsilon=-2.0),
-        "epsilon (-2.0) must be > 0",
+        "epsilon (-2.0) must be finite and > 0",
     ),
     "strategy-leaves": (
         lambda: HierarchicalStrategy(
