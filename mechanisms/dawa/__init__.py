@@ -10,7 +10,7 @@ charged; its output (bucket boundaries) is public and is kept with its ledger re
 released-intermediates cache under a public key (dataset, keyed input fingerprint, settings), so a
 re-run on the same input reuses it without paying again.  Step 2 is an ordinary measurement
 through ``ProtectedCells.measure`` (cost from OpenDP's map).  Step 1's ε₁ comes from the DAWA proof
-(Thm 6.2 with the scales of ``seed-dawa.md`` §3.5), not from an OpenDP map.
+(Li thesis Thm 6.2, with the per-interval scales of Theorem 6.1's Remark), not from an OpenDP map.
 """
 
 from __future__ import annotations

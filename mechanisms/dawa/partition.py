@@ -19,7 +19,7 @@ Neighbouring relation (thesis L423): add or remove one record, i.e. one cell of 
 one.  A privacy unit that contributes up to ``c`` records is covered by ``contribution_bound=c``
 (Step 1, group privacy) and by multiplying Step 2's sensitivity by ``c`` (the session does this).
 
-Design notes (``seed-dawa.md`` §10 lists the thesis's open points; the choices made here):
+Design notes (where the thesis leaves a point open, the choice made here):
 
 - Step-1 noise follows the thesis's Remark: interval ``b`` gets scale ``(Δ̄ + Δ_b)/ε₁`` with
   ``Δ_b = 2 − 2/|b|`` and ``Δ̄`` the largest ``Δ_b`` among the candidates (``scale_rule=
@@ -638,7 +638,7 @@ class PartitionSelector:
 
     References
     ----------
-    Li thesis §6.3.2 (Program 6.3.1, Theorem 6.1 and the Remark after it); ``seed-dawa.md`` §3.5.
+    Li thesis §6.3.2 (Program 6.3.1, Theorem 6.1 and the Remark after it).
     """
 
     epsilon: float
@@ -1131,7 +1131,7 @@ def greedy_h_strategy(
 
     References
     ----------
-    Li thesis §6.4.2–6.4.3, Program 6.4.1; ``seed-dawa.md`` §4.
+    Li thesis §6.4.2–6.4.3, Program 6.4.1.
     """
     if not isinstance(branching, int | np.integer) or branching < 2:
         raise ValueError(f"branching ({branching}) must be an integer >= 2")
