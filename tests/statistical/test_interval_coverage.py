@@ -56,6 +56,7 @@ from catalog.tables import build_table
 from mechanisms import registry
 from mechanisms.dawa.hilbert import HilbertLayout
 from mechanisms.dawa.partition import (
+    DawaResult,
     IntervalWorkload,
     QueryUncertainty,
     cell_coordinates,
@@ -361,6 +362,28 @@ DAWA_CASES = {
 }
 
 
+def dawa_release(
+    x: np.ndarray, workload: IntervalWorkload, sampler: SeededNumpyNoise, coordinates: np.ndarray
+) -> tuple[DawaResult, QueryUncertainty]:
+    """One DAWA release of ``workload`` with the pipeline's settings, and its error model."""
+    result = dawa(
+        x,
+        workload,
+        epsilon=DAWA_EPSILON,
+        sampler=sampler,
+        ratio=DAWA_RATIO,
+        noise_offset=DAWA_NOISE_OFFSET,
+    )
+    uncertainty = query_uncertainty(
+        workload,
+        result.strategy,
+        result.bucket_estimates,
+        noise_variance=2.0 * result.measurement_scale**2,
+        coordinates=coordinates,
+    )
+    return result, uncertainty
+
+
 def dawa_releases(case: DawaCase, counts: np.ndarray, seed: int, on_release: Callable) -> None:
     """Run DAWA REPETITIONS times on the cells workload of ``case`` (DAWA's cell order)."""
     spec = make_spec(case.domain, case.workload, "dawa")
@@ -374,22 +397,7 @@ def dawa_releases(case: DawaCase, counts: np.ndarray, seed: int, on_release: Cal
     coordinates = cell_coordinates(shape, cell_at)
     sampler = SeededNumpyNoise(np.random.default_rng(seed))
     for _ in range(REPETITIONS):
-        result = dawa(
-            x,
-            intervals,
-            epsilon=DAWA_EPSILON,
-            sampler=sampler,
-            ratio=DAWA_RATIO,
-            noise_offset=DAWA_NOISE_OFFSET,
-        )
-        variance = 2.0 * result.measurement_scale**2
-        uncertainty = query_uncertainty(
-            intervals,
-            result.strategy,
-            result.bucket_estimates,
-            noise_variance=variance,
-            coordinates=coordinates,
-        )
+        result, uncertainty = dawa_release(x, intervals, sampler, coordinates)
         table = build_table(
             spec,
             item,
@@ -439,20 +447,7 @@ def test_dawa_intervals_cover_95_percent_of_overdispersed_cells() -> None:
     published: list[float] = []
     wrong: dict[str, list[float]] = {"noise-only": [], "std_error/3": []}
     for _ in range(REPETITIONS):
-        result = dawa(
-            x,
-            cells,
-            epsilon=DAWA_EPSILON,
-            sampler=sampler,
-            ratio=DAWA_RATIO,
-            noise_offset=DAWA_NOISE_OFFSET,
-        )
-        uncertainty = query_uncertainty(
-            cells,
-            result.strategy,
-            result.bucket_estimates,
-            noise_variance=2.0 * result.measurement_scale**2,
-        )
+        result, uncertainty = dawa_release(x, cells, sampler, cell_coordinates((x.size,)))
         assert np.all(uncertainty.bias_estimated)
         error = np.abs(cells.answer(result.estimate) - x)
         half = interval_half_widths(uncertainty.std_error, interval=uncertainty.interval)
