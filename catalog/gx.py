@@ -18,9 +18,7 @@ import re
 import warnings
 from functools import partial
 from pathlib import Path
-from typing import Any
-
-from catalog import validation_service
+from typing import TYPE_CHECKING, Any
 
 # GX would otherwise print tqdm progress bars and could look for analytics settings.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -59,20 +57,11 @@ def _class_name(expectation_type: str) -> str:
     return "".join(part.capitalize() for part in expectation_type.split("_"))
 
 
-Jobs = validation_service.Jobs
+if TYPE_CHECKING:
+    import pandas as pd
 
-
-def run_suites(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[str, Any]]:
-    """:func:`run_suites_here`, in the shared validation service when this command has one
-    (``catalog.validation_service``: GX already imported there, or being imported: then it waits
-    for it, bounded), else in this process."""
-    service = validation_service.wait_for_socket()
-    if service is not None:
-        try:
-            return validation_service.validate_remotely(service, jobs, docs_dir=docs_dir)
-        except validation_service.ServiceUnavailable as exc:  # public: names no value
-            logging.getLogger(__name__).warning("validating in this process: %s", exc)
-    return run_suites_here(jobs, docs_dir=docs_dir)
+Jobs = list[tuple[str, "pd.DataFrame", list[tuple[str, dict[str, Any]]]]]
+"""``(name, frame, expectations)`` per suite; expectations are ``(snake_case GX type, kwargs)``."""
 
 
 def run_suites_here(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[str, Any]]:

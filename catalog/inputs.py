@@ -11,10 +11,14 @@ key, never a plain hash of confidential files.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from catalog.errors import DataError
 from catalog.keys import CatalogKey
 from catalog.spec import ReleaseSpec
+
+if TYPE_CHECKING:
+    from catalog.responses import PublishedStrategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,9 +71,28 @@ def read_marginals(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
 
 
 def read_responses(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
-    from catalog.responses import ingest_responses
-
     return ingest_responses(spec, plan.strategy, key=key)
+
+
+def ingest_responses(
+    spec: ReleaseSpec, strategy: PublishedStrategy, *, key: CatalogKey | None = None
+) -> Ingested:
+    """The release pipeline's ingest for the local model: validated response counts.
+
+    Privacy: reads ε-LDP responses only (true items never leave a device); nothing is charged
+    here, so a bad file costs nothing.
+    """
+    from catalog.responses import PRIVACY_UNIT, check_strategy_fits, count_responses
+
+    if spec.dataset.source is None:
+        raise DataError(
+            "dataset.source is not set in the spec; a local-model release needs the responses"
+        )
+    check_strategy_fits(spec, strategy)
+    counts, files, fingerprint = count_responses(spec.dataset.source, strategy, key=key)
+    return Ingested(
+        data=counts, input_fingerprint=fingerprint, files=files, privacy_unit=PRIVACY_UNIT
+    )
 
 
 READERS = {"cells": read_cells, "marginals": read_marginals, "responses": read_responses}

@@ -35,6 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from catalog.errors import CatalogError
+from catalog.home import default_home
 
 KEY_BYTES = 32
 KEY_ID_HEX = 16
@@ -147,8 +148,6 @@ def key_path(url: str) -> Path | None:
         if not database or database == ":memory:" or database.startswith("file::memory:"):
             return None
         return Path(database).resolve().with_suffix(".key")
-    from catalog.ledger import default_home  # the home directory setting lives with the catalog
-
     safe = parsed.render_as_string(hide_password=True)
     return default_home() / f"catalog-{hashlib.sha256(safe.encode()).hexdigest()[:12]}.key"
 

@@ -29,7 +29,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from catalog.errors import DataError, SpecError
-from catalog.inputs import Ingested
 from catalog.keys import CatalogKey
 from catalog.planning import make_plan
 from catalog.source import check_schema, open_dataset, resolve_source
@@ -164,25 +163,6 @@ def check_strategy_fits(spec: ReleaseSpec, strategy: PublishedStrategy) -> None:
 
 
 # --- server side: ingest --------------------------------------------------------------------------
-
-
-def ingest_responses(
-    spec: ReleaseSpec, strategy: PublishedStrategy, *, key: CatalogKey | None = None
-) -> Ingested:
-    """The release pipeline's ingest for the local model: validated response counts.
-
-    Privacy: reads ε-LDP responses only (true items never leave a device); nothing is charged
-    here, so a bad file costs nothing.
-    """
-    if spec.dataset.source is None:
-        raise DataError(
-            "dataset.source is not set in the spec; a local-model release needs the responses"
-        )
-    check_strategy_fits(spec, strategy)
-    counts, files, fingerprint = count_responses(spec.dataset.source, strategy, key=key)
-    return Ingested(
-        data=counts, input_fingerprint=fingerprint, files=files, privacy_unit=PRIVACY_UNIT
-    )
 
 
 def count_responses(

@@ -16,8 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog.gx import run_suites
 from catalog.tables import UNCERTAINTY_LABELS
+from catalog.validation_service import run_suites
 
 VALUE_COLUMNS = ("estimate", "std_error", "ci_low", "ci_high")
 INTERVAL_COLUMNS = ("ci_low", "ci_high")

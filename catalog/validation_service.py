@@ -4,13 +4,13 @@ Importing GX costs seconds per command, a large share of a warm ``run``
 (``benchmarks/demo_bench.py`` times the import and each stage).  The shared server's supervisor
 (``flows.server``) therefore also starts ``python -m catalog.validation_service`` in its process
 group: it imports GX once, then listens on ``$DPRELEASE_HOME/validation.sock`` (mode 0600, created
-once GX is loaded) and runs :func:`catalog.gx.run_suites` for each request.  While it imports,
+once GX is loaded) and runs :func:`catalog.gx.run_suites_here` for each request.  While it imports,
 ``<socket>.starting`` holds its pid: a command that reaches validation then waits for it (at most
 :data:`STARTUP_WAIT_SECONDS`) instead of importing GX itself (on a fresh home two imports would
 compete for the cores; ``benchmarks/demo_bench.py`` runs the demo on fresh homes).  It stops with
 the supervisor (same process group, and it exits when its parent changes) or on SIGTERM.
 
-Privacy: exactly what ``run_suites`` may see crosses the socket, released (noisy) tables and public
+Privacy: exactly what ``run_suites_here`` may see crosses the socket, released (noisy) tables and public
 expectations (``catalog.validation`` builds both); the socket is a file only its owner may open.
 
 Protocol, one request per connection: the client sends one JSON line ``{"docs_dir": str | null,
@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import signal
 import socket
@@ -38,6 +39,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from catalog.gx import Jobs
 from catalog.processes import command_line, is_alive
 
 SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"
@@ -57,10 +59,22 @@ class ServiceUnavailable(RuntimeError):
     """The validation service could not validate this request (the caller validates itself)."""
 
 
-Jobs = list[tuple[str, pd.DataFrame, list[tuple[str, dict[str, Any]]]]]
-
-
 # --- client -------------------------------------------------------------------------------------
+
+
+def run_suites(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """:func:`catalog.gx.run_suites_here`, in the shared validation service when this command has
+    one (GX already imported there, or being imported: then it waits for it, bounded), else in
+    this process."""
+    service = wait_for_socket()
+    if service is not None:
+        try:
+            return validate_remotely(service, jobs, docs_dir=docs_dir)
+        except ServiceUnavailable as exc:  # public: names no value
+            logging.getLogger(__name__).warning("validating in this process: %s", exc)
+    from catalog import gx
+
+    return gx.run_suites_here(jobs, docs_dir=docs_dir)
 
 
 def configured_socket() -> Path | None:

@@ -8,6 +8,7 @@ Production code never calls ``numpy.random`` functions, ``RandomState`` or ``ass
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,77 @@ def test_the_banned_api_check_can_fail(tmp_path: Path) -> None:
         "line 3: np.random.laplace",
         "line 4: .normal(",
     ]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, known: set[str]) -> set[str]:
+    """Production modules ``path`` imports anywhere in its body (lazy imports count: a cycle
+    broken only by importing inside a function is still a cycle of ideas)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            submodules = [f"{node.module}.{alias.name}" for alias in node.names]
+            named = [name for name in submodules if name in known]  # from package import module
+            candidates = named if len(named) == len(submodules) else [node.module, *named]
+        else:
+            continue
+        found.update(name for name in candidates if name in known)
+    return found
+
+
+def import_cycles(paths: list[Path]) -> list[list[str]]:
+    """Strongly connected groups of two or more modules (Tarjan's algorithm). O(modules + imports)."""
+    names = {_module_name(path): path for path in paths}
+    graph = {name: _imported_modules(path, set(names)) - {name} for name, path in names.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    assert import_cycles([path for _, path in _all_modules()]) == []
+
+
+def test_the_cycle_check_can_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "catalog"
+    package.mkdir()
+    (package / "a.py").write_text("def f():\n    from catalog import b\n")
+    (package / "b.py").write_text("from catalog.a import f\n")
+    (package / "c.py").write_text("import catalog.a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert import_cycles(sorted(package.glob("*.py"))) == [["catalog.a", "catalog.b"]]

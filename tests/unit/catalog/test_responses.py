@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import release, responses
+from catalog import inputs, release, responses
 from catalog.errors import BudgetExceededError, DataError, SpecError
 from catalog.ledger import Catalog
 from catalog.planning import Plan, make_plan
@@ -235,7 +235,7 @@ def test_ingest_counts_valid_files(tmp_path: Path, rr16: LocalStrategy) -> None:
     )
     column = pa.table({"response": [15, 0], "strategy_fingerprint": [fingerprint] * 2})
     _write(folder / "b.parquet", column, None)
-    ingested = responses.ingest_responses(local_spec(source=str(folder)), rr16)
+    ingested = inputs.ingest_responses(local_spec(source=str(folder)), rr16)
     expected = np.zeros(16, dtype=np.int64)
     expected[[0, 3, 15]] = [2, 2, 1]
     np.testing.assert_array_equal(ingested.data.counts, expected)
@@ -308,7 +308,7 @@ def test_bad_response_files_fail_clearly(
     table, fingerprint = make(rr16.fingerprint)
     path = _write(tmp_path / "bad.parquet", table, fingerprint)
     with pytest.raises(DataError, match=re.escape(message)) as caught:
-        responses.ingest_responses(local_spec(source=str(path)), rr16)
+        inputs.ingest_responses(local_spec(source=str(path)), rr16)
     assert not re.search(r"\b(min|max)\b|\d+ (null )?value", str(caught.value))  # no data values
 
 
@@ -325,20 +325,20 @@ def test_a_file_that_is_not_parquet_fails_clearly(
     path = tmp_path / "responses.parquet"
     path.write_bytes(content)
     with pytest.raises(DataError, match=re.escape(f"'responses.parquet' {message}")):
-        responses.ingest_responses(local_spec(source=str(path)), rr16)
+        inputs.ingest_responses(local_spec(source=str(path)), rr16)
 
 
 def test_missing_source_fails_clearly(tmp_path: Path, rr16: LocalStrategy) -> None:
     with pytest.raises(DataError, match="matches no file"):
-        responses.ingest_responses(local_spec(source=str(tmp_path / "none.parquet")), rr16)
+        inputs.ingest_responses(local_spec(source=str(tmp_path / "none.parquet")), rr16)
     with pytest.raises(DataError, match=re.escape("dataset.source is not set")):
-        responses.ingest_responses(local_spec(), rr16)
+        inputs.ingest_responses(local_spec(), rr16)
 
 
 def test_ingest_refuses_a_strategy_that_does_not_fit(tmp_path: Path, rr16: LocalStrategy) -> None:
     path = _write(tmp_path / "r.parquet", pa.table({"response": [1, 2]}), rr16.fingerprint)
     with pytest.raises(DataError, match=re.escape("the spec asks for epsilon 2.0")):
-        responses.ingest_responses(local_spec(source=str(path), epsilon=2.0), rr16)
+        inputs.ingest_responses(local_spec(source=str(path), epsilon=2.0), rr16)
 
 
 # --- simulation encoding --------------------------------------------------------------------------
@@ -384,7 +384,7 @@ def test_simulated_responses_carry_the_fingerprint(tmp_path: Path, rr16: LocalSt
         local_spec(), rr16, input_path=str(items), output_path=out, rng=np.random.default_rng(3)
     )
     assert summary.num_responses == 80 and summary.strategy_fingerprint == rr16.fingerprint
-    ingested = responses.ingest_responses(local_spec(source=str(out)), rr16)
+    ingested = inputs.ingest_responses(local_spec(source=str(out)), rr16)
     assert ingested.data.num_responses == 80
     metadata = pq.read_schema(out).metadata
     assert metadata[responses.FINGERPRINT_METADATA_KEY].decode() == rr16.fingerprint

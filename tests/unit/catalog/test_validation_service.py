@@ -104,7 +104,7 @@ def test_run_suites_uses_the_configured_service(
 ) -> None:
     monkeypatch.setenv(validation_service.SOCKET_ENV, str(service))
     assert validation_service.configured_socket() == service
-    assert gx.run_suites(_jobs()) == gx.run_suites_here(_jobs())
+    assert validation_service.run_suites(_jobs()) == gx.run_suites_here(_jobs())
     monkeypatch.setenv(validation_service.SOCKET_ENV, str(tmp_path / "absent.sock"))
     assert validation_service.configured_socket() is None  # no socket there: validate here
 
@@ -119,7 +119,7 @@ def test_every_service_failure_falls_back_to_this_process(
         validation_service.validate_remotely(dead, _jobs(), docs_dir=None)
     monkeypatch.setenv(validation_service.SOCKET_ENV, str(dead))
     with caplog.at_level(logging.WARNING, logger="catalog.gx"):
-        assert gx.run_suites(_jobs()) == gx.run_suites_here(_jobs())
+        assert validation_service.run_suites(_jobs()) == gx.run_suites_here(_jobs())
     assert "validating in this process" in caplog.text
 
     # an error inside the service comes back as its type only; the caller then raises the real one
@@ -128,7 +128,7 @@ def test_every_service_failure_falls_back_to_this_process(
         validation_service.validate_remotely(service, broken, docs_dir=None)
     monkeypatch.setenv(validation_service.SOCKET_ENV, str(service))
     with pytest.raises(AttributeError):
-        gx.run_suites(broken)
+        validation_service.run_suites(broken)
 
     odd = [("t", _jobs()[0][1], [("expect_column_to_exist", {"column": object()})])]
     with pytest.raises(validation_service.ServiceUnavailable, match="not serialisable"):
@@ -201,7 +201,7 @@ def test_a_command_waits_for_a_service_that_is_still_importing(
             assert process.poll() is None and time.monotonic() < deadline
             time.sleep(0.01)
         assert validation_service.expected()
-        assert gx.run_suites(_jobs()) == gx.run_suites_here(_jobs())
+        assert validation_service.run_suites(_jobs()) == gx.run_suites_here(_jobs())
         assert "validated 1 suite(s)" in Path(f"{path}.log").read_text()  # it went there
         assert not marker.exists()
 
@@ -219,4 +219,4 @@ def test_a_stale_start_marker_is_ignored(tmp_path: Path, monkeypatch: pytest.Mon
         started = time.monotonic()
         assert validation_service.wait_for_socket(timeout=60) is None
         assert time.monotonic() - started < 5  # no waiting for a service that is not there
-    assert gx.run_suites(_jobs()) == gx.run_suites_here(_jobs())
+    assert validation_service.run_suites(_jobs()) == gx.run_suites_here(_jobs())
