@@ -24,7 +24,7 @@ from pathlib import Path
 import threadpoolctl
 from predict_bench import machine_speed
 
-from mechanisms import budget
+from mechanisms import compute_limits
 
 CLI = Path(sys.executable).parent / "dprelease"
 
@@ -44,7 +44,7 @@ def demo_once(home: Path) -> float:
 
 def load_factor() -> float:
     with threadpoolctl.threadpool_limits(limits=1):
-        return budget.DGEMM_FLOPS_PER_SECOND / machine_speed()
+        return compute_limits.DGEMM_FLOPS_PER_SECOND / machine_speed()
 
 
 def main() -> None:

@@ -1,13 +1,13 @@
 """Benchmark: predicted against measured seconds of every strategy optimiser, and bounded LRM.
 
 The planner chooses candidates from ``predict_seconds`` functions that read sizes only
-(``mechanisms.lrm.decomposition``, ``mechanisms.optimized.search``, ``mechanisms.union``, ``mechanisms.ldp`` and
-``mechanisms.budget.predict_eigen_design_seconds``).  This script runs each optimiser on two
-sizes and prints predicted seconds, measured wall and process (CPU) seconds, and the ratio
-measured / predicted (target: within a factor of 3).  The first row measures this machine's
-one-thread DGEMM speed in the same run against the constant the predictors assume
-(``budget.DGEMM_FLOPS_PER_SECOND``): a ratio well above 1 means the machine is loaded and every
-wall-clock ratio below is inflated by about as much.
+(``mechanisms.lrm.decomposition``, ``mechanisms.optimized.search``, ``mechanisms.union``,
+``mechanisms.ldp`` and ``mechanisms.compute_limits.predict_eigen_design_seconds``).  This script
+runs each optimiser on two sizes and prints predicted seconds, measured wall and process (CPU)
+seconds, and the ratio measured / predicted (target: within a factor of 3).  The first row
+measures this machine's one-thread DGEMM speed in the same run against the constant the
+predictors assume (``compute_limits.DGEMM_FLOPS_PER_SECOND``): a ratio well above 1 means the
+machine is loaded and every wall-clock ratio below is inflated by about as much.
 
 It then runs the Low-Rank Mechanism at the largest size ``auto`` allows (m = n = 1024 by
 default) with time limits, and prints the wall time, ``stopped_early`` and the error achieved
@@ -37,7 +37,7 @@ import threadpoolctl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechanisms import budget, ldp, union
+from mechanisms import compute_limits, ldp, union
 from mechanisms.eigen.design import all_range_gram, eigen_design, prefix_gram
 from mechanisms.lrm import decomposition as lrm
 from mechanisms.operators import AllRanges, Identity, Prefix, Total
@@ -164,7 +164,7 @@ def cases() -> list[tuple[str, str, float, Callable[[], object]]]:
             (
                 "eigen_design (budget)",
                 f"all ranges n={n} l1",
-                budget.predict_eigen_design_seconds(n),
+                compute_limits.predict_eigen_design_seconds(n),
                 lambda n=n: eigen_design(all_range_gram(n), sensitivity="l1"),
             )
         )
@@ -173,10 +173,10 @@ def cases() -> list[tuple[str, str, float, Callable[[], object]]]:
 
 def prediction_table() -> None:
     speed = machine_speed()
-    factor = budget.DGEMM_FLOPS_PER_SECOND / speed
+    factor = compute_limits.DGEMM_FLOPS_PER_SECOND / speed
     print(
         f"machine: one-thread DGEMM {speed / 1e9:.1f} GF/s measured, "
-        f"{budget.DGEMM_FLOPS_PER_SECOND / 1e9:.1f} GF/s assumed by the predictors "
+        f"{compute_limits.DGEMM_FLOPS_PER_SECOND / 1e9:.1f} GF/s assumed by the predictors "
         f"(load factor {factor:.2f})"
     )
     header = (
@@ -347,7 +347,7 @@ def calibrate(kind: str) -> None:
             ):
                 for norm in ("l2", "l1"):
                     _, _, cpu = measured(lambda g=gram, s=norm: eigen_design(g, sensitivity=s))
-                    eighs = cpu / budget.eigh_seconds(n)
+                    eighs = cpu / compute_limits.eigh_seconds(n)
                     print(f"n={n} {label} {norm}: cpu {cpu:.3f} s ({eighs:.1f} eighs)")
     else:
         raise SystemExit(f"unknown calibration {kind!r}")

@@ -30,7 +30,7 @@ from catalog.spec import (
 )
 from catalog.strategy_store import StrategyStore
 from mechanisms import registry
-from mechanisms.budget import MIN_TIME_LIMIT
+from mechanisms.compute_limits import MIN_TIME_LIMIT
 from mechanisms.lower_bound import svd_bound
 from mechanisms.noise import calibrate, noise_kind_for
 from mechanisms.operators import (

@@ -44,8 +44,8 @@ from typing import Protocol
 import numpy as np
 import scipy.linalg
 
-from mechanisms.budget import Progress, WorkLimit, report
 from mechanisms.checks import check_epsilon
+from mechanisms.compute_limits import Progress, WorkLimit, report
 from mechanisms.threads import single_threaded_blas
 
 __all__ = [

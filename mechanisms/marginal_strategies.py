@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mechanisms.budget import Progress
+from mechanisms.compute_limits import Progress
 from mechanisms.lower_bound import svd_bound_from_eigenvalues
 from mechanisms.operators import Centring, Factor
 from mechanisms.optimized_marginals import (

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.optimize
 
-from mechanisms.budget import Progress
+from mechanisms.compute_limits import Progress
 from mechanisms.noise import NoiseKind, validate_noise
 from mechanisms.threads import single_threaded_blas
 

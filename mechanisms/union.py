@@ -30,7 +30,7 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
-from mechanisms.budget import (
+from mechanisms.compute_limits import (
     DGEMM_FLOPS_PER_SECOND,
     Progress,
     TimeLimitReached,

@@ -7,7 +7,7 @@ to :data:`AUTO_MAX_CELLS`, a spec may ask for it up to :data:`MAX_CELLS`).
 
 from __future__ import annotations
 
-from mechanisms.budget import predict_eigen_design_seconds
+from mechanisms.compute_limits import predict_eigen_design_seconds
 from mechanisms.dense import DenseStrategy
 from mechanisms.eigen.design import eigen_design
 from mechanisms.protocol import (

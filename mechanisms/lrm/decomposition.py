@@ -35,7 +35,8 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
-from mechanisms.budget import (
+from mechanisms.checks import check_epsilon
+from mechanisms.compute_limits import (
     DGEMM_FLOPS_PER_SECOND,
     Progress,
     TimeLimitReached,
@@ -45,7 +46,6 @@ from mechanisms.budget import (
     report,
     svd_seconds,
 )
-from mechanisms.checks import check_epsilon
 from mechanisms.linalg import l1_sensitivity
 from mechanisms.noise import NoiseSampler
 

@@ -34,7 +34,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from mechanisms.budget import MIN_TIME_LIMIT
+from mechanisms.compute_limits import MIN_TIME_LIMIT
 from mechanisms.marginal_strategies import (
     DEFAULT_L1_RESTARTS,
     MarginalWeights,

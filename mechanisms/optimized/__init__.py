@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mechanisms.budget import WorkLimit
+from mechanisms.compute_limits import WorkLimit
 from mechanisms.hierarchical import TreeOptions
 from mechanisms.marginal_strategies import (
     MarginalWeights,

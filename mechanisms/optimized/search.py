@@ -45,7 +45,7 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 
-from mechanisms.budget import DGEMM_FLOPS_PER_SECOND, Progress, WorkLimit, report, scaled
+from mechanisms.compute_limits import DGEMM_FLOPS_PER_SECOND, Progress, WorkLimit, report, scaled
 from mechanisms.operators import Factor, MatrixFactor
 from mechanisms.optimized.templates import (
     FACTOR_TEMPLATES,

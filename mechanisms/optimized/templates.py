@@ -40,7 +40,7 @@ import numpy as np
 import scipy.linalg
 import scipy.linalg.lapack
 
-from mechanisms.budget import (
+from mechanisms.compute_limits import (
     DGEMM_FLOPS_PER_SECOND,
     Progress,
     TimeLimitReached,

@@ -20,7 +20,7 @@ THREAD_FACTORIES = {"Thread", "ThreadPoolExecutor", "start_new_thread", "Timer"}
 REVIEWED = {
     ("catalog/source.py", 1): "hashes the input files (hashlib) while Arrow reads them",
     ("catalog/dask_count.py", 1): "hashes the input files while the cluster counts",
-    ("mechanisms/budget.py", 1): "runs one LAPACK call so the caller can be interrupted",
+    ("mechanisms/compute_limits.py", 1): "runs one LAPACK call so the caller can be interrupted",
     ("mechanisms/noise.py", 1): "OpenDP noise shards (the sampler is imported before)",
     ("flows/interrupt.py", 2): "the Ctrl-C wake-up fd reader, and its bounded clean-up",
     ("flows/server.py", 1): "touches the server's last-used file while a command runs",

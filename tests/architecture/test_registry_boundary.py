@@ -28,7 +28,7 @@ CORE = (
     "mechanisms/workload.py",
     "mechanisms/error.py",
     "mechanisms/lower_bound.py",
-    "mechanisms/budget.py",
+    "mechanisms/compute_limits.py",
     "mechanisms/intervals.py",
 )
 

@@ -1,4 +1,4 @@
-"""Deadlines, progress reports, interruptible heavy calls and cost models (mechanisms.budget)."""
+"""Deadlines, progress reports, interruptible heavy calls and cost models (mechanisms.compute_limits)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from mechanisms import budget
-from mechanisms.budget import (
+from mechanisms import compute_limits
+from mechanisms.compute_limits import (
     BLOCK_FLOPS,
     LAPACK_THREAD_FLOPS,
     TimeLimitReached,
@@ -59,7 +59,9 @@ def test_nested_limit_is_what_remains_and_never_zero() -> None:
     """A stage inside a plan gets the plan's remaining time; past the deadline still one step."""
     started = time.monotonic() - 10.0
     assert WorkLimit().nested_limit() is None
-    assert WorkLimit(time_limit=5.0, started=started).nested_limit() == budget.MIN_TIME_LIMIT
+    assert (
+        WorkLimit(time_limit=5.0, started=started).nested_limit() == compute_limits.MIN_TIME_LIMIT
+    )
     nested = WorkLimit(time_limit=100.0, started=started).nested_limit()
     assert nested is not None and 89.0 < nested <= 90.0
 
@@ -116,7 +118,7 @@ def test_scaled_maps_a_stage_into_its_share() -> None:
 
 @pytest.mark.parametrize("block_flops", [BLOCK_FLOPS, 1e3], ids=["one-call", "blocked"])
 def test_blocked_matmul_equals_matmul(block_flops: float, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(budget, "BLOCK_FLOPS", block_flops)
+    monkeypatch.setattr(compute_limits, "BLOCK_FLOPS", block_flops)
     rng = np.random.default_rng(0)
     left = rng.standard_normal((37, 20))
     right = rng.standard_normal((20, 11))
