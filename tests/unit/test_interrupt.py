@@ -41,7 +41,19 @@ def catalog(tmp_path: Path) -> Catalog:
     return Catalog(f"sqlite:///{tmp_path / 'catalog.db'}")
 
 
-def test_an_interrupt_aborts_only_this_process_releases(catalog: Catalog) -> None:
+@pytest.fixture(autouse=True)
+def stopped_children(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the guard's calls of ``stop_own_children`` instead of making them: inside pytest it
+    would stop this process's helpers (the session's Prefect server, PostgreSQL, Dask); the real
+    one is tested in a fresh interpreter below."""
+    calls: list[int] = []
+    monkeypatch.setattr(interrupt, "stop_own_children", lambda: calls.append(1) or [])
+    return calls
+
+
+def test_an_interrupt_aborts_only_this_process_releases(
+    catalog: Catalog, stopped_children: list[int]
+) -> None:
     _release(catalog, "mine-measuring")
     _release(catalog, "mine-failed")
     catalog.update_release("mine-failed", status="failed")  # what Prefect's ValueError left
@@ -69,15 +81,19 @@ def test_an_interrupt_aborts_only_this_process_releases(catalog: Catalog) -> Non
         "theirs": "measuring",  # another process's run goes on
     }
     assert catalog.release("mine-measuring").interrupted_at is not None
+    assert stopped_children == [1]  # and its own children were stopped, once
 
 
-def test_an_ordinary_failure_is_not_an_interrupt(catalog: Catalog) -> None:
+def test_an_ordinary_failure_is_not_an_interrupt(
+    catalog: Catalog, stopped_children: list[int]
+) -> None:
     _release(catalog, "r")
     handler = signal.getsignal(signal.SIGINT)
     with pytest.raises(RuntimeError), interrupt.InterruptGuard(catalog_url=catalog.url):
         raise RuntimeError("disk full")
     assert catalog.release("r").status == "measuring"  # the flow's own handler decides
     assert signal.getsignal(signal.SIGINT) is handler  # restored
+    assert stopped_children == []
 
 
 def test_the_guard_turns_sigint_into_an_interrupt(catalog: Catalog) -> None:
