@@ -318,7 +318,7 @@ def run_pinv(domains: list[tuple[int, ...]], *, seed: int) -> None:
     """Time ``(AᵀA)⁺ v`` for a random weighted-marginals strategy on data-sized vectors."""
     import numpy as np
 
-    from mechanisms.optimized_marginals import marginals_gram_apply, marginals_gram_pinv_apply
+    from tests.reference.marginal_algebra import marginals_gram_apply, marginals_gram_pinv_apply
 
     print()
     header = (

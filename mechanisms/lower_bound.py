@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mechanisms.operators import gram_ij_parts
-from mechanisms.optimized_marginals import eigenspace_multiplicities, ij_subset_eigenvalues
+from mechanisms.marginal_strategies import eigenspace_multiplicities, ij_subset_eigenvalues
 from mechanisms.workload import Workload
 
 DENSE_BOUND_LIMIT = 4096

@@ -24,6 +24,13 @@ Two strategy families, both a weighted union of Kronecker terms, one per subset:
 A plain union of marginals cannot reach the L2 bound in general: the weights it would need are the
 Möbius inverse of ``√λ``, which is negative for some subsets of Adult's 1–3-way workload.
 
+The algebra: plain marginals ``w_S M_S`` have Gram ``Σ_S w_S² B_S`` with
+``B_S = ⊗_i (I if i ∈ S else J)``, whose eigenvalue on ``Q_T`` is a superset sum (zeta transform,
+O(d 2^d); :func:`superset_sums` and its Möbius inverse).  :func:`search_marginal_weights` is the one
+search of HDMM's template: :func:`marginal_weights_template` runs it for ``marginal_space`` and for
+``optimized`` on marginal workloads, :func:`mechanisms.optimized.search.optimize_marginals` on the
+projections of any Kronecker Gram terms (:func:`workload_projections`).
+
 :class:`SubsetStrategy` evaluates either family for planning in O(items · 2^k) (k = attributes an
 item does not sum out) and measures small domains through the equivalent
 :class:`~mechanisms.union.UnionStrategy` (:meth:`SubsetStrategy.to_union`).
@@ -37,24 +44,20 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
+import scipy.optimize
 
 from mechanisms.compute_limits import Progress
-from mechanisms.lower_bound import svd_bound_from_eigenvalues
-from mechanisms.operators import Centring, Factor
-from mechanisms.optimized_marginals import (
-    MAX_MARGINAL_ATTRIBUTES,
-    eigenspace_multiplicities,
-    marginals_sensitivity,
-    per_subset_product,
-    search_marginal_weights,
-    summed_out_sizes,
-    superset_sums,
-)
+from mechanisms.noise import NoiseKind, validate_noise
+from mechanisms.operators import Centring
+from mechanisms.protocol import PlanRequest, StoredStrategy, StrategyCache, cache_key
 from mechanisms.strategies import identity_strategy, total_strategy
+from mechanisms.threads import single_threaded_blas
 from mechanisms.union import UnionStrategy, UnionTerm
 from mechanisms.workload import Workload, WorkloadItem
 
@@ -63,6 +66,108 @@ BASES: tuple[str, ...] = ("centred", "marginal")
 DEFAULT_L1_RESTARTS = 16
 """Random starts of the L1 template after the workload's own marginals (O(d 2^d) per evaluation)."""
 _POSITIVE_RTOL = 1e-12
+
+MAX_MARGINAL_ATTRIBUTES = 20
+"""Largest ``d`` for the marginals template (2^d weights)."""
+
+
+def validate_domain_sizes(domain_sizes: Sequence[int]) -> tuple[int, ...]:
+    """Return ``domain_sizes`` as a tuple of ints after checking 1 ≤ d ≤ 20 and every n_i ≥ 1."""
+    sizes = tuple(int(n) for n in domain_sizes)
+    if not 1 <= len(sizes) <= MAX_MARGINAL_ATTRIBUTES:
+        raise ValueError(
+            f"domain_sizes has {len(sizes)} attributes; the marginals algebra needs 1 to "
+            f"{MAX_MARGINAL_ATTRIBUTES}"
+        )
+    if any(n < 1 for n in sizes):
+        raise ValueError(f"domain_sizes ({sizes}) must all be >= 1")
+    return sizes
+
+
+def subset_mask(subset: Iterable[int], num_attributes: int) -> int:
+    """Bitmask of a subset of attribute indices (bit i ⇔ attribute i kept)."""
+    mask = 0
+    for attribute in subset:
+        index = int(attribute)
+        if not 0 <= index < num_attributes:
+            raise ValueError(f"attribute index ({index}) must be in [0, {num_attributes})")
+        mask |= 1 << index
+    return mask
+
+
+def _bit_pairs(values: np.ndarray, bit: int) -> np.ndarray:
+    """View a length-2^d vector as ``(2^(d−1−bit), 2, 2^bit)``: the middle axis is ``bit``."""
+    return values.reshape(-1, 2, 1 << bit)
+
+
+def _lattice_transform(
+    values: np.ndarray, num_attributes: int, *, upward: bool, sign: float
+) -> np.ndarray:
+    """One pass per bit: ``low += sign · high`` (``upward=False``) or ``high += sign · low``.
+
+    Each pass is a contiguous 3-D view.  O(d 2^d).
+    """
+    out = np.array(values, dtype=np.float64, copy=True)
+    if out.shape != (1 << num_attributes,):
+        raise ValueError(f"values (shape {out.shape}) must have length 2^d = {1 << num_attributes}")
+    for bit in range(num_attributes):
+        pairs = _bit_pairs(out, bit)
+        target, source = (pairs[:, 1, :], pairs[:, 0, :]) if upward else (pairs[:, 0], pairs[:, 1])
+        if sign > 0:
+            target += source
+        else:
+            target -= source
+    return out
+
+
+def superset_sums(values: np.ndarray, num_attributes: int) -> np.ndarray:
+    """``out[U] = Σ_{S ⊇ U} values[S]`` (zeta transform over supersets). O(d 2^d)."""
+    return _lattice_transform(values, num_attributes, upward=False, sign=1.0)
+
+
+def superset_differences(values: np.ndarray, num_attributes: int) -> np.ndarray:
+    """Inverse of :func:`superset_sums` (Möbius transform over supersets). O(d 2^d)."""
+    return _lattice_transform(values, num_attributes, upward=False, sign=-1.0)
+
+
+def subset_sums(values: np.ndarray, num_attributes: int) -> np.ndarray:
+    """``out[S] = Σ_{U ⊆ S} values[U]`` (zeta transform over subsets; adjoint of supersets)."""
+    return _lattice_transform(values, num_attributes, upward=True, sign=1.0)
+
+
+def per_subset_product(kept: Sequence[float], summed: Sequence[float]) -> np.ndarray:
+    """``out[S] = Π_i (kept[i] if i ∈ S else summed[i])`` for every bitmask S. O(2^d)."""
+    out = np.ones(1)
+    for kept_value, summed_value in zip(kept, summed, strict=True):
+        out = np.concatenate([out * summed_value, out * kept_value])
+    return out
+
+
+def summed_out_sizes(domain_sizes: Sequence[int]) -> np.ndarray:
+    """``m_S = Π_{i ∉ S} n_i``: the eigenvalue of ``B_S`` on the all-means eigenspace."""
+    return per_subset_product([1.0] * len(domain_sizes), [float(n) for n in domain_sizes])
+
+
+def eigenspace_multiplicities(domain_sizes: Sequence[int]) -> np.ndarray:
+    """``Π_{i∈U} (n_i − 1)``: the dimension of eigenspace ``P_U``."""
+    return per_subset_product([float(n - 1) for n in domain_sizes], [1.0] * len(domain_sizes))
+
+
+def ij_subset_eigenvalues(
+    parts: Sequence[tuple[float, float]], domain_sizes: Sequence[int]
+) -> np.ndarray:
+    """Eigenvalue of ``⊗_i (a_i I + b_i J)`` on every eigenspace ``P_U``. O(2^d).
+
+    ``a_i`` on the centred part (i ∈ U), ``a_i + b_i n_i`` on the mean direction (i ∉ U).
+    """
+    return per_subset_product(
+        [a for a, _ in parts], [a + b * n for (a, b), n in zip(parts, domain_sizes, strict=True)]
+    )
+
+
+def gram_eigenvalues(coefficients: np.ndarray, domain_sizes: Sequence[int]) -> np.ndarray:
+    """Eigenvalues ``λ_U`` of ``Σ_S c_S B_S`` (one per eigenspace U). O(d 2^d)."""
+    return superset_sums(coefficients * summed_out_sizes(domain_sizes), len(domain_sizes))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -100,16 +205,52 @@ class SubsetWorkload:
         return np.divide(self.projections, r, out=np.zeros_like(self.projections), where=r > 0)
 
 
-def _factor_parts(factor: Factor) -> tuple[float, float]:
-    """(centred, mean) parts of ``tr(FᵀF)``: ``tr(FᵀF P⁰)`` and ``tr(FᵀF P¹) = 1ᵀFᵀF1 / n``."""
-    mean = factor.gram_sum() / factor.n
-    return max(factor.gram_trace() - mean, 0.0), mean
+def _parts(trace: float, total: float, n: int) -> tuple[float, float]:
+    """(centred, mean) parts of one attribute's Gram ``G`` (trace ``trace``, entry sum ``total``):
+    ``tr(G P⁰)`` and ``tr(G P¹) = 1ᵀG1 / n``."""
+    mean = total / n
+    return max(trace - mean, 0.0), mean
+
+
+def _product(parts: Sequence[tuple[float, float]]) -> np.ndarray:
+    """``tr(⊗_i G_i Q_T)`` for every T from the per-attribute parts (bit i ⇔ centred). O(2^d)."""
+    return per_subset_product([c for c, _ in parts], [m for _, m in parts])
+
+
+def _drop_round_off(total: np.ndarray) -> np.ndarray:
+    """Projections below 1e-12 of the total set to 0 (round-off of a zero eigenspace)."""
+    floor = _POSITIVE_RTOL * max(float(total.sum()), np.finfo(np.float64).tiny)
+    return np.where(total > floor, total, 0.0)
 
 
 def item_projections(item: WorkloadItem) -> np.ndarray:
     """``tr(W_itemᵀW_item Q_T)`` for every subset T. O(2^d + Σ_i cost of one product of W_i)."""
-    parts = [_factor_parts(f) for f in item.factors]
-    return per_subset_product([c for c, _ in parts], [m for _, m in parts])  # bit i ⇔ centred
+    return _product([_parts(f.gram_trace(), f.gram_sum(), f.n) for f in item.factors])
+
+
+def workload_projections(terms: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
+    """``tr(WᵀW Q_T)`` for ``WᵀW = Σ_t ⊗_i G_{t,i}`` (dense Gram terms). O(Σ n_i² + 2^d) per term."""
+    return _drop_round_off(
+        np.sum(
+            [
+                _product([_parts(float(np.trace(g)), float(g.sum()), g.shape[0]) for g in term])
+                for term in terms
+            ],
+            axis=0,
+        )
+    )
+
+
+def subsets_projections(
+    subsets: Sequence[Iterable[int]], domain_sizes: Sequence[int]
+) -> np.ndarray:
+    """``tr(WᵀW Q_T)`` for the workload of all marginals over ``subsets`` (unit weight each)."""
+    sizes = validate_domain_sizes(domain_sizes)
+    d = len(sizes)
+    coefficients = np.zeros(2**d)
+    for subset in subsets:
+        coefficients[subset_mask(subset, d)] += 1.0
+    return eigenspace_multiplicities(sizes) * gram_eigenvalues(coefficients, sizes)
 
 
 def subset_workload(workload: Workload) -> SubsetWorkload:
@@ -131,12 +272,200 @@ def subset_workload(workload: Workload) -> SubsetWorkload:
         parts = [f.gram_ij() for f in item.factors]
         own.append(sum(1 << i for i, part in enumerate(parts) if part is None or part[0] != 0.0))
         diagonal = diagonal and all(part is not None for part in parts)
-    floor = _POSITIVE_RTOL * max(float(total.sum()), np.finfo(np.float64).tiny)
     return SubsetWorkload(
         domain_shape=workload.domain_shape,
-        projections=np.where(total > floor, total, 0.0),
+        projections=_drop_round_off(total),
         diagonal=diagonal,
         own_subsets=tuple(own),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# HDMM's marginals template: one weight per plain marginal
+# ------------------------------------------------------------------------------------------------
+
+
+def marginals_sensitivity(weights: np.ndarray, *, noise: NoiseKind) -> float:
+    """L1 (``Σ|w_S|``) or L2 (``√Σ w_S²``) sensitivity: each marginal's columns have one 1."""
+    validate_noise(noise)
+    weights = np.asarray(weights, dtype=np.float64)
+    if noise == "laplace":
+        return float(np.abs(weights).sum())
+    return float(np.sqrt(np.sum(weights**2)))
+
+
+def marginals_unit_error(
+    weights: np.ndarray, projections: np.ndarray, domain_sizes: Sequence[int]
+) -> float:
+    """``tr(G X⁺)`` for ``X = Σ w_S² B_S``; ``inf`` if the strategy does not support ``G``."""
+    eigenvalues = gram_eigenvalues(np.asarray(weights, dtype=np.float64) ** 2, domain_sizes)
+    return _unit_trace(eigenvalues, projections)
+
+
+def _unit_trace(mu: np.ndarray, projections: np.ndarray) -> float:
+    """``Σ_T g_T / μ_T`` (``inf`` when some ``g_T > 0`` has ``μ_T`` at round-off). O(2^d)."""
+    needed = projections > 0
+    if np.any(needed & ~(mu > _POSITIVE_RTOL * max(float(mu.max()), np.finfo(np.float64).tiny))):
+        return math.inf
+    return float(np.sum(projections[needed] / mu[needed]))
+
+
+def marginals_loss_and_gradient(
+    params: np.ndarray,
+    projections: np.ndarray,
+    domain_sizes: tuple[int, ...],
+    noise: NoiseKind,
+) -> tuple[float, np.ndarray]:
+    """``Δ(w)² · tr(G X(w)⁺)`` and its gradient in the weights ``w`` (scale invariant). O(d 2^d).
+
+    With ``θ = w²``, ``λ = zeta(θ ∘ m)`` and ``f = Σ_U g_U / λ_U``:
+    ``∂f/∂θ_S = −m_S Σ_{U ⊆ S} g_U / λ_U²`` (a subset-sum transform).
+    """
+    d = len(domain_sizes)
+    sizes_out = summed_out_sizes(domain_sizes)
+    theta = params * params
+    eigenvalues = superset_sums(theta * sizes_out, d)
+    needed = projections > 0
+    safe = np.where(needed, eigenvalues, 1.0)
+    f = float(np.sum(np.where(needed, projections / safe, 0.0)))
+    d_theta = -sizes_out * subset_sums(np.where(needed, projections / safe**2, 0.0), d)
+    if noise == "laplace":
+        sensitivity = float(np.sum(params))
+        d_sensitivity_sq = 2.0 * sensitivity * np.ones_like(params)
+    else:
+        sensitivity = float(np.sqrt(np.sum(theta)))
+        d_sensitivity_sq = 2.0 * params
+    loss = sensitivity**2 * f
+    gradient = d_sensitivity_sq * f + sensitivity**2 * 2.0 * params * d_theta
+    return loss, gradient
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSearch:
+    """The best weights a (possibly time-bounded) template search found."""
+
+    weights: np.ndarray
+    """2^d nonnegative weights, normalised to sensitivity 1 in the search's norm."""
+    unit_error: float
+    """``Δ(w)² · tr(G X(w)⁺)`` at unit noise variance per unit sensitivity."""
+    iterations: int
+    runs: int
+    """Starting points optimised (fully or, when ``stopped_early``, the last one partly)."""
+    stopped_early: bool
+    """True when the time limit cut a run short or skipped planned runs."""
+    seconds: float
+
+
+def search_marginal_weights(
+    projections: np.ndarray,
+    domain_sizes: Sequence[int],
+    *,
+    noise: NoiseKind,
+    rng: np.random.Generator,
+    restarts: int,
+    starts: Sequence[np.ndarray] = (),
+    max_iterations: int = 1000,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
+) -> WeightSearch:
+    """Nonnegative weights (normalised to sensitivity 1) minimising the expected error.
+
+    L-BFGS-B from each of ``starts`` (e.g. the workload's own marginals) and then from
+    ``restarts`` ``Uniform(0, 1)`` points drawn from ``rng`` (the objective is not convex: a zero
+    weight is a stationary direction, so restarts explore other supports).  The full-identity
+    weight is kept ≥ 1e-6 (relative) so every eigenvalue stays positive; weights below 1e-4 of the
+    largest are dropped when that costs < 1e-6 relative error.  BLAS runs single-threaded (scipy's
+    L-BFGS-B is many times slower per iteration with contended OpenBLAS threads).
+
+    ``time_limit`` (seconds, None = none) stops the current run at its next iteration and skips
+    the rest; the best point so far is returned with ``stopped_early`` (the first run always
+    takes at least one iteration, so an expired limit still yields weights).  ``progress(fraction,
+    message)`` is called after every run.  One evaluation is O(d 2^d).
+    """
+    started = time.perf_counter()
+    sizes = validate_domain_sizes(domain_sizes)
+    d = len(sizes)
+    if restarts < 0:
+        raise ValueError(f"restarts ({restarts}) must be >= 0")
+    if time_limit is not None and not time_limit >= 0:
+        raise ValueError(f"time_limit ({time_limit}) must be >= 0 seconds or None")
+    initial = [np.asarray(x, dtype=np.float64) for x in starts]
+    for x in initial:
+        if x.shape != (2**d,) or not np.all(np.isfinite(x)) or np.any(x < 0) or not x.any():
+            raise ValueError(f"every start must be 2^d = {2**d} finite weights >= 0, not all 0")
+    if not initial and restarts == 0:
+        raise ValueError("need at least one start or restart")
+    deadline = math.inf if time_limit is None else started + time_limit
+    full = 2**d - 1
+    scale = max(float(projections.max()), 1e-300)
+    normalised = projections / scale
+    best_weights, best_loss, iterations, runs, stopped = np.zeros(2**d), np.inf, 0, 0, False
+    total_runs = len(initial) + restarts
+
+    def objective(params: np.ndarray, level: float = 1.0) -> tuple[float, np.ndarray]:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            loss, gradient = marginals_loss_and_gradient(params, normalised, sizes, noise)
+        if not (np.isfinite(loss) and np.all(np.isfinite(gradient))):
+            return math.inf, np.zeros_like(params)  # a weight vector that loses support
+        return loss / level, gradient / level
+
+    def stop_at_deadline(intermediate_result: scipy.optimize.OptimizeResult) -> None:
+        if time.perf_counter() > deadline:
+            raise StopIteration
+
+    with single_threaded_blas():
+        for run in range(total_runs):
+            if run > 0 and time.perf_counter() > deadline:
+                stopped = True
+                break
+            start = initial[run] if run < len(initial) else rng.random(2**d)
+            start = np.array(start, dtype=np.float64)
+            start /= marginals_sensitivity(start, noise=noise)  # the objective is scale-free
+            bounds = [(0.0, None)] * (2**d)
+            bounds[full] = (1e-6 * float(start.mean()), None)
+            start[full] = max(start[full], bounds[full][0])
+            # Divide by the starting loss so L-BFGS-B's relative-reduction test (which compares
+            # against max(|f|, 1)) sees f ≈ 1: with f ≪ 1 it stopped after one iteration.
+            level, _ = objective(start)
+            level = level if math.isfinite(level) and level > 0 else 1.0
+            result = scipy.optimize.minimize(
+                objective,
+                start,
+                args=(level,),
+                jac=True,
+                method="L-BFGS-B",
+                bounds=bounds,
+                callback=stop_at_deadline,
+                options={"maxiter": max_iterations, "ftol": 1e-13, "gtol": 1e-10},
+            )
+            iterations += int(result.nit)
+            runs += 1
+            stopped = stopped or time.perf_counter() > deadline
+            loss = float(result.fun) * level
+            if math.isfinite(loss) and loss < best_loss:
+                best_loss, best_weights = loss, np.maximum(result.x, 0.0)
+            if progress is not None:
+                progress(
+                    (run + 1) / total_runs,
+                    f"marginals template: start {run + 1} of {total_runs}, "
+                    f"best unit error {best_loss * scale:.6g}",
+                )
+    if not np.isfinite(best_loss):
+        raise ValueError("the marginals template found no weights that support the workload")
+    best_weights = best_weights / marginals_sensitivity(best_weights, noise=noise)
+    error = marginals_unit_error(best_weights, normalised, sizes)
+    pruned = np.where(best_weights >= 1e-4 * best_weights.max(), best_weights, 0.0)
+    pruned = pruned / marginals_sensitivity(pruned, noise=noise)
+    pruned_error = marginals_unit_error(pruned, normalised, sizes)
+    if pruned_error <= error * (1 + 1e-6):
+        best_weights, error = pruned, pruned_error
+    return WeightSearch(
+        weights=best_weights,
+        unit_error=error * scale,
+        iterations=iterations,
+        runs=runs,
+        stopped_early=stopped,
+        seconds=time.perf_counter() - started,
     )
 
 
@@ -255,11 +584,7 @@ def _kept_products(values: np.ndarray) -> np.ndarray:
 
 def subset_unit_error(weights: MarginalWeights, projections: np.ndarray) -> float:
     """``Δ² · Σ_T g_T / μ_T`` for projections ``g`` (``inf`` if the weights do not support them)."""
-    mu = weights.strategy_eigenvalues()
-    needed = projections > 0
-    if np.any(needed & ~(mu > _POSITIVE_RTOL * max(float(mu.max()), np.finfo(np.float64).tiny))):
-        return math.inf
-    trace = float(np.sum(projections[needed] / mu[needed]))
+    trace = _unit_trace(weights.strategy_eigenvalues(), projections)
     return weights.sensitivity(norm=weights.norm) ** 2 * trace
 
 
@@ -366,11 +691,39 @@ def marginal_weights_l1(
 
 
 def _bound(subset: SubsetWorkload) -> float | None:
+    """The SVD bound ``(Σ_T r_T √λ_T)² / N`` when the workload is diagonal in subset space."""
     if not subset.diagonal:
         return None
-    return svd_bound_from_eigenvalues(
-        subset.eigenvalues(), subset.num_cells, multiplicities=subset.multiplicities()
-    )
+    roots = np.sqrt(np.clip(subset.eigenvalues(), 0.0, None)) * subset.multiplicities()
+    return float(roots.sum()) ** 2 / subset.num_cells
+
+
+def plan_subset_weights(
+    request: PlanRequest, *, cache: StrategyCache, time_limit: float | None
+) -> MarginalWeights:
+    """The subset-space weights of a marginal workload, searched once per (workload, norm).
+
+    L2 noise: :func:`marginal_weights_l2` (closed form, the SVD bound); L1:
+    :func:`marginal_weights_l1` from the public ``request.seed``.  ``optimized`` and
+    ``marginal_space`` share one ``cache`` entry, under the key ``marginal_space`` has always
+    written (so entries stored before it was shared still load).
+    """
+    key = cache_key("marginal_space", request.workload_fingerprint, {"norm": request.norm})
+    stored = cache.load(key)
+    if stored is not None:
+        return MarginalWeights.from_parameters(request.workload.domain_shape, stored.parameters)
+    subset = subset_workload(request.workload)
+    if request.norm == 2:
+        weights = marginal_weights_l2(subset, time_limit=time_limit, progress=request.progress)
+    else:
+        weights = marginal_weights_l1(
+            subset,
+            rng=np.random.default_rng(request.seed),
+            time_limit=time_limit,
+            progress=request.progress,
+        )
+    cache.save(key, StoredStrategy(parameters=weights.to_parameters()))
+    return weights
 
 
 # ------------------------------------------------------------------------------------------------
@@ -401,8 +754,6 @@ class SubsetStrategy:
     name: str
     weights: MarginalWeights
     parameters: dict[str, object] = field(default_factory=dict)
-    _union: list[UnionStrategy] = field(default_factory=list, repr=False, compare=False)
-    _inverse: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def domain_shape(self) -> tuple[int, ...]:
@@ -417,21 +768,23 @@ class SubsetStrategy:
 
     def to_union(self) -> UnionStrategy:
         """The same strategy as explicit Kronecker terms (cached)."""
-        if not self._union:
-            shape = self.domain_shape
-            terms = tuple(
-                UnionTerm(
-                    weight=float(self.weights.weights[mask]),
-                    factors=_term_factors(self.weights.basis, int(mask), shape),
-                )
-                for mask in self.weights.subsets
+        return self._union_strategy
+
+    # Cached in the instance's __dict__ (allowed on a frozen dataclass); the names differ from the
+    # list slots ``_union``/``_inverse`` that pickles written before kept, so those still load.
+    @cached_property
+    def _union_strategy(self) -> UnionStrategy:
+        shape = self.domain_shape
+        terms = tuple(
+            UnionTerm(
+                weight=float(self.weights.weights[mask]),
+                factors=_term_factors(self.weights.basis, int(mask), shape),
             )
-            self._union.append(
-                UnionStrategy(
-                    name=self.name, domain_shape=shape, terms=terms, parameters=self.parameters
-                )
-            )
-        return self._union[0]
+            for mask in self.weights.subsets
+        )
+        return UnionStrategy(
+            name=self.name, domain_shape=shape, terms=terms, parameters=self.parameters
+        )
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """``A·x`` through the union of terms (confidential; only the choke point calls it)."""
@@ -444,17 +797,16 @@ class SubsetStrategy:
         estimate = self.least_squares(y, workload)
         return {item.name: item.answer(estimate) for item in workload.items}
 
-    def _inverse_eigenvalues(self) -> np.ndarray:
-        """``1/μ_T`` (0 where ``μ_T = 0``: the pseudo-inverse), cached. O(d 2^d)."""
-        if not self._inverse:
-            mu = self.weights.strategy_eigenvalues()
-            positive = mu > _POSITIVE_RTOL * max(float(mu.max()), np.finfo(np.float64).tiny)
-            self._inverse.append(np.divide(1.0, mu, out=np.zeros_like(mu), where=positive))
-        return self._inverse[0]
+    @cached_property
+    def inverse_eigenvalues(self) -> np.ndarray:
+        """``1/μ_T`` (0 where ``μ_T = 0``: the pseudo-inverse). O(d 2^d) once."""
+        mu = self.weights.strategy_eigenvalues()
+        positive = mu > _POSITIVE_RTOL * max(float(mu.max()), np.finfo(np.float64).tiny)
+        return np.divide(1.0, mu, out=np.zeros_like(mu), where=positive)
 
     def item_unit_total(self, item: WorkloadItem, workload: Workload | None = None) -> float:
         """``tr(W_itemᵀW_item (AᵀA)⁺) = Σ_T g_T(item) / μ_T``. O(2^d)."""
-        return float(item_projections(item) @ self._inverse_eigenvalues())
+        return float(item_projections(item) @ self.inverse_eigenvalues)
 
     def item_unit_variances(
         self, item: WorkloadItem, workload: Workload | None = None
@@ -464,7 +816,7 @@ class SubsetStrategy:
         Only subsets of the attributes the item does not sum out contribute (a total factor has no
         centred part), so the cost is O(2^k · m_item) for k such attributes.
         """
-        inverse = self._inverse_eigenvalues()
+        inverse = self.inverse_eigenvalues
         per_attribute = []
         for factor in item.factors:
             row_sums = np.asarray(factor.matvec(np.ones(factor.n)), dtype=np.float64)

@@ -9,7 +9,7 @@ one weight per attribute subset (bit i of a subset = attribute i; the algebra is
 * Gaussian noise (ρ-zCDP, (ε, δ), L2): Eigen-Design in subset space (centred marginals, closed
   form, equal to the SVD bound), :func:`mechanisms.marginal_strategies.marginal_weights_l2`.
 
-Measuring needs only the measured marginals (:class:`~mechanisms.choke_point.ProtectedMarginals`,
+Measuring needs only the measured marginals (:class:`~catalog.confidential.choke_point.ProtectedMarginals`,
 one noise mechanism, charge before noise).  Least squares decouples over the subset lattice: with
 ``AᵀA = Σ_T μ_T Q_T``, the centred T-component of the estimate is
 
@@ -37,15 +37,10 @@ import numpy as np
 from mechanisms.compute_limits import MIN_TIME_LIMIT
 from mechanisms.marginal_strategies import (
     DEFAULT_L1_RESTARTS,
-    MarginalWeights,
-    SubsetStrategy,
-    marginal_weights_l1,
-    marginal_weights_l2,
-    subset_workload,
-)
-from mechanisms.optimized_marginals import (
     MAX_MARGINAL_ATTRIBUTES,
+    SubsetStrategy,
     eigenspace_multiplicities,
+    plan_subset_weights,
     summed_out_sizes,
 )
 from mechanisms.pgm import ConsistentMarginals, consistent_marginals, maximal_masks
@@ -54,9 +49,7 @@ from mechanisms.protocol import (
     InputKind,
     MatrixMechanism,
     PlanRequest,
-    StoredStrategy,
     StrategyCache,
-    cache_key,
 )
 from mechanisms.workload import Workload, WorkloadItem, axes_of, item_subset, mask_of
 
@@ -179,7 +172,7 @@ class MarginalSpaceStrategy(SubsetStrategy):
         if mask is None:
             return super().item_unit_variances(item, workload)
         shape = self.domain_shape
-        inverse = self._inverse_eigenvalues()
+        inverse = self.inverse_eigenvalues
         outside = math.prod(n for i, n in enumerate(shape) if not mask >> i & 1)
         variance = 0.0
         for t in down_closure([mask]):
@@ -282,25 +275,9 @@ class MarginalSpaceMechanism(MatrixMechanism):
         reason = self.unavailable_reason(request)
         if reason is not None:
             raise CandidateUnavailable(reason)
-        workload = request.workload
-        key = cache_key(self.name, request.workload_fingerprint, {"norm": request.norm})
-        stored = cache.load(key)
-        if stored is not None:
-            weights = MarginalWeights.from_parameters(workload.domain_shape, stored.parameters)
-        else:
-            subset = subset_workload(workload)
-            limit = request.time_limit
-            limit = None if limit is None else max(limit, MIN_TIME_LIMIT)
-            if request.norm == 2:
-                weights = marginal_weights_l2(subset, time_limit=limit, progress=request.progress)
-            else:
-                weights = marginal_weights_l1(
-                    subset,
-                    rng=np.random.default_rng(request.seed),
-                    time_limit=limit,
-                    progress=request.progress,
-                )
-            cache.save(key, StoredStrategy(parameters=weights.to_parameters()))
+        limit = request.time_limit
+        limit = None if limit is None else max(limit, MIN_TIME_LIMIT)
+        weights = plan_subset_weights(request, cache=cache, time_limit=limit)
         template = "subset-eigen" if weights.basis == "centred" else "marginals"
         parameters = {
             "template": template,

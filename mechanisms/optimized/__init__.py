@@ -26,18 +26,19 @@ import scipy.sparse as sp
 from mechanisms.compute_limits import WorkLimit
 from mechanisms.hierarchical import TreeOptions
 from mechanisms.marginal_strategies import (
+    MAX_MARGINAL_ATTRIBUTES,
     MarginalWeights,
     SubsetStrategy,
-    marginal_weights_l1,
-    marginal_weights_l2,
+    plan_subset_weights,
     subset_strategy,
+    subset_unit_error,
+    subset_workload,
 )
 from mechanisms.noise import NoiseKind
 from mechanisms.operators import Factor, Identity, MatrixFactor, Total
 from mechanisms.optimized.search import OptimizedStrategy, optimize_workload
 from mechanisms.optimized.search import predict_seconds as predict_template_seconds
 from mechanisms.optimized.templates import PIdentityFactor
-from mechanisms.optimized_marginals import MAX_MARGINAL_ATTRIBUTES
 from mechanisms.protocol import (
     CandidateUnavailable,
     MatrixMechanism,
@@ -46,7 +47,7 @@ from mechanisms.protocol import (
     StrategyCache,
     cache_key,
 )
-from mechanisms.strategies import FAMILIES, KronStrategy, identity_strategy, total_strategy
+from mechanisms.strategies import FAMILIES, KronStrategy, identity_strategy
 from mechanisms.threads import single_threaded_blas
 from mechanisms.union import (
     UnionStrategy,
@@ -106,14 +107,14 @@ class OptimizedMechanism(MatrixMechanism):
         # OpenBLAS threads made them many times slower on a shared 2-core machine (measured by
         # ``benchmarks/strategy_bench.py`` with and without ``--blas-threads 1``).
         with single_threaded_blas():
-            best, notes = self._search(request, branching=branching)
+            best, notes = self._search(request, branching=branching, cache=cache)
         parameters = {**best.parameters, "unit_errors": notes}
         arrays = _factor_arrays(best) if isinstance(best, KronStrategy) else {}
         cache.save(key, StoredStrategy(parameters=parameters, arrays=arrays))
         return _with_parameters(best, parameters)
 
     def _search(
-        self, request: PlanRequest, *, branching: int
+        self, request: PlanRequest, *, branching: int, cache: StrategyCache
     ) -> tuple[Optimized, dict[str, float | str]]:
         workload = request.workload
         best: Optimized | None = None
@@ -132,7 +133,7 @@ class OptimizedMechanism(MatrixMechanism):
         if _is_marginal_workload(workload):
             # Subset space: cost independent of the domain size; for L2 noise it is the SVD bound,
             # which no other template can beat, so nothing else is tried.
-            weights = _subset_weights(request)
+            weights = plan_subset_weights(request, cache=cache, time_limit=request.time_limit)
             notes["subset"] = weights.unit_total_error
             if weights.unit_total_error < best_error:
                 best = subset_strategy(weights, name="optimized", parameters={"seed": request.seed})
@@ -156,20 +157,6 @@ def _is_marginal_workload(workload: Workload) -> bool:
     """Every item a marginal (each factor Identity or Total), over at most 20 attributes."""
     return len(workload.domain_shape) <= MAX_MARGINAL_ATTRIBUTES and all(
         isinstance(factor, Identity | Total) for item in workload.items for factor in item.factors
-    )
-
-
-def _subset_weights(request: PlanRequest) -> MarginalWeights:
-    """Subset-space weights: Eigen-Design (L2, exact bound) or HDMM's marginals template (L1)."""
-    if request.norm == 2:
-        return marginal_weights_l2(
-            request.workload, time_limit=request.time_limit, progress=request.progress
-        )
-    return marginal_weights_l1(
-        request.workload,
-        rng=np.random.default_rng(request.seed),
-        time_limit=request.time_limit,
-        progress=request.progress,
     )
 
 
@@ -208,31 +195,12 @@ def _best_union(request: PlanRequest, *, branching: int) -> tuple[UnionStrategy,
     return best, best_error
 
 
-def marginal_union(
-    weights: np.ndarray, domain_shape: tuple[int, ...], parameters: dict[str, Any]
-) -> UnionStrategy:
-    """``[w_S · M_S]_S``: weighted marginals over attribute subsets S (bit i of S = attribute i)."""
-    weights = np.asarray(weights, dtype=np.float64)
-    terms = []
-    for mask in np.flatnonzero(weights > 1e-12 * weights.max()):
-        factors = tuple(
-            identity_strategy(n) if (int(mask) >> axis) & 1 else total_strategy(n)
-            for axis, n in enumerate(domain_shape)
-        )
-        terms.append(UnionTerm(weight=float(weights[mask]), factors=factors))
-    return UnionStrategy(
-        name="optimized", domain_shape=domain_shape, terms=tuple(terms), parameters=parameters
-    )
-
-
 def _from_template(optimized: OptimizedStrategy, workload: Workload, *, seed: int) -> Optimized:
     if optimized.kind == "marginals":
         weights = np.asarray(optimized.weights)
-        return marginal_union(
-            weights,
-            workload.domain_shape,
-            {"template": "marginals", "marginal_weights": weights.tolist(), "seed": seed},
-        )
+        parameters = {"template": "marginals", "marginal_weights": weights.tolist(), "seed": seed}
+        norm = 1 if optimized.objective_noise == "laplace" else 2
+        return _marginals_template(weights, workload, norm=norm, parameters=parameters)
     return KronStrategy(
         name="optimized",
         factors=optimized.factor_operators(),
@@ -242,6 +210,25 @@ def _from_template(optimized: OptimizedStrategy, workload: Workload, *, seed: in
             "seed": seed,
         },
     )
+
+
+def _marginals_template(
+    weights: np.ndarray, workload: Workload, *, norm: int, parameters: dict[str, Any]
+) -> SubsetStrategy:
+    """HDMM's marginals template on a general workload (weights of :func:`optimize_workload`),
+    as the subset-space strategy; weights at round-off (below 1e-12 of the largest) are dropped."""
+    weights = np.asarray(weights, dtype=np.float64)
+    weights = np.where(weights > 1e-12 * weights.max(), weights, 0.0)
+    marginal = MarginalWeights(
+        domain_shape=workload.domain_shape,
+        basis="marginal",
+        weights=weights,
+        norm=norm,
+        unit_total_error=0.0,
+    )
+    error = subset_unit_error(marginal, subset_workload(workload).projections)
+    marginal = replace(marginal, unit_total_error=error)
+    return SubsetStrategy(name="optimized", weights=marginal, parameters=parameters)
 
 
 def _restore(request: PlanRequest, stored: StoredStrategy, *, branching: int) -> Optimized:
@@ -267,9 +254,8 @@ def _restore(request: PlanRequest, stored: StoredStrategy, *, branching: int) ->
         weights = MarginalWeights.from_parameters(workload.domain_shape, parameters)
         return subset_strategy(weights, name="optimized", parameters=parameters)
     if template == "marginals":
-        return marginal_union(
-            np.asarray(parameters["marginal_weights"]), workload.domain_shape, parameters
-        )
+        weights = np.asarray(parameters["marginal_weights"])
+        return _marginals_template(weights, workload, norm=request.norm, parameters=parameters)
     return KronStrategy(
         name="optimized",
         factors=_restore_factors(stored, workload.domain_shape, noise=request.noise),

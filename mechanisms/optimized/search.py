@@ -19,7 +19,7 @@ Templates (each returns a strategy of sensitivity 1):
   is ``Σ_t Π_i tr(G_{t,i} (A_iᵀA_i)⁻¹)`` and sensitivities multiply, so the factors are optimised
   in turn against ``Σ_t c_t G_{t,i}`` with ``c_t = Π_{j≠i} tr(G_{t,j} (A_jᵀA_j)⁻¹)``.
 * ``kind="marginals"``: one nonnegative weight per attribute subset (see
-  :mod:`mechanisms.optimized_marginals`); works for any terms, not only marginal workloads.
+  :mod:`mechanisms.marginal_strategies`); works for any terms, not only marginal workloads.
 
 :func:`optimize_workload` tries the Kronecker and marginals templates and keeps the lower error;
 :func:`mechanisms.lower_bound.svd_bound_terms` is the matching lower bound.
@@ -46,6 +46,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from mechanisms.compute_limits import DGEMM_FLOPS_PER_SECOND, Progress, WorkLimit, report, scaled
+from mechanisms.marginal_strategies import (
+    MAX_MARGINAL_ATTRIBUTES,
+    marginals_sensitivity,
+    marginals_unit_error,
+    search_marginal_weights,
+    subsets_projections,
+    validate_domain_sizes,
+    workload_projections,
+)
 from mechanisms.operators import Factor, MatrixFactor
 from mechanisms.optimized.templates import (
     FACTOR_TEMPLATES,
@@ -63,15 +72,6 @@ from mechanisms.optimized.templates import (
     unit_error,
     validate_gram,
     validate_noise,
-)
-from mechanisms.optimized_marginals import (
-    MAX_MARGINAL_ATTRIBUTES,
-    marginals_sensitivity,
-    marginals_unit_error,
-    search_marginal_weights,
-    subsets_projections,
-    validate_domain_sizes,
-    workload_projections,
 )
 
 Term = tuple[np.ndarray, ...]
@@ -92,7 +92,7 @@ class OptimizedStrategy:
     For every kind except ``"marginals"`` the strategy is the Kronecker product of ``factors``
     (apply it with Kronecker matvecs; ``factor_grams()`` gives ``A_iᵀA_i`` for least squares).  For
     ``"marginals"`` it stacks ``weights[S] · M_S`` over subsets S (bitmask, bit i = attribute i
-    kept); see :func:`mechanisms.optimized_marginals.marginals_gram_pinv_apply`.
+    kept); ``optimized`` measures it as a :class:`mechanisms.marginal_strategies.SubsetStrategy`.
     """
 
     kind: StrategyKind
@@ -548,7 +548,7 @@ def optimize_marginals(
     the marginals algebra) or subsets of attribute indices, meaning the workload of those
     marginals.  The objective is O(d 2^d) per evaluation and never touches N-sized arrays.
     ``time_limit`` (seconds) and ``progress`` as in
-    :func:`mechanisms.optimized_marginals.search_marginal_weights`.
+    :func:`mechanisms.marginal_strategies.search_marginal_weights`.
 
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
 
@@ -748,7 +748,7 @@ def expected_total_error(
 # 2-attribute terms cost about 1.5 single-term runs (measured, all-range × prefix unions, n_1 up
 # to 256; benchmarks/predict_bench.py --calibrate templates).
 _KRON_UNION_FACTOR = 1.5
-# Marginals template (mechanisms.optimized_marginals.search_marginal_weights, 2 starts): per
+# Marginals template (mechanisms.marginal_strategies.search_marginal_weights, 2 starts): per
 # L-BFGS-B iteration 2e-4 s + 2e-8 s·d·2^d; iterations over both starts ≈ 200 (Laplace) and
 # 50 (Gaussian), measured for all 2-way marginals of d = 4…14 attributes of size 4.
 _MARGINAL_ITERATIONS = {"laplace": 200, "gaussian": 50}

@@ -44,18 +44,12 @@ from mechanisms.optimized.templates import (
     unit_error,
     validate_gram,
 )
-from mechanisms.optimized_marginals import (
+from mechanisms.marginal_strategies import (
     eigenspace_multiplicities,
-    gram_coefficients,
     gram_eigenvalues,
-    marginal_measurements,
-    marginal_measurements_transpose,
-    marginals_gram_apply,
-    marginals_gram_pinv_apply,
     marginals_loss_and_gradient,
     marginals_sensitivity,
     marginals_unit_error,
-    pseudo_inverse_coefficients,
     subset_mask,
     subsets_projections,
     superset_differences,
@@ -64,6 +58,14 @@ from mechanisms.optimized_marginals import (
     workload_projections,
 )
 from tests.fake_clock import install_fake_clock
+from tests.reference.marginal_algebra import (
+    gram_coefficients,
+    marginal_measurements,
+    marginal_measurements_transpose,
+    marginals_gram_apply,
+    marginals_gram_pinv_apply,
+    pseudo_inverse_coefficients,
+)
 
 # ------------------------------------------------------------------------------------------------
 # Helpers: dense workloads and competitor strategies

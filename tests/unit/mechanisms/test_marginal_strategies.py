@@ -26,7 +26,7 @@ from mechanisms.marginal_strategies import (
     subset_workload,
 )
 from mechanisms.operators import AllRanges, Identity, Prefix, Total, kron_dense, kron_matrices
-from mechanisms.optimized_marginals import superset_differences
+from mechanisms.marginal_strategies import superset_differences
 from mechanisms.workload import Workload, WorkloadItem
 
 SHAPE = (2, 3, 4)
