@@ -1,4 +1,4 @@
-"""Benchmark of the LDP workload factorization mechanism (mechanisms/ldp.py) against its baselines.
+"""Benchmark of the LDP workload factorization mechanism (mechanisms/local/) against its baselines.
 
 For each domain size it builds every baseline (randomized response, Hadamard in the general and
 the Table-1 form, hierarchical B=4 with the Hadamard oracle, Fourier when n is a power of two),
@@ -9,7 +9,7 @@ authors' README convention), average-case variance, sample complexity at alpha =
 Reference figures (shared/reference/seed-ldp.md §9.2): Prefix n=128, eps=1: hierarchical 5466.13
 (5665.56 with pinv), the reference code's optimised strategy 1896.25 (1910.87 with pinv).
 
-BLAS runs single-threaded (as inside mechanisms/ldp.py: on a shared machine BLAS threads contend).
+BLAS runs single-threaded (as inside mechanisms/local/: on a shared machine BLAS threads contend).
 Run from the repository root with the project installed (``install.sh``):
 
     .venv/bin/python benchmarks/ldp_bench.py                      # Prefix, n = 128 and 512
@@ -28,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import threadpoolctl
 
-from mechanisms import ldp
+from mechanisms.local import baselines, estimation, optimizer, randomizer
 
 ALPHA = 0.01
 REFERENCE = {  # (workload, n, epsilon) -> (label, worst-case per user, Thm 3.10 V)
@@ -48,62 +48,68 @@ def workload_matrix(name: str, n: int) -> np.ndarray:
     raise ValueError(f"workload ({name!r}) must be prefix, histogram or all_range")
 
 
-def baselines(n: int, epsilon: float) -> dict[str, Callable[[], ldp.LDPStrategy]]:
-    builders: dict[str, Callable[[], ldp.LDPStrategy]] = {
-        "randomized_response": lambda: ldp.randomized_response(n, epsilon=epsilon),
-        "hadamard (general)": lambda: ldp.hadamard(n, epsilon=epsilon),
-        "hadamard (table 1)": lambda: ldp.hadamard(n, epsilon=epsilon, blocks=1),
-        "hierarchical B=4": lambda: ldp.hierarchical(n, epsilon=epsilon),
+def baseline_builders(n: int, epsilon: float) -> dict[str, Callable[[], randomizer.LDPStrategy]]:
+    builders: dict[str, Callable[[], randomizer.LDPStrategy]] = {
+        "randomized_response": lambda: baselines.randomized_response(n, epsilon=epsilon),
+        "hadamard (general)": lambda: baselines.hadamard(n, epsilon=epsilon),
+        "hadamard (table 1)": lambda: baselines.hadamard(n, epsilon=epsilon, blocks=1),
+        "hierarchical B=4": lambda: baselines.hierarchical(n, epsilon=epsilon),
     }
     if n & (n - 1) == 0:
-        builders["fourier (all)"] = lambda: ldp.fourier(n.bit_length() - 1, epsilon=epsilon)
+        builders["fourier (all)"] = lambda: baselines.fourier(n.bit_length() - 1, epsilon=epsilon)
     return builders
 
 
 def _start(W: np.ndarray, epsilon: float, rng: np.random.Generator) -> tuple[np.ndarray, object]:
     n = W.shape[1]
     gram = W.T @ W
-    matrix, lower = ldp._random_start(4 * n, n, epsilon, rng)
-    evaluation = ldp._evaluate(matrix, gram)
-    state = ldp._Iterate(
-        matrix, lower, math.exp(epsilon) * lower, evaluation, ldp._centered_gradient(evaluation)
+    matrix, lower = optimizer._random_start(4 * n, n, epsilon, rng)
+    evaluation = optimizer._evaluate(matrix, gram)
+    state = optimizer._Iterate(
+        matrix,
+        lower,
+        math.exp(epsilon) * lower,
+        evaluation,
+        optimizer._centered_gradient(evaluation),
     )
     return gram, state
 
 
 def algorithm_2_alone(
     W: np.ndarray, *, epsilon: float, rng: np.random.Generator, iterations: int, tolerance: float
-) -> ldp.LDPStrategy:
+) -> randomizer.LDPStrategy:
     """Ablation: the paper's joint (Q, z) step from the random start, without the fixed-z phase."""
     gram, state = _start(W, epsilon, rng)
-    state, _ = ldp._bound_descent(
+    state, _ = optimizer._bound_descent(
         state, gram, epsilon=epsilon, max_steps=iterations, tolerance=tolerance
     )
-    return ldp.LDPStrategy(
-        name="algorithm 2 alone", Q=ldp._enforce_row_ratio(state.matrix, epsilon), epsilon=epsilon
+    return randomizer.LDPStrategy(
+        name="algorithm 2 alone",
+        Q=randomizer.enforce_row_ratio(state.matrix, epsilon),
+        epsilon=epsilon,
     )
 
 
 def fixed_bounds_only(
     W: np.ndarray, *, epsilon: float, rng: np.random.Generator, iterations: int, tolerance: float
-) -> ldp.LDPStrategy:
+) -> randomizer.LDPStrategy:
     """Ablation: phase 1 alone (z fixed at the start's bounds, spectral projected gradient)."""
     gram, state = _start(W, epsilon, rng)
-    state, _ = ldp._spectral_projected_gradient(
+    state, _ = optimizer._spectral_projected_gradient(
         state, gram, max_steps=iterations, tolerance=tolerance
     )
-    return ldp.LDPStrategy(
-        name="phase 1 only", Q=ldp._enforce_row_ratio(state.matrix, epsilon), epsilon=epsilon
+    return randomizer.LDPStrategy(
+        name="phase 1 only", Q=randomizer.enforce_row_ratio(state.matrix, epsilon), epsilon=epsilon
     )
 
 
 def measure(
-    W: np.ndarray, build: Callable[[], ldp.LDPStrategy], *, with_pinv: bool
+    W: np.ndarray, build: Callable[[], randomizer.LDPStrategy], *, with_pinv: bool
 ) -> dict[str, float]:
     start = time.perf_counter()
     strategy = build()
     built = time.perf_counter() - start
-    sigma2 = ldp.per_type_variance(W, strategy)
+    sigma2 = estimation.per_type_variance(W, strategy)
     row = {
         "rows": strategy.num_outputs,
         "worst": float(sigma2.max()),
@@ -114,7 +120,7 @@ def measure(
     }
     if with_pinv:
         V = W @ np.linalg.pinv(strategy.Q, rcond=1e-8)
-        row["worst_pinv"] = ldp.worst_case_variance(W, strategy, V)
+        row["worst_pinv"] = estimation.worst_case_variance(W, strategy, V)
     return row
 
 
@@ -122,12 +128,12 @@ def run(args: argparse.Namespace, n: int) -> None:
     W = workload_matrix(args.workload, n)
     epsilon = args.epsilon
     rows: dict[str, dict[str, float]] = {}
-    for name, build in baselines(n, epsilon).items():
+    for name, build in baseline_builders(n, epsilon).items():
         rows[name] = measure(W, build, with_pinv=True)
     for seed in range(args.seeds):
 
-        def optimised(seed: int = seed) -> ldp.LDPStrategy:
-            return ldp.optimize_strategy(
+        def optimised(seed: int = seed) -> randomizer.LDPStrategy:
+            return optimizer.optimize_strategy(
                 W,
                 epsilon=epsilon,
                 rng=np.random.default_rng(seed),
@@ -144,8 +150,8 @@ def run(args: argparse.Namespace, n: int) -> None:
             ):
 
                 def ablation(
-                    seed: int = seed, variant: Callable[..., ldp.LDPStrategy] = variant
-                ) -> ldp.LDPStrategy:
+                    seed: int = seed, variant: Callable[..., randomizer.LDPStrategy] = variant
+                ) -> randomizer.LDPStrategy:
                     return variant(
                         W,
                         epsilon=epsilon,
@@ -157,7 +163,7 @@ def run(args: argparse.Namespace, n: int) -> None:
                 rows[f"{label} (seed {seed})"] = measure(W, ablation, with_pinv=True)
 
     best_optimised = min(r["worst"] for k, r in rows.items() if k.startswith("optimized"))
-    bound = ldp.lower_bound(W, epsilon=epsilon)
+    bound = estimation.lower_bound(W, epsilon=epsilon)
     print(f"\n{args.workload}, n = {n}, epsilon = {epsilon:g}, p = {W.shape[0]} queries")
     header = (
         f"{'mechanism':<30} {'rows':>6} {'worst (Thm3.10 V)':>18} {'worst (V=WQ+)':>14} "

@@ -2,10 +2,10 @@
 
 The planner chooses candidates from ``predict_seconds`` functions that read sizes only
 (``mechanisms.lrm.decomposition``, ``mechanisms.optimized.search``, ``mechanisms.union``,
-``mechanisms.ldp`` and ``mechanisms.compute_limits.predict_eigen_design_seconds``).  This script
-runs each optimiser on two sizes and prints predicted seconds, measured wall and process (CPU)
-seconds, and the ratio measured / predicted (target: within a factor of 3).  The first row
-measures this machine's one-thread DGEMM speed in the same run against the constant the
+``mechanisms.local.optimizer`` and ``mechanisms.compute_limits.predict_eigen_design_seconds``).
+This script runs each optimiser on two sizes and prints predicted seconds, measured wall and
+process (CPU) seconds, and the ratio measured / predicted (target: within a factor of 3).  The
+first row measures this machine's one-thread DGEMM speed in the same run against the constant the
 predictors assume (``compute_limits.DGEMM_FLOPS_PER_SECOND``): a ratio well above 1 means the
 machine is loaded and every wall-clock ratio below is inflated by about as much.
 
@@ -37,8 +37,9 @@ import threadpoolctl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechanisms import compute_limits, ldp, union
+from mechanisms import compute_limits, union
 from mechanisms.eigen.design import all_range_gram, eigen_design, prefix_gram
+from mechanisms.local import optimizer
 from mechanisms.lrm import decomposition as lrm
 from mechanisms.operators import AllRanges, Identity, Prefix, Total
 from mechanisms.optimized import search as optimized
@@ -151,10 +152,10 @@ def cases() -> list[tuple[str, str, float, Callable[[], object]]]:
     for n in (64, 256):
         rows.append(
             (
-                "ldp.optimize_strategy",
+                "optimizer.optimize_strategy",
                 f"prefix n={n} eps=1",
-                ldp.predict_seconds(n),
-                lambda n=n: ldp.optimize_strategy(
+                optimizer.predict_seconds(n),
+                lambda n=n: optimizer.optimize_strategy(
                     prefix_matrix(n), epsilon=1.0, rng=np.random.default_rng(0)
                 ),
             )
@@ -329,7 +330,7 @@ def calibrate(kind: str) -> None:
             for label, W in (("prefix", prefix_matrix(n)), ("identity", np.eye(n))):
                 for epsilon in (1.0, 4.0):
                     result, _, cpu = measured(
-                        lambda W=W, e=epsilon: ldp.optimize_strategy(
+                        lambda W=W, e=epsilon: optimizer.optimize_strategy(
                             W, epsilon=e, rng=np.random.default_rng(0)
                         )
                     )

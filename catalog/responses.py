@@ -34,7 +34,8 @@ from catalog.planning import make_plan
 from catalog.source import check_schema, open_dataset, resolve_source
 from catalog.spec import ReleaseSpec
 from catalog.strategy_store import StrategyStore
-from mechanisms import ldp, registry
+from mechanisms import registry
+from mechanisms.local import randomizer
 from mechanisms.protocol import StoredStrategy, StrategyCache
 
 RESPONSE_COLUMN = "response"
@@ -50,7 +51,7 @@ class PublishedStrategy(Protocol):
     """What this module needs of a local-model strategy (the planned one, or a published one)."""
 
     name: str
-    randomiser: ldp.LDPStrategy
+    randomiser: randomizer.LDPStrategy
     parameters: Mapping[str, Any]
 
     @property
@@ -299,11 +300,11 @@ def encode_items(spec: ReleaseSpec, source: str) -> tuple[np.ndarray, int]:
     return items.astype(np.int64), int((~valid).sum())
 
 
-def write_responses(path: Path, responses: np.ndarray, strategy: ldp.LDPStrategy) -> None:
+def write_responses(path: Path, responses: np.ndarray, strategy: randomizer.LDPStrategy) -> None:
     """A responses Parquet: one int64 ``response`` per user; the strategy fingerprint and ε in the
     schema metadata (a collector may instead add a ``strategy_fingerprint`` column)."""
     metadata = {
-        FINGERPRINT_METADATA_KEY: ldp.strategy_fingerprint(strategy).encode(),
+        FINGERPRINT_METADATA_KEY: randomizer.strategy_fingerprint(strategy).encode(),
         EPSILON_METADATA_KEY: repr(strategy.epsilon).encode(),
     }
     table = pa.table({RESPONSE_COLUMN: pa.array(responses, pa.int64())})
@@ -319,14 +320,15 @@ def simulate(
     output_path: Path,
     rng: np.random.Generator,
 ) -> SimulationSummary:
-    """Randomise every row of a Parquet of true items with :func:`mechanisms.ldp.randomize`.
+    """Randomise every row of a Parquet of true items with
+    :func:`mechanisms.local.randomizer.randomize`.
 
     Privacy: ``rng`` plays the part of each device's randomness.  A seeded generator is for
     simulation only; real clients draw from OS entropy and never share or log a seed.
     """
     check_strategy_fits(spec, strategy)
     items, dropped = encode_items(spec, input_path)
-    responses = ldp.randomize(items, strategy.randomiser, rng=rng)
+    responses = randomizer.randomize(items, strategy.randomiser, rng=rng)
     write_responses(output_path, responses, strategy.randomiser)
     return SimulationSummary(
         output=str(output_path),

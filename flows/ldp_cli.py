@@ -5,7 +5,8 @@
   uses) and writes ``strategy.npy`` and ``strategy.json`` into DIR (default
   ``./ldp-strategies/<spec name>/``): the public artifact clients randomise with.
 * ``dprelease ldp simulate SPEC --strategy DIR --input TRUE.parquet --out RESPONSES.parquet
-  [--seed N]`` plays the clients: each row's item is randomised with ``mechanisms.ldp.randomize``.
+  [--seed N]`` plays the clients: each row's item is randomised with
+  ``mechanisms.local.randomizer.randomize``.
 
 Registered by ``flows/cli.py`` as ``app.add_typer(ldp_app, name="ldp")``.
 """

@@ -17,13 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from flows.ldp_cli import ldp_app
 from typer.testing import CliRunner
 
 from catalog import artifacts, responses
 from catalog.ledger import Catalog
 from flows.cli import app
-from flows.ldp_cli import ldp_app
-from mechanisms.local import COLLECTION_LABEL
+from mechanisms.local.mechanism import COLLECTION_LABEL
 
 runner = CliRunner()
 USERS = 4000

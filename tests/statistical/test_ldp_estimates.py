@@ -1,4 +1,4 @@
-"""Statistical tests of the LDP protocol in mechanisms/ldp.py: client sampling follows Q, and the
+"""Statistical tests of the LDP protocol in mechanisms/local/: client sampling follows Q, and the
 server's estimates are unbiased with the variance of Thm 3.4.
 
 Every test has a fixed false-failure rate ALPHA = 1e-6 (Bonferroni over the queries or items it
@@ -13,7 +13,7 @@ import pytest
 import scipy.stats
 import threadpoolctl
 
-from mechanisms import ldp
+from mechanisms.local import baselines, estimation, randomizer
 
 pytestmark = pytest.mark.statistical
 
@@ -41,9 +41,9 @@ def chi_square_statistic(counts: np.ndarray, probabilities: np.ndarray) -> float
 # --------------------------------------------------------------------------------------------
 
 SAMPLING_CASES = {
-    "randomized_response": (ldp.randomized_response(5, epsilon=1.0), 1.3),
-    "hadamard": (ldp.hadamard(6, epsilon=1.0), 1.3),
-    "hierarchical": (ldp.hierarchical(8, epsilon=1.0, branching=2), 1.3),
+    "randomized_response": (baselines.randomized_response(5, epsilon=1.0), 1.3),
+    "hadamard": (baselines.hadamard(6, epsilon=1.0), 1.3),
+    "hierarchical": (baselines.hierarchical(8, epsilon=1.0, branching=2), 1.3),
 }
 
 
@@ -51,14 +51,14 @@ SAMPLING_CASES = {
 def test_randomize_follows_the_strategy_column(case: str) -> None:
     strategy, wrong_factor = SAMPLING_CASES[case]
     wrong = {
-        "randomized_response": ldp.randomized_response(5, epsilon=wrong_factor),
-        "hadamard": ldp.hadamard(6, epsilon=wrong_factor),
-        "hierarchical": ldp.hierarchical(8, epsilon=wrong_factor, branching=2),
+        "randomized_response": baselines.randomized_response(5, epsilon=wrong_factor),
+        "hadamard": baselines.hadamard(6, epsilon=wrong_factor),
+        "hierarchical": baselines.hierarchical(8, epsilon=wrong_factor, branching=2),
     }[case]
     n, m = strategy.domain_size, strategy.num_outputs
     draws_per_item = 200_000
     items = np.repeat(np.arange(n), draws_per_item)
-    responses = ldp.randomize(items, strategy, rng=np.random.default_rng(2024))
+    responses = randomizer.randomize(items, strategy, rng=np.random.default_rng(2024))
     counts = np.bincount(items * m + responses, minlength=n * m).reshape(n, m)
     critical = scipy.stats.chi2.isf(ALPHA / n, df=m - 1)  # Bonferroni over the n items
     statistics = [chi_square_statistic(counts[u], strategy.Q[:, u]) for u in range(n)]
@@ -79,15 +79,15 @@ REPLICATES = 2000
 @pytest.fixture(scope="module")
 def simulation() -> dict[str, np.ndarray]:
     """REPLICATES independent runs of the protocol on the data vector DATA."""
-    strategy = ldp.hierarchical(8, epsilon=1.0, branching=2)
+    strategy = baselines.hierarchical(8, epsilon=1.0, branching=2)
     W = prefix(8)
-    V = ldp.reconstruction(W, strategy)
+    V = estimation.reconstruction(W, strategy)
     m = strategy.num_outputs
     items = np.tile(np.repeat(np.arange(8), DATA), REPLICATES)
-    responses = ldp.randomize(items, strategy, rng=np.random.default_rng(7))
+    responses = randomizer.randomize(items, strategy, rng=np.random.default_rng(7))
     replicate = np.repeat(np.arange(REPLICATES), DATA.sum())
     counts = np.bincount(replicate * m + responses, minlength=REPLICATES * m).reshape(-1, m)
-    estimates = [ldp.estimate(row, V) for row in counts]
+    estimates = [estimation.estimate(row, V) for row in counts]
     per_query_per_type = (V**2) @ strategy.Q - W**2  # Thm 3.4, one row per query
     variance = per_query_per_type @ DATA
     answers = np.array([e.answers for e in estimates])
@@ -100,7 +100,7 @@ def simulation() -> dict[str, np.ndarray]:
         "variance_estimates": np.array([e.variance for e in estimates])[:, random],
         "truth": (W @ DATA)[random],
         "variance": variance[random],
-        "total_variance": float(ldp.per_type_variance(W, strategy) @ DATA),
+        "total_variance": float(estimation.per_type_variance(W, strategy) @ DATA),
         "workload": W[random],
     }
 

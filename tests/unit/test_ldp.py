@@ -1,4 +1,4 @@
-"""Deterministic tests of mechanisms/ldp.py: reference-note test vectors, structural shortcuts
+"""Deterministic tests of mechanisms/local/: reference-note test vectors, structural shortcuts
 against dense computations, the exact ε-LDP constraint for every strategy, and input validation.
 
 Test vectors come from shared/reference/seed-ldp.md (§2.1 Example 3.7, §7, §9.1-9.3).
@@ -17,7 +17,7 @@ import pytest
 import scipy.linalg
 import threadpoolctl
 
-from mechanisms import ldp
+from mechanisms.local import baselines, estimation, optimizer, randomizer
 from tests.fake_clock import install_fake_clock
 
 ALPHA = 0.01  # normalised-variance target of the §9.3 sample complexities
@@ -44,13 +44,13 @@ def all_range(n: int) -> np.ndarray:
     return ((items >= starts[:, None]) & (items <= ends[:, None])).astype(float)
 
 
-def hadamard_table1(n: int, *, epsilon: float) -> ldp.LDPStrategy:
-    return ldp.hadamard(n, epsilon=epsilon, blocks=1)
+def hadamard_table1(n: int, *, epsilon: float) -> randomizer.LDPStrategy:
+    return baselines.hadamard(n, epsilon=epsilon, blocks=1)
 
 
-def sample_complexity(W: np.ndarray, strategy: ldp.LDPStrategy) -> float:
+def sample_complexity(W: np.ndarray, strategy: randomizer.LDPStrategy) -> float:
     """Cor 5.4: N = max_u σ²_u / (p α)."""
-    return ldp.worst_case_variance(W, strategy) / (W.shape[0] * ALPHA)
+    return estimation.worst_case_variance(W, strategy) / (W.shape[0] * ALPHA)
 
 
 def dense_per_type_variance(W: np.ndarray, Q: np.ndarray, V: np.ndarray) -> np.ndarray:
@@ -64,8 +64,8 @@ def dense_per_type_variance(W: np.ndarray, Q: np.ndarray, V: np.ndarray) -> np.n
 
 
 def random_feasible_strategy(m: int, n: int, epsilon: float, seed: int) -> np.ndarray:
-    matrix, _ = ldp._random_start(m, n, epsilon, np.random.default_rng(seed))
-    return ldp._enforce_row_ratio(matrix, epsilon)
+    matrix, _ = optimizer._random_start(m, n, epsilon, np.random.default_rng(seed))
+    return randomizer.enforce_row_ratio(matrix, epsilon)
 
 
 def bisection_projection(point: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
@@ -107,25 +107,29 @@ def breakpoint_projection(point: np.ndarray, lower: np.ndarray, upper: np.ndarra
 
 def test_randomized_response_histogram_matches_example_3_7() -> None:
     n, expected = 5, 11.4298
-    strategy = ldp.randomized_response(n, epsilon=1.0)
+    strategy = baselines.randomized_response(n, epsilon=1.0)
     closed_form = (n - 1) * (n / (math.e - 1) ** 2 + 2 / (math.e - 1))
-    worst = ldp.worst_case_variance(histogram(n), strategy)
-    average = ldp.average_case_variance(histogram(n), strategy)
+    worst = estimation.worst_case_variance(histogram(n), strategy)
+    average = estimation.average_case_variance(histogram(n), strategy)
     assert worst == pytest.approx(closed_form, rel=1e-10)
     assert average == pytest.approx(closed_form, rel=1e-10)
     assert worst == pytest.approx(expected, abs=0.005)
 
 
 def test_hierarchical_prefix_128_with_theorem_3_10_reconstruction() -> None:
-    strategy = ldp.hierarchical(128, epsilon=1.0)
-    assert ldp.worst_case_variance(prefix(128), strategy) == pytest.approx(5466.1318, abs=1e-4)
+    strategy = baselines.hierarchical(128, epsilon=1.0)
+    assert estimation.worst_case_variance(prefix(128), strategy) == pytest.approx(
+        5466.1318, abs=1e-4
+    )
 
 
 def test_hierarchical_prefix_128_with_pinv_reconstruction_matches_readme() -> None:
-    strategy = ldp.hierarchical(128, epsilon=1.0)
+    strategy = baselines.hierarchical(128, epsilon=1.0)
     W = prefix(128)
     V = W @ np.linalg.pinv(strategy.Q, rcond=1e-8)
-    assert ldp.worst_case_variance(W, strategy, V) == pytest.approx(5665.561344360352, rel=1e-10)
+    assert estimation.worst_case_variance(W, strategy, V) == pytest.approx(
+        5665.561344360352, rel=1e-10
+    )
 
 
 SAMPLE_COMPLEXITY_VECTORS = [
@@ -157,9 +161,9 @@ def test_baseline_sample_complexity_matches_table_9_3(
     W = {"histogram": histogram, "prefix": prefix}[workload](n)
     build = {
         "hadamard_table1": lambda: hadamard_table1(n, epsilon=epsilon),
-        "hadamard": lambda: ldp.hadamard(n, epsilon=epsilon),
-        "hierarchical": lambda: ldp.hierarchical(n, epsilon=epsilon),
-        "fourier": lambda: ldp.fourier(9, epsilon=epsilon),
+        "hadamard": lambda: baselines.hadamard(n, epsilon=epsilon),
+        "hierarchical": lambda: baselines.hierarchical(n, epsilon=epsilon),
+        "fourier": lambda: baselines.fourier(9, epsilon=epsilon),
     }[mechanism]
     assert abs(sample_complexity(W, build()) - expected) <= resolution / 2
 
@@ -167,7 +171,9 @@ def test_baseline_sample_complexity_matches_table_9_3(
 def test_randomized_response_sample_complexity_matches_example_5_5() -> None:
     n, epsilon = 512, 1.0
     closed_form = (n - 1) / (ALPHA * n) * (n / math.expm1(epsilon) ** 2 + 2 / math.expm1(epsilon))
-    worst = ldp.worst_case_variance(histogram(n), ldp.randomized_response(n, epsilon=epsilon))
+    worst = estimation.worst_case_variance(
+        histogram(n), baselines.randomized_response(n, epsilon=epsilon)
+    )
     assert worst == pytest.approx(89208.72, abs=0.005)  # Example 3.7 per user, §2.1
     assert worst / (n * ALPHA) == pytest.approx(closed_form, rel=1e-10)
     assert worst / (n * ALPHA) == pytest.approx(17423.6, abs=0.05)  # §7 and §9.3 (17,424)
@@ -191,19 +197,19 @@ def test_lower_bound_matches_corollary_5_7_vectors(
     workload: str, n: int, epsilon: float, expected: float, resolution: float
 ) -> None:
     W = {"histogram": histogram, "prefix": prefix}[workload](n)
-    value = ldp.lower_bound(W, epsilon=epsilon) / (W.shape[0] * ALPHA)
+    value = estimation.lower_bound(W, epsilon=epsilon) / (W.shape[0] * ALPHA)
     assert abs(value - expected) <= resolution / 2
 
 
 def test_lower_bound_histogram_closed_form_example_5_8() -> None:
     n, epsilon = 64, 0.7
-    assert ldp.lower_bound(histogram(n), epsilon=epsilon) == pytest.approx(
+    assert estimation.lower_bound(histogram(n), epsilon=epsilon) == pytest.approx(
         n / math.exp(epsilon) - 1.0, rel=1e-12
     )
 
 
 def test_lower_bound_is_vacuous_for_prefix_at_epsilon_4() -> None:
-    assert ldp.lower_bound(prefix(512), epsilon=4.0) < 0
+    assert estimation.lower_bound(prefix(512), epsilon=4.0) < 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,13 +221,13 @@ def test_theorems_3_9_to_3_11_identities_on_random_strategy() -> None:
     epsilon, n = 1.0, 16
     Q = random_feasible_strategy(64, n, epsilon, seed=7)
     W = prefix(n)
-    V = ldp.reconstruction(W, Q)
-    sigma2 = ldp.per_type_variance(W, Q)
+    V = estimation.reconstruction(W, Q)
+    sigma2 = estimation.per_type_variance(W, Q)
     objective_vq = float(np.trace(V @ np.diag(Q.sum(axis=1)) @ V.T))  # L(V, Q), Thm 3.9
     objective_q = float(np.trace(np.linalg.pinv(Q.T @ np.diag(1 / Q.sum(axis=1)) @ Q) @ W.T @ W))
     assert sigma2.mean() == pytest.approx((objective_vq - np.sum(W**2)) / n, rel=1e-12)
     assert objective_vq == pytest.approx(objective_q, rel=1e-12)  # Thm 3.11
-    assert ldp._evaluate(Q, W.T @ W).value == pytest.approx(objective_q, rel=1e-12)
+    assert optimizer._evaluate(Q, W.T @ W).value == pytest.approx(objective_q, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -231,29 +237,33 @@ def test_gram_route_per_type_variance_matches_dense_theorem_3_4(workload) -> Non
     n = 8
     Q = random_feasible_strategy(3 * n, n, 1.0, seed=11)
     W = workload(n)
-    V = ldp.reconstruction(W, Q)
+    V = estimation.reconstruction(W, Q)
     dense = dense_per_type_variance(W, Q, V)
-    np.testing.assert_allclose(ldp.per_type_variance(W, Q), dense, rtol=1e-10)
-    np.testing.assert_allclose(ldp.per_type_variance(W, Q, V), dense, rtol=1e-10)
+    np.testing.assert_allclose(estimation.per_type_variance(W, Q), dense, rtol=1e-10)
+    np.testing.assert_allclose(estimation.per_type_variance(W, Q, V), dense, rtol=1e-10)
 
 
 def test_theorem_3_10_reconstruction_beats_pinv_on_average() -> None:
-    strategy = ldp.hierarchical(32, epsilon=1.0)
+    strategy = baselines.hierarchical(32, epsilon=1.0)
     W = prefix(32)
     V_pinv = W @ np.linalg.pinv(strategy.Q)
-    assert ldp.average_case_variance(W, strategy) < ldp.average_case_variance(W, strategy, V_pinv)
+    assert estimation.average_case_variance(W, strategy) < estimation.average_case_variance(
+        W, strategy, V_pinv
+    )
 
 
 def test_query_variances_sum_to_per_type_variance() -> None:
-    strategy = ldp.hierarchical(16, epsilon=1.0, branching=2)
+    strategy = baselines.hierarchical(16, epsilon=1.0, branching=2)
     W = prefix(16)
-    V = ldp.reconstruction(W, strategy)
+    V = estimation.reconstruction(W, strategy)
     per_query_per_type = (V**2) @ strategy.Q - W**2
     np.testing.assert_allclose(
-        per_query_per_type.sum(axis=0), ldp.per_type_variance(W, strategy), rtol=1e-10
+        per_query_per_type.sum(axis=0), estimation.per_type_variance(W, strategy), rtol=1e-10
     )
     np.testing.assert_allclose(
-        ldp.query_worst_case_variance(W, strategy), per_query_per_type.max(axis=1), rtol=1e-12
+        estimation.query_worst_case_variance(W, strategy),
+        per_query_per_type.max(axis=1),
+        rtol=1e-12,
     )
 
 
@@ -262,24 +272,25 @@ def test_theorem_5_1_average_le_worst_le_bound(epsilon: float) -> None:
     n = 32
     W = prefix(n)
     for strategy in (
-        ldp.hierarchical(n, epsilon=epsilon),
-        ldp.hadamard(n, epsilon=epsilon),
-        ldp.randomized_response(n, epsilon=epsilon),
+        baselines.hierarchical(n, epsilon=epsilon),
+        baselines.hadamard(n, epsilon=epsilon),
+        baselines.randomized_response(n, epsilon=epsilon),
     ):
-        average = ldp.average_case_variance(W, strategy)
-        worst = ldp.worst_case_variance(W, strategy)
+        average = estimation.average_case_variance(W, strategy)
+        worst = estimation.worst_case_variance(W, strategy)
         assert average <= worst <= math.exp(epsilon) * (average + np.sum(W**2) / n)
-        assert worst >= ldp.lower_bound(W, epsilon=epsilon)
+        assert worst >= estimation.lower_bound(W, epsilon=epsilon)
 
 
 def test_objective_gradient_matches_finite_differences() -> None:
     Q = random_feasible_strategy(40, 8, 1.0, seed=3)
     G = prefix(8).T @ prefix(8)
-    gradient = ldp._gradient(ldp._evaluate(Q, G))
+    gradient = optimizer._gradient(optimizer._evaluate(Q, G))
     direction = np.random.default_rng(4).normal(size=Q.shape)
     h = 1e-7
     finite_difference = (
-        ldp._evaluate(Q + h * direction, G).value - ldp._evaluate(Q - h * direction, G).value
+        optimizer._evaluate(Q + h * direction, G).value
+        - optimizer._evaluate(Q - h * direction, G).value
     ) / (2 * h)
     assert float(np.sum(gradient * direction)) == pytest.approx(finite_difference, rel=1e-6)
 
@@ -292,14 +303,14 @@ def test_lower_bound_gradient_matches_finite_differences_through_projection() ->
     point = rng.uniform(0.0, 1.0, (m, n)) / m * 1.5
 
     def objective(bounds: np.ndarray) -> float:
-        matrix = ldp._project_columns(point, bounds, math.exp(epsilon) * bounds)
-        return ldp._evaluate(matrix, G).value
+        matrix = optimizer._project_columns(point, bounds, math.exp(epsilon) * bounds)
+        return optimizer._evaluate(matrix, G).value
 
-    projected = ldp._project_columns(point, lower, math.exp(epsilon) * lower)
+    projected = optimizer._project_columns(point, lower, math.exp(epsilon) * lower)
     at_lower_bound = projected == lower[:, None]
     assert at_lower_bound.any() and not at_lower_bound.all()  # the chain rule has work to do
-    gradient = ldp._gradient(ldp._evaluate(projected, G))
-    analytic = ldp._lower_bound_gradient(
+    gradient = optimizer._gradient(optimizer._evaluate(projected, G))
+    analytic = optimizer._lower_bound_gradient(
         gradient, projected, lower, math.exp(epsilon) * lower, math.exp(epsilon)
     )
     h = 1e-9
@@ -325,7 +336,7 @@ def test_projection_matches_bisection_and_breakpoint_oracles(scale: float, seed:
         lower = np.full(m, (1 + math.exp(-epsilon)) / (2 * m))
     upper = math.exp(epsilon) * lower
     points = rng.normal(size=(m, n)) * scale / m
-    projected = ldp._project_columns(points, lower, upper)
+    projected = optimizer._project_columns(points, lower, upper)
     for column in range(n):
         for oracle in (bisection_projection, breakpoint_projection):
             np.testing.assert_allclose(
@@ -337,7 +348,9 @@ def test_projection_matches_bisection_and_breakpoint_oracles(scale: float, seed:
 
 def test_projection_with_tight_lower_bounds_puts_every_coordinate_at_the_bound() -> None:
     lower = np.full(4, 0.25)
-    projected = ldp._project_columns(np.random.default_rng(0).normal(size=(4, 3)), lower, 2 * lower)
+    projected = optimizer._project_columns(
+        np.random.default_rng(0).normal(size=(4, 3)), lower, 2 * lower
+    )
     np.testing.assert_allclose(projected, 0.25, rtol=0, atol=1e-15)
     assert np.all(projected >= 0.25)
 
@@ -345,7 +358,7 @@ def test_projection_with_tight_lower_bounds_puts_every_coordinate_at_the_bound()
 def test_sylvester_signs_match_scipy_hadamard() -> None:
     indices = np.arange(16)
     np.testing.assert_array_equal(
-        ldp._sylvester_hadamard_signs(indices, indices), scipy.linalg.hadamard(16)
+        baselines._sylvester_hadamard_signs(indices, indices), scipy.linalg.hadamard(16)
     )
 
 
@@ -360,7 +373,7 @@ def test_hadamard_table1_matches_dense_construction() -> None:
 
 def test_hadamard_general_regime_matches_dense_block_construction() -> None:
     n, epsilon = 10, 3.0  # e^3 = 20.1 -> 16 blocks; b = 2^ceil(log2(10/16 + 1)) = 2
-    strategy = ldp.hadamard(n, epsilon=epsilon)
+    strategy = baselines.hadamard(n, epsilon=epsilon)
     blocks, block_size = 16, 2
     marks = -np.ones((blocks * block_size, blocks * block_size))
     for block in range(blocks):
@@ -379,28 +392,32 @@ def test_hadamard_general_regime_matches_dense_block_construction() -> None:
     ids=["eps0.5", "eps1", "eps4", "capped-by-2n", "e^eps=2"],
 )
 def test_hadamard_general_regime_block_count(n: int, epsilon: float, blocks: int) -> None:
-    assert ldp.hadamard(n, epsilon=epsilon).name == f"hadamard(blocks={blocks})"
+    assert baselines.hadamard(n, epsilon=epsilon).name == f"hadamard(blocks={blocks})"
 
 
 def test_hierarchical_matches_dense_kronecker_construction() -> None:
     n, branching, epsilon = 16, 4, 1.0
     levels = [
-        np.kron(ldp.hadamard(n // branching**level, epsilon=epsilon).Q, np.ones(branching**level))
+        np.kron(
+            baselines.hadamard(n // branching**level, epsilon=epsilon).Q, np.ones(branching**level)
+        )
         for level in range(2)
     ]
     dense = np.vstack(levels) / 2
     np.testing.assert_allclose(
-        ldp.hierarchical(n, epsilon=epsilon, branching=branching).Q, dense, rtol=1e-15
+        baselines.hierarchical(n, epsilon=epsilon, branching=branching).Q, dense, rtol=1e-15
     )
 
 
 def test_hierarchical_handles_domain_not_a_power_of_the_branching_factor() -> None:
-    strategy = ldp.hierarchical(10, epsilon=1.0, branching=4, oracle=ldp.randomized_response)
+    strategy = baselines.hierarchical(
+        10, epsilon=1.0, branching=4, oracle=baselines.randomized_response
+    )
     # levels of 10, 3 cells (the root, one cell, is not a level): 13 outputs, each level 1/2
     assert strategy.Q.shape == (13, 10)
     np.testing.assert_allclose(strategy.Q[:10].sum(axis=0), 0.5)
     np.testing.assert_allclose(
-        ldp.reconstruction(prefix(10), strategy) @ strategy.Q, prefix(10), atol=1e-12
+        estimation.reconstruction(prefix(10), strategy) @ strategy.Q, prefix(10), atol=1e-12
     )
 
 
@@ -413,7 +430,7 @@ def test_rappor_matches_bitwise_definition() -> None:
         for item in range(n):
             flips = sum(bits[bit] != (bit == item) for bit in range(n))
             dense[output, item] = keep ** (n - flips) * (1 - keep) ** flips
-    np.testing.assert_allclose(ldp.rappor(n, epsilon=epsilon).Q, dense, rtol=1e-14)
+    np.testing.assert_allclose(baselines.rappor(n, epsilon=epsilon).Q, dense, rtol=1e-14)
 
 
 def test_fourier_matches_character_definition() -> None:
@@ -426,20 +443,22 @@ def test_fourier_matches_character_definition() -> None:
             character = (-1) ** bin(subset & item).count("1")
             dense[2 * index, item] = (keep if character > 0 else 1 - keep) / 4
             dense[2 * index + 1, item] = (1 - keep if character > 0 else keep) / 4
-    np.testing.assert_allclose(ldp.fourier(d, epsilon=epsilon, order=order).Q, dense, rtol=1e-14)
+    np.testing.assert_allclose(
+        baselines.fourier(d, epsilon=epsilon, order=order).Q, dense, rtol=1e-14
+    )
 
 
 def test_fourier_low_order_supports_one_way_marginals_but_not_prefix() -> None:
-    strategy = ldp.fourier(3, epsilon=1.0, order=1)
+    strategy = baselines.fourier(3, epsilon=1.0, order=1)
     items = np.arange(8)
     one_way = np.vstack([((items >> a) & 1) == bit for a in range(3) for bit in (0, 1)]).astype(
         float
     )
     np.testing.assert_allclose(
-        ldp.reconstruction(one_way, strategy) @ strategy.Q, one_way, atol=1e-12
+        estimation.reconstruction(one_way, strategy) @ strategy.Q, one_way, atol=1e-12
     )
     with pytest.raises(ValueError, match="not in the row space of Q"):
-        ldp.reconstruction(prefix(8), strategy)
+        estimation.reconstruction(prefix(8), strategy)
 
 
 # --------------------------------------------------------------------------------------------
@@ -447,55 +466,57 @@ def test_fourier_low_order_supports_one_way_marginals_but_not_prefix() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def optimized_small() -> ldp.LDPStrategy:
-    return ldp.optimize_strategy(
+def optimized_small() -> randomizer.LDPStrategy:
+    return optimizer.optimize_strategy(
         prefix(12), epsilon=1.0, rng=np.random.default_rng(5), iterations=60
     )
 
 
-def optimized_high_epsilon() -> ldp.LDPStrategy:
-    return ldp.optimize_strategy(
+def optimized_high_epsilon() -> randomizer.LDPStrategy:
+    return optimizer.optimize_strategy(
         all_range(10), epsilon=4.0, rng=np.random.default_rng(6), iterations=200
     )
 
 
 STRATEGIES = {
-    "randomized_response": lambda: ldp.randomized_response(9, epsilon=1.0),
-    "randomized_response_eps0.1": lambda: ldp.randomized_response(50, epsilon=0.1),
-    "rappor": lambda: ldp.rappor(7, epsilon=1.0),
-    "hadamard_general_eps1": lambda: ldp.hadamard(12, epsilon=1.0),
-    "hadamard_general_eps4": lambda: ldp.hadamard(12, epsilon=4.0),
+    "randomized_response": lambda: baselines.randomized_response(9, epsilon=1.0),
+    "randomized_response_eps0.1": lambda: baselines.randomized_response(50, epsilon=0.1),
+    "rappor": lambda: baselines.rappor(7, epsilon=1.0),
+    "hadamard_general_eps1": lambda: baselines.hadamard(12, epsilon=1.0),
+    "hadamard_general_eps4": lambda: baselines.hadamard(12, epsilon=4.0),
     "hadamard_table1": lambda: hadamard_table1(12, epsilon=4.0),
-    "hierarchical": lambda: ldp.hierarchical(20, epsilon=1.0),
-    "hierarchical_rr_b2": lambda: ldp.hierarchical(
-        11, epsilon=2.0, branching=2, oracle=ldp.randomized_response
+    "hierarchical": lambda: baselines.hierarchical(20, epsilon=1.0),
+    "hierarchical_rr_b2": lambda: baselines.hierarchical(
+        11, epsilon=2.0, branching=2, oracle=baselines.randomized_response
     ),
-    "fourier_full": lambda: ldp.fourier(4, epsilon=1.0),
-    "fourier_order2": lambda: ldp.fourier(4, epsilon=0.7, order=2),
+    "fourier_full": lambda: baselines.fourier(4, epsilon=1.0),
+    "fourier_order2": lambda: baselines.fourier(4, epsilon=0.7, order=2),
     "optimized": optimized_small,
     "optimized_eps4_pruned": optimized_high_epsilon,
 }
 
 
 @pytest.fixture(scope="module", params=sorted(STRATEGIES), ids=sorted(STRATEGIES))
-def strategy(request: pytest.FixtureRequest) -> ldp.LDPStrategy:
+def strategy(request: pytest.FixtureRequest) -> randomizer.LDPStrategy:
     return STRATEGIES[request.param]()
 
 
-def test_strategy_satisfies_ldp_constraint_exactly(strategy: ldp.LDPStrategy) -> None:
+def test_strategy_satisfies_ldp_constraint_exactly(strategy: randomizer.LDPStrategy) -> None:
     Q = strategy.Q
     assert np.all(Q > 0)
     exp_epsilon = Fraction(math.exp(strategy.epsilon))
     for row in Q:
         assert Fraction(float(row.max())) <= exp_epsilon * Fraction(float(row.min()))
     for column in Q.T:
-        assert abs(math.fsum(column.tolist()) - 1.0) <= ldp.COLUMN_SUM_TOLERANCE
+        assert abs(math.fsum(column.tolist()) - 1.0) <= randomizer.COLUMN_SUM_TOLERANCE
 
 
-def test_strategy_reconstruction_factorises_supported_workloads(strategy: ldp.LDPStrategy) -> None:
+def test_strategy_reconstruction_factorises_supported_workloads(
+    strategy: randomizer.LDPStrategy,
+) -> None:
     n = strategy.domain_size
     W = histogram(n) if not strategy.name.startswith("fourier(order=2") else np.ones((1, n))
-    V = ldp.reconstruction(W, strategy)
+    V = estimation.reconstruction(W, strategy)
     assert V.shape == (W.shape[0], strategy.num_outputs)
     np.testing.assert_allclose(V @ strategy.Q, W, atol=1e-9)
 
@@ -510,51 +531,53 @@ def test_optimized_strategy_with_pruned_rows_is_smaller_than_the_start() -> None
 
 
 @pytest.fixture(scope="module")
-def optimized_prefix_32() -> ldp.LDPStrategy:
-    return ldp.optimize_strategy(prefix(32), epsilon=1.0, rng=np.random.default_rng(0))
+def optimized_prefix_32() -> randomizer.LDPStrategy:
+    return optimizer.optimize_strategy(prefix(32), epsilon=1.0, rng=np.random.default_rng(0))
 
 
-def test_optimizer_default_shape_is_4n_rows(optimized_prefix_32: ldp.LDPStrategy) -> None:
+def test_optimizer_default_shape_is_4n_rows(optimized_prefix_32: randomizer.LDPStrategy) -> None:
     assert optimized_prefix_32.Q.shape == (128, 32)
     assert optimized_prefix_32.name == "optimized"
     assert optimized_prefix_32.epsilon == 1.0
 
 
 def test_optimizer_beats_every_baseline_and_respects_lower_bound(
-    optimized_prefix_32: ldp.LDPStrategy,
+    optimized_prefix_32: randomizer.LDPStrategy,
 ) -> None:
     W = prefix(32)
-    optimized = ldp.worst_case_variance(W, optimized_prefix_32)
-    baselines = [
-        ldp.randomized_response(32, epsilon=1.0),
-        ldp.hadamard(32, epsilon=1.0),
+    optimized = estimation.worst_case_variance(W, optimized_prefix_32)
+    candidates = [
+        baselines.randomized_response(32, epsilon=1.0),
+        baselines.hadamard(32, epsilon=1.0),
         hadamard_table1(32, epsilon=1.0),
-        ldp.hierarchical(32, epsilon=1.0),
-        ldp.fourier(5, epsilon=1.0),
+        baselines.hierarchical(32, epsilon=1.0),
+        baselines.fourier(5, epsilon=1.0),
     ]
-    best_baseline = min(ldp.worst_case_variance(W, s) for s in baselines)
+    best_baseline = min(estimation.worst_case_variance(W, s) for s in candidates)
     assert optimized < 0.8 * best_baseline
-    assert optimized >= ldp.lower_bound(W, epsilon=1.0)
-    assert ldp.average_case_variance(W, optimized_prefix_32) >= ldp.lower_bound(W, epsilon=1.0)
+    assert optimized >= estimation.lower_bound(W, epsilon=1.0)
+    assert estimation.average_case_variance(W, optimized_prefix_32) >= estimation.lower_bound(
+        W, epsilon=1.0
+    )
 
 
 def test_optimizer_prefix_128_beats_the_reference_code() -> None:
     """§9.2: the authors' best start gives 1896.25 (Thm 3.10 V); about 3 s of CPU here."""
     W = prefix(128)
-    strategy = ldp.optimize_strategy(W, epsilon=1.0, rng=np.random.default_rng(0))
-    worst = ldp.worst_case_variance(W, strategy)
-    assert ldp.lower_bound(W, epsilon=1.0) <= worst <= 1896.25
-    assert worst < ldp.worst_case_variance(W, ldp.hierarchical(128, epsilon=1.0)) / 3
+    strategy = optimizer.optimize_strategy(W, epsilon=1.0, rng=np.random.default_rng(0))
+    worst = estimation.worst_case_variance(W, strategy)
+    assert estimation.lower_bound(W, epsilon=1.0) <= worst <= 1896.25
+    assert worst < estimation.worst_case_variance(W, baselines.hierarchical(128, epsilon=1.0)) / 3
 
 
 def test_optimizer_is_reproducible_from_the_generator_seed() -> None:
     runs = [
-        ldp.optimize_strategy(
+        optimizer.optimize_strategy(
             prefix(16), epsilon=1.0, rng=np.random.default_rng(seed), iterations=30
         )
         for seed in (0, 0, 1)
     ]
-    fingerprints = [ldp.strategy_fingerprint(run) for run in runs]
+    fingerprints = [randomizer.strategy_fingerprint(run) for run in runs]
     assert fingerprints[0] == fingerprints[1] != fingerprints[2]
 
 
@@ -562,8 +585,8 @@ def test_optimizer_iterations_decrease_the_objective() -> None:
     W = prefix(16)
     G = W.T @ W
     values = [
-        ldp._evaluate(
-            ldp.optimize_strategy(
+        optimizer._evaluate(
+            optimizer.optimize_strategy(
                 W, epsilon=1.0, rng=np.random.default_rng(2), iterations=iterations
             ).Q,
             G,
@@ -575,15 +598,17 @@ def test_optimizer_iterations_decrease_the_objective() -> None:
 
 def test_optimizer_rows_and_initial_options() -> None:
     W = prefix(16)
-    wide = ldp.optimize_strategy(
+    wide = optimizer.optimize_strategy(
         W, epsilon=1.0, rng=np.random.default_rng(0), rows=40, iterations=3
     )
     assert wide.Q.shape == (40, 16)
-    start = ldp.hierarchical(16, epsilon=1.0)
-    improved = ldp.optimize_strategy(
+    start = baselines.hierarchical(16, epsilon=1.0)
+    improved = optimizer.optimize_strategy(
         W, epsilon=1.0, rng=np.random.default_rng(0), initial=start, iterations=30
     )
-    assert ldp.average_case_variance(W, improved) < ldp.average_case_variance(W, start)
+    assert estimation.average_case_variance(W, improved) < estimation.average_case_variance(
+        W, start
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -592,8 +617,8 @@ def test_optimizer_rows_and_initial_options() -> None:
 
 
 def test_strategy_is_immutable_and_owns_its_matrix() -> None:
-    matrix = ldp.randomized_response(3, epsilon=1.0).Q.copy()
-    strategy = ldp.LDPStrategy(name="rr", Q=matrix, epsilon=1.0)
+    matrix = baselines.randomized_response(3, epsilon=1.0).Q.copy()
+    strategy = randomizer.LDPStrategy(name="rr", Q=matrix, epsilon=1.0)
     matrix[0, 0] = 0.5
     assert strategy.Q[0, 0] != 0.5
     with pytest.raises(ValueError, match="read-only"):
@@ -605,63 +630,69 @@ def test_strategy_is_immutable_and_owns_its_matrix() -> None:
 
 def test_fingerprint_is_canonical() -> None:
     # Exactly representable values, so the digest pins the canonical byte layout on any platform.
-    strategy = ldp.LDPStrategy(name="exact", Q=np.array([[0.75, 0.5], [0.25, 0.5]]), epsilon=1.5)
-    renamed = ldp.LDPStrategy(name="other", Q=strategy.Q, epsilon=1.5)
-    assert ldp.strategy_fingerprint(strategy) == ldp.strategy_fingerprint(renamed)
-    assert ldp.strategy_fingerprint(strategy) == (
+    strategy = randomizer.LDPStrategy(
+        name="exact", Q=np.array([[0.75, 0.5], [0.25, 0.5]]), epsilon=1.5
+    )
+    renamed = randomizer.LDPStrategy(name="other", Q=strategy.Q, epsilon=1.5)
+    assert randomizer.strategy_fingerprint(strategy) == randomizer.strategy_fingerprint(renamed)
+    assert randomizer.strategy_fingerprint(strategy) == (
         "48630585ed4d64b5c3e8758168a6fcdc038b89ec68971698e8a138ec7915707d"
     )
 
 
 def test_fingerprint_changes_with_epsilon_and_matrix() -> None:
-    base = ldp.randomized_response(3, epsilon=1.0)
-    looser = ldp.LDPStrategy(name="rr", Q=base.Q, epsilon=1.5)
-    other = ldp.randomized_response(3, epsilon=0.9)
-    fingerprints = {ldp.strategy_fingerprint(s) for s in (base, looser, other)}
+    base = baselines.randomized_response(3, epsilon=1.0)
+    looser = randomizer.LDPStrategy(name="rr", Q=base.Q, epsilon=1.5)
+    other = baselines.randomized_response(3, epsilon=0.9)
+    fingerprints = {randomizer.strategy_fingerprint(s) for s in (base, looser, other)}
     assert len(fingerprints) == 3
 
 
 def test_randomize_is_reproducible_and_in_range() -> None:
-    strategy = ldp.hadamard(6, epsilon=1.0)
+    strategy = baselines.hadamard(6, epsilon=1.0)
     items = np.array([0, 5, 5, 2, 3, 1, 0, 4] * 50)
-    first = ldp.randomize(items, strategy, rng=np.random.default_rng(9))
-    second = ldp.randomize(items, strategy, rng=np.random.default_rng(9))
+    first = randomizer.randomize(items, strategy, rng=np.random.default_rng(9))
+    second = randomizer.randomize(items, strategy, rng=np.random.default_rng(9))
     np.testing.assert_array_equal(first, second)
     assert first.dtype == np.int64 and first.shape == items.shape
     assert first.min() >= 0 and first.max() < strategy.num_outputs
-    counts = ldp.count_responses(first, strategy)
+    counts = estimation.count_responses(first, strategy)
     assert counts.sum() == items.size and counts.shape == (strategy.num_outputs,)
 
 
 def test_randomize_accepts_no_users() -> None:
-    strategy = ldp.randomized_response(3, epsilon=1.0)
-    responses = ldp.randomize(np.array([], dtype=np.int64), strategy, rng=np.random.default_rng(0))
+    strategy = baselines.randomized_response(3, epsilon=1.0)
+    responses = randomizer.randomize(
+        np.array([], dtype=np.int64), strategy, rng=np.random.default_rng(0)
+    )
     assert responses.shape == (0,)
 
 
 def test_randomize_follows_a_degenerate_column_exactly() -> None:
     # Item 0 of RR at large epsilon reports 0 with probability ~1 - 4e-9: any other answer in 2000
     # draws would have probability < 1e-5.
-    strategy = ldp.randomized_response(3, epsilon=20.0)
-    responses = ldp.randomize(np.zeros(2000, dtype=int), strategy, rng=np.random.default_rng(1))
+    strategy = baselines.randomized_response(3, epsilon=20.0)
+    responses = randomizer.randomize(
+        np.zeros(2000, dtype=int), strategy, rng=np.random.default_rng(1)
+    )
     assert np.all(responses == 0)
 
 
 def test_estimate_recovers_the_workload_from_expected_counts() -> None:
-    strategy = ldp.hierarchical(8, epsilon=1.0, branching=2)
+    strategy = baselines.hierarchical(8, epsilon=1.0, branching=2)
     W = prefix(8)
     x = np.array([5.0, 0.0, 12.0, 3.0, 0.0, 7.0, 1.0, 2.0])
-    result = ldp.estimate(strategy.Q @ x, ldp.reconstruction(W, strategy))
+    result = estimation.estimate(strategy.Q @ x, estimation.reconstruction(W, strategy))
     np.testing.assert_allclose(result.answers, W @ x, rtol=1e-10)
     assert result.num_responses == 30
 
 
 def test_estimate_variance_is_the_scaled_sample_variance_of_user_contributions() -> None:
-    strategy = ldp.hierarchical(8, epsilon=1.0, branching=2)
-    V = ldp.reconstruction(prefix(8), strategy)
+    strategy = baselines.hierarchical(8, epsilon=1.0, branching=2)
+    V = estimation.reconstruction(prefix(8), strategy)
     items = np.random.default_rng(3).integers(0, 8, size=300)
-    responses = ldp.randomize(items, strategy, rng=np.random.default_rng(4))
-    result = ldp.estimate(ldp.count_responses(responses, strategy), V)
+    responses = randomizer.randomize(items, strategy, rng=np.random.default_rng(4))
+    result = estimation.estimate(estimation.count_responses(responses, strategy), V)
     contributions = V[:, responses]  # p x N: what each user adds to each answer
     np.testing.assert_allclose(result.answers, contributions.sum(axis=1), rtol=1e-12)
     np.testing.assert_allclose(
@@ -707,7 +738,7 @@ np.fill_diagonal(RR3, math.e / (math.e + 2))
 )
 def test_ldp_strategy_rejects_invalid_input(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        ldp.LDPStrategy(**kwargs)
+        randomizer.LDPStrategy(**kwargs)
 
 
 def test_row_ratio_check_is_exact_to_the_last_bit() -> None:
@@ -718,34 +749,37 @@ def test_row_ratio_check_is_exact_to_the_last_bit() -> None:
         high = np.nextafter(high, 1.0)
     matrix = np.array([[high, low], [1.0 - high, 1.0 - low]])
     with pytest.raises(ValueError, match="row 0 of Q has max/min ratio"):
-        ldp.LDPStrategy(name="q", Q=matrix, epsilon=1.0)
-    fixed = ldp._enforce_row_ratio(matrix, 1.0)
+        randomizer.LDPStrategy(name="q", Q=matrix, epsilon=1.0)
+    fixed = randomizer.enforce_row_ratio(matrix, 1.0)
     assert Fraction(float(fixed[0].max())) <= Fraction(exp_epsilon) * Fraction(low)
 
 
 BUILDER_ERRORS = [
-    (lambda: ldp.randomized_response(1, epsilon=1.0), "n (1) must be >= 2"),
-    (lambda: ldp.randomized_response(3.0, epsilon=1.0), "n (3.0) must be an integer"),
-    (lambda: ldp.randomized_response(True, epsilon=1.0), "n (True) must be an integer"),
-    (lambda: ldp.randomized_response(3, epsilon=-1.0), "epsilon (-1.0) must be finite and > 0"),
-    (lambda: ldp.rappor(17, epsilon=1.0), "n (17) must be <= 16 for RAPPOR"),
-    (lambda: ldp.hadamard(8, epsilon=1.0, blocks=3), "blocks (3) must be a power of two"),
-    (lambda: ldp.hadamard(8, epsilon=1.0, blocks=0), "blocks (0) must be >= 1"),
-    (lambda: ldp.hierarchical(8, epsilon=1.0, branching=1), "branching (1) must be >= 2"),
+    (lambda: baselines.randomized_response(1, epsilon=1.0), "n (1) must be >= 2"),
+    (lambda: baselines.randomized_response(3.0, epsilon=1.0), "n (3.0) must be an integer"),
+    (lambda: baselines.randomized_response(True, epsilon=1.0), "n (True) must be an integer"),
     (
-        lambda: ldp.hierarchical(
-            8, epsilon=1.0, oracle=lambda n, *, epsilon: ldp.hadamard(n + 1, epsilon=epsilon)
+        lambda: baselines.randomized_response(3, epsilon=-1.0),
+        "epsilon (-1.0) must be finite and > 0",
+    ),
+    (lambda: baselines.rappor(17, epsilon=1.0), "n (17) must be <= 16 for RAPPOR"),
+    (lambda: baselines.hadamard(8, epsilon=1.0, blocks=3), "blocks (3) must be a power of two"),
+    (lambda: baselines.hadamard(8, epsilon=1.0, blocks=0), "blocks (0) must be >= 1"),
+    (lambda: baselines.hierarchical(8, epsilon=1.0, branching=1), "branching (1) must be >= 2"),
+    (
+        lambda: baselines.hierarchical(
+            8, epsilon=1.0, oracle=lambda n, *, epsilon: baselines.hadamard(n + 1, epsilon=epsilon)
         ),
         "oracle must return an LDPStrategy on 8 items",
     ),
     (
-        lambda: ldp.hierarchical(
-            8, epsilon=1.0, oracle=lambda n, *, epsilon: ldp.hadamard(n, epsilon=2 * epsilon)
+        lambda: baselines.hierarchical(
+            8, epsilon=1.0, oracle=lambda n, *, epsilon: baselines.hadamard(n, epsilon=2 * epsilon)
         ),
         "oracle returned epsilon (2.0) > epsilon (1.0)",
     ),
-    (lambda: ldp.fourier(3, epsilon=1.0, order=4), "order (4) must be <= d (3)"),
-    (lambda: ldp.fourier(0, epsilon=1.0), "d (0) must be >= 1"),
+    (lambda: baselines.fourier(3, epsilon=1.0, order=4), "order (4) must be <= d (3)"),
+    (lambda: baselines.fourier(0, epsilon=1.0), "d (0) must be >= 1"),
 ]
 
 
@@ -772,30 +806,39 @@ def test_builders_reject_invalid_input(build, message: str) -> None:
         build()
 
 
-RR4 = ldp.randomized_response(4, epsilon=1.0)
+RR4 = baselines.randomized_response(4, epsilon=1.0)
 
 ANALYSIS_ERRORS = [
-    (lambda: ldp.reconstruction(np.ones(4), RR4), "W (shape (4,)) must be a non-empty 2-D matrix"),
-    (lambda: ldp.reconstruction(np.eye(3), RR4), "W has 3 columns but Q has 4"),
-    (lambda: ldp.reconstruction(np.full((2, 4), np.nan), RR4), "W must contain only finite"),
-    (lambda: ldp.reconstruction(np.eye(2), -np.eye(2)), "only finite, non-negative values"),
-    (lambda: ldp.reconstruction(np.eye(2), np.zeros((1, 2))), "every row of Q must have a"),
-    (lambda: ldp.reconstruction(np.eye(2), np.ones(2)), "Q (shape (2,)) must be a non-empty 2-D"),
     (
-        lambda: ldp.reconstruction(np.eye(2), np.full((2, 2), 0.5)),
+        lambda: estimation.reconstruction(np.ones(4), RR4),
+        "W (shape (4,)) must be a non-empty 2-D matrix",
+    ),
+    (lambda: estimation.reconstruction(np.eye(3), RR4), "W has 3 columns but Q has 4"),
+    (lambda: estimation.reconstruction(np.full((2, 4), np.nan), RR4), "W must contain only finite"),
+    (lambda: estimation.reconstruction(np.eye(2), -np.eye(2)), "only finite, non-negative values"),
+    (lambda: estimation.reconstruction(np.eye(2), np.zeros((1, 2))), "every row of Q must have a"),
+    (
+        lambda: estimation.reconstruction(np.eye(2), np.ones(2)),
+        "Q (shape (2,)) must be a non-empty 2-D",
+    ),
+    (
+        lambda: estimation.reconstruction(np.eye(2), np.full((2, 2), 0.5)),
         "W is not in the row space of Q",
     ),
     (
-        lambda: ldp.worst_case_variance(np.eye(4), RR4, np.eye(3)),
+        lambda: estimation.worst_case_variance(np.eye(4), RR4, np.eye(3)),
         "V (shape (3, 3)) must have shape (4, 4)",
     ),
-    (lambda: ldp.worst_case_variance(np.eye(4), RR4, np.eye(4)), "V @ Q must equal W"),
+    (lambda: estimation.worst_case_variance(np.eye(4), RR4, np.eye(4)), "V @ Q must equal W"),
     (
-        lambda: ldp.query_worst_case_variance(np.eye(4), RR4, np.eye(4)),
+        lambda: estimation.query_worst_case_variance(np.eye(4), RR4, np.eye(4)),
         "V @ Q must equal W",
     ),
-    (lambda: ldp.lower_bound(np.eye(4), epsilon=0.0), "epsilon (0.0) must be finite and > 0"),
-    (lambda: ldp.strategy_fingerprint(RR4.Q), "strategy (ndarray) must be an LDPStrategy"),
+    (
+        lambda: estimation.lower_bound(np.eye(4), epsilon=0.0),
+        "epsilon (0.0) must be finite and > 0",
+    ),
+    (lambda: randomizer.strategy_fingerprint(RR4.Q), "strategy (ndarray) must be an LDPStrategy"),
 ]
 
 
@@ -832,11 +875,14 @@ OPTIMIZER_ERRORS = [
     ({"tolerance": 1.0}, "tolerance (1.0) must be in [0, 1)"),
     ({"tolerance": -0.1}, "tolerance (-0.1) must be in [0, 1)"),
     ({"initial": RR4.Q}, "initial must be an LDPStrategy on n = 4 items"),
-    ({"initial": ldp.randomized_response(5, epsilon=1.0)}, "initial must be an LDPStrategy"),
-    ({"initial": ldp.randomized_response(4, epsilon=0.5)}, "initial.epsilon (0.5) must equal"),
+    ({"initial": baselines.randomized_response(5, epsilon=1.0)}, "initial must be an LDPStrategy"),
+    (
+        {"initial": baselines.randomized_response(4, epsilon=0.5)},
+        "initial.epsilon (0.5) must equal",
+    ),
     ({"W": np.ones((3, 1))}, "W has n = 1 columns"),
     (
-        {"initial": ldp.fourier(2, epsilon=1.0, order=1)},
+        {"initial": baselines.fourier(2, epsilon=1.0, order=1)},
         "the start strategy does not have full column rank",
     ),
 ]
@@ -865,45 +911,62 @@ def test_optimizer_rejects_invalid_input(overrides: dict, message: str) -> None:
     kwargs = {"W": prefix(4), "epsilon": 1.0, "rng": np.random.default_rng(0), **overrides}
     W = kwargs.pop("W")
     with pytest.raises(ValueError, match=re.escape(message)):
-        ldp.optimize_strategy(W, **kwargs)
+        optimizer.optimize_strategy(W, **kwargs)
 
 
 PROTOCOL_ERRORS = [
-    (lambda: ldp.randomize(np.zeros((2, 2), int), RR4, rng=np.random.default_rng(0)), "1-D"),
-    (lambda: ldp.randomize(np.array([0.0]), RR4, rng=np.random.default_rng(0)), "must be integer"),
+    (lambda: randomizer.randomize(np.zeros((2, 2), int), RR4, rng=np.random.default_rng(0)), "1-D"),
     (
-        lambda: ldp.randomize(np.array([4]), RR4, rng=np.random.default_rng(0)),
+        lambda: randomizer.randomize(np.array([0.0]), RR4, rng=np.random.default_rng(0)),
+        "must be integer",
+    ),
+    (
+        lambda: randomizer.randomize(np.array([4]), RR4, rng=np.random.default_rng(0)),
         "items must lie in [0, 4) (got 4..4)",
     ),
     (
-        lambda: ldp.randomize(np.array([-1]), RR4, rng=np.random.default_rng(0)),
+        lambda: randomizer.randomize(np.array([-1]), RR4, rng=np.random.default_rng(0)),
         "items must lie in [0, 4)",
     ),
     (
-        lambda: ldp.randomize(np.array([0]), RR4.Q, rng=np.random.default_rng(0)),
+        lambda: randomizer.randomize(np.array([0]), RR4.Q, rng=np.random.default_rng(0)),
         "strategy (ndarray) must be an LDPStrategy",
     ),
     (
-        lambda: ldp.randomize(np.array([0]), RR4, rng=random.Random(0)),
+        lambda: randomizer.randomize(np.array([0]), RR4, rng=random.Random(0)),
         "rng (Random) must be a numpy.random.Generator",
     ),
     (
-        lambda: ldp.randomize(
+        lambda: randomizer.randomize(
             np.array([0]),
-            ldp.LDPStrategy(name="tiny", Q=np.array([[1e-20, 1e-20], [1.0, 1.0]]), epsilon=1.0),
+            randomizer.LDPStrategy(
+                name="tiny", Q=np.array([[1e-20, 1e-20], [1.0, 1.0]]), epsilon=1.0
+            ),
             rng=np.random.default_rng(0),
         ),
         "Q has entries below 2^-61 (min 1e-20)",
     ),
-    (lambda: ldp.count_responses(np.array([4]), RR4), "responses must lie in [0, 4)"),
-    (lambda: ldp.count_responses(np.array([[0]]), RR4), "responses (shape (1, 1)) must be a 1-D"),
-    (lambda: ldp.count_responses(np.array([0.5]), RR4), "must be integer indices"),
-    (lambda: ldp.count_responses(np.array([0]), RR4.Q), "strategy (ndarray) must be an"),
-    (lambda: ldp.estimate(np.ones((2, 2)), np.eye(2)), "response_counts (shape (2, 2)) must be"),
-    (lambda: ldp.estimate(np.ones(3), np.eye(2)), "V (shape (2, 2)) must be p x m with m = 3"),
-    (lambda: ldp.estimate(np.array([3.0, -1.0]), np.eye(2)), "must be finite and >= 0"),
-    (lambda: ldp.estimate(np.array([1.0, 0.0]), np.eye(2)), "response_counts total (1.0)"),
-    (lambda: ldp.estimate(np.ones(2), np.full((2, 2), np.inf)), "V must contain only finite"),
+    (lambda: estimation.count_responses(np.array([4]), RR4), "responses must lie in [0, 4)"),
+    (
+        lambda: estimation.count_responses(np.array([[0]]), RR4),
+        "responses (shape (1, 1)) must be a 1-D",
+    ),
+    (lambda: estimation.count_responses(np.array([0.5]), RR4), "must be integer indices"),
+    (lambda: estimation.count_responses(np.array([0]), RR4.Q), "strategy (ndarray) must be an"),
+    (
+        lambda: estimation.estimate(np.ones((2, 2)), np.eye(2)),
+        "response_counts (shape (2, 2)) must be",
+    ),
+    (
+        lambda: estimation.estimate(np.ones(3), np.eye(2)),
+        "V (shape (2, 2)) must be p x m with m = 3",
+    ),
+    (lambda: estimation.estimate(np.array([3.0, -1.0]), np.eye(2)), "must be finite and >= 0"),
+    (lambda: estimation.estimate(np.array([1.0, 0.0]), np.eye(2)), "response_counts total (1.0)"),
+    (
+        lambda: estimation.estimate(np.ones(2), np.full((2, 2), np.inf)),
+        "V must contain only finite",
+    ),
 ]
 
 
@@ -952,23 +1015,25 @@ def test_optimiser_time_limit_returns_a_valid_better_strategy(
         clock.advance(1.0)
 
     W = prefix(12)
-    start = ldp.optimize_strategy(W, epsilon=1.0, rng=np.random.default_rng(0), iterations=0)
-    stopped = ldp.optimize_strategy(
+    start = optimizer.optimize_strategy(W, epsilon=1.0, rng=np.random.default_rng(0), iterations=0)
+    stopped = optimizer.optimize_strategy(
         W, epsilon=1.0, rng=np.random.default_rng(0), time_limit=3.5, progress=tick
     )
     assert stopped.details["stopped_early"] and not start.details["stopped_early"]
     assert 1 <= stopped.details["steps"] <= 4
     objective = stopped.details["objective"]
     assert math.isfinite(objective) and objective < start.details["objective"]
-    assert ldp.average_case_variance(W, stopped) > 0  # reconstruction exists: W is supported
-    np.testing.assert_allclose(ldp.reconstruction(W, stopped) @ stopped.Q, W, atol=1e-8)
+    assert estimation.average_case_variance(W, stopped) > 0  # reconstruction exists: W is supported
+    np.testing.assert_allclose(estimation.reconstruction(W, stopped) @ stopped.Q, W, atol=1e-8)
     assert all(0.0 <= f <= 1.0 for f in fractions)
 
 
 def test_optimiser_zero_time_limit_returns_the_start() -> None:
     W = prefix(8)
-    start = ldp.optimize_strategy(W, epsilon=2.0, rng=np.random.default_rng(1), iterations=0)
-    stopped = ldp.optimize_strategy(W, epsilon=2.0, rng=np.random.default_rng(1), time_limit=0.0)
+    start = optimizer.optimize_strategy(W, epsilon=2.0, rng=np.random.default_rng(1), iterations=0)
+    stopped = optimizer.optimize_strategy(
+        W, epsilon=2.0, rng=np.random.default_rng(1), time_limit=0.0
+    )
     assert stopped.details == {**start.details, "stopped_early": True}
     np.testing.assert_array_equal(stopped.Q, start.Q)
 
@@ -976,8 +1041,8 @@ def test_optimiser_zero_time_limit_returns_the_start() -> None:
 def test_optimiser_generous_time_limit_changes_nothing() -> None:
     fractions: list[float] = []
     W = all_range(8)
-    plain = ldp.optimize_strategy(W, epsilon=1.0, rng=np.random.default_rng(2))
-    limited = ldp.optimize_strategy(
+    plain = optimizer.optimize_strategy(W, epsilon=1.0, rng=np.random.default_rng(2))
+    limited = optimizer.optimize_strategy(
         W,
         epsilon=1.0,
         rng=np.random.default_rng(2),
@@ -988,8 +1053,8 @@ def test_optimiser_generous_time_limit_changes_nothing() -> None:
     assert dict(plain.details) == dict(limited.details)
     assert not plain.details["stopped_early"] and plain.details["steps"] > 0
     assert fractions and fractions[-1] == 1.0 and all(0.0 <= f <= 1.0 for f in fractions)
-    assert ldp.strategy_fingerprint(plain) == ldp.strategy_fingerprint(
-        ldp.LDPStrategy(name="stored", Q=plain.Q, epsilon=1.0)
+    assert randomizer.strategy_fingerprint(plain) == randomizer.strategy_fingerprint(
+        randomizer.LDPStrategy(name="stored", Q=plain.Q, epsilon=1.0)
     )  # details are not part of the fingerprint
 
 
@@ -998,22 +1063,24 @@ def test_optimiser_ctrl_c_propagates() -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        ldp.optimize_strategy(
+        optimizer.optimize_strategy(
             prefix(8), epsilon=1.0, rng=np.random.default_rng(0), progress=interrupt
         )
 
 
 def test_optimiser_time_limit_validator() -> None:
     with pytest.raises(ValueError, match=re.escape("time_limit (-2) must be None or a finite")):
-        ldp.optimize_strategy(prefix(4), epsilon=1.0, rng=np.random.default_rng(0), time_limit=-2)
+        optimizer.optimize_strategy(
+            prefix(4), epsilon=1.0, rng=np.random.default_rng(0), time_limit=-2
+        )
 
 
 def test_predict_seconds_grows_with_size() -> None:
-    assert 0 < ldp.predict_seconds(32) < ldp.predict_seconds(256)
-    assert ldp.predict_seconds(64, rows=512) > ldp.predict_seconds(64)
-    assert ldp.predict_seconds(64, iterations=0) == 0.0
-    assert ldp.predict_seconds(64, iterations=10) < ldp.predict_seconds(64)
+    assert 0 < optimizer.predict_seconds(32) < optimizer.predict_seconds(256)
+    assert optimizer.predict_seconds(64, rows=512) > optimizer.predict_seconds(64)
+    assert optimizer.predict_seconds(64, iterations=0) == 0.0
+    assert optimizer.predict_seconds(64, iterations=10) < optimizer.predict_seconds(64)
     with pytest.raises(ValueError, match=re.escape("n (0) must be")):
-        ldp.predict_seconds(0)
+        optimizer.predict_seconds(0)
     with pytest.raises(ValueError, match=re.escape("rows (0) must be")):
-        ldp.predict_seconds(4, rows=0)
+        optimizer.predict_seconds(4, rows=0)

@@ -19,8 +19,8 @@ from catalog.ledger import Catalog
 from catalog.planning import Plan, make_plan
 from catalog.spec import ReleaseSpec, parse_spec
 from catalog.strategy_store import StrategyStore
-from mechanisms import ldp
-from mechanisms.local import COLLECTION_LABEL, LocalStrategy, describe
+from mechanisms.local import baselines, randomizer
+from mechanisms.local.mechanism import COLLECTION_LABEL, LocalStrategy, describe
 from mechanisms.operators import Prefix
 from mechanisms.workload import Workload, WorkloadItem
 
@@ -67,7 +67,7 @@ def randomized_response(n: int) -> LocalStrategy:
     """Randomised response on ``n`` cells (1-LDP) as a published strategy for a CDF workload."""
     workload = Workload(domain_shape=(n,), items=(WorkloadItem(name="c", factors=(Prefix(n),)),))
     return describe(
-        ldp.randomized_response(n, epsilon=1.0),
+        baselines.randomized_response(n, epsilon=1.0),
         workload=workload,
         ordered=(True,),
         workload_fingerprint="w" * 64,
@@ -191,7 +191,9 @@ def test_artifact_round_trip_and_tamper_detection(store: StrategyStore, tmp_path
     directory = tmp_path / "artifact"
     responses.write_strategy_artifact(spec, strategy, directory)
     read = responses.read_strategy_artifact(directory)
-    assert read.fingerprint == strategy.fingerprint == ldp.strategy_fingerprint(read.randomiser)
+    assert (
+        read.fingerprint == strategy.fingerprint == randomizer.strategy_fingerprint(read.randomiser)
+    )
     assert dict(read.parameters) == {
         **strategy.parameters,
         "spec_name": spec.name,

@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mechanisms import ldp, registry
-from mechanisms import local as local_mechanism
-from mechanisms.local import (
+from mechanisms import registry
+from mechanisms.local import baselines, estimation, randomizer
+from mechanisms.local import mechanism as local_mechanism
+from mechanisms.local.mechanism import (
     MECHANISM,
     LocalOptions,
     LocalStrategy,
@@ -110,7 +111,7 @@ def optimized() -> tuple[PlanRequest, LocalStrategy]:
     return planned, MECHANISM.plan(planned, cache=MemoryCache())
 
 
-def as_strategy(randomiser: ldp.LDPStrategy, wl: Workload) -> LocalStrategy:
+def as_strategy(randomiser: randomizer.LDPStrategy, wl: Workload) -> LocalStrategy:
     return describe(
         randomiser,
         workload=wl,
@@ -158,8 +159,8 @@ def test_baseline_variances_match_the_reference_note(
     wl: Workload, ordered: tuple[bool, ...], name: str, expected: float, tolerance: float
 ) -> None:
     root = local_mechanism.workload_root(wl)
-    baselines = local_mechanism.baseline_strategies(wl.domain_shape, ordered, epsilon=1.0)
-    summary = local_mechanism.evaluate_baselines(root, baselines)[name]
+    found = baselines.baseline_strategies(wl.domain_shape, ordered, epsilon=1.0)
+    summary = local_mechanism.evaluate_baselines(root, found)[name]
     assert summary["worst_variance"] == pytest.approx(expected, rel=tolerance)
 
 
@@ -168,8 +169,8 @@ def test_rr_histogram_vector_fails_at_another_epsilon() -> None:
     root = local_mechanism.workload_root(wl)
 
     def rr(epsilon: float) -> float:
-        baselines = local_mechanism.baseline_strategies((5,), (False,), epsilon=epsilon)
-        return local_mechanism.evaluate_baselines(root, baselines)["randomized_response"][
+        found = baselines.baseline_strategies((5,), (False,), epsilon=epsilon)
+        return local_mechanism.evaluate_baselines(root, found)["randomized_response"][
             "worst_variance"
         ]
 
@@ -202,7 +203,7 @@ def test_rr_histogram_vector_fails_at_another_epsilon() -> None:
 def test_baseline_applicability(
     shape: tuple[int, ...], ordered: tuple[bool, ...], expected: set[str]
 ) -> None:
-    assert set(local_mechanism.baseline_strategies(shape, ordered, epsilon=1.0)) == expected
+    assert set(baselines.baseline_strategies(shape, ordered, epsilon=1.0)) == expected
 
 
 # --- structural shortcuts against dense computations ----------------------------------------------
@@ -212,19 +213,21 @@ def test_workload_root_has_the_dense_gram_and_variances() -> None:
     matrix = dense(MIXED)
     root = local_mechanism.workload_root(MIXED)
     np.testing.assert_allclose(root.T @ root, matrix.T @ matrix, atol=1e-9)
-    strategy = ldp.hadamard(MIXED.num_cells, epsilon=1.0)
+    strategy = baselines.hadamard(MIXED.num_cells, epsilon=1.0)
     np.testing.assert_allclose(
-        ldp.per_type_variance(root, strategy), ldp.per_type_variance(matrix, strategy), rtol=1e-9
+        estimation.per_type_variance(root, strategy),
+        estimation.per_type_variance(matrix, strategy),
+        rtol=1e-9,
     )
-    assert ldp.lower_bound(root, epsilon=1.0) == pytest.approx(
-        ldp.lower_bound(matrix, epsilon=1.0), rel=1e-9
+    assert estimation.lower_bound(root, epsilon=1.0) == pytest.approx(
+        estimation.lower_bound(matrix, epsilon=1.0), rel=1e-9
     )
 
 
 def test_item_estimates_equal_the_dense_reconstruction(rng: np.random.Generator) -> None:
-    strategy = ldp.randomized_response(MIXED.num_cells, epsilon=1.0)
+    strategy = baselines.randomized_response(MIXED.num_cells, epsilon=1.0)
     counts = rng.integers(0, 200, strategy.num_outputs)
-    expected = ldp.estimate(counts, ldp.reconstruction(dense(MIXED), strategy))
+    expected = estimation.estimate(counts, estimation.reconstruction(dense(MIXED), strategy))
     operator = local_mechanism.least_squares_operator(strategy)
     parts = [
         local_mechanism.estimate_item(item, strategy, operator, counts) for item in MIXED.items
@@ -240,7 +243,7 @@ def test_item_estimates_equal_the_dense_reconstruction(rng: np.random.Generator)
 def test_item_estimates_in_small_chunks_equal_one_chunk(
     monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
 ) -> None:
-    strategy = ldp.hadamard(MIXED.num_cells, epsilon=1.0)
+    strategy = baselines.hadamard(MIXED.num_cells, epsilon=1.0)
     counts = rng.integers(0, 50, strategy.num_outputs)
     operator = local_mechanism.least_squares_operator(strategy)
     item = MIXED.items[2]
@@ -253,22 +256,22 @@ def test_item_estimates_in_small_chunks_equal_one_chunk(
 
 
 def test_strategy_protocol_members_equal_dense_computations() -> None:
-    randomiser = ldp.hadamard(MIXED.num_cells, epsilon=1.0)
+    randomiser = baselines.hadamard(MIXED.num_cells, epsilon=1.0)
     strategy = as_strategy(randomiser, MIXED)
     matrix = dense(MIXED)
-    V = ldp.reconstruction(matrix, randomiser)
+    V = estimation.reconstruction(matrix, randomiser)
     x = np.arange(MIXED.num_cells, dtype=np.float64)
     answers = strategy.answers(strategy.apply(x), MIXED)
     np.testing.assert_allclose(
         np.concatenate([answers[i.name] for i in MIXED.items]), matrix @ x, atol=1e-9
     )
-    worst = ldp.query_worst_case_variance(matrix, randomiser, V)
+    worst = estimation.query_worst_case_variance(matrix, randomiser, V)
     per_item = [strategy.item_unit_variances(item, MIXED) for item in MIXED.items]
     np.testing.assert_allclose(np.concatenate(per_item), worst, rtol=1e-8, atol=1e-8)
     item = MIXED.items[0]
     rows = kron_dense(item.factors)
     assert strategy.item_unit_total(item, MIXED) == pytest.approx(
-        ldp.worst_case_variance(rows, randomiser), rel=1e-8
+        estimation.worst_case_variance(rows, randomiser), rel=1e-8
     )
     assert strategy.support_residual(MIXED) < 1e-8
     assert strategy.num_queries == randomiser.num_outputs
@@ -276,8 +279,8 @@ def test_strategy_protocol_members_equal_dense_computations() -> None:
 
 def test_support_residual_detects_a_workload_outside_the_row_space() -> None:
     # Q with identical columns 0 and 1 cannot tell items 0 and 1 apart: a histogram is unanswerable
-    base = ldp.randomized_response(3, epsilon=1.0).Q
-    merged = ldp.LDPStrategy(name="merged", Q=base[:, [0, 0, 1, 2]], epsilon=1.0)
+    base = baselines.randomized_response(3, epsilon=1.0).Q
+    merged = randomizer.LDPStrategy(name="merged", Q=base[:, [0, 0, 1, 2]], epsilon=1.0)
     strategy = as_strategy(merged, workload(("total", (Total(4),))))
     assert strategy.support_residual(workload(("total", (Total(4),)))) < 1e-8
     assert strategy.support_residual(workload(("hist", (Identity(4),)))) > 0.1
@@ -295,15 +298,15 @@ def test_optimised_strategy_is_exactly_ldp_and_factorises_w(optimized) -> None:
     for column in matrix.T:
         assert abs(math.fsum(column.tolist()) - 1.0) <= 1e-12
     W = dense(PREFIX16)
-    V = ldp.reconstruction(W, strategy.randomiser)
+    V = estimation.reconstruction(W, strategy.randomiser)
     np.testing.assert_allclose(V @ matrix, W, atol=1e-8)
     record = strategy.parameters
-    assert strategy.fingerprint == ldp.strategy_fingerprint(strategy.randomiser)
+    assert strategy.fingerprint == randomizer.strategy_fingerprint(strategy.randomiser)
     assert record["worst_variance"] == pytest.approx(
-        ldp.worst_case_variance(W, strategy.randomiser)
+        estimation.worst_case_variance(W, strategy.randomiser)
     )
     assert record["average_variance"] == pytest.approx(
-        ldp.average_case_variance(W, strategy.randomiser)
+        estimation.average_case_variance(W, strategy.randomiser)
     )
     assert record["worst_variance"] < min(b["worst_variance"] for b in record["baselines"].values())
     assert record["worst_variance"] >= record["lower_bound"]
@@ -473,7 +476,7 @@ def _context(ledger: Ledger, released: MemoryCache, responses: str) -> MeasureCo
 
 
 def test_a_collection_is_charged_once() -> None:
-    strategy = as_strategy(ldp.randomized_response(16, epsilon=1.0), PREFIX16)
+    strategy = as_strategy(baselines.randomized_response(16, epsilon=1.0), PREFIX16)
     data = strategy.response_counts(np.bincount([1, 2, 3], minlength=16))
     ledger, released = Ledger(), MemoryCache()
     cost = PrivacyCost(measure="pure", epsilon=1.0)
@@ -501,7 +504,7 @@ def test_a_collection_is_charged_once() -> None:
 
 
 def test_a_receipt_not_on_this_ledger_is_not_reused() -> None:
-    strategy = as_strategy(ldp.randomized_response(16, epsilon=1.0), PREFIX16)
+    strategy = as_strategy(baselines.randomized_response(16, epsilon=1.0), PREFIX16)
     data = strategy.response_counts(np.bincount([1, 2, 3], minlength=16))
     released = MemoryCache()
     MECHANISM.measure(strategy, data, context=_context(Ledger(), released, "r1"))
@@ -516,7 +519,7 @@ def test_a_receipt_not_on_this_ledger_is_not_reused() -> None:
 
 
 def test_measurement_details_are_the_public_record() -> None:
-    strategy = as_strategy(ldp.hadamard(16, epsilon=1.0), PREFIX16)
+    strategy = as_strategy(baselines.hadamard(16, epsilon=1.0), PREFIX16)
     data = strategy.response_counts(np.full(strategy.num_queries, 5))
     measured = MECHANISM.measure(strategy, data, context=_context(Ledger(), MemoryCache(), "r"))
     details = measured.details
@@ -532,7 +535,7 @@ def test_measurement_details_are_the_public_record() -> None:
 
 
 def test_measure_refuses_counts_of_another_strategy() -> None:
-    strategy = as_strategy(ldp.randomized_response(16, epsilon=1.0), PREFIX16)
+    strategy = as_strategy(baselines.randomized_response(16, epsilon=1.0), PREFIX16)
     other = ResponseCounts(counts=np.ones(16), num_responses=16, strategy_fingerprint="0" * 64)
     ledger = Ledger()
     with pytest.raises(ValueError, match="not the planned"):
@@ -554,7 +557,7 @@ def test_response_counts_validation(counts: Any, total: int, message: str) -> No
 
 
 def test_response_counts_have_the_strategy_size() -> None:
-    strategy = as_strategy(ldp.randomized_response(16, epsilon=1.0), PREFIX16)
+    strategy = as_strategy(baselines.randomized_response(16, epsilon=1.0), PREFIX16)
     with pytest.raises(ValueError, match="must have 16 entries"):
         strategy.response_counts(np.ones(15))
 
@@ -564,7 +567,7 @@ def test_response_counts_have_the_strategy_size() -> None:
 
 def test_noiseless_reconstruction_recovers_the_workload() -> None:
     wl = workload(("cdf", (Prefix(16),)), ("hist", (Identity(16),)))
-    strategy = as_strategy(ldp.randomized_response(16, epsilon=1.0), wl)
+    strategy = as_strategy(baselines.randomized_response(16, epsilon=1.0), wl)
     x = np.arange(16, dtype=np.float64) * 10 + 5
     counts = strategy.apply(x)  # the expected response vector: V y must equal W x exactly
     measurement = Measurement(
