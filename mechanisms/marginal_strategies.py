@@ -28,7 +28,7 @@ The algebra: plain marginals ``w_S M_S`` have Gram ``Σ_S w_S² B_S`` with
 ``B_S = ⊗_i (I if i ∈ S else J)``, whose eigenvalue on ``Q_T`` is a superset sum (zeta transform,
 O(d 2^d); :func:`superset_sums` and its Möbius inverse).  :func:`search_marginal_weights` is the one
 search of HDMM's template: :func:`marginal_weights_template` runs it for ``marginal_space`` and for
-``optimized`` on marginal workloads, :func:`mechanisms.optimized.search.optimize_marginals` on the
+``optimized`` on marginal workloads, :func:`mechanisms.optimized.search.marginals_template` on the
 projections of any Kronecker Gram terms (:func:`workload_projections`).
 
 :class:`SubsetStrategy` evaluates either family for planning in O(items · 2^k) (k = attributes an
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -82,17 +82,6 @@ def validate_domain_sizes(domain_sizes: Sequence[int]) -> tuple[int, ...]:
     if any(n < 1 for n in sizes):
         raise ValueError(f"domain_sizes ({sizes}) must all be >= 1")
     return sizes
-
-
-def subset_mask(subset: Iterable[int], num_attributes: int) -> int:
-    """Bitmask of a subset of attribute indices (bit i ⇔ attribute i kept)."""
-    mask = 0
-    for attribute in subset:
-        index = int(attribute)
-        if not 0 <= index < num_attributes:
-            raise ValueError(f"attribute index ({index}) must be in [0, {num_attributes})")
-        mask |= 1 << index
-    return mask
 
 
 def _bit_pairs(values: np.ndarray, bit: int) -> np.ndarray:
@@ -239,18 +228,6 @@ def workload_projections(terms: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
             axis=0,
         )
     )
-
-
-def subsets_projections(
-    subsets: Sequence[Iterable[int]], domain_sizes: Sequence[int]
-) -> np.ndarray:
-    """``tr(WᵀW Q_T)`` for the workload of all marginals over ``subsets`` (unit weight each)."""
-    sizes = validate_domain_sizes(domain_sizes)
-    d = len(sizes)
-    coefficients = np.zeros(2**d)
-    for subset in subsets:
-        coefficients[subset_mask(subset, d)] += 1.0
-    return eigenspace_multiplicities(sizes) * gram_eigenvalues(coefficients, sizes)
 
 
 def subset_workload(workload: Workload) -> SubsetWorkload:

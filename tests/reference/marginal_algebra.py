@@ -9,11 +9,12 @@ PVLDB 11(10) 2018, §6; the code is ours.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from mechanisms.marginal_strategies import (
+    eigenspace_multiplicities,
     gram_eigenvalues,
     summed_out_sizes,
     superset_differences,
@@ -142,3 +143,26 @@ def marginal_measurements_transpose(
     if offset != answers.size:
         raise ValueError(f"answers (length {answers.size}) must have length {offset}")
     return out.ravel()
+
+
+def subset_mask(subset: Iterable[int], num_attributes: int) -> int:
+    """Bitmask of a subset of attribute indices (bit i ⇔ attribute i kept)."""
+    mask = 0
+    for attribute in subset:
+        index = int(attribute)
+        if not 0 <= index < num_attributes:
+            raise ValueError(f"attribute index ({index}) must be in [0, {num_attributes})")
+        mask |= 1 << index
+    return mask
+
+
+def subsets_projections(
+    subsets: Sequence[Iterable[int]], domain_sizes: Sequence[int]
+) -> np.ndarray:
+    """``tr(WᵀW Q_T)`` for the workload of all marginals over ``subsets`` (unit weight each)."""
+    sizes = validate_domain_sizes(domain_sizes)
+    d = len(sizes)
+    coefficients = np.zeros(2**d)
+    for subset in subsets:
+        coefficients[subset_mask(subset, d)] += 1.0
+    return eigenspace_multiplicities(sizes) * gram_eigenvalues(coefficients, sizes)

@@ -18,13 +18,19 @@ import pytest
 import scipy.optimize
 
 from mechanisms.lower_bound import svd_bound_terms as svd_bound
+from mechanisms.marginal_strategies import (
+    eigenspace_multiplicities,
+    gram_eigenvalues,
+    marginals_loss_and_gradient,
+    marginals_sensitivity,
+    marginals_unit_error,
+    superset_differences,
+    superset_sums,
+    validate_domain_sizes,
+    workload_projections,
+)
 from mechanisms.optimized.search import (
     OptimizedStrategy,
-    expected_total_error,
-    optimize_full_rank,
-    optimize_kron,
-    optimize_marginals,
-    optimize_pidentity,
     optimize_workload,
     predict_seconds,
     validate_terms,
@@ -44,19 +50,6 @@ from mechanisms.optimized.templates import (
     unit_error,
     validate_gram,
 )
-from mechanisms.marginal_strategies import (
-    eigenspace_multiplicities,
-    gram_eigenvalues,
-    marginals_loss_and_gradient,
-    marginals_sensitivity,
-    marginals_unit_error,
-    subset_mask,
-    subsets_projections,
-    superset_differences,
-    superset_sums,
-    validate_domain_sizes,
-    workload_projections,
-)
 from tests.fake_clock import install_fake_clock
 from tests.reference.marginal_algebra import (
     gram_coefficients,
@@ -65,6 +58,15 @@ from tests.reference.marginal_algebra import (
     marginals_gram_apply,
     marginals_gram_pinv_apply,
     pseudo_inverse_coefficients,
+    subset_mask,
+    subsets_projections,
+)
+from tests.reference.optimized_search import (
+    expected_total_error,
+    optimize_full_rank,
+    optimize_kron,
+    optimize_marginals,
+    optimize_pidentity,
 )
 
 # ------------------------------------------------------------------------------------------------
