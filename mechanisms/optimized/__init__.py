@@ -35,7 +35,7 @@ from mechanisms.marginal_strategies import (
     subset_workload,
 )
 from mechanisms.noise import NoiseKind
-from mechanisms.operators import Factor, Identity, MatrixFactor, Total
+from mechanisms.operators import Factor, MatrixFactor
 from mechanisms.optimized.search import OptimizedStrategy, optimize_workload
 from mechanisms.optimized.search import predict_seconds as predict_template_seconds
 from mechanisms.optimized.templates import PIdentityFactor
@@ -58,7 +58,7 @@ from mechanisms.union import (
     weight_problem_sizes,
 )
 from mechanisms.union import predict_seconds as predict_union_seconds
-from mechanisms.workload import Workload
+from mechanisms.workload import Workload, item_subset
 
 MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item
 
@@ -111,7 +111,7 @@ class OptimizedMechanism(MatrixMechanism):
         parameters = {**best.parameters, "unit_errors": notes}
         arrays = _factor_arrays(best) if isinstance(best, KronStrategy) else {}
         cache.save(key, StoredStrategy(parameters=parameters, arrays=arrays))
-        return _with_parameters(best, parameters)
+        return replace(best, parameters=parameters)
 
     def _search(
         self, request: PlanRequest, *, branching: int, cache: StrategyCache
@@ -156,7 +156,7 @@ class OptimizedMechanism(MatrixMechanism):
 def _is_marginal_workload(workload: Workload) -> bool:
     """Every item a marginal (each factor Identity or Total), over at most 20 attributes."""
     return len(workload.domain_shape) <= MAX_MARGINAL_ATTRIBUTES and all(
-        isinstance(factor, Identity | Total) for item in workload.items for factor in item.factors
+        item_subset(item) is not None for item in workload.items
     )
 
 
@@ -310,19 +310,6 @@ def _restore_factors(
                 f"({templates[i] if i < len(templates) else 'unrecorded'}) is not identity"
             )
     return tuple(factors)
-
-
-def _with_parameters(strategy: Optimized, parameters: dict[str, Any]) -> Optimized:
-    if isinstance(strategy, SubsetStrategy):
-        return SubsetStrategy(name=strategy.name, weights=strategy.weights, parameters=parameters)
-    if isinstance(strategy, UnionStrategy):
-        return UnionStrategy(
-            name=strategy.name,
-            domain_shape=strategy.domain_shape,
-            terms=strategy.terms,
-            parameters=parameters,
-        )
-    return KronStrategy(name=strategy.name, factors=strategy.factors, parameters=parameters)
 
 
 MECHANISM = OptimizedMechanism()

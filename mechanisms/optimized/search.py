@@ -83,10 +83,9 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 class OptimizedStrategy:
     """A public, data-independent measurement strategy and its expected error.
 
-    For every kind except ``"marginals"`` the strategy is the Kronecker product of ``factors``
-    (apply it with Kronecker matvecs; ``factor_grams()`` gives ``A_iᵀA_i`` for least squares).  For
-    ``"marginals"`` it stacks ``weights[S] · M_S`` over subsets S (bitmask, bit i = attribute i
-    kept); ``optimized`` measures it as a :class:`mechanisms.marginal_strategies.SubsetStrategy`.
+    For every kind except ``"marginals"`` the strategy is the Kronecker product of ``factors``.
+    For ``"marginals"`` it stacks ``weights[S] · M_S`` over subsets S (bitmask, bit i = attribute
+    i kept); ``optimized`` measures it as a :class:`mechanisms.marginal_strategies.SubsetStrategy`.
     """
 
     kind: StrategyKind

@@ -335,13 +335,6 @@ class PIdentityObjective:
         return loss, gradient.ravel()
 
 
-def pidentity_loss_and_gradient(
-    params: np.ndarray, gram: np.ndarray, p: int, noise: NoiseKind
-) -> tuple[float, np.ndarray]:
-    """One evaluation of :class:`PIdentityObjective` (which keeps its set-up between calls)."""
-    return PIdentityObjective(gram, p=p, noise=noise)(params)
-
-
 def _top_eigenpairs(
     gram: np.ndarray, count: int, *, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:

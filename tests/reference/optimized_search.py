@@ -31,6 +31,7 @@ from mechanisms.optimized.search import (
 from mechanisms.optimized.templates import (
     FACTOR_TEMPLATES,
     NoiseKind,
+    PIdentityObjective,
     column_sensitivity,
     optimize_gaussian_full_rank,
     optimize_pidentity_factor,
@@ -292,3 +293,10 @@ def expected_total_error(
             product *= unit_error(gram, strategy_gram)
         total += product
     return sensitivity**2 * total
+
+
+def pidentity_loss_and_gradient(
+    params: np.ndarray, gram: np.ndarray, p: int, noise: NoiseKind
+) -> tuple[float, np.ndarray]:
+    """One evaluation of :class:`PIdentityObjective` (which keeps its set-up between calls)."""
+    return PIdentityObjective(gram, p=p, noise=noise)(params)

@@ -42,7 +42,6 @@ from mechanisms.optimized.templates import (
     gram_right_multiply,
     optimize_factor,
     optimize_gaussian_full_rank,
-    pidentity_loss_and_gradient,
     pidentity_strategy,
     predict_factor_seconds,
     predict_pidentity_seconds,
@@ -67,6 +66,7 @@ from tests.reference.optimized_search import (
     optimize_kron,
     optimize_marginals,
     optimize_pidentity,
+    pidentity_loss_and_gradient,
 )
 
 # ------------------------------------------------------------------------------------------------
