@@ -9,6 +9,7 @@ few thousand cells: the cell covariance ``(AᵀA)⁺`` is formed densely (O(N³)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -36,7 +37,6 @@ class DenseStrategy(LeastSquaresAnswers):
     name: str
     matrix: np.ndarray
     parameters: dict[str, object] = field(default_factory=dict)
-    _covariance: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         matrix = np.asarray(self.matrix, dtype=np.float64)
@@ -60,10 +60,12 @@ class DenseStrategy(LeastSquaresAnswers):
         return self.matrix @ np.asarray(x, dtype=np.float64)  # O(p N)
 
     def covariance(self) -> np.ndarray:
-        """``(AᵀA)⁺`` (unit noise), cached. O(p N² + N³)."""
-        if not self._covariance:
-            self._covariance.append(psd_pinv(self.matrix.T @ self.matrix))
-        return self._covariance[0]
+        """``(AᵀA)⁺`` (unit noise), computed once."""
+        return self._unit_covariance
+
+    @cached_property
+    def _unit_covariance(self) -> np.ndarray:
+        return psd_pinv(self.matrix.T @ self.matrix)  # O(p N² + N³)
 
     def least_squares(self, y: np.ndarray, workload: Workload | None = None) -> np.ndarray:
         return self.covariance() @ (self.matrix.T @ np.asarray(y, dtype=np.float64))

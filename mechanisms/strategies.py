@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -105,8 +106,6 @@ class KronStrategy(LeastSquaresAnswers):
     name: str
     factors: tuple[Factor, ...]
     parameters: dict[str, object] = field(default_factory=dict)
-    _gram_pinvs: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
-    _full_rank: list[bool] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def domain_shape(self) -> tuple[int, ...]:
@@ -120,14 +119,15 @@ class KronStrategy(LeastSquaresAnswers):
         """Δ(⊗A_i) = Π Δ(A_i) for both L1 and L2 (column norms of a Kronecker product multiply)."""
         return float(np.prod([f.sensitivity(norm=norm) for f in self.factors]))
 
+    @cached_property
+    def _gram_inverses(self) -> tuple[tuple[np.ndarray, bool], ...]:
+        """Per factor ``((A_iᵀA_i)⁺, full rank?)`` (:meth:`Factor.gram_inverse`): O(Σ n_i³) for
+        dense factors, once."""
+        return tuple(factor.gram_inverse() for factor in self.factors)
+
     def gram_pinvs(self) -> list[np.ndarray]:
-        """Per-factor ``(A_iᵀA_i)⁺`` (:meth:`Factor.gram_inverse`): O(Σ n_i³) for dense factors."""
-        if not self._gram_pinvs:
-            for factor in self.factors:
-                pinv, full_rank = factor.gram_inverse()
-                self._gram_pinvs.append(pinv)
-                self._full_rank.append(full_rank)
-        return self._gram_pinvs
+        """Per-factor ``(A_iᵀA_i)⁺``."""
+        return [pinv for pinv, _ in self._gram_inverses]
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """A·x. O(N Σ nnz(A_i)/n_i)."""
@@ -166,10 +166,9 @@ class KronStrategy(LeastSquaresAnswers):
         """Largest ‖W_iᵀW_i (I − M_i A_iᵀA_i)‖ (relative) over items and attributes; ≈ 0 iff A
         supports W.  An unsupported item would be answered with bias (Li thesis §3.1, Prop 3.1)."""
         worst = 0.0
-        pinvs = self.gram_pinvs()
         for item in workload.items:
-            for factor, a_factor, pinv, full_rank in zip(
-                item.factors, self.factors, pinvs, self._full_rank, strict=True
+            for factor, a_factor, (pinv, full_rank) in zip(
+                item.factors, self.factors, self._gram_inverses, strict=True
             ):
                 if full_rank:  # M AᵀA = I (Cholesky succeeded far from singular): residual 0
                     continue

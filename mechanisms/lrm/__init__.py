@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -155,12 +156,11 @@ class LowRankStrategy(DenseStrategy):
             self._pinv.append((right[keep].T / singular[keep]) @ left[:, keep].T)
         return self._pinv[0]
 
-    def covariance(self) -> np.ndarray:
-        """``(AᵀA)⁺ = A⁺·A⁺ᵀ`` (unit noise), cached. O(N² p)."""
-        if not self._covariance:
-            pinv = self.pseudo_inverse()
-            self._covariance.append(pinv @ pinv.T)
-        return self._covariance[0]
+    @cached_property
+    def _unit_covariance(self) -> np.ndarray:
+        """``(AᵀA)⁺ = A⁺·A⁺ᵀ`` (unit noise), once. O(N² p)."""
+        pinv = self.pseudo_inverse()
+        return pinv @ pinv.T
 
     def least_squares(self, y: np.ndarray, workload: Workload | None = None) -> np.ndarray:
         return self.pseudo_inverse() @ np.asarray(y, dtype=np.float64)  # O(N p)
