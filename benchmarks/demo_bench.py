@@ -80,7 +80,7 @@ def main() -> None:
         import great_expectations  # noqa: F401  (import cost shown separately)
 
         from catalog import release
-        from catalog.ledger import Catalog
+        from catalog.ledger.store import Catalog
         from catalog.planning import make_plan
         from catalog.spec import load_spec
         from flows.cli import bundled_spec

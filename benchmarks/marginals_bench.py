@@ -100,7 +100,7 @@ def run_case(
     validation_baseline: bool = False,
 ) -> None:
     from catalog import release
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
     from catalog.planning import make_plan
     from catalog.spec import load_spec
 

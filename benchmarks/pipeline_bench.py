@@ -180,7 +180,7 @@ def baseline_numpy_noise(size: int) -> float:
 def release_stages(spec_path: Path, home: Path) -> list[tuple[str, float, float, str, float]]:
     """(stage, seconds, peak MB, baseline name, baseline seconds) for one in-process release."""
     from catalog import release
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
     from catalog.planning import make_plan
     from catalog.spec import load_spec
 

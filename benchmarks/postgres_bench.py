@@ -55,7 +55,7 @@ def worker(url: str, spec_path: Path, name: str, releases: int, ready: Path, go:
     """One process: ``releases`` releases one after the other; prints what became of them."""
     from catalog import release
     from catalog.errors import BudgetExceededError
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
     from catalog.planning import make_plan
     from catalog.spec import parse_spec
 
@@ -95,7 +95,7 @@ def race(url: str, work: Path, *, processes: int, per_process: int, admits: int)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
 
     work.mkdir(parents=True, exist_ok=True)
     source = work / "data.parquet"

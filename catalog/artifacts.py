@@ -33,7 +33,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from catalog.errors import CatalogError, VerificationError
-from catalog.ledger import GENESIS, Catalog, ReleaseRecord
+from catalog.ledger.chain import GENESIS
+from catalog.ledger.leases import ReleaseRecord
+from catalog.ledger.store import Catalog
 
 MANIFEST = "manifest.json"
 MANIFEST_KEY_ID = "input_fingerprint_key_id"  # id of the catalog key the input fingerprint used

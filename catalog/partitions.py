@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from catalog.errors import SpecError
-from catalog.ledger import MAX_PARTITIONS_PER_RELEASE
+from catalog.ledger.spending import MAX_PARTITIONS_PER_RELEASE
 from catalog.source import list_source_files
 from catalog.spec import ReleaseSpec
 

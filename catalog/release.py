@@ -29,7 +29,8 @@ from catalog import artifacts, estimators, partitions
 from catalog.distributed_noise import noise_cluster, sharded
 from catalog.errors import SpecError, ValidationFailedError
 from catalog.inputs import READERS, Ingested
-from catalog.ledger import Catalog, DatasetAccountant, SkippedRelease
+from catalog.ledger.budget import DatasetAccountant
+from catalog.ledger.store import Catalog, SkippedRelease
 from catalog.manifest import Manifest
 from catalog.memory import check_memory, predict_plan
 from catalog.planning import Plan, build_workload

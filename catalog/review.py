@@ -30,7 +30,9 @@ from typing import Any
 
 from catalog import artifacts
 from catalog.errors import CatalogError
-from catalog.ledger import Catalog, ReleaseRecord, ReviewRecord, normalize_reviewer, same_person
+from catalog.ledger.leases import ReleaseRecord
+from catalog.ledger.names import normalize_reviewer, same_person
+from catalog.ledger.store import Catalog, ReviewRecord
 from catalog.release import write_report
 from catalog.review_policy import ReviewPolicyRecord, policy_of
 

@@ -29,14 +29,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from catalog.errors import CatalogError
-from catalog.ledger import (
-    Catalog,
-    lock_schema,
-    normalize_reviewer,
-    now,
-    process_owner,
-    same_person,
-)
+from catalog.ledger.leases import process_owner
+from catalog.ledger.names import normalize_reviewer, same_person
+from catalog.ledger.schema import create_tables, now
+from catalog.ledger.store import Catalog
 from catalog.spec import ReleaseSpec
 
 OPERATOR_ENV = "DPRELEASE_OPERATOR"
@@ -111,9 +107,7 @@ _prepared: weakref.WeakSet[Engine] = weakref.WeakSet()
 def _engine(catalog: Catalog) -> Engine:
     """The catalog's engine, with the table created on first use (once per engine)."""
     if catalog.engine not in _prepared:
-        with catalog.engine.begin() as conn:
-            lock_schema(conn)
-            policy_metadata.create_all(conn)
+        create_tables(catalog.engine, policy_metadata)
         _prepared.add(catalog.engine)
     return catalog.engine
 

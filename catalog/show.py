@@ -16,7 +16,7 @@ from typing import Any
 from catalog import artifacts
 from catalog import review as reviewing
 from catalog.errors import VerificationError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 
 
 def describe_release(catalog: Catalog, release_id: str) -> dict[str, Any]:

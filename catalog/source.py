@@ -30,7 +30,7 @@ import pyarrow.dataset as ds
 
 from catalog.errors import DataError
 from catalog.keys import CatalogKey, catalog_key
-from catalog.ledger import default_url
+from catalog.ledger.database import default_url
 from catalog.spec import (
     MAX_RELEASE_CELLS,
     Categorical,

@@ -28,7 +28,8 @@ import sqlalchemy as sa
 
 from catalog import artifacts
 from catalog.errors import CatalogError, SpecError
-from catalog.ledger import Catalog, now
+from catalog.ledger.schema import now
+from catalog.ledger.store import Catalog
 from catalog.planning import build_workload
 from catalog.spec import Attribute, Categorical, IntegerRange, ReleaseSpec
 from mechanisms.pgm import TreeModel, chow_liu_tree, sample_tree

@@ -24,7 +24,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from catalog.errors import CatalogError
-from catalog.ledger import default_url, dispose_with, lock_schema, now
+from catalog.ledger.database import default_url, dispose_with, make_engine
+from catalog.ledger.schema import create_tables, now
 
 operations_metadata = sa.MetaData()
 
@@ -77,18 +78,8 @@ class ReviewRun:
 
 
 def _engine(url: str) -> Engine:
-    if url == "sqlite://":  # in memory (dry runs, tests): one connection shared by all users
-        engine = sa.create_engine(
-            url, connect_args={"check_same_thread": False}, poolclass=sa.pool.StaticPool
-        )
-    elif url.startswith("sqlite"):
-        # a busy writer (a release charging the ledger) holds SQLite's lock briefly: wait for it
-        engine = sa.create_engine(url, connect_args={"timeout": 60})
-    else:
-        engine = sa.create_engine(url, pool_pre_ping=True)
-    with engine.begin() as conn:  # PostgreSQL: two processes creating the tables would collide
-        lock_schema(conn)
-        operations_metadata.create_all(conn)
+    engine = make_engine(url)  # the catalog's: SQLite waits for a writer charging the ledger
+    create_tables(engine, operations_metadata)
     return engine
 
 

@@ -243,7 +243,7 @@ def _print_staged(staged: Any) -> None:
 def _print_review_policy(release_id: str) -> None:
     """Who must approve a just-staged release, and whether its reviewers were notified."""
     from catalog import review as reviewing
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
 
     current = reviewing.status(Catalog(), release_id)
     if current["operator_excluded"]:
@@ -402,7 +402,8 @@ def budget(
 ) -> None:
     """Spent and remaining privacy budget per dataset (and per partition of a partitioned
     dataset), with the ledger timeline (oldest first)."""
-    from catalog.ledger import Catalog, running_spend
+    from catalog.ledger.spending import running_spend
+    from catalog.ledger.store import Catalog
 
     catalog = Catalog()
     ids = [dataset_id] if dataset_id else catalog.dataset_ids()
@@ -485,7 +486,7 @@ def _add_id_column(table: Table, header: str, ids: list[str]) -> None:
 def _budget_json(catalog: Any, dataset_id: str) -> dict[str, Any]:
     """Cap, spent, remaining, per-partition spending and the ledger timeline of one dataset
     (public)."""
-    from catalog.ledger import running_spend
+    from catalog.ledger.spending import running_spend
 
     cap = catalog.cap(dataset_id)
     spent = catalog.spent(dataset_id)
@@ -531,7 +532,7 @@ def releases(
     """The release catalog (oldest first); full release ids, never shortened."""
     from dataclasses import asdict
 
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
 
     records = Catalog().releases(dataset_id=dataset, status=status)
     if as_json:
@@ -585,7 +586,7 @@ def review(
     (the run records it); any other release is decided here, in the catalog.
     """
     from catalog import review as reviewing
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
     from catalog.watch_state import ReviewRuns
 
     catalog = Catalog()
@@ -764,7 +765,7 @@ def deploy(
     """Register one Prefect deployment per spec: cron schedule, arrival trigger, work pool, and a
     concurrency limit of one running release per dataset id."""
     api_url = _require_prefect_server("dprelease deploy")
-    from catalog.ledger import default_url
+    from catalog.ledger.database import default_url
     from flows.deployments import deploy_specs, find_specs
 
     paths = [specs] if specs.is_file() else find_specs(specs)
@@ -921,7 +922,7 @@ def verify(
     receipts, input fingerprint key, validation results."""
     from catalog import artifacts
     from catalog.errors import VerificationError
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
 
     if as_json:
         try:
@@ -950,7 +951,7 @@ def show(
     """Everything about one release: spec, status, plan and mechanism, charges with their ledger
     receipts, budget, review trail, artifact paths and the synthetic files sampled from it
     (public facts only)."""
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
     from catalog.show import describe_release
 
     summary = describe_release(Catalog(), release_id)
@@ -1029,7 +1030,7 @@ def recover(
     """Find release runs that ended inside a stage or are stuck past their stage's time limit (the
     stuck ones are stopped: SIGTERM, then SIGKILL), then move releases whose process died (stuck
     in `measuring`) to failed/aborted; charges stay."""
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
     from flows.server import state_home
     from flows.watchdog import forget, inspect_runs, stop_stuck
 
@@ -1182,7 +1183,7 @@ def notify_send(
     release_id: Annotated[str, typer.Argument(help="A staged release whose spec names a block.")],
 ) -> None:
     """Send a staged release's notice again (e.g. after the webhook was down)."""
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
     from catalog.review_policy import policy_of
 
     catalog = Catalog()

@@ -56,7 +56,9 @@ from pydantic import Field, ValidationError
 
 from catalog import review as reviewing
 from catalog.errors import CatalogError, DataError
-from catalog.ledger import Catalog, ReleaseRecord, SkippedRelease, default_url
+from catalog.ledger.database import default_url
+from catalog.ledger.leases import ReleaseRecord
+from catalog.ledger.store import Catalog, SkippedRelease
 from catalog.release import StagedRelease
 from catalog.spec import load_spec
 from catalog.watch_state import ReviewRun, ReviewRuns

@@ -59,7 +59,8 @@ def abort_own_releases(catalog_url: str | None = None) -> list[str]:
     while a task run is being created ends as ``ValueError: Task run is not set``), so the flow
     recorded a failure that was an abort.  Called only once this process has seen a SIGINT.
     """
-    from catalog.ledger import Catalog, process_owner
+    from catalog.ledger.leases import process_owner
+    from catalog.ledger.store import Catalog
 
     catalog = Catalog(catalog_url)
     owner = process_owner()

@@ -27,7 +27,7 @@ from prefect.blocks.core import Block
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.cache_policies import NO_CACHE
 
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.review_policy import policy_of, record_notification
 
 MAX_ERROR_CHARACTERS = 500

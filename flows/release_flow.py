@@ -20,7 +20,8 @@ from prefect import Flow, flow
 
 from catalog import release
 from catalog.engine import Execution, open_cluster, with_execution
-from catalog.ledger import Catalog, SkippedRelease, default_url
+from catalog.ledger.database import default_url
+from catalog.ledger.store import Catalog, SkippedRelease
 from flows.notify import notify_reviewers_task
 from flows.server import state_home
 from flows.watchdog import RunWatchdog, stage_timeout_seconds

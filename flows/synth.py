@@ -37,7 +37,7 @@ def synth(
 ) -> None:
     """Sample a synthetic Parquet file from the model of a published `reconstruct: pgm` release
     (post-processing: no budget is charged); the file is recorded in the catalog."""
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
     from catalog.synthetic import synthesize
 
     target = out if out is not None else Path(f"{release_id}-synthetic.parquet")

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from catalog.errors import DprReleaseError
 from catalog.keys import CatalogKey, catalog_key
-from catalog.ledger import default_url
+from catalog.ledger.database import default_url
 from catalog.watch_state import WatchState
 
 ARRIVAL_EVENT = "dprelease.data.arrived"

@@ -6,7 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from catalog import release
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.planning import Plan
 from catalog.spec import ReleaseSpec
 from mechanisms.protocol import Measurement

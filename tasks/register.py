@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from catalog import release
-from catalog.ledger import Catalog, SkippedRelease
+from catalog.ledger.store import Catalog, SkippedRelease
 from catalog.planning import Plan
 from catalog.spec import ReleaseSpec
 from mechanisms.privacy import PrivacyCost

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from catalog.ledger import default_home
+from catalog.home import default_home
 
 
 def result_storage() -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from catalog import release
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
 from catalog.spec import ReleaseSpec
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from catalog import artifacts
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
 

@@ -508,7 +508,7 @@ def test_claims_adopted_from_sqlite_are_not_announced_again_on_postgresql(
 
 # --- backup and restore of the catalogs with their key and anchor ------------------------------------
 def _charge(url: str, label: str) -> float:
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
     from mechanisms.privacy import PrivacyCost
 
     catalog = Catalog(url)

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from catalog import artifacts
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from tests.flows.conftest import write_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]

@@ -21,7 +21,7 @@ from flows.ldp_cli import ldp_app
 from typer.testing import CliRunner
 
 from catalog import artifacts, responses
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from flows.cli import app
 from mechanisms.local.mechanism import COLLECTION_LABEL
 

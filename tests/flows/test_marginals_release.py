@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from catalog import artifacts
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.spec import load_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]

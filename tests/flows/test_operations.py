@@ -45,7 +45,7 @@ import pytest
 import yaml
 
 from catalog import artifacts
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.watch_state import ReviewRuns
 
 pytestmark = [pytest.mark.flow]
@@ -60,7 +60,7 @@ T = TypeVar("T")
 def keyed(data: bytes, catalog_url: str | None = None) -> str:
     """The watcher's fingerprint of ``data``: HMAC-SHA256 under the catalog's key."""
     from catalog.keys import catalog_key
-    from catalog.ledger import default_url
+    from catalog.ledger.database import default_url
 
     return catalog_key(catalog_url or default_url()).fingerprint([data])
 

@@ -35,7 +35,7 @@ from uuid import UUID
 import pytest
 import yaml
 
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.watch_state import ReviewRuns
 from tests.flows.test_operations import _children, _free_port, _spec, _write_tiny_parquet
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from catalog.errors import CatalogError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from tests.flows.test_operations import _stop
 from tests.pg_server import PostgresServer, free_port
 
@@ -31,7 +31,7 @@ SERVER_START_TIMEOUT = 300.0  # s: migrations of a fresh database on a loaded 2-
 FLOW = """
 from prefect import flow
 from prefect.runtime import flow_run
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from mechanisms.privacy import PrivacyCost
 
 

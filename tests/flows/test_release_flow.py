@@ -11,7 +11,7 @@ import pytest
 
 from catalog import artifacts
 from catalog.errors import BudgetExceededError, VerificationError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.review import review
 from tests.flows.conftest import write_spec
 

@@ -25,7 +25,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.report import _cost, _fmt
 from catalog.review import review
 from tests.flows.chromium import CHROMIUM, Browser

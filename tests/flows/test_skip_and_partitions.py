@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from catalog import artifacts
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from tests.flows.test_operations import (
     RUN_TIMEOUT,
     Operations,

@@ -14,7 +14,7 @@ import pytest
 import scipy.sparse as sp
 
 from catalog import artifacts
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from mechanisms import registry
 from mechanisms.operators import MatrixFactor
 from mechanisms.protocol import MatrixMechanism, PlanRequest, StrategyCache

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from catalog.errors import DprReleaseError
-from catalog.ledger import Catalog, redacted
+from catalog.ledger.database import redacted
+from catalog.ledger.store import Catalog
 
 
 def test_redacted_hides_only_the_password() -> None:

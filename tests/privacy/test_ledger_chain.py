@@ -21,7 +21,9 @@ import pytest
 
 from catalog import keys
 from catalog.errors import CatalogError
-from catalog.ledger import GENESIS, SCHEMA_VERSION, Catalog, entry_digest
+from catalog.ledger.chain import GENESIS, entry_digest
+from catalog.ledger.schema import SCHEMA_VERSION
+from catalog.ledger.store import Catalog
 from mechanisms.privacy import PrivacyCost
 from tests.privacy.test_ledger_concurrency import CHARGER, python, wait_for
 

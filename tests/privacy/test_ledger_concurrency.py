@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from mechanisms.privacy import PrivacyCost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ CHARGER = """
 import json, sys, time
 from pathlib import Path
 from catalog.errors import BudgetExceededError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from mechanisms.privacy import PrivacyCost
 
 url, name, ready, go, attempts, charge = sys.argv[1:7]
@@ -57,7 +57,7 @@ print(json.dumps({"granted": granted, "refused": refused}))
 
 CRASH_AFTER_CHARGE = """
 import os, sys
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from mechanisms.privacy import PrivacyCost
 
 catalog = Catalog(sys.argv[1])

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from catalog.errors import BudgetExceededError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from mechanisms.privacy import PrivacyCost
 from tests.privacy.test_ledger_concurrency import python
 
@@ -33,7 +33,7 @@ CHILD = """
 import os, signal, sys
 import sqlalchemy as sa
 from catalog import keys
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from mechanisms.privacy import PrivacyCost
 
 url, stage = sys.argv[1:3]
@@ -108,7 +108,7 @@ RELEASE_CHILD = """
 import json, os, signal, sys
 from pathlib import Path
 from catalog import release
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
 from catalog.spec import parse_spec
 

@@ -40,7 +40,7 @@ from prefect import flow, get_run_logger
 from typer.testing import CliRunner
 
 from catalog.errors import DataError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.watch_state import Announcement, ReviewRuns, WatchState
 from flows.watch import ARRIVAL_EVENT, ArrivalEvent, SpecResolver, Watcher, prefect_emitter
 from tests.privacy.test_no_leaks import (

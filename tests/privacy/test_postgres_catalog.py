@@ -17,7 +17,9 @@ import pytest
 import sqlalchemy as sa
 
 from catalog.errors import CatalogError
-from catalog.ledger import GENESIS, Catalog, catalog_meta, metadata, releases
+from catalog.ledger.chain import GENESIS
+from catalog.ledger.schema import catalog_meta, metadata, releases
+from catalog.ledger.store import Catalog
 from catalog.watch_state import WatchState
 from mechanisms.privacy import PrivacyCost
 from tests.pg_server import PostgresServer
@@ -103,7 +105,7 @@ def test_of_two_concurrent_reviews_only_the_first_is_recorded(catalog: Catalog) 
 OPEN_FRESH = """
 import sys, time
 from pathlib import Path
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.watch_state import ReviewRuns, WatchState
 
 url, ready, go = sys.argv[1:4]

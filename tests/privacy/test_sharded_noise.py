@@ -24,7 +24,7 @@ from distributed import Client
 from catalog import release
 from catalog.distributed_noise import DaskShardMapper, noise_cluster, processing_counts, sharded
 from catalog.engine import Execution
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
 from catalog.spec import parse_spec
 from mechanisms import noise

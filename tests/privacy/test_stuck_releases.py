@@ -21,7 +21,8 @@ import pytest
 from typer.testing import CliRunner
 
 from catalog.errors import CatalogError
-from catalog.ledger import Catalog, ReleaseRecord
+from catalog.ledger.leases import ReleaseRecord
+from catalog.ledger.store import Catalog
 from flows.cli import app
 from mechanisms.privacy import PrivacyCost
 from tests.privacy.test_ledger_concurrency import python
@@ -30,7 +31,7 @@ LEASE = 60.0
 
 MEASURING_THEN_HANG = """
 import sys, time
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from mechanisms.privacy import PrivacyCost
 
 catalog = Catalog(sys.argv[1])

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from catalog import ledger
-from catalog.ledger import Catalog
+from catalog.ledger import schema
+from catalog.ledger.store import Catalog
 from flows import interrupt
 
 
@@ -30,8 +30,8 @@ def _foreign(catalog: Catalog, release_id: str) -> None:
     """Pretend another (live) process owns the release."""
     with catalog.engine.begin() as conn:
         conn.execute(
-            ledger.releases.update()
-            .where(ledger.releases.c.id == release_id)
+            schema.releases.update()
+            .where(schema.releases.c.id == release_id)
             .values(owner_pid=1, owner_start="1")
         )
 
@@ -151,6 +151,6 @@ def test_own_children_are_stopped_but_not_other_sessions() -> None:
 
 
 def test_catalog_records_what_the_abort_relies_on() -> None:
-    columns = {c.name for c in ledger.releases.columns}
+    columns = {c.name for c in schema.releases.columns}
     assert {"owner_pid", "owner_host", "owner_start", "interrupted_at"} <= columns
-    assert "aborted" in ledger.STATUSES
+    assert "aborted" in schema.STATUSES

@@ -40,7 +40,7 @@ DATASET = "census"
 def keyed(data: bytes) -> str:
     """The watcher's fingerprint of ``data``: HMAC-SHA256 under the current catalog's key."""
     from catalog.keys import catalog_key
-    from catalog.ledger import default_url
+    from catalog.ledger.database import default_url
 
     return catalog_key(default_url()).fingerprint([data])
 

@@ -24,7 +24,7 @@ import pytest
 from catalog import artifacts, release
 from catalog.artifacts import verify
 from catalog.errors import BudgetExceededError, VerificationError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.planning import Plan, make_plan
 from catalog.spec import ReleaseSpec, parse_spec
 from mechanisms import noise, registry

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from catalog import ledger
 from catalog.errors import CatalogError
-from catalog.ledger import Catalog
+from catalog.ledger import database
+from catalog.ledger.store import Catalog
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def silent_port() -> Iterator[int]:
 def test_default_connect_timeout_bounds_a_silent_server(
     silent_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ledger, "PG_CONNECT_TIMEOUT", 2)
+    monkeypatch.setattr(database, "PG_CONNECT_TIMEOUT", 2)
     url = f"postgresql+psycopg://alice:s3cret@127.0.0.1:{silent_port}/catalog"
     started = time.monotonic()
     with pytest.raises(
@@ -42,7 +42,7 @@ def test_default_connect_timeout_bounds_a_silent_server(
 
 
 def test_url_connect_timeout_wins(silent_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ledger, "PG_CONNECT_TIMEOUT", 600)
+    monkeypatch.setattr(database, "PG_CONNECT_TIMEOUT", 600)
     url = f"postgresql+psycopg://alice@127.0.0.1:{silent_port}/catalog?connect_timeout=2"
     started = time.monotonic()
     with pytest.raises(CatalogError, match="cannot be opened"):
@@ -51,5 +51,5 @@ def test_url_connect_timeout_wins(silent_port: int, monkeypatch: pytest.MonkeyPa
 
 
 def test_sqlite_engines_get_no_libpq_argument(tmp_path) -> None:
-    engine = ledger._make_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'c.db'}")
     assert engine.dialect.name == "sqlite"

@@ -17,7 +17,7 @@ import pytest
 
 from catalog import keys
 from catalog.errors import CatalogError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.source import content_fingerprint, list_source_files
 
 

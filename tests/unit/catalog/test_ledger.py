@@ -5,15 +5,15 @@ registration is idempotent; the ledger is append-only and a rejected review refu
 
 from __future__ import annotations
 
-import inspect
 import re
 from pathlib import Path
 
 import pytest
 
-from catalog import ledger as ledger_module
+from catalog import ledger as ledger_package
 from catalog.errors import BudgetExceededError, CatalogError, MeasureMismatchError
-from catalog.ledger import Catalog, DatasetAccountant
+from catalog.ledger.budget import DatasetAccountant
+from catalog.ledger.store import Catalog
 from mechanisms.privacy import PrivacyCost
 
 
@@ -237,8 +237,10 @@ def test_ledger_has_no_update_or_delete_api() -> None:
         r"delete|remove|refund|undo|revert|cancel|drop|clear|reset|update_ledger"
     )
     assert [name for name in public if forbidden.search(name)] == []
-    source = inspect.getsource(ledger_module)
-    # the only statements on the ledger table are inserts and selects
+    modules = sorted(Path(ledger_package.__file__).parent.glob("*.py"))
+    assert len(modules) > 1
+    source = "\n".join(module.read_text() for module in modules)
+    # the only statements on the ledger table, in every module of the ledger, are inserts and selects
     assert re.findall(r"\bledger\.(update|delete)\(", source) == []
     assert set(re.findall(r"\bledger\.(\w+)\(", source)) == {"insert"}
 

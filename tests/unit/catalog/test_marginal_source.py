@@ -118,7 +118,7 @@ def test_zero_noise_release_stages_answer_every_marginal_exactly(
     tmp_path: Path, rng: np.random.Generator, zero_noise, privacy: dict[str, float]
 ) -> None:
     from catalog import release
-    from catalog.ledger import Catalog
+    from catalog.ledger.store import Catalog
     from catalog.planning import make_plan
 
     source = _random_source(tmp_path, rng, 300)

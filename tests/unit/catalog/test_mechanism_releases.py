@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from catalog import release
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
 from catalog.spec import parse_spec
 

@@ -11,7 +11,7 @@ import pytest
 
 from catalog import memory, release
 from catalog.errors import MemoryLimitError, SettingError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
 from catalog.spec import ReleaseSpec, parse_spec
 

@@ -15,7 +15,7 @@ import pytest
 
 from catalog import release, review
 from catalog.errors import CatalogError, SpecError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
 from catalog.spec import ReleaseSpec, parse_spec
 from catalog.synthetic import synthesize, synthetic_records

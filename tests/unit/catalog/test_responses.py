@@ -15,7 +15,7 @@ import pytest
 
 from catalog import inputs, release, responses
 from catalog.errors import BudgetExceededError, DataError, SpecError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.planning import Plan, make_plan
 from catalog.spec import ReleaseSpec, parse_spec
 from catalog.strategy_store import StrategyStore

@@ -26,7 +26,8 @@ from catalog import artifacts
 from catalog import review as review_module
 from catalog.artifacts import verify
 from catalog.errors import CatalogError, SpecError, VerificationError
-from catalog.ledger import Catalog, normalize_reviewer, same_person
+from catalog.ledger.names import normalize_reviewer, same_person
+from catalog.ledger.store import Catalog
 from catalog.review import review
 from catalog.review_policy import OPERATOR_ENV, current_operator, policy_of, record_policy
 from catalog.spec import ReleaseSpec, parse_spec

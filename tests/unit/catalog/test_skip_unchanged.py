@@ -14,7 +14,8 @@ import pytest
 
 from catalog import release
 from catalog.errors import BudgetExceededError, CatalogError, SpecError
-from catalog.ledger import Catalog, DatasetAccountant, SkippedRelease
+from catalog.ledger.budget import DatasetAccountant
+from catalog.ledger.store import Catalog, SkippedRelease
 from catalog.planning import make_plan
 from catalog.spec import ReleaseSpec, parse_spec
 from tests.privacy.test_ledger_chain import pure

@@ -23,7 +23,7 @@ from catalog import artifacts
 from catalog import review as review_module
 from catalog.artifacts import verify
 from catalog.errors import VerificationError
-from catalog.ledger import Catalog
+from catalog.ledger.store import Catalog
 from catalog.review import review
 from tests.unit.catalog.test_review import RELEASE, Staged, build_staged, fake_report
 

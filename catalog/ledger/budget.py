@@ -1,0 +1,499 @@
+"""The privacy ledger: datasets with lifetime budget caps and the charges against them.
+
+Ledger rules (privacy obligations): a charge is committed in its own transaction *before*
+noise is drawn; it is never updated, deleted or refunded (a crashed or rejected release keeps its
+charge); a charge that would take the dataset over its cap is refused with the requested, spent
+and cap values in the message.  Charges are serialised: SQLite takes the write lock up front
+(``BEGIN IMMEDIATE``) and other databases lock the chain row and the dataset row
+(``SELECT … FOR UPDATE``), so two processes can never overspend together.  Every write is
+refused while the hash chain or its anchor does not verify (``catalog.ledger.chain``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from catalog import keys
+from catalog.errors import CatalogError
+from catalog.ledger.chain import (
+    ENTRY_KINDS,
+    GENESIS,
+    ChainHead,
+    anchor_problems,
+    bullets,
+    chain_problems,
+    entry_digest,
+)
+from catalog.ledger.database import (
+    default_url,
+    dispose_with,
+    make_engine,
+    redacted,
+    refuse_foreign_file,
+)
+from catalog.ledger.schema import (
+    catalog_meta,
+    chain_rows,
+    datasets,
+    ledger,
+    now,
+    open_schema,
+    releases,
+)
+from catalog.ledger.spending import (
+    LedgerEntry,
+    PartitionSpending,
+    Spending,
+    cap_from_row,
+    check_partitions,
+)
+from mechanisms.privacy import PrivacyCost, convert
+
+
+class Ledger:
+    """Datasets and the hash-chained ledger in one SQLAlchemy database.
+
+    Opening checks what the database is: a fresh one is initialised, a catalog of an older
+    schema is migrated (chain hashes built over its existing entries), and a file that is not
+    SQLite or an SQLite database without the catalog's tables raises :class:`CatalogError` and is
+    left untouched.
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or default_url()
+        self._key: keys.CatalogKey | None = None
+        refuse_foreign_file(self.url)
+        self.engine = make_engine(self.url)
+        dispose_with(self, self.engine)
+        try:
+            if open_schema(self.engine, self.url):  # a fresh or migrated catalog
+                self._anchor_initial_state()
+        except sa.exc.OperationalError as exc:
+            raise CatalogError(
+                f"catalog {redacted(self.url)} cannot be opened: {exc.orig}"
+            ) from None
+        except sa.exc.DatabaseError as exc:
+            raise CatalogError(
+                f"catalog {redacted(self.url)} is damaged and cannot be read ({exc.orig}); it was left "
+                "unchanged: restore it from a backup"
+            ) from None
+
+    # --- the key and the hash chain ---------------------------------------------------------------
+    @property
+    def key(self) -> keys.CatalogKey:
+        """The catalog's secret (created with mode 0600 at first use); ``key.key_id`` is public."""
+        if self._key is None:
+            self._key = keys.catalog_key(self.url)
+        return self._key
+
+    def fingerprint_key_id(self) -> str:
+        """The id of the key input fingerprints are computed with (what a manifest records)."""
+        return self.key.key_id
+
+    def chain_head(self, dataset_id: str | None = None) -> ChainHead:
+        """The last ledger entry (of ``dataset_id``, or of the whole ledger) as a point of the chain.
+
+        A release's manifest records it after the release's charges: ``verify`` then checks that
+        this point is still on the chain.
+        """
+        query = sa.select(ledger.c.seq, ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
+        if dataset_id is not None:
+            query = query.where(ledger.c.dataset_id == dataset_id)
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            return ChainHead(seq=0, entry_hash=GENESIS)
+        return ChainHead(seq=row.seq, entry_hash=row.entry_hash or "")
+
+    def verify_chain(self) -> list[str]:
+        """Every problem of the hash chain and its anchor, as readable lines (empty: it verifies).
+
+        Reads only; O(entries).
+        """
+        with self.engine.connect() as conn:
+            rows = chain_rows(conn)
+        return chain_problems(rows) + self._anchor_problems(rows)
+
+    def adopt_ledger(self, *, reason: str) -> ChainHead:
+        """Accept the ledger as it is now as the anchored truth (e.g. a catalog restored from a
+        backup on purpose).  Only an internally consistent chain can be adopted; the previous
+        anchor and ``reason`` are kept in the anchor's history."""
+        reason = " ".join(str(reason).split())
+        if not reason:
+            raise CatalogError("reason must say why the ledger is adopted (got an empty string)")
+        key = self.key
+        with key.locked(), self._write() as conn:
+            lock_chain(conn, self.url)
+            rows = chain_rows(conn)
+            problems = chain_problems(rows)
+            if problems:
+                raise CatalogError(
+                    "the ledger's own hash chain does not verify, so it cannot be adopted:\n"
+                    + bullets(problems)
+                )
+            try:
+                anchor = key.read_anchor()
+                previous: Any = (
+                    None if anchor is None else {"entries": anchor.entries, "head": anchor.head}
+                )
+                history = list(anchor.adopted) if anchor is not None else []
+            except CatalogError as exc:
+                previous, history = f"unreadable: {exc}", []
+            head = rows[-1].entry_hash if rows else GENESIS
+            stamp = now()
+            history.append(
+                {
+                    "at": stamp,
+                    "reason": reason,
+                    "previous": previous,
+                    "entries": len(rows),
+                    "head": head,
+                }
+            )
+            key.write_anchor(entries=len(rows), head=head, written_at=stamp, adopted=history)
+        return ChainHead(seq=rows[-1].seq if rows else 0, entry_hash=head)
+
+    # --- datasets and budget ----------------------------------------------------------------------
+    def ensure_dataset(
+        self, dataset_id: str, *, cap: PrivacyCost, partitioned_by: str | None = None
+    ) -> PrivacyCost:
+        """Register ``dataset_id`` with ``cap`` on first use; afterwards the cap must match.
+
+        ``partitioned_by`` (``"file"`` or ``"column:NAME"``) records the spec's declaration that
+        the partitions hold disjoint sets of people.  It may be added to a dataset registered
+        without one (its whole-dataset charges keep counting against every partition) but never
+        changed to another partitioning: charges of one partitioning say nothing about the
+        partitions of another.  A spec without the declaration releases the whole dataset.
+        """
+        with self._ledger_write() as conn:
+            row = conn.execute(sa.select(datasets).where(datasets.c.id == dataset_id)).first()
+            if row is None:
+                conn.execute(
+                    datasets.insert().values(
+                        id=dataset_id,
+                        measure=cap.measure,
+                        cap_epsilon=cap.epsilon,
+                        cap_rho=cap.rho,
+                        cap_delta=cap.delta,
+                        created_at=now(),
+                        partitioned_by=partitioned_by,
+                    )
+                )
+                return cap
+            registered = cap_from_row(row)
+            if registered != cap:
+                raise CatalogError(
+                    f"dataset {dataset_id!r} is registered with budget {registered.as_dict()}, but "
+                    f"the spec says {cap.as_dict()}; a lifetime cap cannot be changed by a spec"
+                )
+            if partitioned_by is not None and row.partitioned_by not in (None, partitioned_by):
+                raise CatalogError(
+                    f"dataset {dataset_id!r} is registered as partitioned by "
+                    f"{row.partitioned_by!r}, but the spec's dataset.partitions says "
+                    f"{partitioned_by!r}; a partitioning cannot be changed (charges of one "
+                    "partitioning say nothing about the partitions of another): use a new "
+                    "dataset id, or drop dataset.partitions to release the whole dataset"
+                )
+            if partitioned_by is not None and row.partitioned_by is None:
+                conn.execute(
+                    datasets.update()
+                    .where(datasets.c.id == dataset_id)
+                    .values(partitioned_by=partitioned_by)
+                )
+        return registered
+
+    def partitioned_by(self, dataset_id: str) -> str | None:
+        """The dataset's registered partitioning (``"file"``, ``"column:NAME"``) or None."""
+        return self._dataset(dataset_id).partitioned_by
+
+    def cap(self, dataset_id: str) -> PrivacyCost:
+        return cap_from_row(self._dataset(dataset_id))
+
+    def spent(self, dataset_id: str, *, partitions: tuple[str, ...] | None = None) -> PrivacyCost:
+        """What the dataset has spent: the whole-dataset charges plus the largest partition's.
+
+        With ``partitions``: the most any of those partitions has spent (what bounds a release
+        that reads them).  Without partitions in the ledger, the sum of all charges.  O(entries).
+        """
+        with self.engine.connect() as conn:
+            spending = Spending.read(conn, dataset_id, self.cap(dataset_id).measure)
+        return spending.worst(partitions)[1]
+
+    def partition_spending(self, dataset_id: str) -> list[PartitionSpending]:
+        """Per partition charged so far (sorted by name): spent, remaining, entries.  Empty for a
+        dataset never charged by partition.  O(entries)."""
+        cap = self.cap(dataset_id)
+        with self.engine.connect() as conn:
+            spending = Spending.read(conn, dataset_id, cap.measure)
+        result = []
+        for name in sorted(spending.parts):
+            spent = spending.whole + spending.parts[name]
+            result.append(
+                PartitionSpending(
+                    partition=name,
+                    spent=spent,
+                    remaining=spent.remaining(cap),
+                    entries=spending.counts[name],
+                )
+            )
+        return result
+
+    def check_budget(
+        self, dataset_id: str, cost: PrivacyCost, *, partitions: tuple[str, ...] | None = None
+    ) -> PrivacyCost:
+        """Raise :class:`BudgetExceededError` if ``cost`` does not fit (in every one of
+        ``partitions``, when given); return it in the cap's measure.
+
+        Reads only; the authoritative check is repeated atomically by :meth:`charge`.
+        """
+        check_partitions(partitions)
+        cap = self.cap(dataset_id)
+        charged = convert(cost, to=cap.measure)
+        with self.engine.connect() as conn:
+            spending = Spending.read(conn, dataset_id, cap.measure)
+        spending.check(dataset_id, charged, cap, partitions)
+        return charged
+
+    def charge(
+        self,
+        dataset_id: str,
+        cost: PrivacyCost,
+        *,
+        release_id: str,
+        label: str,
+        partitions: tuple[str, ...] | None = None,
+    ) -> str:
+        """Atomically check the cap and append chained ledger rows; return the first receipt id.
+
+        Without ``partitions``: one whole-dataset row.  With: one row per partition, each with
+        the full cost, after checking every partition's cap (parallel composition: each person
+        is in at most one partition, as the dataset declares).
+        """
+        check_partitions(partitions)
+        with self._ledger_write() as conn:
+            cap_row = conn.execute(
+                sa.select(datasets).where(datasets.c.id == dataset_id).with_for_update()
+            ).first()
+            if cap_row is None:
+                raise CatalogError(f"dataset {dataset_id!r} is not in the catalog")
+            cap = cap_from_row(cap_row)
+            charged = convert(cost, to=cap.measure)
+            Spending.read(conn, dataset_id, cap.measure).check(dataset_id, charged, cap, partitions)
+            receipts = [
+                append_entry(
+                    conn,
+                    dataset_id=dataset_id,
+                    release_id=release_id,
+                    label=label,
+                    cost=charged,
+                    partition=partition,
+                )
+                for partition in (partitions or (None,))
+            ]
+            # a charge is a sign of life of the release that pays it
+            conn.execute(
+                releases.update()
+                .where(releases.c.id == release_id, releases.c.status == "measuring")
+                .values(heartbeat_at=now())
+            )
+        return receipts[0]
+
+    def ledger_entries(self, dataset_id: str | None = None) -> list[LedgerEntry]:
+        query = sa.select(ledger).order_by(ledger.c.seq)
+        if dataset_id is not None:
+            query = query.where(ledger.c.dataset_id == dataset_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [
+            LedgerEntry(
+                seq=row.seq,
+                receipt_id=row.receipt_id,
+                dataset_id=row.dataset_id,
+                release_id=row.release_id,
+                label=row.label,
+                cost=PrivacyCost(
+                    measure=row.measure, epsilon=row.epsilon, rho=row.rho, delta=row.delta
+                ),
+                created_at=row.created_at,
+                prev_hash=row.prev_hash,
+                entry_hash=row.entry_hash,
+                kind=row.entry_kind,
+                partition=row.partition_key,
+            )
+            for row in rows
+        ]
+
+    def dataset_ids(self) -> list[str]:
+        with self.engine.connect() as conn:
+            return [
+                row.id for row in conn.execute(sa.select(datasets.c.id).order_by(datasets.c.id))
+            ]
+
+    # --- internals -------------------------------------------------------------------------------------
+    def _write(self) -> Any:
+        return self.engine.begin()
+
+    def _dataset(self, dataset_id: str) -> Any:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(datasets).where(datasets.c.id == dataset_id)).first()
+        if row is None:
+            raise CatalogError(f"dataset {dataset_id!r} is not in the catalog")
+        return row
+
+    @contextlib.contextmanager
+    def _ledger_write(self) -> Iterator[Connection]:
+        """A write transaction that first verifies the chain and its anchor (refusing with
+        :class:`CatalogError` when they do not verify) and afterwards moves the anchor to the new
+        head.  Host lock first, then the database lock (never the other way round). O(entries)."""
+        key = self.key
+        with key.locked():
+            with self._write() as conn:
+                lock_chain(conn, self.url)
+                rows = chain_rows(conn)
+                problems = chain_problems(rows) + self._anchor_problems(rows)
+                if problems:
+                    raise CatalogError(
+                        f"catalog {redacted(self.url)} failed its integrity check; new charges and releases "
+                        "are refused:\n"
+                        + bullets(problems)
+                        + "\nIf the catalog was restored from a backup on purpose, accept its "
+                        "ledger with `dprelease recover --adopt-ledger REASON`."
+                    )
+                anchor = key.read_anchor()
+                yield conn
+                entries, head = chain_tip(conn)
+            if anchor is None or (anchor.entries, anchor.head) != (entries, head):
+                key.write_anchor(
+                    entries=entries,
+                    head=head,
+                    written_at=now(),
+                    adopted=() if anchor is None else anchor.adopted,
+                )
+
+    def _anchor_problems(self, rows: list[Any]) -> list[str]:
+        try:
+            path = keys.key_path(self.url)
+            if path is not None and not path.exists() and not path.with_suffix(".anchor").exists():
+                return []  # no key and no anchor yet: the next write anchors the ledger
+            return anchor_problems(keys.catalog_key(self.url).read_anchor(), rows)
+        except CatalogError as exc:  # e.g. the key is missing but its anchor exists
+            return [str(exc)]
+
+    def _anchor_initial_state(self) -> None:
+        """Anchor a new or just-migrated catalog, unless an anchor already vouches for entries
+        (then this database replaced another one, and the integrity check reports it)."""
+        key = self.key
+        with key.locked():
+            try:
+                anchor = key.read_anchor()
+            except CatalogError:
+                return  # reported by every integrity check
+            if anchor is not None and anchor.entries > 0:
+                return
+            with self.engine.connect() as conn:
+                entries, head = chain_tip(conn)
+            if anchor is None or entries > 0:
+                key.write_anchor(entries=entries, head=head, written_at=now())
+
+
+def append_entry(
+    conn: Connection,
+    *,
+    dataset_id: str,
+    release_id: str,
+    label: str,
+    cost: PrivacyCost,
+    kind: str = "charge",
+    partition: str | None = None,
+) -> str:
+    """Append one chained ledger entry (inside a :meth:`Ledger._ledger_write`); its receipt id."""
+    if kind not in ENTRY_KINDS:
+        raise CatalogError(f"ledger entry kind {kind!r} must be one of {ENTRY_KINDS}")
+    last = conn.execute(
+        sa.select(ledger.c.seq, ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
+    ).first()
+    values: dict[str, Any] = {
+        "seq": 1 if last is None else last.seq + 1,
+        "receipt_id": f"rcpt-{uuid.uuid4().hex}",
+        "dataset_id": dataset_id,
+        "release_id": release_id,
+        "label": label,
+        "measure": cost.measure,
+        "epsilon": cost.epsilon,
+        "rho": cost.rho,
+        "delta": cost.delta,
+        "created_at": now(),
+        "prev_hash": GENESIS if last is None else last.entry_hash,
+        "entry_kind": kind,
+        "partition_key": partition,
+    }
+    values["entry_hash"] = entry_digest(**values)
+    conn.execute(ledger.insert().values(**values))
+    return str(values["receipt_id"])
+
+
+def lock_chain(conn: Connection, url: str) -> None:
+    """Serialise ledger writes across processes and hosts (SQLite: ``BEGIN IMMEDIATE`` already
+    did): lock the chain row until commit.  Without that row nothing would be locked: refuse."""
+    if conn.dialect.name == "sqlite":
+        return
+    locked = conn.execute(
+        sa.select(catalog_meta.c.value).where(catalog_meta.c.key == "chain").with_for_update()
+    ).scalar_one_or_none()
+    if locked is None:
+        raise CatalogError(
+            f"catalog {redacted(url)} lacks its catalog_meta 'chain' row, which serialises ledger writes; "
+            "charges are refused until it is restored from a backup"
+        )
+
+
+def chain_tip(conn: Connection) -> tuple[int, str]:
+    """The ledger's length and last hash: what the anchor records."""
+    entries = conn.execute(sa.select(sa.func.count()).select_from(ledger)).scalar_one()
+    last = conn.execute(
+        sa.select(ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
+    ).scalar_one_or_none()
+    return int(entries), last or GENESIS
+
+
+class DatasetAccountant:
+    """The :class:`catalog.confidential.choke_point.Accountant` of one release on one dataset: every charge is a
+    committed ledger row, and the receipts are kept for the manifest."""
+
+    def __init__(
+        self,
+        catalog: Ledger,
+        *,
+        dataset_id: str,
+        release_id: str,
+        partitions: tuple[str, ...] | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.dataset_id = dataset_id
+        self.release_id = release_id
+        self.partitions = partitions  # None: the whole dataset; else each is charged the cost
+        self.receipts: list[str] = []
+
+    def charge(self, cost: PrivacyCost, *, label: str) -> str:
+        receipt = self.catalog.charge(
+            self.dataset_id,
+            cost,
+            release_id=self.release_id,
+            label=label,
+            partitions=self.partitions,
+        )
+        self.receipts.append(receipt)
+        return receipt
+
+    def holds(self, receipt_id: str) -> bool:
+        """True when ``receipt_id`` is a charge on this dataset's ledger (a reusable payment)."""
+        return any(
+            e.receipt_id == receipt_id and e.kind == "charge"
+            for e in self.catalog.ledger_entries(self.dataset_id)
+        )
