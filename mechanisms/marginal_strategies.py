@@ -59,7 +59,7 @@ from mechanisms.protocol import PlanRequest, StoredStrategy, StrategyCache, cach
 from mechanisms.strategies import identity_strategy, total_strategy
 from mechanisms.threads import single_threaded_blas
 from mechanisms.union import UnionStrategy, UnionTerm
-from mechanisms.workload import Workload, WorkloadItem
+from mechanisms.workload import Workload, WorkloadItem, item_subset
 
 SubsetBasis = Literal["centred", "marginal"]
 BASES: tuple[str, ...] = ("centred", "marginal")
@@ -673,6 +673,17 @@ def _bound(subset: SubsetWorkload) -> float | None:
         return None
     roots = np.sqrt(np.clip(subset.eigenvalues(), 0.0, None)) * subset.multiplicities()
     return float(roots.sum()) ** 2 / subset.num_cells
+
+
+def marginal_workload_reason(workload: Workload) -> str | None:
+    """Why ``workload`` is not a union of marginals the subset space serves (None when it is)."""
+    d = len(workload.domain_shape)
+    if d > MAX_MARGINAL_ATTRIBUTES:
+        return f"at most {MAX_MARGINAL_ATTRIBUTES} attributes (this domain has {d})"
+    for item in workload.items:
+        if item_subset(item) is None:
+            return f"answers marginals only; item {item.name!r} has other queries"
+    return None
 
 
 def plan_subset_weights(

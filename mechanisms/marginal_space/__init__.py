@@ -37,9 +37,9 @@ import numpy as np
 from mechanisms.compute_limits import MIN_TIME_LIMIT
 from mechanisms.marginal_strategies import (
     DEFAULT_L1_RESTARTS,
-    MAX_MARGINAL_ATTRIBUTES,
     SubsetStrategy,
     eigenspace_multiplicities,
+    marginal_workload_reason,
     plan_subset_weights,
     summed_out_sizes,
 )
@@ -75,6 +75,15 @@ def marginal_of(x: np.ndarray, domain_shape: tuple[int, ...], axes: tuple[int, .
     """The ``axes``-marginal of a full cell vector (tests and small domains). O(N)."""
     summed = tuple(i for i in range(len(domain_shape)) if i not in axes)
     return np.asarray(x, dtype=np.float64).reshape(domain_shape).sum(axis=summed)
+
+
+def _item_masks(workload: Workload) -> dict[str, int]:
+    """Each item's kept-attribute bitmask; ``ValueError`` for an item that is not a marginal."""
+    masks = {item.name: item_subset(item) for item in workload.items}
+    for name, mask in masks.items():
+        if mask is None:
+            raise ValueError(f"item {name!r} is not a marginal (Identity/Total factors)")
+    return masks  # type: ignore[return-value]
 
 
 def _centre(table: np.ndarray) -> np.ndarray:
@@ -190,12 +199,7 @@ class MarginalSpaceStrategy(SubsetStrategy):
         """
         shape = self.domain_shape
         d = len(shape)
-        kept = {}
-        for item in workload.items:
-            mask = item_subset(item)
-            if mask is None:
-                raise ValueError(f"item {item.name!r} is not a marginal (Identity/Total factors)")
-            kept[item.name] = mask
+        kept = _item_masks(workload)
         parts = self.components(y, down_closure(kept.values()))
         out = {}
         for name, mask in kept.items():
@@ -214,13 +218,7 @@ class MarginalSpaceStrategy(SubsetStrategy):
         """``reconstruct: pgm``: the consistent, non-negative tables over the workload's
         marginals closest to the measurements (:func:`mechanisms.pgm.consistent_marginals`,
         precisions ``λ_T = μ_T / Π_{i∉T} n_i``).  Post-processing of ``y`` only."""
-        masks = []
-        for item in workload.items:
-            mask = item_subset(item)
-            if mask is None:
-                raise ValueError(f"item {item.name!r} is not a marginal (Identity/Total factors)")
-            masks.append(mask)
-        cliques = maximal_masks(masks)
+        cliques = maximal_masks(list(_item_masks(workload).values()))
         needed = down_closure(cliques)
         mu = self.weights.strategy_eigenvalues()
         sizes_out = summed_out_sizes(self.domain_shape)
@@ -254,13 +252,7 @@ class MarginalSpaceMechanism(MatrixMechanism):
     input_kind: ClassVar[InputKind] = "marginals"
 
     def unavailable_reason(self, request: PlanRequest) -> str | None:
-        d = len(request.workload.domain_shape)
-        if d > MAX_MARGINAL_ATTRIBUTES:
-            return f"at most {MAX_MARGINAL_ATTRIBUTES} attributes (this domain has {d})"
-        for item in request.workload.items:
-            if item_subset(item) is None:
-                return f"answers marginals only; item {item.name!r} has other queries"
-        return None
+        return marginal_workload_reason(request.workload)
 
     def predicted_seconds(self, request: PlanRequest) -> float:
         # subset projections O(items · 2^d); the L1 template adds ~300 evaluations of O(d 2^d)

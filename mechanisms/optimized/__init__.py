@@ -26,9 +26,9 @@ import scipy.sparse as sp
 from mechanisms.compute_limits import WorkLimit
 from mechanisms.hierarchical import TreeOptions
 from mechanisms.marginal_strategies import (
-    MAX_MARGINAL_ATTRIBUTES,
     MarginalWeights,
     SubsetStrategy,
+    marginal_workload_reason,
     plan_subset_weights,
     subset_strategy,
     subset_unit_error,
@@ -58,7 +58,7 @@ from mechanisms.union import (
     weight_problem_sizes,
 )
 from mechanisms.union import predict_seconds as predict_union_seconds
-from mechanisms.workload import Workload, item_subset
+from mechanisms.workload import Workload
 
 MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item
 
@@ -79,7 +79,7 @@ class OptimizedMechanism(MatrixMechanism):
 
     def predicted_seconds(self, request: PlanRequest) -> float:
         workload = request.workload
-        if _is_marginal_workload(workload):  # subset space: O(items · 2^d) per evaluation
+        if marginal_workload_reason(workload) is None:  # subset space: O(items · 2^d)
             return 0.05 + len(workload.items) * 2 ** len(workload.domain_shape) * 2e-6
         seconds = predict_template_seconds(
             workload.domain_shape, num_terms=len(workload.items), noise=request.noise
@@ -130,7 +130,7 @@ class OptimizedMechanism(MatrixMechanism):
             except CandidateUnavailable as exc:
                 notes["union"] = f"not available: {exc.reason}"
         request = replace(request, time_limit=limit.nested_limit())  # what the union left
-        if _is_marginal_workload(workload):
+        if marginal_workload_reason(workload) is None:
             # Subset space: cost independent of the domain size; for L2 noise it is the SVD bound,
             # which no other template can beat, so nothing else is tried.
             weights = plan_subset_weights(request, cache=cache, time_limit=request.time_limit)
@@ -151,13 +151,6 @@ class OptimizedMechanism(MatrixMechanism):
         if best is None:
             raise CandidateUnavailable(f"no optimized template fits this workload ({notes})")
         return best, notes
-
-
-def _is_marginal_workload(workload: Workload) -> bool:
-    """Every item a marginal (each factor Identity or Total), over at most 20 attributes."""
-    return len(workload.domain_shape) <= MAX_MARGINAL_ATTRIBUTES and all(
-        item_subset(item) is not None for item in workload.items
-    )
 
 
 def _best_union(request: PlanRequest, *, branching: int) -> tuple[UnionStrategy, float]:
