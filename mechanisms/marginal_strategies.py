@@ -84,11 +84,6 @@ def validate_domain_sizes(domain_sizes: Sequence[int]) -> tuple[int, ...]:
     return sizes
 
 
-def _bit_pairs(values: np.ndarray, bit: int) -> np.ndarray:
-    """View a length-2^d vector as ``(2^(d−1−bit), 2, 2^bit)``: the middle axis is ``bit``."""
-    return values.reshape(-1, 2, 1 << bit)
-
-
 def _lattice_transform(
     values: np.ndarray, num_attributes: int, *, upward: bool, sign: float
 ) -> np.ndarray:
@@ -100,7 +95,7 @@ def _lattice_transform(
     if out.shape != (1 << num_attributes,):
         raise ValueError(f"values (shape {out.shape}) must have length 2^d = {1 << num_attributes}")
     for bit in range(num_attributes):
-        pairs = _bit_pairs(out, bit)
+        pairs = out.reshape(-1, 2, 1 << bit)  # (2^(d−1−bit), 2, 2^bit): the middle axis is `bit`
         target, source = (pairs[:, 1, :], pairs[:, 0, :]) if upward else (pairs[:, 0], pairs[:, 1])
         if sign > 0:
             target += source
@@ -175,10 +170,6 @@ class SubsetWorkload:
     """True when ``WᵀW = Σ_T λ_T Q_T`` exactly (every factor's Gram is ``a·I + b·J``)."""
     own_subsets: tuple[int, ...]
     """Per item, the bitmask of the attributes it does not sum out (its own marginal)."""
-
-    @property
-    def num_attributes(self) -> int:
-        return len(self.domain_shape)
 
     @property
     def num_cells(self) -> float:
@@ -627,7 +618,7 @@ def marginal_weights_template(
     if norm not in (1, 2):
         raise ValueError(f"norm ({norm}) must be 1 (L1) or 2 (L2)")
     subset = workload if isinstance(workload, SubsetWorkload) else subset_workload(workload)
-    start = np.zeros(2**subset.num_attributes)
+    start = np.zeros(2 ** len(subset.domain_shape))
     start[list(set(subset.own_subsets))] = 1.0
     search = search_marginal_weights(
         subset.projections,

@@ -172,10 +172,8 @@ def _best_union(request: PlanRequest, *, branching: int) -> tuple[UnionStrategy,
         error = unit_error(candidate, request.workload, norm=request.norm)
         if error < best_error:
             best_error = error
-            best = UnionStrategy(
-                name="optimized",
-                domain_shape=candidate.domain_shape,
-                terms=candidate.terms,
+            best = replace(
+                candidate,
                 parameters={
                     "template": "union",
                     "family": family,

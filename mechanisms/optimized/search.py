@@ -395,17 +395,16 @@ def marginals_template(
             time_limit=None if remaining == float("inf") else max(remaining, 1e-3),
             progress=progress,
         )
-    weights, error, iterations = search.weights, search.unit_error, search.iterations
     return OptimizedStrategy(
         kind="marginals",
         domain_sizes=sizes,
         objective_noise=noise,
-        total_error=error,
-        sensitivity=marginals_sensitivity(weights, noise=noise),
+        total_error=search.unit_error,
+        sensitivity=marginals_sensitivity(search.weights, noise=noise),
         restarts=restarts,
         seconds=time.perf_counter() - start,
-        weights=weights,
-        iterations=iterations,
+        weights=search.weights,
+        iterations=search.iterations,
         stopped_early=search.stopped_early,
     )
 
