@@ -35,7 +35,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from catalog import source
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 
 COLUMNS = ("region", "age", "sex")
 SEED = 20261122

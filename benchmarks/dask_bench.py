@@ -47,7 +47,8 @@ from count_bench import print_table  # benchmarks/ is on sys.path when run as a 
 
 from catalog import source
 from catalog.dask_count import count_cells_dask
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 
 SEED = 20261125
 REGIONS = 8

@@ -82,8 +82,8 @@ def main() -> None:
         from catalog import release
         from catalog.ledger.store import Catalog
         from catalog.planning import make_plan
-        from catalog.spec import load_spec
-        from flows.cli import bundled_spec
+        from catalog.spec.load import load_spec
+        from flows.cli.release import bundled_spec
 
         catalog = Catalog()
         spec = timed("load spec", lambda: load_spec(bundled_spec()))

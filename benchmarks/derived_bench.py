@@ -44,7 +44,8 @@ import numpy as np
 import opendp.prelude as dp
 
 from catalog.planning import make_plan
-from catalog.spec import ReleaseSpec, derived_column, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec, derived_column
 from catalog.strategy_store import StrategyStore
 from catalog.tables import derived_tables
 from mechanisms import derived

@@ -102,7 +102,7 @@ def run_case(
     from catalog import release
     from catalog.ledger.store import Catalog
     from catalog.planning import make_plan
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
 
     spec_path = adult_marginals_spec(home, degree, mechanism)
     pipeline_bench.measured = timed  # the stage runner's timer, without tracemalloc

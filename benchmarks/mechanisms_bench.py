@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from catalog.planning import make_plan
-from catalog.spec import load_spec
+from catalog.spec.load import load_spec
 from mechanisms.lrm.decomposition import wdiscrete_workload, wrange_workload, wrelated_workload
 
 MECHANISMS = ("identity", "hierarchical", "wavelet", "optimized", "eigen", "lrm")

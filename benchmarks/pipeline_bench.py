@@ -151,7 +151,7 @@ def ranges_spec(home: Path, n: int, *, mechanism: str, workload: str = "all_rang
 
 
 def baseline_group_by(spec_path: Path) -> float:
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
 
     spec = load_spec(spec_path)
     started = time.perf_counter()
@@ -162,7 +162,7 @@ def baseline_group_by(spec_path: Path) -> float:
 
 def baseline_identity_plan(spec_path: Path) -> float:
     from catalog.planning import make_plan
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
 
     spec = load_spec(spec_path).model_copy(update={"mechanism": "identity"})
     started = time.perf_counter()
@@ -182,7 +182,7 @@ def release_stages(spec_path: Path, home: Path) -> list[tuple[str, float, float,
     from catalog import release
     from catalog.ledger.store import Catalog
     from catalog.planning import make_plan
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
 
     catalog = Catalog(f"sqlite:///{home / 'bench-catalog.db'}")
     rows: list[tuple[str, float, float, str, float]] = []
@@ -244,7 +244,7 @@ def release_stages(spec_path: Path, home: Path) -> list[tuple[str, float, float,
 
 def plan_only(spec_path: Path) -> list[tuple[str, float, float, str, float]]:
     from catalog.planning import make_plan
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
 
     spec = load_spec(spec_path)
     plan, seconds, memory = measured(lambda: make_plan(spec))
@@ -320,7 +320,7 @@ def main() -> None:
             )
         if "count" in cases:
             from catalog.source import count_cells
-            from catalog.spec import load_spec
+            from catalog.spec.load import load_spec
 
             spec = load_spec(specs["rows"])
             _, seconds, memory = measured(lambda: count_cells(spec))

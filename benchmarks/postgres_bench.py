@@ -57,7 +57,7 @@ def worker(url: str, spec_path: Path, name: str, releases: int, ready: Path, go:
     from catalog.errors import BudgetExceededError
     from catalog.ledger.store import Catalog
     from catalog.planning import make_plan
-    from catalog.spec import parse_spec
+    from catalog.spec.load import parse_spec
 
     spec = parse_spec(json.loads(spec_path.read_text()))
     plan = make_plan(spec)

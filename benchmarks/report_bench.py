@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from catalog import report  # noqa: E402
 from catalog.artifacts import write_csv  # noqa: E402
 from catalog.planning import build_workload  # noqa: E402
-from catalog.spec import load_spec  # noqa: E402
+from catalog.spec.load import load_spec  # noqa: E402
 from catalog.tables import build_table  # noqa: E402
 from tests.flows.chromium import Browser  # noqa: E402
 

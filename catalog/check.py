@@ -34,7 +34,7 @@ from catalog.source import (
     person_rows,
     schema_problems,
 )
-from catalog.spec import ReleaseSpec
+from catalog.spec.model import ReleaseSpec
 
 EXAMPLES = 5  # distinct out-of-domain values shown per column, most rows first
 CONFIDENTIAL = (

@@ -64,7 +64,9 @@ from catalog.source import (
     person_rows,
     unreadable,
 )
-from catalog.spec import NumericBins, ReleaseSpec, check_runnable
+from catalog.spec.domain import NumericBins
+from catalog.spec.load import check_runnable
+from catalog.spec.model import ReleaseSpec
 from mechanisms.choke_point import ProtectedCells, ProtectedMarginals
 
 if TYPE_CHECKING:

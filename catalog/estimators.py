@@ -23,7 +23,7 @@ import numpy as np
 
 from catalog.errors import SpecError
 from catalog.planning import Plan, build_workload
-from catalog.spec import ReleaseSpec
+from catalog.spec.model import ReleaseSpec
 from mechanisms.pgm import solver_size
 from mechanisms.protocol import ItemAnswers, Measurement
 from mechanisms.workload import Workload, item_subset

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from catalog.errors import DataError
 from catalog.keys import CatalogKey
-from catalog.spec import ReleaseSpec
+from catalog.spec.model import ReleaseSpec
 
 if TYPE_CHECKING:
     from catalog.responses import PublishedStrategy

@@ -26,7 +26,8 @@ import numpy as np
 from catalog.errors import SpecError
 from catalog.keys import CatalogKey
 from catalog.source import read_and_encode
-from catalog.spec import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES, ReleaseSpec
+from catalog.spec.limits import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES
+from catalog.spec.model import ReleaseSpec
 from mechanisms.choke_point import ProtectedMarginals
 
 MAX_MARGINAL_CELLS = MAX_RELEASE_CELLS

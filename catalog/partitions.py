@@ -37,7 +37,7 @@ from typing import Any
 from catalog.errors import SpecError
 from catalog.ledger.spending import MAX_PARTITIONS_PER_RELEASE
 from catalog.source import list_source_files
-from catalog.spec import ReleaseSpec
+from catalog.spec.model import ReleaseSpec
 
 
 def declaration(spec: ReleaseSpec) -> str | None:

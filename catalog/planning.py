@@ -21,13 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from catalog.errors import SpecError
-from catalog.spec import (
-    MAX_RELEASE_CELLS,
-    ReleaseSpec,
-    WorkloadItemSpec,
-    derived_rows,
-    derived_support,
-)
+from catalog.spec.limits import MAX_RELEASE_CELLS
+from catalog.spec.model import ReleaseSpec, derived_rows, derived_support
+from catalog.spec.sections import WorkloadItemSpec
 from catalog.strategy_store import StrategyStore
 from mechanisms import registry
 from mechanisms.compute_limits import MIN_TIME_LIMIT

@@ -37,7 +37,8 @@ from catalog.planning import Plan, build_workload
 from catalog.report import render_report
 from catalog.review_policy import record_policy
 from catalog.source import resolve_source
-from catalog.spec import ReleaseSpec, check_runnable
+from catalog.spec.load import check_runnable
+from catalog.spec.model import ReleaseSpec
 from catalog.strategy_store import StrategyStore
 from catalog.tables import build_table, derived_descriptions, derived_tables
 from catalog.validation import validate_tables

@@ -32,7 +32,7 @@ from catalog.errors import DataError, SpecError
 from catalog.keys import CatalogKey
 from catalog.planning import make_plan
 from catalog.source import check_schema, open_dataset, resolve_source
-from catalog.spec import ReleaseSpec
+from catalog.spec.model import ReleaseSpec
 from catalog.strategy_store import StrategyStore
 from mechanisms import registry
 from mechanisms.local import randomizer

@@ -33,7 +33,7 @@ from catalog.ledger.leases import process_owner
 from catalog.ledger.names import normalize_reviewer, same_person
 from catalog.ledger.schema import create_tables, now
 from catalog.ledger.store import Catalog
-from catalog.spec import ReleaseSpec
+from catalog.spec.model import ReleaseSpec
 
 OPERATOR_ENV = "DPRELEASE_OPERATOR"
 

@@ -31,14 +31,10 @@ import pyarrow.dataset as ds
 from catalog.errors import DataError
 from catalog.keys import CatalogKey, catalog_key
 from catalog.ledger.database import default_url
-from catalog.spec import (
-    MAX_RELEASE_CELLS,
-    Categorical,
-    IntegerRange,
-    NumericBins,
-    ReleaseSpec,
-    check_runnable,
-)
+from catalog.spec.domain import Categorical, IntegerRange, NumericBins
+from catalog.spec.limits import MAX_RELEASE_CELLS
+from catalog.spec.load import check_runnable
+from catalog.spec.model import ReleaseSpec
 from mechanisms.choke_point import ProtectedCells
 
 __all__ = ["MAX_RELEASE_CELLS", "CountResult", "count_cells"]

@@ -31,7 +31,8 @@ from catalog.errors import CatalogError, SpecError
 from catalog.ledger.schema import now
 from catalog.ledger.store import Catalog
 from catalog.planning import build_workload
-from catalog.spec import Attribute, Categorical, IntegerRange, ReleaseSpec
+from catalog.spec.domain import Attribute, Categorical, IntegerRange
+from catalog.spec.model import ReleaseSpec
 from mechanisms.pgm import TreeModel, chow_liu_tree, sample_tree
 from mechanisms.workload import axes_of, item_subset
 

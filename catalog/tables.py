@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from catalog.spec import ReleaseSpec, WorkloadItemSpec, derived_column, derived_support
+from catalog.spec.model import ReleaseSpec, derived_column, derived_support
+from catalog.spec.sections import WorkloadItemSpec
 from mechanisms import derived
 from mechanisms.derived import QUANTILE_LABEL
 from mechanisms.intervals import interval_half_widths

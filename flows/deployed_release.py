@@ -60,7 +60,7 @@ from catalog.ledger.database import default_url
 from catalog.ledger.leases import ReleaseRecord
 from catalog.ledger.store import Catalog, SkippedRelease
 from catalog.release import StagedRelease
-from catalog.spec import load_spec
+from catalog.spec.load import load_spec
 from catalog.watch_state import ReviewRun, ReviewRuns
 from flows.release_flow import release_flow
 from flows.watch import file_fingerprint

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from catalog.errors import SpecError
-from catalog.spec import ReleaseSpec, load_spec
+from catalog.spec.load import load_spec
+from catalog.spec.model import ReleaseSpec
 from flows.deployed_release import (
     DEFAULT_REVIEW_TIMEOUT_SECONDS,
     ensure_dataset_limit,

@@ -2,7 +2,7 @@
 
 Samples a Parquet file with the release's columns and domain from the model fitted to a published
 ``reconstruct: pgm`` release (:mod:`catalog.synthetic`).  Post-processing of published values: no
-budget is charged, the confidential data are never read.  Registered by ``flows/cli.py``.
+budget is charged, the confidential data are never read.  Registered by ``flows/cli/__init__.py``.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ class SpecResolver:
         )
 
     def _reload_if_changed(self) -> None:
-        from catalog.spec import load_spec
+        from catalog.spec.load import load_spec
 
         files = self._spec_files()
         signature = tuple((str(p), p.stat().st_mtime_ns) for p in files)

@@ -7,7 +7,7 @@ validation service): the same work ran many times slower with several BLAS threa
 (``benchmarks/strategy_bench.py --blas-threads``).  One thread is never much slower on these
 sizes, so every mechanism that does heavy linear algebra runs under :func:`single_threaded_blas`.
 
-``flows/cli.py`` sets the same policy for the whole command through ``OPENBLAS_NUM_THREADS=1``
+``flows/cli/__init__.py`` sets the same policy for the whole command through ``OPENBLAS_NUM_THREADS=1``
 (it must be set before numpy is imported; a user's own value wins); this context manager applies
 it to library callers and tests too, whatever the environment says.
 """

@@ -5,7 +5,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from catalog.spec import ReleaseSpec, check_runnable_before_planning, load_spec
+from catalog.spec.load import check_runnable_before_planning, load_spec
+from catalog.spec.model import ReleaseSpec
 
 
 @task(name="load-spec", cache_policy=NO_CACHE, retries=0)

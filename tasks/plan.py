@@ -10,7 +10,7 @@ from typing import Any
 from prefect import task
 
 from catalog.planning import Plan, make_plan
-from catalog.spec import ReleaseSpec
+from catalog.spec.model import ReleaseSpec
 from tasks.settings import result_storage
 
 PLAN_CACHE_VERSION = "2"

@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 
 from catalog import release
 from catalog.planning import Plan
-from catalog.spec import ReleaseSpec
+from catalog.spec.model import ReleaseSpec
 from mechanisms.protocol import Measurement
 
 

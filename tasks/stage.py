@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from catalog import release
 from catalog.ledger.store import Catalog
 from catalog.planning import Plan
-from catalog.spec import ReleaseSpec
+from catalog.spec.model import ReleaseSpec
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import Measurement
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from catalog import release
 from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
-from catalog.spec import ReleaseSpec
+from catalog.spec.model import ReleaseSpec
 
 
 def release_stages(spec: ReleaseSpec, catalog: Catalog, out_dir: Path) -> Path:

@@ -29,7 +29,7 @@ import yaml
 
 from catalog import processes
 from flows import server
-from flows.cli import bundled_spec
+from flows.cli.release import bundled_spec
 from tests.flows.conftest import write_spec
 
 pytestmark = pytest.mark.flow

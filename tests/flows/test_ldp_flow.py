@@ -17,12 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from flows.ldp_cli import ldp_app
 from typer.testing import CliRunner
 
 from catalog import artifacts, responses
 from catalog.ledger.store import Catalog
 from flows.cli import app
+from flows.cli.ldp import ldp_app
 from mechanisms.local.mechanism import COLLECTION_LABEL
 
 runner = CliRunner()

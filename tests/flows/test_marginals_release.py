@@ -18,7 +18,7 @@ import pytest
 
 from catalog import artifacts
 from catalog.ledger.store import Catalog
-from catalog.spec import load_spec
+from catalog.spec.load import load_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
 

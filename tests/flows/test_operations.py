@@ -323,7 +323,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_each_spec_becomes_a_deployment_with_its_schedule_trigger_pool_and_parameters(
     tmp_path: Path,
 ) -> None:
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
     from flows.deployments import build_deployment
 
     source = tmp_path / "landing"
@@ -379,7 +379,7 @@ def test_each_spec_becomes_a_deployment_with_its_schedule_trigger_pool_and_param
 def test_deploy_prefect_yaml_matches_the_example_specs_and_the_flow() -> None:
     import inspect
 
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
     from flows.deployed_release import release_deployment_flow
     from flows.watch import ARRIVAL_EVENT, resource_id
 
@@ -406,7 +406,7 @@ def test_deploy_prefect_yaml_matches_the_example_specs_and_the_flow() -> None:
 
 def test_deployment_validators(tmp_path: Path) -> None:
     from catalog.errors import CatalogError, SpecError
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
     from catalog.watch_state import ReviewRun
     from flows.deployed_release import release_deployment_flow, resume_review
     from flows.deployments import build_deployment, deploy_specs, find_specs

@@ -387,7 +387,7 @@ def test_scheduled_and_arrival_releases_run_reviewed_and_stop_cleanly_on_both_ca
 
 
 def test_every_deployment_of_a_dataset_goes_to_its_one_run_at_a_time_queue(tmp_path: Path) -> None:
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
     from flows.deployments import build_deployment, dataset_queue_name
 
     data = tmp_path / "data.parquet"
@@ -401,7 +401,7 @@ def test_every_deployment_of_a_dataset_goes_to_its_one_run_at_a_time_queue(tmp_p
 
 
 def test_deploy_prefect_yaml_puts_each_deployment_in_its_dataset_queue() -> None:
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
     from flows.deployments import dataset_queue_name
 
     config = yaml.safe_load((ROOT / "deploy" / "prefect.yaml").read_text())

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from catalog.spec import load_spec
+from catalog.spec.load import load_spec
 from flows.cli import app
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]

@@ -153,7 +153,7 @@ def test_plan_is_cached_by_workload_and_a_changed_workload_misses(
     from prefect import flow
 
     import tasks.plan
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
 
     calls: list[str] = []
     original = tasks.plan.make_plan

@@ -176,7 +176,7 @@ def test_disjoint_arrivals_are_charged_per_partition(ops: Operations) -> None:
     from catalog import release
     from catalog.errors import BudgetExceededError
     from catalog.planning import make_plan
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
 
     spec = load_spec(ops.specs["partitioned"])
     with pytest.raises(BudgetExceededError, match=r"partition '2026-1[01]\.parquet' would be"):

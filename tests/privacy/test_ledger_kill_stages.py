@@ -110,7 +110,7 @@ from pathlib import Path
 from catalog import release
 from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
-from catalog.spec import parse_spec
+from catalog.spec.load import parse_spec
 
 url, spec_path, stop_after = sys.argv[1:4]
 spec = parse_spec(json.loads(Path(spec_path).read_text()))

@@ -41,7 +41,7 @@ import yaml
 from catalog.check import check_data, format_report
 from catalog.errors import DataError
 from catalog.source import count_cells
-from catalog.spec import load_spec
+from catalog.spec.load import load_spec
 
 NORMAL_ROWS = 1000  # in-domain rows in every file: ages 20..69, one person each
 

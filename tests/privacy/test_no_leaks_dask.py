@@ -18,7 +18,7 @@ import pytest
 from catalog.dask_count import count_cells_dask
 from catalog.errors import DataError
 from catalog.source import count_cells
-from catalog.spec import load_spec
+from catalog.spec.load import load_spec
 from tests.privacy.test_no_leaks import CASES, Case, leaks, leaks_in, read_tree, write_case
 
 

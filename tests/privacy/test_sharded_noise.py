@@ -26,7 +26,7 @@ from catalog.distributed_noise import DaskShardMapper, noise_cluster, processing
 from catalog.engine import Execution
 from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
-from catalog.spec import parse_spec
+from catalog.spec.load import parse_spec
 from mechanisms import noise
 from mechanisms.choke_point import (
     NoisyMeasurement,

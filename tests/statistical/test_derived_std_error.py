@@ -29,7 +29,8 @@ import pytest
 from scipy import stats
 
 from catalog.planning import build_workload
-from catalog.spec import derived_column, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import derived_column
 from catalog.strategy_store import StrategyStore
 from catalog.tables import derived_tables
 from mechanisms import derived, noise

@@ -15,9 +15,11 @@ from typer.testing import CliRunner
 
 from catalog import review as review_module
 from catalog.review_policy import OPERATOR_ENV, record_policy
-from catalog.spec import parse_spec
-from flows import cli
-from flows.cli import app, bundled_spec
+from catalog.spec.load import parse_spec
+from flows.cli import app
+from flows.cli import budget as budget_cli
+from flows.cli import review as review_cli
+from flows.cli.release import bundled_spec
 from mechanisms import registry
 from mechanisms.privacy import PrivacyCost
 from tests.unit.catalog.test_review import Staged, build_staged, fake_report, policy_spec
@@ -344,7 +346,7 @@ def test_releases_json_has_every_field_and_the_full_id(staged_home: Staged) -> N
 def test_releases_table_never_shortens_a_release_id(
     staged_home: Staged, monkeypatch: pytest.MonkeyPatch, width: int
 ) -> None:
-    monkeypatch.setattr(cli, "stdout", Console(width=width, soft_wrap=True))
+    monkeypatch.setattr(budget_cli, "stdout", Console(width=width, soft_wrap=True))
     result = runner.invoke(app, ["releases"])
     assert result.exit_code == 0, result.output
     assert LONG_ID in result.stdout and "…" not in result.stdout.split("dataset")[0]
@@ -520,7 +522,7 @@ def test_a_refused_reviewer_never_resumes_a_paused_run(
     def resumed(*args: Any, **kwargs: Any) -> bool:
         raise AssertionError("the paused run was resumed with a refused decision")
 
-    monkeypatch.setattr(cli, "_review_through_flow_run", resumed)
+    monkeypatch.setattr(review_cli, "_review_through_flow_run", resumed)
     own = runner.invoke(app, ["review", LONG_ID, "--approve", "--reviewer", "Olga"])
     assert own.exit_code == 2 and "may not approve it" in own.output
     assert staged_home.catalog.reviews(LONG_ID) == []

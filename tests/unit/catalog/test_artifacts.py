@@ -26,7 +26,8 @@ from catalog.artifacts import verify
 from catalog.errors import BudgetExceededError, VerificationError
 from catalog.ledger.store import Catalog
 from catalog.planning import Plan, make_plan
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 from mechanisms import noise, registry
 from tests.samplers import ZeroNoise
 

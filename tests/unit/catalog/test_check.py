@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from catalog.check import CONFIDENTIAL, check_data, format_report
 from catalog.errors import DataError, SpecError
 from catalog.source import count_cells
-from catalog.spec import load_spec, parse_spec
+from catalog.spec.load import load_spec, parse_spec
 from flows.cli import app
 
 REPO = Path(__file__).resolve().parents[3]

@@ -18,7 +18,8 @@ from catalog.dask_count import count_cells_dask, count_marginals_dask
 from catalog.errors import DataError, SpecError
 from catalog.marginal_source import count_marginals
 from catalog.source import count_cells
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 
 DOMAIN: dict[str, Any] = {
     "region": {"values": ["n", "s", "e"]},
@@ -238,7 +239,7 @@ def test_binned_nulls_nans_and_edges_equal_local(
 )
 def test_bin_codes_equal_the_domains_encode(bins: list[Any], rng: np.random.Generator) -> None:
     from catalog.dask_count import bin_codes
-    from catalog.spec import NumericBins
+    from catalog.spec.domain import NumericBins
 
     attribute = NumericBins(bins=bins)
     flat = np.ravel(bins)

@@ -20,7 +20,7 @@ from catalog.engine import (
     with_execution,
 )
 from catalog.errors import SpecError
-from catalog.spec import parse_spec
+from catalog.spec.load import parse_spec
 
 
 def _spec(**top: Any):
@@ -117,7 +117,7 @@ def test_local_opens_nothing_and_never_imports_dask() -> None:
     probe = (
         "import sys\n"
         "from catalog.engine import LOCAL, open_cluster\n"
-        "import catalog.spec, catalog.inputs, catalog.dask_count\n"
+        "import catalog.spec.load, catalog.inputs, catalog.dask_count\n"
         "with open_cluster(LOCAL) as client:\n"
         "    assert client is None\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))\n"

@@ -16,7 +16,7 @@ from catalog.errors import DataError, SpecError
 from catalog.keys import catalog_key
 from catalog.marginal_source import check_marginals_runnable, count_marginals
 from catalog.source import count_cells
-from catalog.spec import parse_spec
+from catalog.spec.load import parse_spec
 from mechanisms.marginal_space import marginal_of
 
 SUBSETS = [(), (0,), (0, 1), (1, 2), (0, 1, 2)]

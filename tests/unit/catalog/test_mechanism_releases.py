@@ -12,7 +12,7 @@ import pytest
 from catalog import release
 from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
-from catalog.spec import parse_spec
+from catalog.spec.load import parse_spec
 
 
 def _release(tmp_path: Path, mechanism: str, privacy: dict) -> tuple[dict, np.ndarray]:

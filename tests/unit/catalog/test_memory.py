@@ -13,7 +13,8 @@ from catalog import memory, release
 from catalog.errors import MemoryLimitError, SettingError
 from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 
 
 def make_spec(source: Path) -> ReleaseSpec:

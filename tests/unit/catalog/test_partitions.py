@@ -19,7 +19,7 @@ from catalog.ledger.chain import GENESIS, entry_digest
 from catalog.ledger.schema import SCHEMA_VERSION
 from catalog.ledger.spending import MAX_PARTITIONS_PER_RELEASE, running_spend
 from catalog.ledger.store import Catalog
-from catalog.spec import parse_spec
+from catalog.spec.load import parse_spec
 from tests.privacy.test_ledger_chain import V1_SCHEMA, pure, sql
 from tests.stages import release_stages
 

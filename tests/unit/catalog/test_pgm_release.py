@@ -17,7 +17,8 @@ from catalog import release, review
 from catalog.errors import CatalogError, SpecError
 from catalog.ledger.store import Catalog
 from catalog.planning import make_plan
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 from catalog.synthetic import synthesize, synthetic_records
 from mechanisms import noise
 from mechanisms.workload import axes_of, item_subset

@@ -10,7 +10,7 @@ import pytest
 
 from catalog import planning
 from catalog.errors import SpecError
-from catalog.spec import parse_spec
+from catalog.spec.load import parse_spec
 from mechanisms import registry
 from mechanisms.protocol import CandidateUnavailable, MatrixMechanism, PlanRequest, StrategyCache
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from catalog.errors import SpecError
-from catalog.spec import check_runnable_before_planning, parse_spec
+from catalog.spec.load import check_runnable_before_planning, parse_spec
 
 HUGE = {f"a{k}": {"min": 1, "max": n} for k, n in enumerate([10_000, 10_000, 10_000, 100])}
 

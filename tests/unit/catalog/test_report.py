@@ -27,7 +27,7 @@ from catalog.gx import (
 )
 from catalog.planning import build_workload
 from catalog.report_charts import chart_for, png_rgb, table_model
-from catalog.spec import parse_spec
+from catalog.spec.load import parse_spec
 from catalog.tables import build_table
 
 

@@ -17,7 +17,8 @@ from catalog import inputs, release, responses
 from catalog.errors import BudgetExceededError, DataError, SpecError
 from catalog.ledger.store import Catalog
 from catalog.planning import Plan, make_plan
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 from catalog.strategy_store import StrategyStore
 from mechanisms.local import baselines, randomizer
 from mechanisms.local.mechanism import COLLECTION_LABEL, LocalStrategy, describe

@@ -30,8 +30,9 @@ from catalog.ledger.names import normalize_reviewer, same_person
 from catalog.ledger.store import Catalog
 from catalog.review import review
 from catalog.review_policy import OPERATOR_ENV, current_operator, policy_of, record_policy
-from catalog.spec import ReleaseSpec, parse_spec
-from flows.cli import bundled_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
+from flows.cli.release import bundled_spec
 from mechanisms.privacy import PrivacyCost
 from tests.privacy.test_stuck_releases import measuring
 

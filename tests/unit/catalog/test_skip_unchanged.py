@@ -17,7 +17,8 @@ from catalog.errors import BudgetExceededError, CatalogError, SpecError
 from catalog.ledger.budget import DatasetAccountant
 from catalog.ledger.store import Catalog, SkippedRelease
 from catalog.planning import make_plan
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 from tests.privacy.test_ledger_chain import pure
 
 

@@ -21,7 +21,8 @@ import pytest
 from catalog import source
 from catalog.errors import DataError, SpecError
 from catalog.source import CountResult, count_cells
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 from mechanisms.privacy import PrivacyCost
 from mechanisms.strategies import build_kron_strategy
 from tests.samplers import ZeroNoise

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from catalog.errors import SpecError
-from catalog.spec import Categorical, IntegerRange, NumericBins, load_spec, parse_spec
+from catalog.spec.domain import Categorical, IntegerRange, NumericBins
+from catalog.spec.load import load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[3]
 DELETE = object()

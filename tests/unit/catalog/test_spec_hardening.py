@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from catalog.errors import SpecError
-from catalog.spec import (
+from catalog.spec.limits import (
     BUDGET_EPSILON_RANGE,
     BUDGET_RHO_RANGE,
     DELTA_RANGE,
@@ -32,11 +32,9 @@ from catalog.spec import (
     MAX_SPEC_BYTES,
     MAX_SPEC_DEPTH,
     RHO_RANGE,
-    check_runnable,
-    item_num_queries,
-    load_spec,
-    parse_spec,
 )
+from catalog.spec.load import check_runnable, load_spec, parse_spec
+from catalog.spec.model import item_num_queries
 
 
 def base() -> dict[str, Any]:

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from catalog import spec as spec_module
 from catalog.errors import SpecError
 from catalog.planning import build_workload, make_plan
-from catalog.spec import expand_item, item_num_queries, parse_spec
+from catalog.spec import model as spec_module
+from catalog.spec.load import parse_spec
+from catalog.spec.model import expand_item, item_num_queries
 from mechanisms.operators import Identity, Total
 
 DOMAIN = {

@@ -11,7 +11,7 @@ import yaml
 
 from catalog.errors import SpecError
 from catalog.planning import build_workload, make_plan
-from catalog.spec import load_spec, parse_spec
+from catalog.spec.load import load_spec, parse_spec
 from catalog.tables import label_columns
 
 

@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from catalog import planning
-from catalog.spec import parse_spec
+from catalog.spec.load import parse_spec
 from catalog.strategy_store import StrategyStore
 from mechanisms import optimized as optimized_mechanism
 from mechanisms.operators import MatrixFactor

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from catalog.planning import build_workload
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 from catalog.tables import build_table
 
 Z = 1.959963984540054

@@ -10,7 +10,8 @@ import pytest
 
 from catalog.errors import SpecError
 from catalog.planning import build_workload
-from catalog.spec import derived_rows, item_num_queries, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import derived_rows, item_num_queries
 from catalog.tables import DERIVED_VALUE_COLUMNS, derived_tables
 from mechanisms import derived
 from mechanisms.derived import Z95, BinnedColumn

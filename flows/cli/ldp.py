@@ -7,71 +7,58 @@
 * ``dprelease ldp simulate SPEC --strategy DIR --input TRUE.parquet --out RESPONSES.parquet
   [--seed N]`` plays the clients: each row's item is randomised with
   ``mechanisms.local.randomizer.randomize``.
-
-Registered by ``flows/cli.py`` as ``app.add_typer(ldp_app, name="ldp")``.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from catalog.errors import DprReleaseError
+from flows.cli.common import F, JsonOption, console, print_json, stdout, sub_app
 from mechanisms.privacy import PrivacyError
 
-console = Console(stderr=True, soft_wrap=True)
-stdout = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
-F = TypeVar("F", bound=Callable[..., Any])
-
-ldp_app = typer.Typer(
-    name="ldp",
-    help=(
-        "Local-model (LDP) collections: publish the optimised randomiser for a spec's workload and "
-        "simulate client responses.  `dprelease run SPEC` releases the estimates."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+ldp_app = sub_app(
+    "ldp",
+    "Local-model (LDP) collections: publish the optimised randomiser for a spec's workload and "
+    "simulate client responses.  `dprelease run SPEC` releases the estimates.",
 )
 
 
-def _clear_errors(function: F) -> F:
-    """The project's errors (and invalid values) as one clear message and a non-zero exit."""
+def _ldp_errors(function: F) -> F:
+    """The project's errors (and invalid values) as one clear message and a non-zero exit: exit 2
+    for an invalid value, 1 otherwise (not ``flows/errors.py``'s blocks)."""
 
     @wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
         except (DprReleaseError, PrivacyError, ValueError) as exc:
-            console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            console.print(f"[bold red]error:[/] {exc}")
             raise typer.Exit(code=2 if isinstance(exc, ValueError) else 1) from None
 
     return wrapper  # type: ignore[return-value]
 
 
 @ldp_app.command()
-@_clear_errors
+@_ldp_errors
 def strategy(
     spec: Annotated[Path, typer.Argument(help="Release spec (YAML) with model: local.")],
     out: Annotated[
         Path | None,
         typer.Option("--out", help="Folder for strategy.npy/.json (default ldp-strategies/NAME)."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Plan (optimise or reuse) and publish the spec's epsilon-LDP strategy, with its promised
     variance per user against the baselines (reconstruction of Thm 3.10)."""
     from catalog import responses
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
 
     loaded = load_spec(spec)
     responses.require_local(loaded)
@@ -84,7 +71,7 @@ def strategy(
     directory = out or responses.default_strategy_dir(loaded)
     array_path, json_path = responses.write_strategy_artifact(loaded, result, directory)
     if as_json:
-        sys.stdout.write(json.dumps(responses.strategy_summary(result), indent=2) + "\n")
+        print_json(responses.strategy_summary(result))
         return
     record = result.parameters
     table = Table(title=f"{loaded.name}: variance per user (N = 1), worst and average case")
@@ -102,15 +89,14 @@ def strategy(
     stdout.print(table)
     stdout.print(
         f"lower bound (Cor 5.7): {record['lower_bound']:.6g}; epsilon per user "
-        f"{result.epsilon:g}; optimised in {record['seconds']:.1f} s",
-        highlight=False,
+        f"{result.epsilon:g}; optimised in {record['seconds']:.1f} s"
     )
-    stdout.print(f"fingerprint: {result.fingerprint}", highlight=False)
-    stdout.print(f"wrote {array_path} and {json_path}", highlight=False)
+    stdout.print(f"fingerprint: {result.fingerprint}")
+    stdout.print(f"wrote {array_path} and {json_path}")
 
 
 @ldp_app.command()
-@_clear_errors
+@_ldp_errors
 def simulate(
     spec: Annotated[Path, typer.Argument(help="Release spec (YAML) with model: local.")],
     strategy_dir: Annotated[
@@ -137,7 +123,7 @@ def simulate(
     """Randomise every row of a Parquet of true items with the published strategy (simulation of
     the clients), writing one response index per user plus the strategy fingerprint."""
     from catalog import responses
-    from catalog.spec import load_spec
+    from catalog.spec.load import load_spec
 
     loaded = load_spec(spec)
     responses.require_local(loaded)
@@ -155,11 +141,9 @@ def simulate(
     )
     stdout.print(
         f"wrote {summary.num_responses:,} responses to {summary.output}{dropped}; strategy "
-        f"fingerprint {summary.strategy_fingerprint[:16]}…",
-        highlight=False,
+        f"fingerprint {summary.strategy_fingerprint[:16]}…"
     )
     if seed is not None:
         console.print(
-            "note: --seed makes the simulation reproducible; real clients must never use a seed",
-            highlight=False,
+            "note: --seed makes the simulation reproducible; real clients must never use a seed"
         )

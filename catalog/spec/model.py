@@ -1,0 +1,398 @@
+"""The validated release spec (cross-field rules, fingerprints) and the workload it implies:
+``marginals`` items expanded, derived items' support queries, each item's table size."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, field_validator, model_validator
+
+from catalog.engine import Execution
+from catalog.errors import SpecError
+from catalog.spec.domain import Attribute, IntegerRange, NumericBins, Strict, parse_attribute
+from catalog.spec.limits import MAX_PLAN_CELLS, check_large_delta, check_privacy_dict
+from catalog.spec.sections import (
+    ID_PATTERN,
+    DatasetSection,
+    Postprocess,
+    PrivacyUnit,
+    ReviewPolicy,
+    Schedule,
+    WorkloadItemSpec,
+)
+from mechanisms import registry
+from mechanisms.derived import BinnedColumn, support_item
+from mechanisms.privacy import PrivacyCost, cost_from_dict
+from mechanisms.workload import WorkloadItem
+
+MAX_EXPANDED_MARGINALS = 10_000
+"""Output tables one ``marginals`` item may expand to (C(14, 3) = 364 for Adult's 3-way)."""
+
+
+class ReleaseSpec(Strict):
+    """A validated release spec.  Build it with :func:`load_spec` or :func:`parse_spec`."""
+
+    name: str = Field(pattern=ID_PATTERN)
+    dataset: DatasetSection
+    privacy_unit: PrivacyUnit = PrivacyUnit(rows_per_person=1)
+    domain: dict[str, Attribute]
+    workload: list[WorkloadItemSpec]
+    mechanism: str = "auto"
+    mechanism_options: dict[str, Any] = Field(default_factory=dict)
+    privacy: dict[str, float]
+    on_out_of_domain: Literal["error", "drop"] = "error"
+    postprocess: Postprocess = Postprocess()
+    reconstruct: Literal["least_squares", "pgm", "auto"] = "least_squares"
+    """``pgm``: consistent, non-negative tables (marginal-space plans; :mod:`catalog.estimators`);
+    ``auto``: ``pgm`` where the plan supports it, least squares otherwise."""
+    model: Literal["central", "local"] = "central"
+    """``local``: users randomise on their devices with a published strategy (``dprelease ldp``);
+    ``privacy.epsilon`` is then the per-user ε and ``dataset.source`` holds their responses."""
+    schedule: Schedule | None = None
+    trigger: Literal["arrival"] | None = None
+    review: ReviewPolicy | None = None
+    """Separation of duties and reviewer notification; without it one reviewer decides, who is
+    not the person who ran the release."""
+    allow_large_delta: bool = False
+    """Accept ``delta`` above 1e-3 in ``privacy`` and ``dataset.budget`` (shown in manifest/report)."""
+    execution: Execution = Execution()
+    """Where the run counts and noises: ``{engine: local | dask, address: tcp://…}`` (CLI wins)."""
+    on_unchanged: Literal["skip", "release"] = "skip"
+    """A scheduled or triggered run whose input and spec equal those of the last release of the
+    series (same ``name`` and dataset id): ``skip`` charges nothing and records a ``skipped``
+    ledger entry; ``release`` releases again (and pays again)."""
+
+    @model_validator(mode="after")
+    def _check_partitions(self) -> ReleaseSpec:
+        partitions = self.dataset.partitions
+        if partitions is None:
+            return self
+        if self.model == "local":
+            raise ValueError(
+                "dataset.partitions applies to central releases; a local-model (model: local) "
+                "collection is charged as a whole"
+            )
+        if partitions.by == "column" and partitions.column not in self.domain:
+            raise ValueError(
+                f"dataset.partitions.column ({partitions.column!r}) must be an attribute of the "
+                f"domain (the partitions are its public cells, never values read from the data); "
+                f"the domain has {sorted(self.domain)}"
+            )
+        return self
+
+    @field_validator("domain", mode="before")
+    @classmethod
+    def _parse_domain(cls, raw: Any) -> dict[str, Attribute]:
+        if not isinstance(raw, dict) or not raw:
+            raise ValueError("domain must be a non-empty mapping of attribute name to kind")
+        return {str(name): parse_attribute(str(name), value) for name, value in raw.items()}
+
+    @field_validator("privacy")
+    @classmethod
+    def _check_privacy(cls, privacy: dict[str, float]) -> dict[str, float]:
+        return check_privacy_dict(privacy, field="privacy")
+
+    @field_validator("mechanism")
+    @classmethod
+    def _check_mechanism(cls, mechanism: str) -> str:
+        if mechanism != registry.AUTO and mechanism not in registry.names():
+            raise ValueError(
+                f"unknown mechanism {mechanism!r}; choose one of "
+                f"{', '.join((registry.AUTO, *registry.names()))}"
+            )
+        return mechanism
+
+    @field_validator("workload")
+    @classmethod
+    def _check_workload(cls, items: list[WorkloadItemSpec]) -> list[WorkloadItemSpec]:
+        if not items:
+            raise ValueError("workload must have at least one item")
+        names = [item.name for item in items]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"workload item names must be unique; repeated: {duplicates}")
+        return items
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ReleaseSpec:
+        for k, item in enumerate(self.workload):
+            where = f"workload[{k}] ({item.name!r})"
+            for attribute in item.referenced_attributes():
+                if attribute not in self.domain:
+                    raise ValueError(
+                        f"{where}: unknown attribute {attribute!r}; the domain has {sorted(self.domain)}"
+                    )
+            if item.kind in ("prefix", "all_ranges", "ranges"):
+                for attribute in item.referenced_attributes():
+                    if not self.domain[attribute].ordered:
+                        raise ValueError(
+                            f"{where}: {item.kind} needs an ordered attribute, but {attribute!r} is "
+                            "categorical (give it ordered: true, or use a marginal)"
+                        )
+            if item.ranges is not None:
+                for attribute, pairs in item.ranges.items():
+                    if not pairs:
+                        raise ValueError(f"{where}: ranges for {attribute!r} must not be empty")
+                    for pair in pairs:
+                        if len(pair) != 2:
+                            raise ValueError(f"{where}: range {pair} must be [low, high]")
+                        try:
+                            lo = self.domain[attribute].value_to_cell(pair[0], edge="low")
+                            hi = self.domain[attribute].value_to_cell(pair[1], edge="high")
+                        except ValueError as exc:
+                            raise ValueError(
+                                f"{where}: range {pair} on {attribute!r}: {exc}"
+                            ) from None
+                        if lo > hi:
+                            raise ValueError(
+                                f"{where}: range {pair} on {attribute!r} has low > high"
+                            )
+            if item.derived_column is not None:
+                try:
+                    derived_column(self, item)
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}") from None
+        if self.privacy_unit.person_column in self.domain:
+            raise ValueError(
+                f"privacy_unit.person_column ({self.privacy_unit.person_column!r}) must not be a domain attribute"
+            )
+        registry.check_options(
+            requested=self.mechanism, model=self.model, options=self.mechanism_options
+        )
+        if self.model == "local":
+            if set(self.privacy) != {"epsilon"}:
+                raise ValueError(
+                    f"model: local needs privacy {{epsilon}} (the per-user epsilon); got {self.privacy}"
+                )
+            if (
+                self.privacy_unit.person_column is not None
+                or (self.privacy_unit.rows_per_person or 1) != 1
+            ):
+                raise ValueError(
+                    "model: local needs privacy_unit {rows_per_person: 1} (one response per user)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _check_sizes_and_delta(self) -> ReleaseSpec:
+        check_large_delta(self.privacy, field="privacy", allowed=self.allow_large_delta)
+        check_large_delta(
+            self.dataset.budget, field="dataset.budget", allowed=self.allow_large_delta
+        )
+        if self.num_cells > MAX_PLAN_CELLS:
+            raise ValueError(
+                f"domain has {self.num_cells:.3g} cells ({' × '.join(map(str, self.domain_shape))}); "
+                f"at most {MAX_PLAN_CELLS:.0e} are supported (cell indices are 64-bit integers)"
+            )
+        for k, item in enumerate(self.workload):
+            for attribute, pairs in (item.ranges or {}).items():
+                if any(isinstance(v, bool) for pair in pairs for v in pair):
+                    raise ValueError(
+                        f"workload[{k}] ({item.name!r}): ranges for {attribute!r} ({pairs}) hold a "
+                        "boolean; range bounds are numbers or category values, never true/false"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _check_marginals_items(self) -> ReleaseSpec:
+        """``marginals`` items: degree within the attributes, bounded table count, unique names."""
+        names = [item.name for item in self.workload if item.marginals is None]
+        for k, item in enumerate(self.workload):
+            if item.marginals is None:
+                continue
+            where = f"workload[{k}] ({item.name!r})"
+            chosen = _marginals_attributes(self, item)
+            degree = item.marginals.degree
+            if degree > len(chosen):
+                raise ValueError(
+                    f"{where}: marginals.degree ({degree}) exceeds the {len(chosen)} attributes"
+                )
+            tables = math.comb(len(chosen), degree)
+            if tables > MAX_EXPANDED_MARGINALS:
+                raise ValueError(
+                    f"{where}: all {degree}-way marginals of {len(chosen)} attributes are "
+                    f"{tables:,} tables; at most {MAX_EXPANDED_MARGINALS:,} per item"
+                )
+            names += [part.name for part in expand_item(self, item)]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(
+                f"workload: marginals items expand to table names that repeat {repeated[:5]} "
+                "(another item has that name, or attribute names differ only in characters "
+                "outside A-Z a-z 0-9 _ -): rename an item"
+            )
+        return self
+
+    # --- derived, public -------------------------------------------------------------------------
+    def expanded_workload(self) -> list[WorkloadItemSpec]:
+        """The workload with every ``marginals`` item replaced by its marginal items (in order)."""
+        expanded: list[WorkloadItemSpec] = []
+        for item in self.workload:
+            expanded += expand_item(self, item) if item.marginals is not None else [item]
+        return expanded
+
+    @property
+    def attribute_names(self) -> list[str]:
+        return list(self.domain)
+
+    @property
+    def domain_shape(self) -> tuple[int, ...]:
+        return tuple(attribute.size for attribute in self.domain.values())
+
+    @property
+    def num_cells(self) -> int:
+        return math.prod(self.domain_shape)
+
+    def privacy_target(self) -> PrivacyCost:
+        return cost_from_dict(self.privacy)
+
+    def canonical_json(self) -> str:
+        # where a run counts changes no output; fields added later at their default change no hash
+        data = self.model_dump(mode="json", exclude={"execution"})
+        if not self.privacy_unit.persons_colocated:
+            del data["privacy_unit"]["persons_colocated"]
+        if self.dataset.partitions is None:
+            del data["dataset"]["partitions"]
+        if self.on_unchanged == "skip":
+            del data["on_unchanged"]
+        if self.review is not None and not self.review.allow_self_approval:
+            del data["review"]["allow_self_approval"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def series_key(self) -> str:
+        """sha256 of the spec minus where the input lives (``dataset.source``) and the
+        ``on_unchanged`` policy: with the keyed input fingerprint (names and bytes of the input
+        files), what "unchanged since the last release of the series" compares."""
+        data = json.loads(self.canonical_json())
+        data["dataset"].pop("source", None)
+        data.pop("on_unchanged", None)
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical spec (everything, including the dataset and privacy level)."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def workload_fingerprint(self) -> str:
+        """sha256 of what determines strategies: domain sizes and order, workload, noise kind, options."""
+        payload = {
+            "domain": {name: attr.model_dump(mode="json") for name, attr in self.domain.items()},
+            "workload": [item.model_dump(mode="json", exclude_none=True) for item in self.workload],
+            "matrices": [_file_sha256(item.matrix) for item in self.workload if item.matrix],
+            "noise": "laplace" if self.privacy_target().measure == "pure" else "gaussian",
+            "mechanism": self.mechanism,
+            "options": self.mechanism_options,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _marginals_attributes(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[str]:
+    """A ``marginals`` item's attributes, in domain order."""
+    selection = item.marginals
+    if selection is None or selection.attributes == "all":
+        return list(spec.domain)
+    return [name for name in spec.domain if name in selection.attributes]
+
+
+def expand_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[WorkloadItemSpec]:
+    """A ``marginals`` item as one ``marginal`` item per k-subset of its attributes (domain order),
+    named ``<item>.<a>.<b>`` (characters outside ``A-Za-z0-9_-`` of an attribute name become
+    ``_``, so every name is a safe file name). O(C(attributes, k)).
+
+    The parts are built without re-validation: their attributes and names are checked by the
+    spec's validators (``_cross_checks``, ``_check_marginals_items``).
+    """
+    if item.marginals is None:
+        return [item]
+    chosen = _marginals_attributes(spec, item)
+    return [
+        WorkloadItemSpec.model_construct(
+            name=".".join([item.name, *(re.sub(r"[^A-Za-z0-9_-]", "_", a) for a in combo)]),
+            marginal=list(combo),
+        )
+        for combo in itertools.combinations(chosen, item.marginals.degree)
+    ]
+
+
+def item_num_queries(spec: ReleaseSpec, item: WorkloadItemSpec) -> int:
+    """Rows of the item's output table, from the spec alone (a matrix item reads only the .npy
+    header; a ``marginals`` item: of all its tables). O(attributes)."""
+    if item.marginals is not None:
+        return sum(item_num_queries(spec, part) for part in expand_item(spec, item))
+    if item.derived_column is not None:
+        return derived_support(spec, item).num_queries + derived_rows(spec, item)
+    count = 1
+    for name, attribute in spec.domain.items():
+        n = attribute.size
+        if (item.marginal is not None and name in item.marginal) or item.prefix == name:
+            count *= n
+        elif item.all_ranges is not None and name in item.all_ranges:
+            count *= n * (n + 1) // 2
+        elif item.attributes is not None and name in item.attributes and item.matrix is not None:
+            try:
+                count *= int(np.load(item.matrix, mmap_mode="r", allow_pickle=False).shape[0])
+            except (OSError, ValueError, IndexError) as exc:
+                raise SpecError(
+                    f"workload item {item.name!r}: cannot read {item.matrix!r}: {exc}"
+                ) from None
+        elif item.ranges is not None and name in item.ranges:
+            count *= len(item.ranges[name])
+    return count
+
+
+def derived_column(spec: ReleaseSpec, item: WorkloadItemSpec) -> BinnedColumn:
+    """The public cells of a derived item's column (raises ``ValueError`` naming the rule)."""
+    name = item.derived_column
+    attribute = spec.domain[name] if name is not None else None
+    if not isinstance(attribute, IntegerRange | NumericBins):
+        raise ValueError(
+            f"{item.kind} needs a numeric column (an integer range or numeric bins), but "
+            f"{name!r} is {type(attribute).__name__.lower()}"
+        )
+    if item.representative is not None and len(item.representative) != attribute.size:
+        raise ValueError(
+            f"representative lists {len(item.representative)} values but {name!r} has "
+            f"{attribute.size} cells"
+        )
+    rep = None if item.representative is None else np.asarray(item.representative, np.float64)
+    if isinstance(attribute, IntegerRange):
+        lower, upper = attribute.cell_bounds()
+        return BinnedColumn.of_cells(lower, upper, rep, integer=True)
+    pairs = attribute.pairs()
+    return BinnedColumn.of_cells(pairs[:, 0], pairs[:, 1], rep, integer=False)
+
+
+def derived_support(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
+    """The support queries a derived item adds to the workload (``<name>.moments`` or
+    ``<name>.cdf``; see :mod:`mechanisms.derived`)."""
+    names = list(spec.domain)
+    kind = "quantiles" if item.quantiles is not None else "mean"
+    return support_item(
+        name=f"{item.name}.{'cdf' if kind == 'quantiles' else 'moments'}",
+        kind=kind,
+        domain_shape=spec.domain_shape,
+        column_axis=names.index(str(item.derived_column)),
+        by_axes=tuple(names.index(a) for a in item.by or []),
+        column=derived_column(spec, item),
+    )
+
+
+def derived_rows(spec: ReleaseSpec, item: WorkloadItemSpec) -> int:
+    """Rows of a derived item's table: one per group and statistic."""
+    groups = math.prod(spec.domain[a].size for a in item.by or [])
+    return groups * (len(item.quantiles.q) if item.quantiles is not None else 1)
+
+
+def _file_sha256(path: str) -> str:
+    """Content hash of a workload matrix file (so an edited matrix never hits a stale cache)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return f"unreadable:{path}"

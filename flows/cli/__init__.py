@@ -1,0 +1,109 @@
+"""The ``dprelease`` command line (typer): demo, run, plan, budget, releases, review, verify, deploy,
+watch.
+
+Environment: ``DPRELEASE_HOME`` (default ``./.dprelease``) holds the SQLite catalog and Prefect's
+local state; ``DPRELEASE_CATALOG_URL`` points the catalog at any SQLAlchemy database instead.
+Flows run against one local Prefect server shared by all commands (``flows/server.py``: started
+on first use, stopped after ``DPRELEASE_SERVER_IDLE_SECONDS`` idle; ``dprelease server status|stop``)
+unless ``PREFECT_API_URL`` is set.
+
+Failures (``flows/errors.py``): a user error is one short block on stderr and exit 2, an internal
+error one line pointing to a log under ``$DPRELEASE_HOME/logs/`` and exit 1, Ctrl-C exit 130;
+``--debug`` shows tracebacks.  Spec errors are reported before Prefect is imported or a server
+starts; prefect and Great Expectations are imported only by the commands that need them.
+
+The commands live by group in this package's modules; this module assembles ``app``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The BLAS thread policy of mechanisms/threads.py (single_threaded_blas), for the whole command: it
+# must be set before numpy loads.  Multi-threaded BLAS on the small matrices of strategy work only
+# contends on two cores (many times slower under load: benchmarks/strategy_bench.py
+# --blas-threads).  Users can still override it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import gc
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from flows import errors
+from flows.cli import budget, operations, release, review
+from flows.cli.common import clear_errors, console
+from flows.cli.ldp import ldp_app
+from flows.synth import synth
+
+
+class _ConsoleScript(typer.Typer):
+    """``dprelease`` run as a program (``app()``; ``CliRunner`` does not go through here)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from flows.interrupt import allow_hard_exit
+
+        allow_hard_exit()  # the Ctrl-C watchdog may end this process
+        try:
+            return super().__call__(*args, **kwargs)
+        except KeyboardInterrupt as exc:  # outside a command (e.g. a sub-app's)
+            sys.exit(errors.report_interrupt(console, str(exc)))
+        except Exception as exc:
+            sys.exit(errors.report(exc, console))
+        finally:
+            # Exit hooks still run (Prefect drains its event and log workers), but the final
+            # garbage collection skips the heap prefect, GX and pandas built: seconds on two busy
+            # cores, which Ctrl-C's 5-second promise cannot afford.
+            gc.freeze()
+
+
+app = _ConsoleScript(
+    name="dprelease",
+    help=(
+        "Publish differentially private statistics: a release spec names a Parquet dataset, a public "
+        "domain, a workload and a privacy level; dprelease picks a workload-aware strategy, charges a "
+        "persistent privacy-budget ledger, adds vetted noise, reconstructs, validates and stages an "
+        "auditable release for review."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _global_options(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Show full tracebacks on this terminal (never stored) and Prefect's own log lines.",
+        ),
+    ] = False,
+) -> None:
+    errors.set_debug(debug)
+
+
+# `dprelease --help` lists the commands in this order, then the groups.
+for _command in (
+    release.demo,
+    release.run,
+    release.plan,
+    release.check,
+    budget.budget,
+    budget.releases,
+    review.review,
+    operations.deploy,
+    operations.watch,
+    release.verify,
+    review.show,
+    operations.recover,
+    clear_errors(synth),
+):
+    app.command()(_command)
+app.add_typer(
+    ldp_app, name="ldp", help="Local differential privacy: publish a strategy, simulate clients."
+)
+app.add_typer(review.notify_app, name="notify")
+app.add_typer(operations.server_app, name="server")

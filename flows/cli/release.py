@@ -1,0 +1,254 @@
+"""``dprelease demo``, ``run``, ``plan``, ``check`` and ``verify``: a release from its spec to its
+staged directory, and back to the checks of that directory."""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from flows import errors
+from flows.cli.common import (
+    JsonOption,
+    OutOption,
+    clear_errors,
+    console,
+    cost_text,
+    prefect_api,
+    prefect_defaults,
+    print_json,
+    server_ready,
+    stdout,
+)
+from flows.cli.review import print_review_policy
+
+
+def bundled_spec() -> Path:
+    """The demo spec shipped inside the package (UCI Adult, CC BY 4.0)."""
+    return Path(str(resources.files("flows") / "examples" / "adult-demo.yaml"))
+
+
+def _run_release(
+    spec_path: Path, out_dir: Path, *, engine: str | None = None, address: str | None = None
+) -> Any:
+    from catalog.engine import resolve_execution
+    from catalog.spec.load import check_runnable_before_planning, load_spec
+
+    spec = load_spec(spec_path)  # fail fast on a bad spec: before Prefect or any server starts
+    check_runnable_before_planning(spec)  # sizes only: a too-large release is never planned
+    execution = resolve_execution(spec.execution, engine=engine, address=address)  # CLI wins
+    from flows.watchdog import stage_timeout_seconds
+
+    stage_timeout_seconds()  # a bad DPRELEASE_STAGE_TIMEOUT is refused before Prefect starts
+    prefect_defaults()
+    console.print(
+        f"[bold]dprelease[/] release [cyan]{spec.name}[/] of dataset [cyan]{spec.dataset.id}[/] "
+        f"({spec.num_cells:,} cells, {len(spec.workload)} workload items)"
+    )
+    started = time.perf_counter()
+    with (
+        console.status("connecting to the local Prefect server…", spinner="dots") as status,
+        prefect_api() as connection,
+    ):
+        # The server starts in the background while the flow's modules (and prefect) import.
+        from flows.release_flow import run_release
+
+        if connection is not None and connection.started:
+            # Data-free planning fills the strategy store on the other core while the server
+            # starts; the flow's plan task then finds the strategy there.
+            status.update("planning while the local Prefect server starts (reused later)…")
+            from catalog.memory import check_memory, predict_plan
+            from catalog.planning import make_plan
+
+            check_memory(predict_plan(spec, make_plan(spec)))  # before the flow charges
+        with server_ready(connection):
+            status.update("running the release flow…")
+            from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+            from flows.interrupt import InterruptGuard
+
+            # No flow-run heartbeats for a run inside this command (the user sees it end or
+            # crash): Prefect's heartbeat thread sleeps in 1 s steps and is joined at the flow's
+            # end, up to one step of every command.  Deployed runs keep them (crash detection).
+            with (
+                InterruptGuard(write=lambda text: console.print(text)),
+                temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+            ):
+                staged = run_release(
+                    spec_path=str(spec_path), out_dir=str(out_dir), execution=execution
+                )
+    console.print(f"finished in {time.perf_counter() - started:.1f} s")
+    return staged
+
+
+def _print_staged(staged: Any) -> None:
+    charged = cost_text(staged.charged)
+    stdout.print(f"release id: {staged.release_id}")
+    stdout.print(f"artifacts:  {staged.directory}")
+    stdout.print(f"mechanism:  {staged.mechanism}; privacy charged: {charged}")
+    stdout.print(f"report:     {Path(staged.directory) / 'report.html'}")
+    stdout.print(
+        f"next:       dprelease review {staged.release_id} --approve --reviewer NAME   "
+        f"(or --reject); dprelease verify {staged.directory}"
+    )
+    print_review_policy(staged.release_id)
+
+
+@clear_errors
+def demo(
+    out: OutOption = Path("releases"),
+) -> None:
+    """Release the bundled UCI Adult example end to end and stage it for review."""
+    _print_staged(_run_release(bundled_spec(), out))
+
+
+@clear_errors
+def run(
+    spec: Annotated[Path, typer.Argument(help="Release spec (YAML).")],
+    out: OutOption = Path("releases"),
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="local or dask: where counting and fan-out tasks run (overrides the spec's "
+            "execution.engine; default local). dask without --address starts a local cluster.",
+        ),
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address", help="Dask scheduler tcp://host:port to join (implies --engine dask)."
+        ),
+    ] = None,
+) -> None:
+    """Run the release flow for SPEC: ingest, count, plan, measure, reconstruct, validate, stage."""
+    _print_staged(_run_release(spec, out, engine=engine, address=address))
+
+
+@clear_errors
+def plan(
+    spec: Annotated[
+        Path, typer.Argument(help="Release spec (YAML); dataset.source is not needed.")
+    ],
+    as_json: JsonOption = False,
+    time_budget: Annotated[
+        float,
+        typer.Option(
+            "--time-budget",
+            help="Seconds of predicted planning work auto may spend; candidates predicted to take "
+            "longer are skipped (and listed with the reason). A mechanism the spec names is "
+            "always planned.",
+            min=0.001,
+        ),
+    ] = 120.0,
+) -> None:
+    """Data-free plan: the candidates' expected errors, the SVD lower bound, the choice and the cost.
+
+    A spec that names a mechanism plans only that one; auto plans the registry's mechanisms
+    cheapest first and stops once one is within 0.5% of the lower bound.  Optimised strategies
+    are kept in the strategy store, so `run` after `plan` reuses them.
+    """
+    from catalog.planning import make_plan
+    from catalog.spec.load import load_spec
+
+    loaded = load_spec(spec)
+    result = make_plan(loaded, time_budget=time_budget)
+    from catalog.memory import predict_plan
+
+    memory = predict_plan(loaded, result)
+    if as_json:
+        print_json(result.to_json() | {"memory": memory.to_json()})
+        return
+    table = Table(title=f"plan: {result.num_queries:,} queries over {result.num_cells:,} cells")
+    for column in ("mechanism", "rmse", "total variance", "ratio to bound", "seconds", "note"):
+        table.add_column(column, justify="left" if column in ("mechanism", "note") else "right")
+    for c in result.candidates:
+        ratio = (
+            f"{c.rmse / result.lower_bound_rmse:.3f}"
+            if c.rmse is not None and result.lower_bound_rmse
+            else ""
+        )
+        table.add_row(
+            ("* " if c.mechanism == result.chosen else "  ") + c.mechanism,
+            f"{c.rmse:.4f}" if c.rmse is not None else "n/a",
+            f"{c.total_variance:.6g}" if c.total_variance is not None else "n/a",
+            ratio,
+            f"{c.seconds:.3f}",
+            c.note or "",
+        )
+    stdout.print(table)
+    bound = f"{result.lower_bound_rmse:.4f}" if result.lower_bound_rmse else "n/a"
+    stdout.print(f"SVD lower bound on rmse: {bound} ({result.lower_bound_note})")
+    stdout.print(f"chosen: {result.chosen} — {result.reason}")
+    stdout.print(f"privacy cost: {result.expected_cost.describe()} ({result.noise_kind} noise)")
+    peak_stage, _, driver = memory.peak
+    stdout.print(
+        "predicted memory: "
+        + ", ".join(f"{name} {size / 1e6:,.0f} MB" for name, size, _ in memory.stages)
+        + f"; peak {peak_stage} ({driver})"
+    )
+
+
+@clear_errors
+def check(
+    spec: Annotated[
+        Path, typer.Argument(help="Release spec (YAML) whose dataset.source to check.")
+    ],
+) -> None:
+    """For the data custodian: the exact input problems a release reports only by column and rule.
+
+    Reads the spec's data here, without Prefect, and prints null and out-of-domain rows per column (with example values), wrong column types and persons above the contribution bound. The output is CONFIDENTIAL (exact counts and raw values); it is stored nowhere: no file, no catalog entry, no log.
+
+    Exit status: 0 when no problem was found, 3 when problems were found, 2 for an invalid spec or an unreadable source.
+    """
+    from catalog.check import check_data, format_report
+    from catalog.spec.load import load_spec
+
+    report = check_data(load_spec(spec))
+    typer.echo(format_report(report))
+    if report.problems:
+        raise SystemExit(3)  # not an error of the command: it found what it looks for
+
+
+@clear_errors
+def verify(
+    release_dir: Annotated[
+        Path, typer.Argument(help="A release directory (contains manifest.json).")
+    ],
+    input_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--input",
+            help="The release's input (file, directory or glob): re-check its keyed fingerprint.",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print one JSON object: ok and every problem (exit 1 when not ok)."
+        ),
+    ] = False,
+) -> None:
+    """Re-check a release offline: artifact hashes, manifest, catalog status, ledger chain and
+    receipts, input fingerprint key, validation results."""
+    from catalog import artifacts
+    from catalog.errors import VerificationError
+    from catalog.ledger.store import Catalog
+
+    if as_json:
+        try:
+            artifacts.verify(release_dir, Catalog(), input_path=input_path)
+        except VerificationError as exc:
+            problems: tuple[str, ...] = exc.problems
+        else:
+            problems = ()
+        print_json({"release_dir": str(release_dir), "ok": not problems, "problems": problems})
+        if problems:
+            raise typer.Exit(code=errors.EXIT_CHECK_FAILED)
+        return
+    artifacts.verify(release_dir, Catalog(), input_path=input_path)
+    stdout.print(f"OK: {release_dir} matches its manifest, the ledger and its validation results")

@@ -1,0 +1,332 @@
+"""``dprelease review``, ``show`` and ``notify``: the audited review of a staged release and
+everything recorded about it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from catalog.errors import CatalogError, DprReleaseError
+from flows.cli.common import (
+    JsonOption,
+    PublishDirOption,
+    clear_errors,
+    console,
+    cost_text,
+    prefect_connected,
+    prefect_defaults,
+    print_json,
+    stdout,
+    sub_app,
+)
+
+notify_app = sub_app(
+    "notify",
+    "Tell reviewers when a release is staged: Prefect notification blocks (deploy/NOTIFICATIONS.md).",
+)
+
+
+def print_review_policy(release_id: str) -> None:
+    """Who must approve a just-staged release, and whether its reviewers were notified."""
+    from catalog import review as reviewing
+    from catalog.ledger.store import Catalog
+
+    current = reviewing.status(Catalog(), release_id)
+    if current["operator_excluded"]:
+        stdout.print(
+            f"review:     {current['required_approvals']} approval(s) by distinct reviewers, "
+            f"not {current['operator']} (who ran it)"
+        )
+    if current["notify_error"]:
+        console.print(
+            f"warning: reviewers were not notified through {current['notify']}: "
+            f"{current['notify_error']}; send again with `dprelease notify send {release_id}`"
+        )
+    elif current["notified_at"]:
+        stdout.print(f"notified:   reviewers, through {current['notify']}")
+
+
+@clear_errors
+def review(
+    release_id: Annotated[str, typer.Argument(help="Release id (see `dprelease releases`).")],
+    reviewer: Annotated[
+        str | None, typer.Option("--reviewer", help="Who decides (recorded).")
+    ] = None,
+    approve: Annotated[
+        bool | None,
+        typer.Option(
+            "--approve/--reject",
+            help="Approve (publish once the spec's approvals are in) or reject; without either, "
+            "show where the review stands.",
+            show_default=False,
+        ),
+    ] = None,
+    note: Annotated[str, typer.Option("--note", help="Why (recorded).")] = "",
+    publish_dir: PublishDirOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the review status as one JSON object.")
+    ] = False,
+) -> None:
+    """Audited review: approve publishes a copy; reject keeps the spent budget spent.
+
+    A spec's `review: {approvers: N}` needs N distinct reviewers, none of them the person who ran
+    the release; until then each approval is recorded and the release stays staged.  A release
+    whose deployed flow run is paused for review is decided by resuming that run with the decision
+    (the run records it); any other release is decided here, in the catalog.
+    """
+    from catalog import review as reviewing
+    from catalog.ledger.store import Catalog
+    from catalog.watch_state import ReviewRuns
+
+    catalog = Catalog()
+    if approve is None:
+        if reviewer is not None or note or publish_dir is not None:
+            raise DprReleaseError(
+                "--reviewer, --note and --publish-dir need a decision: add --approve or --reject"
+            )
+        print_review_status(reviewing.status(catalog, release_id), as_json=as_json)
+        return
+    if reviewer is None:
+        raise DprReleaseError("--reviewer NAME is required with --approve or --reject")
+    paused_run = ReviewRuns(catalog.url).get(release_id)
+    if paused_run is not None and paused_run.status == "awaiting":
+        # refused here, before the paused run is resumed with a decision it would refuse
+        reviewing.check_reviewer(catalog, release_id, approve=approve, reviewer=reviewer)
+        if _review_through_flow_run(
+            paused_run, approve, reviewer, note, publish_dir, catalog, quiet=as_json
+        ):
+            if as_json:
+                print_json(reviewing.status(catalog, release_id))
+            return
+    result = reviewing.review(
+        catalog,
+        release_id,
+        approve=approve,
+        reviewer=reviewer,
+        note=note,
+        publish_dir=publish_dir,
+    )
+    if as_json:
+        print_json(reviewing.status(catalog, release_id))
+        return
+    stdout.print(f"{release_id}: {result['status']}")
+    if "published_directory" in result:
+        stdout.print(f"published to {result['published_directory']}")
+    _print_approval_progress(reviewing.status(catalog, release_id))
+
+
+def _print_approval_progress(current: dict[str, Any]) -> None:
+    """After an approval that did not decide: how many are in and how many are still needed."""
+    if current["status"] != "staged" or not current["approvers"]:
+        return
+    missing = current["approvals_missing"]
+    more = "1 more approver approves" if missing == 1 else f"{missing} more approvers approve"
+    stdout.print(
+        f"approval {len(current['approvers'])} of {current['required_approvals']} recorded "
+        f"({', '.join(current['approvers'])}); the release stays staged until {more}"
+    )
+
+
+def print_review_status(current: dict[str, Any], *, as_json: bool, header: bool = True) -> None:
+    if as_json:
+        print_json(current)
+        return
+    if header:
+        stdout.print(f"{current['release_id']}: {current['status']}")
+    else:
+        stdout.print("  review:")
+    operator = current["operator"] or "not recorded"
+    rule = " (may not approve)" if current["operator_excluded"] else ""
+    stdout.print(f"  ran by:    {operator}{rule}")
+    stdout.print(
+        f"  approvals: {len(current['approvers'])} of {current['required_approvals']} "
+        f"required; {current['approvals_missing']} missing"
+    )
+    if current["notify"]:
+        outcome = (
+            f"failed: {current['notify_error']}"
+            if current["notify_error"]
+            else f"sent {current['notified_at']}"
+            if current["notified_at"]
+            else "not sent"
+        )
+        stdout.print(f"  notifies:  {current['notify']} ({outcome})")
+    for entry in current["trail"]:
+        note = f" — {entry['note']}" if entry["note"] else ""
+        stdout.print(f"  {entry['at']}  {entry['decision']} by {entry['reviewer']}{note}")
+    if not current["trail"]:
+        stdout.print("  no decision yet")
+
+
+def _review_through_flow_run(
+    paused_run: Any,
+    approve: bool,
+    reviewer: str,
+    note: str,
+    publish_dir: Path | None,
+    catalog: Any,
+    *,
+    quiet: bool = False,
+) -> bool:
+    """Resume the paused deployed run with the decision; False when it can no longer decide."""
+    prefect_defaults()
+    from catalog import review as reviewing
+    from catalog.watch_state import ReviewRuns
+    from flows.deployed_release import ReviewRunNotPaused, resume_review
+
+    if publish_dir is not None:
+        console.print("note: --publish-dir is ignored: the deployment's publish location is used")
+    try:
+        record = resume_review(
+            paused_run, approve=approve, reviewer=reviewer, note=note, catalog=catalog
+        )
+    except ReviewRunNotPaused as exc:
+        console.print(f"note: {exc}; deciding in the catalog directly")
+        ReviewRuns(catalog.url).mark(paused_run.release_id, status="expired")
+        return False
+    if quiet:
+        return True
+    how = "recorded" if record.status == "staged" else "decided"
+    stdout.print(f"{record.id}: {record.status} ({how} through flow run {paused_run.flow_run_id})")
+    if record.published_directory:
+        stdout.print(f"published to {record.published_directory}")
+    _print_approval_progress(reviewing.status(catalog, record.id))
+    return True
+
+
+@clear_errors
+def show(
+    release_id: Annotated[str, typer.Argument(help="Release id (see `dprelease releases`).")],
+    as_json: JsonOption = False,
+) -> None:
+    """Everything about one release: spec, status, plan and mechanism, charges with their ledger
+    receipts, budget, review trail, artifact paths and the synthetic files sampled from it
+    (public facts only)."""
+    from catalog.ledger.store import Catalog
+    from catalog.show import describe_release
+
+    summary = describe_release(Catalog(), release_id)
+    if as_json:
+        print_json(summary)
+        return
+    _print_summary(summary)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    release = summary["release"]
+    lines = [
+        f"[bold]{release['id']}[/]: {release['status']}",
+        f"  spec:       {release['name']} (dataset {release['dataset_id']}; spec sha256 "
+        f"{release['spec_fingerprint']})",
+        f"  created:    {release['created_at']} UTC; updated {release['updated_at']} UTC",
+    ]
+    mechanism = summary["mechanism"]
+    if mechanism:
+        lines.append(
+            f"  mechanism:  {mechanism['name']} ({mechanism['model']}) — {mechanism['reason']}"
+        )
+    plan = summary["plan"]
+    if plan:
+        lines.append(
+            f"  plan:       {plan.get('num_queries', '?')} queries over "
+            f"{plan.get('num_cells', '?')} cells; chosen {plan.get('chosen')}"
+        )
+    lines.append(f"  charged:    {cost_text(summary['charged'] or {}) or 'nothing'}")
+    for receipt in summary["receipts"]:
+        lines.append(
+            f"    ledger #{receipt['seq']} {receipt['receipt_id']} ({receipt['label']}): "
+            f"{cost_text(receipt['charge'])}"
+        )
+    budget = summary["budget"]
+    if budget:
+        lines.append(
+            f"  budget:     cap {cost_text(budget['cap'])}; spent after this release "
+            f"{cost_text(budget['after'])}; remaining then {cost_text(budget['remaining'])}"
+        )
+    for line in lines:
+        stdout.print(line)
+    print_review_status(summary["review"], as_json=False, header=False)
+    paths = summary["paths"]
+    stdout.print("  artifacts:")
+    for name, path in paths.items():
+        stdout.print(f"    {name + ':':<20} {path or '-'}")
+    for item in summary["synthetic"]:
+        stdout.print(
+            f"  synthetic:  {item['path']} ({item['rows']:,} rows, seed {item['seed']}, "
+            f"sha256 {item['sha256'][:12]}…, {item['created_at']} UTC)"
+        )
+    if summary["manifest_problem"]:
+        console.print(f"warning: {summary['manifest_problem']}")
+
+
+@notify_app.command("webhook")
+@clear_errors
+def notify_webhook(
+    name: Annotated[str, typer.Argument(help="Block name (lowercase letters, digits, dashes).")],
+    url: Annotated[str, typer.Option("--url", help="Where to POST the notice (JSON).")],
+    header: Annotated[
+        list[str] | None,
+        typer.Option("--header", help="NAME:VALUE sent with every notice (repeatable)."),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a saved block of this name.")
+    ] = False,
+) -> None:
+    """Save a Custom Webhook notification block that POSTs {subject, body, source} as JSON; name
+    it in a spec as `review: {notify: custom-webhook/NAME}`."""
+    from catalog.spec.sections import ReviewPolicy
+
+    headers = {}
+    for item in header or []:
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise DprReleaseError(f"--header ({item!r}) must be NAME:VALUE")
+        headers[key.strip()] = value.strip()
+    if not url.startswith(("http://", "https://")):
+        raise DprReleaseError(f"--url ({url!r}) must be an http:// or https:// URL")
+    try:
+        ReviewPolicy(notify=f"custom-webhook/{name}")
+    except ValueError:
+        raise DprReleaseError(
+            f"block name ({name!r}) must be lowercase letters, digits and dashes"
+        ) from None
+    with prefect_connected():
+        from flows.notify import save_webhook_block
+
+        try:
+            reference = save_webhook_block(name, url=url, headers=headers, overwrite=overwrite)
+        except ValueError as exc:  # Prefect: the name is taken
+            raise DprReleaseError(f"{exc}; add --overwrite to replace it") from None
+    stdout.print(f"saved {reference}: POST {url}")
+    stdout.print(f"in a spec:  review: {{notify: {reference}}}")
+
+
+@notify_app.command("send")
+@clear_errors
+def notify_send(
+    release_id: Annotated[str, typer.Argument(help="A staged release whose spec names a block.")],
+) -> None:
+    """Send a staged release's notice again (e.g. after the webhook was down)."""
+    from catalog.ledger.store import Catalog
+    from catalog.review_policy import policy_of
+
+    catalog = Catalog()
+    record = catalog.release(release_id)
+    if record.status != "staged":
+        raise CatalogError(
+            f"release {release_id!r} is {record.status}; only a staged release awaits review"
+        )
+    block = policy_of(catalog, release_id).notify
+    if block is None:
+        raise CatalogError(f"release {release_id!r}: its spec names no review.notify block")
+    with prefect_connected():
+        from flows.notify import send_notice
+
+        error = send_notice(catalog, release_id)
+    if error is not None:
+        raise CatalogError(
+            f"notifying the reviewers of {release_id} through {block} failed: {error}"
+        )
+    stdout.print(f"{release_id}: reviewers notified through {block}")
