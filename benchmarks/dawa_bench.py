@@ -34,24 +34,28 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mechanisms.dawa.greedy_h import HierarchicalStrategy, _build_tree, greedy_h_strategy
 from mechanisms.dawa.hilbert import HilbertLayout
 from mechanisms.dawa.partition import (
-    HierarchicalStrategy,
     IntervalWorkload,
     Partition,
-    _build_tree,
     _least_cost_partition,
+    split_budget,
+)
+from tests.reference.dawa import (
     dawa,
-    greedy_h_strategy,
     least_cost_partition,
     measure_and_reconstruct,
     private_partition,
-    split_budget,
 )
 
 DATA_SEED = 20240601

@@ -25,19 +25,20 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
 from dawa_bench import NumpyLaplace  # benchmarks/ is on sys.path when run as a script
 
 from mechanisms.dawa.hilbert import HilbertLayout
-from mechanisms.dawa.partition import (
-    IntervalWorkload,
-    cell_coordinates,
-    dawa,
-    query_uncertainty,
-)
+from mechanisms.dawa.partition import IntervalWorkload
+from mechanisms.dawa.uncertainty import cell_coordinates, query_uncertainty
 from mechanisms.intervals import interval_half_widths, normal_quantile
+from tests.reference.dawa import dawa
 
 EPSILONS = (0.1, 1.0)
 N_RANGES = 2000

@@ -7,7 +7,7 @@ expected total squared error, scaled by ε² (so ε does not matter), of
 - ``identity``: noise on data, ``W·(x + Lap(1/ε)^n)``: the baseline every ratio is taken against;
 - ``hierarchical``: binary tree of interval counts (Hay et al.), Laplace, least squares;
 - ``wavelet``: unnormalised Haar (Privelet; the inverse transform is least squares), Laplace;
-- ``lrm``: ``mechanisms.lrm.decomposition.decompose`` + ``expected_total_error`` (noise term plus the bias
+- ``lrm``: ``mechanisms.lrm.decomposition.decompose`` + ``tests.reference.lrm.expected_total_error`` (noise term plus the bias
   ‖W − BL‖²_F per unit ‖x‖²₂);
 
 with the seconds each took (wall clock and process CPU, measured in this run), and the
@@ -49,8 +49,8 @@ import scipy.linalg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechanisms.lrm.decomposition import (
-    decompose,
+from mechanisms.lrm.decomposition import decompose
+from tests.reference.lrm import (
     expected_total_error,
     noise_on_data_error,
     wdiscrete_workload,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,9 +22,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from catalog.planning import make_plan
-from catalog.spec.load import load_spec
-from mechanisms.lrm.decomposition import wdiscrete_workload, wrange_workload, wrelated_workload
+from catalog.spec import load_spec
+from tests.reference.lrm import wdiscrete_workload, wrange_workload, wrelated_workload
 
 MECHANISMS = ("identity", "hierarchical", "wavelet", "optimized", "eigen", "lrm")
 

@@ -38,12 +38,14 @@ import threadpoolctl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechanisms import compute_limits, union
-from mechanisms.eigen.design import all_range_gram, eigen_design, prefix_gram
+from mechanisms.eigen.design import eigen_design
 from mechanisms.local import optimizer
 from mechanisms.lrm import decomposition as lrm
 from mechanisms.operators import AllRanges, Identity, Prefix, Total
 from mechanisms.optimized import search as optimized
 from mechanisms.workload import Workload, WorkloadItem
+from tests.reference import lrm as lrm_reference
+from tests.reference.eigen import all_range_gram, prefix_gram
 
 
 def measured(function: Callable[[], object]) -> tuple[object, float, float]:
@@ -110,7 +112,7 @@ def machine_speed() -> float:
 def cases() -> list[tuple[str, str, float, Callable[[], object]]]:
     rows: list[tuple[str, str, float, Callable[[], object]]] = []
     for n in (128, 256):
-        W = lrm.wrange_workload(n, n, rng=np.random.default_rng(0))
+        W = lrm_reference.wrange_workload(n, n, rng=np.random.default_rng(0))
         rows.append(
             (
                 "lrm.decompose",
@@ -201,9 +203,9 @@ def prediction_table() -> None:
 
 
 def lrm_limit_table(size: int, limits: list[float]) -> None:
-    W = lrm.wrange_workload(size, size, rng=np.random.default_rng(0))
-    baseline = lrm.noise_on_data_error(W, epsilon=1.0)
-    lower, _ = lrm.error_bounds(W, epsilon=1.0)
+    W = lrm_reference.wrange_workload(size, size, rng=np.random.default_rng(0))
+    baseline = lrm_reference.noise_on_data_error(W, epsilon=1.0)
+    lower, _ = lrm_reference.error_bounds(W, epsilon=1.0)
     print()
     print(
         f"LRM with a time limit: WRange {size}x{size}; predicted unbounded run "
@@ -228,7 +230,7 @@ def lrm_limit_table(size: int, limits: list[float]) -> None:
                 W, rng=np.random.default_rng(0), time_limit=limit, progress=stamp
             )
         )
-        error = lrm.expected_total_error(W, decomposition, epsilon=1.0)
+        error = lrm_reference.expected_total_error(W, decomposition, epsilon=1.0)
         gaps = np.diff([start, *stamps, start + wall])
         print(
             f"{limit:>7.1f} {wall:>8.2f} {'yes' if wall <= limit else 'NO':>6} "
@@ -259,7 +261,7 @@ def calibrate(kind: str) -> None:
         shapes += [(256, 1024), (1024, 256), (2080, 64), (4096, 128), (4096, 256)]
         shapes += [(128, 1024), (64, 2048), (512, 2048), (2048, 512)]
         for m, n in shapes:
-            W = lrm.wrange_workload(m, n, rng=np.random.default_rng(0))
+            W = lrm_reference.wrange_workload(m, n, rng=np.random.default_rng(0))
             _, _, svd = measured(lambda W=W: np.linalg.svd(W, full_matrices=False))
             outer = 3 if m * n > 300_000 else 10
             result, _, total = measured(
@@ -272,9 +274,12 @@ def calibrate(kind: str) -> None:
             )
         for n in (32, 64, 128):
             for label, W in (
-                ("wrange", lrm.wrange_workload(n, n, rng=np.random.default_rng(0))),
-                ("wdiscrete", lrm.wdiscrete_workload(n, n, rng=np.random.default_rng(0))),
-                ("wrelated", lrm.wrelated_workload(n, n, n // 4, rng=np.random.default_rng(0))),
+                ("wrange", lrm_reference.wrange_workload(n, n, rng=np.random.default_rng(0))),
+                ("wdiscrete", lrm_reference.wdiscrete_workload(n, n, rng=np.random.default_rng(0))),
+                (
+                    "wrelated",
+                    lrm_reference.wrelated_workload(n, n, n // 4, rng=np.random.default_rng(0)),
+                ),
                 ("prefix", prefix_matrix(n)),
                 ("identity", np.eye(n)),
             ):

@@ -21,17 +21,10 @@ from typing import Any
 import numpy as np
 
 from mechanisms.choke_point import ProtectedCells
+from mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
 from mechanisms.dawa.hilbert import HilbertLayout
-from mechanisms.dawa.partition import (
-    HierarchicalStrategy,
-    IntervalWorkload,
-    Partition,
-    PartitionSelector,
-    cell_coordinates,
-    greedy_h_strategy,
-    query_uncertainty,
-    split_budget,
-)
+from mechanisms.dawa.partition import IntervalWorkload, Partition, PartitionSelector, split_budget
+from mechanisms.dawa.uncertainty import cell_coordinates, query_uncertainty
 from mechanisms.operators import Factor, Identity, Prefix, Ranges, Total
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import (
@@ -274,7 +267,7 @@ class DawaMechanism:
         """Bucket least squares, uniform expansion, and each query's honest uncertainty.
 
         ``std_error`` covers the noise and the estimated bias of assuming uniform buckets, both
-        from released values only (:func:`mechanisms.dawa.partition.query_uncertainty`); rows whose bias
+        from released values only (:func:`mechanisms.dawa.uncertainty.query_uncertainty`); rows whose bias
         cannot be estimated get a noise-only figure and no interval.
         """
         measured: MeasuredDawa = measurement.strategy

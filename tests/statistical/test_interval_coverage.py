@@ -2,8 +2,8 @@
 
 Data: the bundled UCI Adult sample (``flows/examples/adult.parquet``, public test data), counted
 here with numpy over age (85 codes) × education-num (16 codes).  Each mechanism runs through its
-pure pieces — the registered mechanism's ``plan`` and ``reconstruct`` (DAWA: ``mechanisms.dawa.partition``'s
-``dawa`` and ``query_uncertainty``), the seeded test sampler in place of the choke point, and
+pure pieces — the registered mechanism's ``plan`` and ``reconstruct`` (DAWA: ``tests.reference.dawa``'s
+``dawa`` and ``mechanisms.dawa.uncertainty``'s ``query_uncertainty``), the seeded test sampler in place of the choke point, and
 ``catalog.tables.build_table`` — never a Prefect flow.  Every row's interval is checked against the
 true answer computed here from the counts and the row's *labels*, so the truth does not go through
 the code under test.  ε = 1 for the data-independent mechanisms (their coverage does not depend on
@@ -50,24 +50,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from catalog.planning import build_workload, plan_request
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
+from catalog.spec import ReleaseSpec, parse_spec
 from catalog.strategy_store import StrategyStore
 from catalog.tables import build_table
 from mechanisms import registry
 from mechanisms.dawa.hilbert import HilbertLayout
-from mechanisms.dawa.partition import (
-    DawaResult,
-    IntervalWorkload,
-    QueryUncertainty,
-    cell_coordinates,
-    dawa,
-    query_uncertainty,
-)
+from mechanisms.dawa.partition import IntervalWorkload
+from mechanisms.dawa.uncertainty import QueryUncertainty, cell_coordinates, query_uncertainty
 from mechanisms.intervals import interval_half_widths, normal_quantile
 from mechanisms.noise import NoiseMechanism, calibrate
 from mechanisms.protocol import Measurement, NoiseDescription
 from mechanisms.workload import Workload
+from tests.reference.dawa import DawaResult, dawa
 from tests.samplers import SeededNumpyNoise
 
 pytestmark = pytest.mark.statistical

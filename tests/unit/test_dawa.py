@@ -1,4 +1,4 @@
-"""Deterministic tests of DAWA (mechanisms/dawa/partition.py) and the Hilbert layout (mechanisms/dawa/hilbert.py).
+"""Deterministic tests of DAWA (mechanisms/dawa/, tests/reference/dawa.py) and the Hilbert layout (mechanisms/dawa/hilbert.py).
 
 Test vectors T1–T10 are those of ``seed-dawa.md`` §12; every structural shortcut (wavelet-matrix
 deviations, blocked dynamic program, piecewise workload norms, Sherman–Morrison recursion) is
@@ -13,25 +13,29 @@ import re
 import numpy as np
 import pytest
 
+from mechanisms.dawa.greedy_h import (
+    HierarchicalStrategy,
+    _BucketPieces,
+    _sherman_morrison,
+    greedy_h_local_error,
+    greedy_h_strategy,
+)
 from mechanisms.dawa.hilbert import HilbertLayout, hilbert_order
 from mechanisms.dawa.partition import (
     ALL_INTERVALS_MAX_CELLS,
-    HierarchicalStrategy,
     IntervalWorkload,
     Partition,
     PartitionSelector,
-    _BucketPieces,
-    _sherman_morrison,
+    split_budget,
+)
+from tests.reference.dawa import (
     bucket_deviations,
     dawa,
-    greedy_h_local_error,
-    greedy_h_strategy,
     least_cost_partition,
     measure_and_reconstruct,
     measure_buckets,
     partition_cost,
     private_partition,
-    split_budget,
     window_deviations,
 )
 from tests.samplers import SeededNumpyNoise, ZeroNoise

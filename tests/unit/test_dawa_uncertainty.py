@@ -14,15 +14,13 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
 from mechanisms.dawa.hilbert import HilbertLayout
-from mechanisms.dawa.partition import (
-    HierarchicalStrategy,
-    IntervalWorkload,
-    Partition,
+from mechanisms.dawa.partition import IntervalWorkload, Partition
+from mechanisms.dawa.uncertainty import (
     QueryUncertainty,
     bucket_covariance,
     cell_coordinates,
-    greedy_h_strategy,
     query_uncertainty,
 )
 from mechanisms.intervals import (

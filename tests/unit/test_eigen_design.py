@@ -21,28 +21,30 @@ from mechanisms.choke_point import ProtectedCells
 from mechanisms.eigen.design import (
     EigenDesignStrategy,
     WorkloadSpectrum,
-    all_range_gram,
-    all_range_gram_nd,
-    all_range_spectrum,
-    cell_simplified_svd_bound,
     eigen_design,
-    eigen_design_from_spectrum,
-    k_way_cliques,
-    kronecker_spectrum,
     l2_sensitivity,
-    marginals_gram,
-    marginals_spectrum,
     minimize_workload,
-    prefix_gram,
-    svd_bound_from_spectrum,
-    total_error_l1,
-    total_error_l2,
     workload_spectrum,
-    workload_variance_factor,
 )
 from mechanisms.linalg import l1_sensitivity
 from mechanisms.lower_bound import svd_bound_gram as svd_bound
 from mechanisms.privacy import PrivacyCost
+from tests.reference.eigen import (
+    all_range_gram,
+    all_range_gram_nd,
+    all_range_spectrum,
+    cell_simplified_svd_bound,
+    eigen_design_from_spectrum,
+    k_way_cliques,
+    kronecker_spectrum,
+    marginals_gram,
+    marginals_spectrum,
+    prefix_gram,
+    svd_bound_from_spectrum,
+    total_error_l1,
+    total_error_l2,
+    workload_variance_factor,
+)
 
 # ------------------------------------------------------------------------------------------------
 # Helpers (competitor strategies from the thesis, note A11; dense workloads)
@@ -551,7 +553,7 @@ def test_l1_variant_has_unit_l1_sensitivity_and_exact_error():
 
 
 # ------------------------------------------------------------------------------------------------
-# The strategy as a measurable object (mechanisms.choke_point.MeasurableStrategy)
+# The strategy as a measurable object (mechanisms.protected.MeasurableStrategy)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -583,7 +585,7 @@ class RecordingAccountant:
 
 
 def test_session_measures_an_eigen_design_strategy():
-    # Contract with mechanisms.choke_point: sensitivity 1 times the contribution bound, one charge.
+    # Contract with catalog.confidential.choke_point: sensitivity 1 times the contribution bound, one charge.
     result = eigen_design(all_range_gram(8))
     cells = ProtectedCells(np.arange(8.0), domain_shape=(8,), contribution_bound=2)
     accountant = RecordingAccountant()

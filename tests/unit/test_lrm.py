@@ -28,19 +28,8 @@ from mechanisms.lrm.decomposition import (
     _stopped_result,
     best_append_scale,
     decompose,
-    default_rank,
-    error_bounds,
-    expected_total_error,
-    measure,
-    noise_on_data_error,
     predict_seconds,
-    project_columns_to_l1_ball,
-    query_variances,
     supported_measurement,
-    wdiscrete_workload,
-    workload_rank,
-    wrange_workload,
-    wrelated_workload,
 )
 from mechanisms.noise import calibrate
 from mechanisms.operators import Identity, Prefix, Total
@@ -54,6 +43,19 @@ from mechanisms.protocol import (
 )
 from mechanisms.workload import Workload, WorkloadItem
 from tests.fake_clock import install_fake_clock
+from tests.reference.lrm import (
+    default_rank,
+    error_bounds,
+    expected_total_error,
+    measure,
+    noise_on_data_error,
+    project_columns_to_l1_ball,
+    query_variances,
+    wdiscrete_workload,
+    workload_rank,
+    wrange_workload,
+    wrelated_workload,
+)
 from tests.samplers import SeededNumpyNoise, ZeroNoise
 from tests.unit.mechanisms.test_local_mechanism import MemoryCache
 

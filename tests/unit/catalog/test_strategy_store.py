@@ -116,7 +116,7 @@ def test_planned_optimized_strategy_is_rebuilt_exactly(
     """Whatever template wins (union, kron or marginals), the release rebuilds the planned strategy."""
     import itertools
 
-    from mechanisms.error import expected_error
+    from tests.reference.error import expected_error
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path))
     names = ["a", "b", "c", "d"]

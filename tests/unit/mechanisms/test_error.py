@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mechanisms.error import expected_error, support_residual
 from mechanisms.lower_bound import svd_bound
 from mechanisms.operators import AllRanges, Identity, Prefix, Total, kron_dense
 from mechanisms.strategies import FAMILIES, build_kron_strategy
 from mechanisms.workload import Workload, WorkloadItem
+from tests.reference.error import expected_error, support_residual
 
 
 def _dense_gram(workload: Workload) -> np.ndarray:

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.error import item_unit_total, item_unit_variances
 from mechanisms.linalg import psd_inverse
 from mechanisms.operators import AllRanges, MatrixFactor, Ranges, Total, kron_apply, kron_dense
 from mechanisms.optimized.templates import PIdentityFactor
@@ -19,6 +18,7 @@ from mechanisms.strategies import (
     wavelet_strategy,
 )
 from mechanisms.workload import Workload, WorkloadItem
+from tests.reference.error import item_unit_total, item_unit_variances
 
 H4 = np.array(
     [
