@@ -31,22 +31,6 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = [
-    "BLOCK_FLOPS",
-    "DGEMM_FLOPS_PER_SECOND",
-    "LAPACK_THREAD_FLOPS",
-    "Progress",
-    "TimeLimitReached",
-    "WorkLimit",
-    "blocked_matmul",
-    "eigh_seconds",
-    "interruptible",
-    "predict_eigen_design_seconds",
-    "report",
-    "scaled",
-    "svd_seconds",
-]
-
 Progress = Callable[[float, str], None]
 """``progress(fraction, message)``: fraction done in [0, 1] (NaN when unknown) and a short public
 message (sizes, iteration counts, achieved error: never data)."""

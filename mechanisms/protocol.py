@@ -18,13 +18,14 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 
 from mechanisms.choke_point import Accountant, NoisyMeasurement
+from mechanisms.compute_limits import Progress
 from mechanisms.noise import NoiseKind, calibrate, noise_kind_for
 from mechanisms.privacy import PrivacyCost
 from mechanisms.workload import Workload, WorkloadItem
@@ -125,9 +126,6 @@ def cache_key(*parts: Any) -> str:
     """
     raw = json.dumps([STORE_VERSION, *parts], sort_keys=True, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()
-
-
-Progress = Callable[[float, str], None]
 
 
 @dataclass(frozen=True, kw_only=True)

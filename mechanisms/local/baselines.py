@@ -3,10 +3,7 @@
 Each returns a validated :class:`~mechanisms.local.randomizer.LDPStrategy`; the local mechanism
 reports their variances next to the optimised strategy's.
 
-References
-----------
-R. McKenna, R. K. Maity, A. Mazumdar, G. Miklau, "A workload-adaptive mechanism for linear queries
-under local differential privacy", PVLDB 13(11), 2020 ([McKenna20]).
+[McKenna20]: see :mod:`mechanisms.local`.
 """
 
 from __future__ import annotations

@@ -5,10 +5,7 @@ with ``V y`` where ``V Q = W``.  Variances are reported *per user*: multiply by 
 ``N`` for the total (the variance of ``V y`` is linear in the data vector ``x``, Thm 3.4).  Pure
 post-processing of ε-LDP responses.
 
-References
-----------
-R. McKenna, R. K. Maity, A. Mazumdar, G. Miklau, "A workload-adaptive mechanism for linear queries
-under local differential privacy", PVLDB 13(11), 2020 ([McKenna20]).
+[McKenna20]: see :mod:`mechanisms.local`.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mechanisms.checks import check_epsilon
-from mechanisms.local.randomizer import LDPStrategy
+from mechanisms.local.randomizer import LDPStrategy, check_indices, check_strategy
 from mechanisms.threads import single_threaded_blas
 
 # Relative eigenvalue cut-off for the pseudo-inverse of X = Q^T D^-1 Q, in units of n * machine eps.
@@ -144,12 +141,6 @@ def per_type_variance(
     workload_gram = workload.T @ workload  # O(p n^2)
     factors = _gls_factors(matrix)
     _check_row_space(workload_gram, factors.range_projector)
-    return _per_type_variance_from_gram(workload_gram, matrix, factors)
-
-
-def _per_type_variance_from_gram(
-    workload_gram: np.ndarray, matrix: np.ndarray, factors: _GlsFactors
-) -> np.ndarray:
     weights = factors.scaled @ factors.gram_pinv  # B (m x n), O(m n^2)
     squared_column_norms = np.einsum("ij,ij->i", weights @ workload_gram, weights)  # O(m n^2)
     return squared_column_norms @ matrix - np.diag(workload_gram)
@@ -158,27 +149,17 @@ def _per_type_variance_from_gram(
 def worst_case_variance(
     W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
 ) -> float:
-    """Worst-case total variance per user, ``L_worst / N = max_u σ²_u`` (Cor 3.5).
-
-    Attained when all ``N`` users hold the worst item.  ``V=None`` uses Thm 3.10's reconstruction
-    (what a release uses); ``V = W @ pinv(Q)`` gives the authors' README figures.
-
-    References
-    ----------
-    [McKenna20] Corollary 3.5.
-    """
+    """Worst-case total variance per user, ``L_worst / N = max_u σ²_u`` ([McKenna20] Cor 3.5),
+    attained when all users hold the worst item.  ``V=None``: Thm 3.10's reconstruction (what a
+    release uses); ``V = W @ pinv(Q)`` gives the authors' README figures."""
     return float(per_type_variance(W, Q, V).max())
 
 
 def average_case_variance(
     W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
 ) -> float:
-    """Average-case total variance per user, ``L_avg / N = mean_u σ²_u`` (Cor 3.6, ``x = N/n``).
-
-    References
-    ----------
-    [McKenna20] Corollary 3.6, Theorem 3.9.
-    """
+    """Average-case total variance per user, ``L_avg / N = mean_u σ²_u`` ([McKenna20] Cor 3.6,
+    Thm 3.9; ``x = N/n``)."""
     return float(per_type_variance(W, Q, V).mean())
 
 
@@ -186,15 +167,9 @@ def average_case_variance(
 def query_worst_case_variance(
     W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
 ) -> np.ndarray:
-    """Per-query worst-case variance per user: ``max_u Σ_o V_io² Q_ou - W_iu²`` for each query ``i``.
-
-    Data independent, so it may be published next to the answers (multiply by ``N``).
-    Cost ``O(p m n)``: it forms ``V`` (Thm 3.10 when ``V=None``).
-
-    References
-    ----------
-    [McKenna20] Theorem 3.4 (one row of ``V``).
-    """
+    """Per-query worst-case variance per user, ``max_u Σ_o V_io² Q_ou - W_iu²`` ([McKenna20]
+    Thm 3.4 on one row of ``V``).  Data independent: publishable next to the answers (times
+    ``N``).  Cost ``O(p m n)``: it forms ``V`` (Thm 3.10's when ``V=None``)."""
     matrix = _strategy_matrix(Q)
     workload = workload_matrix(W, matrix.shape[1])
     if V is None:
@@ -224,19 +199,10 @@ def lower_bound(W: np.ndarray, *, epsilon: float) -> float:
 
 def count_responses(responses: np.ndarray, strategy: LDPStrategy) -> np.ndarray:
     """Server side: the response vector ``y`` (``y_o`` = number of users who sent ``o``)."""
-    if not isinstance(strategy, LDPStrategy):
-        raise ValueError(f"strategy ({type(strategy).__name__}) must be an LDPStrategy")
-    response_array = np.asarray(responses)
-    if response_array.ndim != 1:
-        raise ValueError(f"responses (shape {response_array.shape}) must be a 1-D array")
-    if response_array.size and not np.issubdtype(response_array.dtype, np.integer):
-        raise ValueError(f"responses (dtype {response_array.dtype}) must be integer indices")
+    check_strategy(strategy)
     m = strategy.num_outputs
-    if response_array.size and (response_array.min() < 0 or response_array.max() >= m):
-        raise ValueError(
-            f"responses must lie in [0, {m}) (got {response_array.min()}..{response_array.max()})"
-        )
-    return np.bincount(response_array.astype(np.int64), minlength=m).astype(np.int64)
+    counts = np.bincount(check_indices(responses, name="responses", size=m), minlength=m)
+    return counts.astype(np.int64)
 
 
 @dataclass(frozen=True, kw_only=True)

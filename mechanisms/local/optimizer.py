@@ -1,11 +1,5 @@
-"""The strategy optimiser of Problem 3.12: an ε-LDP ``Q`` for a workload, and its cost model.
-
-References
-----------
-R. McKenna, R. K. Maity, A. Mazumdar, G. Miklau, "A workload-adaptive mechanism for linear queries
-under local differential privacy", PVLDB 13(11), 2020 ([McKenna20]).  Birgin, Martinez, Raydan, "Nonmonotone spectral projected gradient methods on
-convex sets", SIAM J. Optim. 10(4), 2000.
-"""
+"""The strategy optimiser of Problem 3.12 of [McKenna20] (see :mod:`mechanisms.local`): an ε-LDP
+``Q`` for a workload, and its cost model.  Uses no data: its output is public."""
 
 from __future__ import annotations
 
@@ -176,11 +170,9 @@ def _spectral_projected_gradient(
     progress: Progress | None = None,
 ) -> tuple[_Iterate, int]:
     """Phase 1: projected gradient with ``z`` fixed, Barzilai-Borwein step, non-monotone Armijo
-    search along ``d = Π_z(Q - β ∇L) - Q`` (Birgin, Martinez, Raydan 2000).  The feasible set is a
-    product of bounded simplices, so ``Q + t d`` stays feasible for ``t ∈ [0, 1]``.
-    Each step costs ``O(m n^2 + n^3)`` plus a few ``O(m n)`` projection passes.  Returns the best
-    iterate and the steps taken; stops early once ``limit`` has passed (checked before every
-    objective evaluation).  ``progress(steps done / max_steps, message)`` after every step.
+    search along ``d = Π_z(Q - β ∇L) - Q`` (Birgin, Martinez, Raydan 2000); ``Q + t d`` stays
+    feasible for ``t ∈ [0, 1]`` (a product of bounded simplices).  Returns the best iterate and
+    the steps taken.
     """
     width = float(np.max(state.upper - state.lower))
     step = 0.5 / (state.matrix.shape[0] * max(float(np.abs(state.gradient).max()), 1e-300))
@@ -236,16 +228,12 @@ def _step_report(
     phase: str,
     state: _Iterate,
 ) -> None:
-    if progress is None:
-        return
-    share = steps / max(max_steps, 1)
-    used = math.nan if limit is None else limit.fraction_used()
-    report(
-        progress,
-        share if math.isnan(used) else max(share, used),
-        f"LDP strategy, {phase}: step {steps} of at most {max_steps}, "
-        f"objective {state.evaluation.value:.6g}",
-    )
+    if progress is not None:
+        share = steps / max(max_steps, 1)
+        used = math.nan if limit is None else limit.fraction_used()
+        message = f"step {steps} of at most {max_steps}, objective {state.evaluation.value:.6g}"
+        fraction = share if math.isnan(used) else max(share, used)
+        report(progress, fraction, f"LDP strategy, {phase}: {message}")
 
 
 def _bound_descent(
@@ -333,66 +321,37 @@ def optimize_strategy(
 ) -> LDPStrategy:
     """Optimise an ε-LDP strategy for workload ``W`` (Problem 3.12 of [McKenna20]).
 
-    Minimises the average-case objective ``L(Q) = tr[(Q^T D^-1 Q)^-1 W^T W]`` (Thm 3.11; the
-    worst case is reported, Thm 5.1 bounds the gap) over ``(Q, z)`` with every column of ``Q`` in
-    the bounded simplex ``{z <= q_u <= e^ε z, 1^T q_u = 1}`` (§4.1 projection).  Projected
-    gradient descent with a step-size search, in two phases:
+    Minimises the average-case objective ``L(Q) = tr[(Q^T D^-1 Q)^-1 W^T W]`` (Thm 3.11; Thm 5.1
+    bounds the gap to the worst case) over ``(Q, z)`` with every column of ``Q`` in the bounded
+    simplex ``{z <= q_u <= e^ε z, 1^T q_u = 1}`` (§4.1), by projected gradient in two phases:
 
-    1. ``z`` fixed at the start's bounds: spectral (Barzilai-Borwein) step, non-monotone
-       backtracking along the projected-gradient direction, until stationary;
-    2. Algorithm 2: ``z`` and ``Q`` move together, ``z`` by the exact chain rule through the
-       projection with step ``0.01 β / (n e^ε)`` (the paper's step times 0.01); backtracking on
-       ``β`` keeps it monotone; rows whose ``z`` reaches 1e-10 are removed.
+    1. ``z`` fixed at the start's bounds: spectral step, non-monotone backtracking, until
+       stationary (most of the gain at ε = 1);
+    2. Algorithm 2: ``z`` and ``Q`` move together, ``z`` by the exact chain rule with step
+       ``0.01 β / (n e^ε)``; monotone; rows whose ``z`` reaches 1e-10 are removed (matters at
+       large ε; ``benchmarks/ldp_bench.py --ablation`` measures each phase alone).
 
-    The start's ``z`` puts a fraction ``1 / (e^ε + 1)`` of each column's mass at the upper bound
-    when every entry sits at a bound (the optimal subset size of subset selection); phase 1 gets
-    most of the gain at ε = 1 in few, cheap steps, and phase 2 matters at large ε
-    (``benchmarks/ldp_bench.py --n 128 --ablation`` measures each phase alone).  Each step costs
-    ``O(m n^2 + n^3)`` plus a few ``O(m n)`` projection passes.
+    Each step costs ``O(m n^2 + n^3)`` plus a few ``O(m n)`` projection passes.  ``W`` enters only
+    through ``W^T W``.  ``rng`` is public randomness for the random start (``rows x n`` uniform,
+    projected; ``rows`` defaults to ``4 n``), so a recorded seed reproduces the strategy.
+    ``iterations`` bounds the steps of both phases; a phase stops when the objective fell by less
+    than ``tolerance`` (relative) over 50 steps.  ``initial`` replaces the random start (``n``
+    columns, same ε; its row minima are ``z``).  ``time_limit`` (seconds) is checked before every
+    objective evaluation; once passed, the best iterate (each is a valid strategy) is returned with
+    ``details["stopped_early"]``.  ``progress(fraction, message)`` follows every step.
 
-    Parameters
-    ----------
-    W:
-        ``p x n`` workload; only ``W^T W`` is used.
-    epsilon:
-        Privacy parameter of the strategy.
-    rng:
-        Public randomness for the random start (``rows x n`` uniform, then projected).  The
-        strategy is data independent, so the seed may be recorded to reproduce it.
-    rows:
-        Number of outputs ``m`` of the random start (default ``4 n``); phase 2 may prune rows.
-    iterations:
-        Maximum number of gradient steps over both phases.  Step cost and the gain from more
-        steps: ``benchmarks/ldp_bench.py --iterations``.
-    tolerance:
-        A phase stops when the objective fell by less than this fraction over 50 steps.
-    initial:
-        Optional start strategy (for example a baseline) instead of the random start; it must
-        have ``n`` columns and the same ε; its row minima are the start's ``z``.
-    time_limit:
-        Seconds; checked before every objective evaluation (one ``O(m n^2 + n^3)`` step).  Once
-        it has passed, the best iterate so far (every iterate is a valid strategy) is returned
-        with ``details["stopped_early"]`` True.  ``None``: no limit.
-    progress:
-        ``progress(fraction, message)`` after every step: steps done of ``iterations`` (or the
-        share of the time limit used, if larger).
-
-    Returns
-    -------
-    LDPStrategy
-        Named ``"optimized"``, validated ε-LDP, with ``details``: ``objective`` (the average-case
-        ``L(Q)`` of the optimised iterate; the returned matrix differs by at most one ulp per
-        entry), ``steps`` and ``stopped_early``.
+    Returns an ``"optimized"`` :class:`LDPStrategy` with ``details``: ``objective`` (``L(Q)`` of the
+    last iterate; the returned matrix differs by at most one ulp per entry, see
+    :func:`~mechanisms.local.randomizer.enforce_row_ratio`), ``steps`` and ``stopped_early``.
 
     Privacy
     -------
-    Uses no data: the output is public, and ε-LDP by the exact checks of :class:`LDPStrategy`.
+    Uses no data; ε-LDP by the exact checks of :class:`LDPStrategy`.
 
     References
     ----------
-    [McKenna20] §3.2 (Problem 3.12), §4 (Algorithms 1 and 2, random start, m = 4n); Birgin,
-    Martinez, Raydan, "Nonmonotone spectral projected gradient methods on convex sets", SIAM J.
-    Optim. 10(4), 2000.
+    [McKenna20] §3.2, §4 (Algorithms 1 and 2, random start, m = 4n); Birgin, Martinez, Raydan,
+    "Nonmonotone spectral projected gradient methods on convex sets", SIAM J. Optim. 10(4), 2000.
     """
     limit = WorkLimit(time_limit=time_limit)
     workload = workload_matrix(W)

@@ -7,10 +7,7 @@ whose column ``u`` is the distribution of the response a user with item ``u`` se
 device.  Strategy design is data independent, and no central noise is added under LDP, so nothing
 in ``mechanisms.local`` takes a ``NoiseSampler``.
 
-References
-----------
-R. McKenna, R. K. Maity, A. Mazumdar, G. Miklau, "A workload-adaptive mechanism for linear queries
-under local differential privacy", PVLDB 13(11), 2020 ([McKenna20]).
+[McKenna20]: see :mod:`mechanisms.local`.
 """
 
 from __future__ import annotations
@@ -149,14 +146,30 @@ def strategy_fingerprint(strategy: LDPStrategy) -> str:
     excluded: two strategies with equal matrices and ε accept the same responses.  The pipeline
     uses it to check that a batch of responses was produced by the published strategy.
     """
-    if not isinstance(strategy, LDPStrategy):
-        raise ValueError(f"strategy ({type(strategy).__name__}) must be an LDPStrategy")
+    check_strategy(strategy)
     digest = hashlib.sha256()
     digest.update(_FINGERPRINT_TAG)
     digest.update(np.asarray(strategy.Q.shape, dtype="<i8").tobytes())
     digest.update(np.ascontiguousarray(strategy.Q, dtype="<f8").tobytes())
     digest.update(np.asarray([strategy.epsilon], dtype="<f8").tobytes())
     return digest.hexdigest()
+
+
+def check_strategy(strategy: object) -> None:
+    if not isinstance(strategy, LDPStrategy):
+        raise ValueError(f"strategy ({type(strategy).__name__}) must be an LDPStrategy")
+
+
+def check_indices(values: np.ndarray, *, name: str, size: int) -> np.ndarray:
+    """``values`` as int64 indices, checked: a 1-D integer array with entries in ``[0, size)``."""
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"{name} (shape {array.shape}) must be a 1-D array")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} (dtype {array.dtype}) must be integer indices")
+    if array.size and (array.min() < 0 or array.max() >= size):
+        raise ValueError(f"{name} must lie in [0, {size}) (got {array.min()}..{array.max()})")
+    return array.astype(np.int64)
 
 
 def check_size(n: int, *, name: str = "n", minimum: int = 1) -> int:
@@ -192,19 +205,10 @@ def randomize(items: np.ndarray, strategy: LDPStrategy, *, rng: np.random.Genera
     ----------
     [McKenna20] §2 (M_Q(u) samples o ~ q_u).
     """
-    if not isinstance(strategy, LDPStrategy):
-        raise ValueError(f"strategy ({type(strategy).__name__}) must be an LDPStrategy")
+    check_strategy(strategy)
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng ({type(rng).__name__}) must be a numpy.random.Generator")
-    item_array = np.asarray(items)
-    if item_array.ndim != 1:
-        raise ValueError(f"items (shape {item_array.shape}) must be a 1-D array")
-    if item_array.size and not np.issubdtype(item_array.dtype, np.integer):
-        raise ValueError(f"items (dtype {item_array.dtype}) must be integer item indices")
-    item_array = item_array.astype(np.int64)
-    n = strategy.domain_size
-    if item_array.size and (item_array.min() < 0 or item_array.max() >= n):
-        raise ValueError(f"items must lie in [0, {n}) (got {item_array.min()}..{item_array.max()})")
+    item_array = check_indices(items, name="items", size=strategy.domain_size)
     if item_array.size == 0:
         return np.empty(0, dtype=np.int64)
     weights = np.rint(strategy.Q * _SAMPLING_SCALE).astype(np.int64)  # exact: power-of-two scale
