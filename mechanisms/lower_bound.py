@@ -8,7 +8,6 @@ Laplace strategies at their variance per unit L1 sensitivity.
 This module is the project's one implementation, Gram-first (WᵀW is never formed from W):
 
 * :func:`svd_bound_gram`: a dense Gram, O(N³);
-* :func:`svd_bound_terms`: a union of Kronecker Gram terms ``Σ_t ⊗_i G_{t,i}``;
 * :func:`svd_bound`: a :class:`~mechanisms.workload.Workload` (closed-form factor spectra);
 * :func:`svd_bound_from_eigenvalues`: from a known spectrum.
 
@@ -23,11 +22,9 @@ closed form ``(Σ_T r_T √λ_T)² / N`` over attribute subsets T
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
-from mechanisms.operators import gram_ij_parts
 from mechanisms.marginal_strategies import eigenspace_multiplicities, ij_subset_eigenvalues
 from mechanisms.workload import Workload
 
@@ -42,35 +39,26 @@ AttributePart = IJParts | np.ndarray | None
 """Per term and attribute: ``(a, b)`` for ``a·I + b·J``, a dense Gram, or None (not needed)."""
 
 
-def validate_gram(gram: np.ndarray, *, name: str = "gram") -> np.ndarray:
-    """Return ``gram`` as a float64 array after checking it is square, finite and symmetric."""
+def validate_gram(gram: np.ndarray, *, name: str = "gram", nonzero: bool = False) -> np.ndarray:
+    """``gram`` as float64, symmetrised, after checking it is a square, finite, symmetric Gram with
+    no negative diagonal entry (and, with ``nonzero``, not all zero)."""
     array = np.asarray(gram, dtype=np.float64)
     if array.ndim != 2 or array.shape[0] != array.shape[1] or array.shape[0] < 1:
         raise ValueError(f"{name} (shape {array.shape}) must be a non-empty square matrix")
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{name} must be finite")
-    scale = max(1.0, float(np.abs(array).max()))
-    if float(np.abs(array - array.T).max()) > 1e-9 * scale:
-        raise ValueError(f"{name} must be symmetric")
+    scale = float(np.abs(array).max())
+    asymmetry = float(np.abs(array - array.T).max())
+    # Grams built here are exactly symmetric (sums of Kronecker products of symmetric factors) or
+    # symmetric to round-off (~N·eps·max|G|, 2e-12 relative at N = 8192): 1e-9 relative keeps a
+    # thousandfold margin and still refuses a transposed or mis-assembled Gram (off by O(max|G|)).
+    if asymmetry > 1e-9 * scale:
+        raise ValueError(f"{name} must be symmetric (max |G - G^T| = {asymmetry:.3g})")
     if np.any(np.diag(array) < -1e-12 * scale):
         raise ValueError(f"{name} must be positive semidefinite (it has a negative diagonal entry)")
+    if nonzero and scale == 0.0:
+        raise ValueError(f"{name} must not be all zero (the workload has no non-zero query)")
     return (array + array.T) / 2
-
-
-def validated_gram(gram: np.ndarray) -> np.ndarray:
-    """``gram`` as float64 after checking it is square, finite, symmetric and not all zero."""
-    gram = np.asarray(gram, dtype=np.float64)
-    if gram.ndim != 2 or gram.shape[0] != gram.shape[1] or gram.shape[0] == 0:
-        raise ValueError(f"gram (shape {gram.shape}) must be a non-empty square matrix")
-    if not np.all(np.isfinite(gram)):
-        raise ValueError("gram must be finite")
-    scale = float(np.max(np.abs(gram)))
-    asymmetry = float(np.max(np.abs(gram - gram.T)))
-    if asymmetry > 1e-8 * scale:
-        raise ValueError(f"gram must be symmetric (max |G - G^T| = {asymmetry:.3g})")
-    if scale == 0.0:
-        raise ValueError("gram must not be all zero (the workload has no non-zero query)")
-    return gram
 
 
 def svd_bound_from_eigenvalues(
@@ -102,37 +90,13 @@ def svd_bound_gram(gram: np.ndarray) -> float:
     >>> round(svd_bound_gram(AllRanges(16).gram()), 4)
     404.4829
     """
-    gram = validated_gram(gram)
+    gram = validate_gram(gram, nonzero=True)
     return root_eigen_sum(gram) ** 2 / gram.shape[0]
-
-
-def svd_bound_terms(terms: Sequence[Sequence[np.ndarray]]) -> float:
-    """SVDB of ``WᵀW = Σ_t ⊗_i terms[t][i]`` (per-attribute Grams, all terms the same sizes).
-
-    Exact; raises ``ValueError`` naming the size when the attributes that are not ``a·I + b·J``
-    have more than :data:`DENSE_BOUND_LIMIT` cells together (or there are more than
-    :data:`MAX_SPLIT_ATTRIBUTES` marginal-like attributes).
-    """
-    if isinstance(terms, np.ndarray) or len(terms) == 0:
-        raise ValueError("terms must be a non-empty sequence of tuples of Gram matrices")
-    grams = [
-        tuple(validate_gram(g, name=f"terms[{t}][{i}]") for i, g in enumerate(term))
-        for t, term in enumerate(terms)
-    ]
-    sizes = tuple(g.shape[0] for g in grams[0])
-    for t, term in enumerate(grams):
-        if tuple(g.shape[0] for g in term) != sizes:
-            raise ValueError(
-                f"terms[{t}] has attribute sizes {tuple(g.shape[0] for g in term)}, "
-                f"terms[0] has {sizes}"
-            )
-    parts = [[_gram_part(term[i]) for term in grams] for i in range(len(sizes))]
-    return _svd_bound(parts, sizes, dense_grams=lambda t, i: grams[t][i])
 
 
 def svd_bound(workload: Workload) -> float | None:
     """SVDB of a workload from its factors' closed-form Grams and spectra, or None when the exact
-    method does not fit (see :func:`svd_bound_terms` for the limits).
+    method does not fit (:data:`DENSE_BOUND_LIMIT`, :data:`MAX_SPLIT_ATTRIBUTES`).
 
     One item: ``Π_i (Σ √λ(W_iᵀW_i))² / N`` with closed-form factor spectra (identity, total, prefix,
     all ranges) or a per-factor ``eigvalsh``.  A union: the split method of the module docstring.
@@ -152,10 +116,6 @@ def svd_bound(workload: Workload) -> float | None:
         return _svd_bound(parts, sizes, dense_grams=lambda t, i: items[t].factors[i].gram())
     except ValueError:
         return None
-
-
-def _gram_part(gram: np.ndarray) -> AttributePart:
-    return gram_ij_parts(gram) or gram
 
 
 def _svd_bound(

@@ -46,7 +46,7 @@ import scipy.linalg
 import scipy.optimize
 
 from mechanisms.linalg import l1_sensitivity
-from mechanisms.lower_bound import svd_bound_gram, validated_gram
+from mechanisms.lower_bound import svd_bound_gram, validate_gram
 
 SensitivityNorm = Literal["l2", "l1"]
 DesignMethod = Literal["full", "separation", "principal"]
@@ -259,7 +259,7 @@ def workload_spectrum(
     gram: np.ndarray, *, eigenvalue_rtol: float = DEFAULT_EIGENVALUE_RTOL
 ) -> WorkloadSpectrum:
     """Dense eigen-decomposition of G, dropping eigenvalues ``<= eigenvalue_rtol * max`` (O(n^3))."""
-    gram = validated_gram(gram)
+    gram = validate_gram(gram, nonzero=True)
     eigenvalue_rtol = _check_unit_interval("eigenvalue_rtol", eigenvalue_rtol, include_one=False)
     eigenvalues, eigenvectors = np.linalg.eigh(gram)  # O(n^3)
     order = np.argsort(eigenvalues)[::-1]
@@ -284,7 +284,7 @@ def minimize_workload(
     zero iff ``G_jj = 0``.  Both tests use the tolerance ``duplicate_rtol * max_j G_jj``.
     Each merged group keeps its lowest-index cell as representative.
     """
-    gram = validated_gram(gram)
+    gram = validate_gram(gram, nonzero=True)
     duplicate_rtol = _check_unit_interval("duplicate_rtol", duplicate_rtol, include_one=False)
     diagonal = np.diag(gram)
     tolerance = duplicate_rtol * float(diagonal.max())
@@ -861,7 +861,7 @@ def eigen_design(
     _validated_design_options(
         sensitivity, method, group_size, principal_fraction, solver_rtol, max_iterations
     )
-    gram = validated_gram(gram)
+    gram = validate_gram(gram, nonzero=True)
     minimized = minimize_workload(gram, duplicate_rtol=duplicate_rtol)
     spectrum = workload_spectrum(minimized.gram, eigenvalue_rtol=eigenvalue_rtol)
     candidate, source, alternative, iterations, gap = _design(

@@ -30,7 +30,7 @@ from mechanisms.eigen.design import (
     minimize_workload,
 )
 from mechanisms.linalg import l1_sensitivity
-from mechanisms.lower_bound import svd_bound_from_eigenvalues, svd_bound_gram, validated_gram
+from mechanisms.lower_bound import svd_bound_from_eigenvalues, svd_bound_gram, validate_gram
 from mechanisms.operators import AllRanges, Identity, Prefix, Total
 from mechanisms.workload import Workload, WorkloadItem
 
@@ -196,7 +196,7 @@ def workload_variance_factor(gram: np.ndarray, strategy: np.ndarray) -> float:
     ValueError
         If A does not support the workload (the row space of G is not inside that of A).
     """
-    gram = validated_gram(gram)
+    gram = validate_gram(gram, nonzero=True)
     strategy = _validated_strategy(strategy, gram.shape[0])
     return _trace_gram_pinv(strategy.T @ strategy, gram=gram)
 

@@ -639,7 +639,10 @@ GRAM = all_range_gram(4)
         (lambda: svd_bound(np.array([[1.0, np.nan], [np.nan, 1.0]])), "gram must be finite"),
         (lambda: svd_bound(np.array([[1.0, 2.0], [0.0, 1.0]])), "gram must be symmetric"),
         (lambda: svd_bound(np.zeros((2, 2))), "gram must not be all zero"),
-        (lambda: minimize_workload(-np.eye(2)), "gram must have a positive diagonal entry"),
+        (
+            lambda: minimize_workload(np.array([[0.0, 1.0], [1.0, 0.0]])),
+            "gram must have a positive diagonal entry",
+        ),
         (
             lambda: total_error_l2(GRAM, np.eye(3)),
             "strategy has 3 columns but the workload has 4 cells",

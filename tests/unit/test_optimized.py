@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from mechanisms.lower_bound import svd_bound_terms as svd_bound
 from mechanisms.marginal_strategies import (
     eigenspace_multiplicities,
     gram_eigenvalues,
@@ -50,6 +49,7 @@ from mechanisms.optimized.templates import (
     validate_gram,
 )
 from tests.fake_clock import install_fake_clock
+from tests.reference.lower_bound import svd_bound_terms as svd_bound
 from tests.reference.marginal_algebra import (
     gram_coefficients,
     marginal_measurements,

@@ -16,7 +16,6 @@ from mechanisms.lower_bound import (
     svd_bound,
     svd_bound_from_eigenvalues,
     svd_bound_gram,
-    svd_bound_terms,
 )
 from mechanisms.operators import (
     AllRanges,
@@ -30,6 +29,7 @@ from mechanisms.operators import (
     kron_matrices,
 )
 from mechanisms.workload import Workload, WorkloadItem
+from tests.reference.lower_bound import svd_bound_terms
 
 ALL_RANGE_SVDB = {16: 404.4829, 64: 10787.15, 512: 1.330722e6, 2048: 3.034182e7}
 """seed-eigen.md §4 item 6 (recomputed there from dense eigenvalues)."""
