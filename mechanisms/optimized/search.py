@@ -202,14 +202,14 @@ def kron_template(
     *,
     noise: NoiseKind,
     rng: np.random.Generator,
-    ps: Sequence[int | None],
     restarts: int,
-    template: str,
-    max_sweeps: int,
-    tolerance: float,
     start: float,
     limit: WorkLimit,
     progress: Progress | None,
+    ps: Sequence[int | None] | None = None,
+    template: str = "auto",
+    max_sweeps: int = 10,
+    tolerance: float = 1e-5,
 ) -> OptimizedStrategy:
     """Kronecker strategy ``A_1 ⊗ … ⊗ A_d`` for validated Gram terms, by alternation.
 
@@ -226,6 +226,7 @@ def kron_template(
     References: HDMM §6 (OPT_⊗ and unions of Kronecker products).
     """
     d = len(sizes)
+    ps = [None] * d if ps is None else ps
     deterministic = noise == "gaussian" and template in ("auto", "fullrank", "identity")
     runs = 1 if deterministic else restarts
     results: list[tuple[list[FactorSolution], float, int, bool]] = []
@@ -449,11 +450,7 @@ def optimize_workload(
             sizes,
             noise=noise,
             rng=rng,
-            ps=[None] * len(sizes),
             restarts=restarts,
-            template="auto",
-            max_sweeps=10,
-            tolerance=1e-5,
             start=time.perf_counter(),
             limit=limit,
             progress=scaled(progress, 0.0, 0.8),
