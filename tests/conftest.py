@@ -35,9 +35,55 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from _pytest.nodeid import coerce_node_id  # noqa: E402
 
 # a real PostgreSQL server for the session, and catalog URLs on both backends (tests/pg_server.py)
 from tests.pg_server import catalog_url, postgres_server  # noqa: E402, F401
+
+# --- parallel runs (pytest-xdist, ``-n 3 --dist loadgroup --no-loadscope-reorder`` in addopts) -----
+# Each worker is its own process with its own temporary home, Prefect test server, PostgreSQL and
+# Dask cluster (session-scoped fixtures are per worker).  Tests go one at a time to whichever worker
+# is free, except: a module with a module- or class-scoped fixture (a started server, a release
+# built once) runs on one worker, so that set-up is paid once; the tests that use the session's
+# Dask cluster share one worker, so one cluster starts.  The longest tests are handed out first
+# (a long test started last is the run's tail).
+LONGEST_FIRST = (
+    "tests/flows/test_operations_e2e.py::test_scheduled_",  # ≥ 5 cron ticks of one minute
+    "tests/statistical/test_interval_coverage.py::test_dawa_",
+    "tests/statistical/test_interval_coverage.py::test_data_independent_",
+    "tests/statistical/test_interval_coverage.py::test_lrm_",
+    "tests/statistical/test_derived_std_error.py",
+)
+
+
+def _group(item: pytest.Item) -> str | None:
+    fixtures = getattr(item, "_fixtureinfo", None)
+    names = fixtures.names_closure if fixtures is not None else ()
+    if "dask_address" in names:
+        return "dask"
+    defs = fixtures.name2fixturedefs if fixtures is not None else {}
+    if any(d.scope in ("module", "class", "package") for ds in defs.values() for d in ds):
+        return item.path.stem
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a serial run keeps the collection order
+    for item in items:
+        group = _group(item)
+        if group is not None:
+            # what --dist loadgroup does with an xdist_group mark: pytest-xdist 3.8 sets
+            # item._nodeid, which pytest 9 no longer reads (the nodeid comes from item._id)
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+    def rank(item: pytest.Item) -> int:
+        hits = [i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)]
+        if hits:
+            return hits[0]
+        return len(LONGEST_FIRST) + (0 if _group(item) is not None else 1)
+
+    items.sort(key=rank)  # stable: the collection order within a rank
 
 
 @pytest.fixture(scope="session")
