@@ -21,7 +21,8 @@ from catalog.spec.load import parse_spec
 from catalog.spec.model import ReleaseSpec
 from catalog.strategy_store import StrategyStore
 from mechanisms.local import baselines, randomizer
-from mechanisms.local.mechanism import COLLECTION_LABEL, LocalStrategy, describe
+from mechanisms.local.mechanism import COLLECTION_LABEL
+from mechanisms.local.strategy import LocalStrategy, describe
 from mechanisms.operators import Prefix
 from mechanisms.workload import Workload, WorkloadItem
 

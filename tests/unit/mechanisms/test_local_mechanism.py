@@ -16,13 +16,9 @@ import pytest
 from mechanisms import registry
 from mechanisms.local import baselines, estimation, randomizer
 from mechanisms.local import mechanism as local_mechanism
-from mechanisms.local.mechanism import (
-    MECHANISM,
-    LocalOptions,
-    LocalStrategy,
-    ResponseCounts,
-    describe,
-)
+from mechanisms.local import strategy as local_strategy
+from mechanisms.local.mechanism import MECHANISM, LocalOptions
+from mechanisms.local.strategy import LocalStrategy, ResponseCounts, describe
 from mechanisms.operators import AllRanges, Identity, Prefix, Total, kron_dense
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import (
@@ -158,19 +154,19 @@ VECTORS = [
 def test_baseline_variances_match_the_reference_note(
     wl: Workload, ordered: tuple[bool, ...], name: str, expected: float, tolerance: float
 ) -> None:
-    root = local_mechanism.workload_root(wl)
+    root = local_strategy.workload_root(wl)
     found = baselines.baseline_strategies(wl.domain_shape, ordered, epsilon=1.0)
-    summary = local_mechanism.evaluate_baselines(root, found)[name]
+    summary = local_strategy.evaluate_baselines(root, found)[name]
     assert summary["worst_variance"] == pytest.approx(expected, rel=tolerance)
 
 
 def test_rr_histogram_vector_fails_at_another_epsilon() -> None:
     wl = workload(("h", (Identity(5),)))
-    root = local_mechanism.workload_root(wl)
+    root = local_strategy.workload_root(wl)
 
     def rr(epsilon: float) -> float:
         found = baselines.baseline_strategies((5,), (False,), epsilon=epsilon)
-        return local_mechanism.evaluate_baselines(root, found)["randomized_response"][
+        return local_strategy.evaluate_baselines(root, found)["randomized_response"][
             "worst_variance"
         ]
 
@@ -211,7 +207,7 @@ def test_baseline_applicability(
 
 def test_workload_root_has_the_dense_gram_and_variances() -> None:
     matrix = dense(MIXED)
-    root = local_mechanism.workload_root(MIXED)
+    root = local_strategy.workload_root(MIXED)
     np.testing.assert_allclose(root.T @ root, matrix.T @ matrix, atol=1e-9)
     strategy = baselines.hadamard(MIXED.num_cells, epsilon=1.0)
     np.testing.assert_allclose(
@@ -228,10 +224,8 @@ def test_item_estimates_equal_the_dense_reconstruction(rng: np.random.Generator)
     strategy = baselines.randomized_response(MIXED.num_cells, epsilon=1.0)
     counts = rng.integers(0, 200, strategy.num_outputs)
     expected = estimation.estimate(counts, estimation.reconstruction(dense(MIXED), strategy))
-    operator = local_mechanism.least_squares_operator(strategy)
-    parts = [
-        local_mechanism.estimate_item(item, strategy, operator, counts) for item in MIXED.items
-    ]
+    operator = local_strategy.least_squares_operator(strategy)
+    parts = [local_strategy.estimate_item(item, strategy, operator, counts) for item in MIXED.items]
     np.testing.assert_allclose(
         np.concatenate([p.answers for p in parts]), expected.answers, rtol=1e-9
     )
@@ -245,11 +239,11 @@ def test_item_estimates_in_small_chunks_equal_one_chunk(
 ) -> None:
     strategy = baselines.hadamard(MIXED.num_cells, epsilon=1.0)
     counts = rng.integers(0, 50, strategy.num_outputs)
-    operator = local_mechanism.least_squares_operator(strategy)
+    operator = local_strategy.least_squares_operator(strategy)
     item = MIXED.items[2]
-    whole = local_mechanism.estimate_item(item, strategy, operator, counts)
-    monkeypatch.setattr(local_mechanism, "V_CHUNK_ENTRIES", strategy.num_outputs * 7)
-    chunked = local_mechanism.estimate_item(item, strategy, operator, counts)
+    whole = local_strategy.estimate_item(item, strategy, operator, counts)
+    monkeypatch.setattr(local_strategy, "V_CHUNK_ENTRIES", strategy.num_outputs * 7)
+    chunked = local_strategy.estimate_item(item, strategy, operator, counts)
     assert item.num_queries > 7  # more than one chunk
     np.testing.assert_allclose(chunked.answers, whole.answers, rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(chunked.variance, whole.variance, rtol=1e-10, atol=1e-8)
