@@ -21,7 +21,7 @@ never worse than ``B·y`` with an exact ``B``.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -142,19 +142,15 @@ class LowRankStrategy(DenseStrategy):
     ~1e-7 in the answers; the SVD route leaves round-off (~1e-15).
     """
 
-    _pinv: list[np.ndarray] = field(default_factory=list, repr=False, compare=False)
-    _residuals: list[tuple[Workload, float]] = field(
-        default_factory=list, repr=False, compare=False
-    )
-
     def pseudo_inverse(self) -> np.ndarray:
-        """``A⁺`` (N × p), cached. O(p N min(p, N))."""
-        if not self._pinv:
-            left, singular, right = np.linalg.svd(self.matrix, full_matrices=False)
-            cutoff = singular[0] * max(self.matrix.shape) * np.finfo(np.float64).eps
-            keep = singular > cutoff
-            self._pinv.append((right[keep].T / singular[keep]) @ left[:, keep].T)
-        return self._pinv[0]
+        """``A⁺`` (N × p), computed once."""
+        return self._pseudo_inverse
+
+    @cached_property
+    def _pseudo_inverse(self) -> np.ndarray:
+        left, singular, right = np.linalg.svd(self.matrix, full_matrices=False)  # O(p N min(p, N))
+        keep = singular > singular[0] * max(self.matrix.shape) * np.finfo(np.float64).eps
+        return (right[keep].T / singular[keep]) @ left[:, keep].T
 
     @cached_property
     def _unit_covariance(self) -> np.ndarray:
@@ -182,12 +178,15 @@ class LowRankStrategy(DenseStrategy):
 
         Kept per workload object: ``plan``'s bias guard and the planner's support check ask for
         the same workload, and each evaluation is O(m N) to form W plus O(m N p)."""
-        for seen, residual in self._residuals:
-            if seen is workload:
-                return residual
-        residual = self.estimator_bias(workload.dense_matrix())
-        self._residuals.append((workload, residual))
-        return residual
+        seen = self._support_memo.get(id(workload))
+        if seen is None or seen[0] is not workload:
+            seen = (workload, self.estimator_bias(workload.dense_matrix()))
+            self._support_memo[id(workload)] = seen  # holds the workload, so its id stays unique
+        return seen[1]
+
+    @cached_property
+    def _support_memo(self) -> dict[int, tuple[Workload, float]]:
+        return {}
 
     def estimator_bias(self, workload: np.ndarray) -> float:
         """Largest entry of ``W − W·A⁺·A``, the bias matrix of the answers this strategy gives,

@@ -1131,3 +1131,24 @@ def test_planned_error_equals_dense_error_of_returned_strategy() -> None:
     )
     assert reported == pytest.approx(dense, rel=1e-6)
     assert reported <= 2.0 * float(np.sum(workload**2)) * (1 + 1e-9)
+
+
+def test_strategy_memo_is_computed_once_and_old_pickles_still_load() -> None:
+    """``cached_property`` memos (pseudo-inverse, support residual per workload); an object pickled
+    when they were the list fields ``_pinv`` and ``_residuals`` still loads and answers."""
+    import pickle
+
+    workload = Workload(domain_shape=(4,), items=(WorkloadItem(name="cdf", factors=(Prefix(4),)),))
+    matrix = np.vstack([np.tril(np.ones((4, 4))), np.ones((1, 4))])
+    strategy = lrm_mechanism.LowRankStrategy(name="lrm", matrix=matrix)
+    assert strategy.pseudo_inverse() is strategy.pseudo_inverse()
+    np.testing.assert_allclose(strategy.pseudo_inverse(), np.linalg.pinv(matrix), atol=1e-12)
+    residual = strategy.support_residual(workload)
+    assert strategy.support_residual(workload) == residual <= 1e-12
+    old = lrm_mechanism.LowRankStrategy(name="lrm", matrix=matrix)
+    old.__dict__.update(_pinv=[], _residuals=[], _covariance=[])  # the former list fields
+    restored = pickle.loads(pickle.dumps(old))
+    np.testing.assert_allclose(
+        restored.least_squares(matrix @ np.arange(4.0)), np.arange(4.0), atol=1e-12
+    )
+    assert restored.support_residual(workload) == pytest.approx(residual, abs=1e-15)
