@@ -417,10 +417,12 @@ def resume_review(
         )
     deadline = time.monotonic() + wait_seconds
     while True:
+        # reviews first: the decision and the status it sets commit together, so a release read
+        # after its new review shows that status (read the other way round, an approval that
+        # completes the policy was reported as still "staged" when it committed in between)
+        reviewed = len(catalog.reviews(run.release_id)) > decided
         record = catalog.release(run.release_id)
-        if record.status in ("published", "rejected") or (
-            record.status == "staged" and len(catalog.reviews(run.release_id)) > decided
-        ):
+        if record.status in ("published", "rejected") or (record.status == "staged" and reviewed):
             return record
         if time.monotonic() > deadline:
             raise CatalogError(
