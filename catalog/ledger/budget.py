@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,22 +22,7 @@ from sqlalchemy.engine import Connection
 
 from catalog import keys
 from catalog.errors import CatalogError
-from catalog.ledger.chain import (
-    ENTRY_KINDS,
-    GENESIS,
-    ChainHead,
-    anchor_problems,
-    bullets,
-    chain_problems,
-    entry_digest,
-)
-from catalog.ledger.database import (
-    default_url,
-    dispose_with,
-    make_engine,
-    redacted,
-    refuse_foreign_file,
-)
+from catalog.ledger import chain, database, spending
 from catalog.ledger.schema import (
     catalog_meta,
     chain_rows,
@@ -45,13 +31,6 @@ from catalog.ledger.schema import (
     now,
     open_schema,
     releases,
-)
-from catalog.ledger.spending import (
-    LedgerEntry,
-    PartitionSpending,
-    Spending,
-    cap_from_row,
-    check_partitions,
 )
 from mechanisms.privacy import PrivacyCost, convert
 
@@ -66,21 +45,21 @@ class Ledger:
     """
 
     def __init__(self, url: str | None = None) -> None:
-        self.url = url or default_url()
+        self.url = url or database.default_url()
         self._key: keys.CatalogKey | None = None
-        refuse_foreign_file(self.url)
-        self.engine = make_engine(self.url)
-        dispose_with(self, self.engine)
+        database.refuse_foreign_file(self.url)
+        self.engine = database.make_engine(self.url)
+        database.dispose_with(self, self.engine)
         try:
             if open_schema(self.engine, self.url):  # a fresh or migrated catalog
                 self._anchor_initial_state()
         except sa.exc.OperationalError as exc:
             raise CatalogError(
-                f"catalog {redacted(self.url)} cannot be opened: {exc.orig}"
+                f"catalog {database.redacted(self.url)} cannot be opened: {exc.orig}"
             ) from None
         except sa.exc.DatabaseError as exc:
             raise CatalogError(
-                f"catalog {redacted(self.url)} is damaged and cannot be read ({exc.orig}); it was left "
+                f"catalog {database.redacted(self.url)} is damaged and cannot be read ({exc.orig}); it was left "
                 "unchanged: restore it from a backup"
             ) from None
 
@@ -96,7 +75,7 @@ class Ledger:
         """The id of the key input fingerprints are computed with (what a manifest records)."""
         return self.key.key_id
 
-    def chain_head(self, dataset_id: str | None = None) -> ChainHead:
+    def chain_head(self, dataset_id: str | None = None) -> chain.ChainHead:
         """The last ledger entry (of ``dataset_id``, or of the whole ledger) as a point of the chain.
 
         A release's manifest records it after the release's charges: ``verify`` then checks that
@@ -108,8 +87,8 @@ class Ledger:
         with self.engine.connect() as conn:
             row = conn.execute(query).first()
         if row is None:
-            return ChainHead(seq=0, entry_hash=GENESIS)
-        return ChainHead(seq=row.seq, entry_hash=row.entry_hash or "")
+            return chain.ChainHead(seq=0, entry_hash=chain.GENESIS)
+        return chain.ChainHead(seq=row.seq, entry_hash=row.entry_hash or "")
 
     def verify_chain(self) -> list[str]:
         """Every problem of the hash chain and its anchor, as readable lines (empty: it verifies).
@@ -118,9 +97,9 @@ class Ledger:
         """
         with self.engine.connect() as conn:
             rows = chain_rows(conn)
-        return chain_problems(rows) + self._anchor_problems(rows)
+        return chain.chain_problems(rows) + self._anchor_problems(rows)
 
-    def adopt_ledger(self, *, reason: str) -> ChainHead:
+    def adopt_ledger(self, *, reason: str) -> chain.ChainHead:
         """Accept the ledger as it is now as the anchored truth (e.g. a catalog restored from a
         backup on purpose).  Only an internally consistent chain can be adopted; the previous
         anchor and ``reason`` are kept in the anchor's history."""
@@ -131,11 +110,11 @@ class Ledger:
         with key.locked(), self._write() as conn:
             lock_chain(conn, self.url)
             rows = chain_rows(conn)
-            problems = chain_problems(rows)
+            problems = chain.chain_problems(rows)
             if problems:
                 raise CatalogError(
                     "the ledger's own hash chain does not verify, so it cannot be adopted:\n"
-                    + bullets(problems)
+                    + chain.bullets(problems)
                 )
             try:
                 anchor = key.read_anchor()
@@ -145,7 +124,7 @@ class Ledger:
                 history = list(anchor.adopted) if anchor is not None else []
             except CatalogError as exc:
                 previous, history = f"unreadable: {exc}", []
-            head = rows[-1].entry_hash if rows else GENESIS
+            head = rows[-1].entry_hash if rows else chain.GENESIS
             stamp = now()
             history.append(
                 {
@@ -157,7 +136,7 @@ class Ledger:
                 }
             )
             key.write_anchor(entries=len(rows), head=head, written_at=stamp, adopted=history)
-        return ChainHead(seq=rows[-1].seq if rows else 0, entry_hash=head)
+        return chain.ChainHead(seq=rows[-1].seq if rows else 0, entry_hash=head)
 
     # --- datasets and budget ----------------------------------------------------------------------
     def ensure_dataset(
@@ -186,7 +165,7 @@ class Ledger:
                     )
                 )
                 return cap
-            registered = cap_from_row(row)
+            registered = spending.cap_from_row(row)
             if registered != cap:
                 raise CatalogError(
                     f"dataset {dataset_id!r} is registered with budget {registered.as_dict()}, but "
@@ -213,7 +192,7 @@ class Ledger:
         return self._dataset(dataset_id).partitioned_by
 
     def cap(self, dataset_id: str) -> PrivacyCost:
-        return cap_from_row(self._dataset(dataset_id))
+        return spending.cap_from_row(self._dataset(dataset_id))
 
     def spent(self, dataset_id: str, *, partitions: tuple[str, ...] | None = None) -> PrivacyCost:
         """What the dataset has spent: the whole-dataset charges plus the largest partition's.
@@ -222,24 +201,24 @@ class Ledger:
         that reads them).  Without partitions in the ledger, the sum of all charges.  O(entries).
         """
         with self.engine.connect() as conn:
-            spending = Spending.read(conn, dataset_id, self.cap(dataset_id).measure)
-        return spending.worst(partitions)[1]
+            totals = spending.Spending.read(conn, dataset_id, self.cap(dataset_id).measure)
+        return totals.worst(partitions)[1]
 
-    def partition_spending(self, dataset_id: str) -> list[PartitionSpending]:
+    def partition_spending(self, dataset_id: str) -> list[spending.PartitionSpending]:
         """Per partition charged so far (sorted by name): spent, remaining, entries.  Empty for a
         dataset never charged by partition.  O(entries)."""
         cap = self.cap(dataset_id)
         with self.engine.connect() as conn:
-            spending = Spending.read(conn, dataset_id, cap.measure)
+            totals = spending.Spending.read(conn, dataset_id, cap.measure)
         result = []
-        for name in sorted(spending.parts):
-            spent = spending.whole + spending.parts[name]
+        for name in sorted(totals.parts):
+            spent = totals.whole + totals.parts[name]
             result.append(
-                PartitionSpending(
+                spending.PartitionSpending(
                     partition=name,
                     spent=spent,
                     remaining=spent.remaining(cap),
-                    entries=spending.counts[name],
+                    entries=totals.counts[name],
                 )
             )
         return result
@@ -252,12 +231,12 @@ class Ledger:
 
         Reads only; the authoritative check is repeated atomically by :meth:`charge`.
         """
-        check_partitions(partitions)
+        spending.check_partitions(partitions)
         cap = self.cap(dataset_id)
         charged = convert(cost, to=cap.measure)
         with self.engine.connect() as conn:
-            spending = Spending.read(conn, dataset_id, cap.measure)
-        spending.check(dataset_id, charged, cap, partitions)
+            totals = spending.Spending.read(conn, dataset_id, cap.measure)
+        totals.check(dataset_id, charged, cap, partitions)
         return charged
 
     def charge(
@@ -275,16 +254,18 @@ class Ledger:
         the full cost, after checking every partition's cap (parallel composition: each person
         is in at most one partition, as the dataset declares).
         """
-        check_partitions(partitions)
+        spending.check_partitions(partitions)
         with self._ledger_write() as conn:
             cap_row = conn.execute(
                 sa.select(datasets).where(datasets.c.id == dataset_id).with_for_update()
             ).first()
             if cap_row is None:
                 raise CatalogError(f"dataset {dataset_id!r} is not in the catalog")
-            cap = cap_from_row(cap_row)
+            cap = spending.cap_from_row(cap_row)
             charged = convert(cost, to=cap.measure)
-            Spending.read(conn, dataset_id, cap.measure).check(dataset_id, charged, cap, partitions)
+            spending.Spending.read(conn, dataset_id, cap.measure).check(
+                dataset_id, charged, cap, partitions
+            )
             receipts = [
                 append_entry(
                     conn,
@@ -304,30 +285,13 @@ class Ledger:
             )
         return receipts[0]
 
-    def ledger_entries(self, dataset_id: str | None = None) -> list[LedgerEntry]:
+    def ledger_entries(self, dataset_id: str | None = None) -> list[spending.LedgerEntry]:
         query = sa.select(ledger).order_by(ledger.c.seq)
         if dataset_id is not None:
             query = query.where(ledger.c.dataset_id == dataset_id)
         with self.engine.connect() as conn:
             rows = conn.execute(query).all()
-        return [
-            LedgerEntry(
-                seq=row.seq,
-                receipt_id=row.receipt_id,
-                dataset_id=row.dataset_id,
-                release_id=row.release_id,
-                label=row.label,
-                cost=PrivacyCost(
-                    measure=row.measure, epsilon=row.epsilon, rho=row.rho, delta=row.delta
-                ),
-                created_at=row.created_at,
-                prev_hash=row.prev_hash,
-                entry_hash=row.entry_hash,
-                kind=row.entry_kind,
-                partition=row.partition_key,
-            )
-            for row in rows
-        ]
+        return [spending.LedgerEntry.from_row(row) for row in rows]
 
     def dataset_ids(self) -> list[str]:
         with self.engine.connect() as conn:
@@ -356,12 +320,12 @@ class Ledger:
             with self._write() as conn:
                 lock_chain(conn, self.url)
                 rows = chain_rows(conn)
-                problems = chain_problems(rows) + self._anchor_problems(rows)
+                problems = chain.chain_problems(rows) + self._anchor_problems(rows)
                 if problems:
                     raise CatalogError(
-                        f"catalog {redacted(self.url)} failed its integrity check; new charges and releases "
+                        f"catalog {database.redacted(self.url)} failed its integrity check; new charges and releases "
                         "are refused:\n"
-                        + bullets(problems)
+                        + chain.bullets(problems)
                         + "\nIf the catalog was restored from a backup on purpose, accept its "
                         "ledger with `dprelease recover --adopt-ledger REASON`."
                     )
@@ -381,7 +345,7 @@ class Ledger:
             path = keys.key_path(self.url)
             if path is not None and not path.exists() and not path.with_suffix(".anchor").exists():
                 return []  # no key and no anchor yet: the next write anchors the ledger
-            return anchor_problems(keys.catalog_key(self.url).read_anchor(), rows)
+            return chain.anchor_problems(keys.catalog_key(self.url).read_anchor(), rows)
         except CatalogError as exc:  # e.g. the key is missing but its anchor exists
             return [str(exc)]
 
@@ -413,8 +377,8 @@ def append_entry(
     partition: str | None = None,
 ) -> str:
     """Append one chained ledger entry (inside a :meth:`Ledger._ledger_write`); its receipt id."""
-    if kind not in ENTRY_KINDS:
-        raise CatalogError(f"ledger entry kind {kind!r} must be one of {ENTRY_KINDS}")
+    if kind not in chain.ENTRY_KINDS:
+        raise CatalogError(f"ledger entry kind {kind!r} must be one of {chain.ENTRY_KINDS}")
     last = conn.execute(
         sa.select(ledger.c.seq, ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
     ).first()
@@ -424,16 +388,13 @@ def append_entry(
         "dataset_id": dataset_id,
         "release_id": release_id,
         "label": label,
-        "measure": cost.measure,
-        "epsilon": cost.epsilon,
-        "rho": cost.rho,
-        "delta": cost.delta,
+        **asdict(cost),  # measure, epsilon, rho, delta
         "created_at": now(),
-        "prev_hash": GENESIS if last is None else last.entry_hash,
+        "prev_hash": chain.GENESIS if last is None else last.entry_hash,
         "entry_kind": kind,
         "partition_key": partition,
     }
-    values["entry_hash"] = entry_digest(**values)
+    values["entry_hash"] = chain.entry_digest(**values)
     conn.execute(ledger.insert().values(**values))
     return str(values["receipt_id"])
 
@@ -448,7 +409,7 @@ def lock_chain(conn: Connection, url: str) -> None:
     ).scalar_one_or_none()
     if locked is None:
         raise CatalogError(
-            f"catalog {redacted(url)} lacks its catalog_meta 'chain' row, which serialises ledger writes; "
+            f"catalog {database.redacted(url)} lacks its catalog_meta 'chain' row, which serialises ledger writes; "
             "charges are refused until it is restored from a backup"
         )
 
@@ -459,7 +420,7 @@ def chain_tip(conn: Connection) -> tuple[int, str]:
     last = conn.execute(
         sa.select(ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
     ).scalar_one_or_none()
-    return int(entries), last or GENESIS
+    return int(entries), last or chain.GENESIS
 
 
 class DatasetAccountant:

@@ -39,6 +39,16 @@ class LedgerEntry:
     kind: str = "charge"
     partition: str | None = None
 
+    @classmethod
+    def from_row(cls, row: Any) -> LedgerEntry:
+        """The entry of a row of the ledger table."""
+        fields = row._asdict()
+        cost = PrivacyCost(
+            **{name: fields.pop(name) for name in ("measure", "epsilon", "rho", "delta")}
+        )
+        kind, partition = fields.pop("entry_kind"), fields.pop("partition_key")
+        return cls(cost=cost, kind=kind, partition=partition, **fields)
+
     def receipt(self) -> dict[str, Any]:
         """What a manifest records of this charge (``artifacts.verify`` compares every field)."""
         receipt = {

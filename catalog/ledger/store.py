@@ -9,7 +9,7 @@ a lease (``catalog.ledger.leases``); reviews are appended, never changed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -84,32 +84,19 @@ class Catalog(Ledger):
             raise CatalogError(
                 "skip_unchanged needs the release's series_key and input_fingerprint"
             )
-        stamp = now()
+        series = _Series(name, dataset_id, series_key, input_fingerprint)
         with self._ledger_write() as conn:
-            if skip_unchanged:
-                skipped = _skip_if_unchanged(
-                    conn,
-                    release_id=release_id,
-                    name=name,
-                    dataset_id=dataset_id,
-                    series_key=str(series_key),
-                    input_fingerprint=str(input_fingerprint),
-                )
-                if skipped is not None:
-                    return skipped
+            skipped = series.skip(conn, release_id=release_id) if skip_unchanged else None
+            if skipped is not None:
+                return skipped
             conn.execute(
                 releases.insert().values(
                     id=release_id,
-                    name=name,
-                    dataset_id=dataset_id,
                     status="measuring",
                     spec_fingerprint=spec_fingerprint,
-                    input_fingerprint=input_fingerprint,
-                    series_key=series_key,
                     mechanism=mechanism,
-                    created_at=stamp,
-                    updated_at=stamp,
-                    heartbeat_at=stamp,
+                    **asdict(series),
+                    **dict.fromkeys(("created_at", "updated_at", "heartbeat_at"), now()),
                     **process_owner(),
                 )
             )
@@ -126,15 +113,9 @@ class Catalog(Ledger):
     ) -> SkippedRelease | None:
         """Record a ``skipped`` entry for ``release_id`` and return it when the last release of
         the series is unchanged (see :meth:`create_release`); else record nothing, return None."""
+        series = _Series(name, dataset_id, series_key, input_fingerprint)
         with self._ledger_write() as conn:
-            return _skip_if_unchanged(
-                conn,
-                release_id=release_id,
-                name=name,
-                dataset_id=dataset_id,
-                series_key=series_key,
-                input_fingerprint=input_fingerprint,
-            )
+            return series.skip(conn, release_id=release_id)
 
     def update_release(self, release_id: str, **values: Any) -> None:
         if "status" in values and values["status"] not in STATUSES:
@@ -156,11 +137,7 @@ class Catalog(Ledger):
         moved it to ``failed`` after its lease expired): the run must stop; its charges stay spent.
         """
         with self._write() as conn:
-            row = conn.execute(  # locked: a concurrent recover waits, then sees this heartbeat
-                sa.select(releases.c.status).where(releases.c.id == release_id).with_for_update()
-            ).first()
-            if row is None:
-                raise CatalogError(f"release {release_id!r} is not in the catalog")
+            row = _locked_release(conn, release_id)  # a concurrent recover sees this heartbeat
             if row.status != "measuring":
                 raise CatalogError(
                     f"release {release_id!r} is {row.status}, not measuring: its lease ended "
@@ -265,11 +242,7 @@ class Catalog(Ledger):
         reviewer = normalize_reviewer(reviewer)
         stamp = now()
         with self._write() as conn:
-            row = conn.execute(  # locked: of two concurrent reviews only the first sees "staged"
-                sa.select(releases).where(releases.c.id == release_id).with_for_update()
-            ).first()
-            if row is None:
-                raise CatalogError(f"release {release_id!r} is not in the catalog")
+            row = _locked_release(conn, release_id)  # of two reviews only the first sees "staged"
             if row.status != "staged":
                 raise CatalogError(
                     f"release {release_id!r} is {row.status}; only a staged release can be reviewed"
@@ -310,60 +283,69 @@ class Catalog(Ledger):
         return [ReviewRecord(**row._asdict()) for row in rows]
 
 
-def _skip_if_unchanged(
-    conn: Connection,
-    *,
-    release_id: str,
-    name: str,
-    dataset_id: str,
-    series_key: str,
-    input_fingerprint: str,
-) -> SkippedRelease | None:
-    """Inside a ledger write: the ``skipped`` entry when the series' last release is unchanged.
+def _locked_release(conn: Connection, release_id: str) -> Any:
+    """The release's row, locked until the transaction ends (concurrent writers wait)."""
+    query = sa.select(releases).where(releases.c.id == release_id).with_for_update()
+    row = conn.execute(query).first()
+    if row is None:
+        raise CatalogError(f"release {release_id!r} is not in the catalog")
+    return row
 
-    The series is the spec's ``name`` within its dataset id; its last release is the newest one
-    that did not fail or abort (one still measuring counts: a second run on the same content
-    is skipped, unless the first one's process is gone or its lease expired, see
-    :meth:`Catalog.recover`: it will release nothing, so this run releases).  Unchanged: same
-    ``series_key`` (the spec without its source) and same keyed input fingerprint.
-    O(releases of the series) with no index.
-    """
-    last = conn.execute(
-        sa.select(releases)
-        .where(
-            releases.c.name == name,
-            releases.c.dataset_id == dataset_id,
-            releases.c.status.not_in(_NOT_RELEASED),
+
+@dataclass(frozen=True)
+class _Series:
+    """A release's series (the spec's ``name`` within its dataset id) and what "unchanged"
+    compares: ``series_key`` (the spec without its source) and the keyed input fingerprint."""
+
+    name: str
+    dataset_id: str
+    series_key: str | None
+    input_fingerprint: str | None
+
+    def skip(self, conn: Connection, *, release_id: str) -> SkippedRelease | None:
+        """Inside a ledger write: the ``skipped`` entry when the series' last release is unchanged.
+
+        Its last release is the newest one that did not fail or abort (one still measuring
+        counts: a second run on the same content is skipped, unless the first one's process is
+        gone or its lease expired, see :meth:`Catalog.recover`: it will release nothing, so this
+        run releases).  O(releases of the series) with no index.
+        """
+        last = conn.execute(
+            sa.select(releases)
+            .where(
+                releases.c.name == self.name,
+                releases.c.dataset_id == self.dataset_id,
+                releases.c.status.not_in(_NOT_RELEASED),
+            )
+            .order_by(releases.c.created_at.desc(), releases.c.id.desc())
+            .limit(1)
+        ).first()
+        if last is None or (last.series_key, last.input_fingerprint) != (
+            self.series_key,
+            self.input_fingerprint,
+        ):
+            return None
+        if last.status == "measuring" and stuck_reason(
+            ReleaseRecord(**last._asdict()),
+            clock=datetime.now(UTC),
+            lease_seconds=DEFAULT_LEASE_SECONDS,
+        ):
+            return None
+        measure = conn.execute(
+            sa.select(datasets.c.measure).where(datasets.c.id == self.dataset_id)
+        ).scalar_one()
+        receipt = append_entry(
+            conn,
+            dataset_id=self.dataset_id,
+            release_id=release_id,
+            label=f"{self.name}: skipped, input and spec unchanged since {last.id}",
+            cost=PrivacyCost.zero(measure),
+            kind="skipped",
         )
-        .order_by(releases.c.created_at.desc(), releases.c.id.desc())
-        .limit(1)
-    ).first()
-    if last is None or (last.series_key, last.input_fingerprint) != (
-        series_key,
-        input_fingerprint,
-    ):
-        return None
-    if last.status == "measuring" and stuck_reason(
-        ReleaseRecord(**last._asdict()),
-        clock=datetime.now(UTC),
-        lease_seconds=DEFAULT_LEASE_SECONDS,
-    ):
-        return None
-    measure = conn.execute(
-        sa.select(datasets.c.measure).where(datasets.c.id == dataset_id)
-    ).scalar_one()
-    receipt = append_entry(
-        conn,
-        dataset_id=dataset_id,
-        release_id=release_id,
-        label=f"{name}: skipped, input and spec unchanged since {last.id}",
-        cost=PrivacyCost.zero(measure),
-        kind="skipped",
-    )
-    return SkippedRelease(
-        release_id=release_id,
-        name=name,
-        dataset_id=dataset_id,
-        unchanged_since=last.id,
-        receipt_id=receipt,
-    )
+        return SkippedRelease(
+            release_id=release_id,
+            name=self.name,
+            dataset_id=self.dataset_id,
+            unchanged_since=last.id,
+            receipt_id=receipt,
+        )
