@@ -45,6 +45,7 @@ from mechanisms.operators import AllRanges, Identity, Prefix, Total
 from mechanisms.optimized import search as optimized
 from mechanisms.workload import Workload, WorkloadItem
 from tests.reference import lrm as lrm_reference
+from tests.reference import optimized_search
 from tests.reference.eigen import all_range_gram, prefix_gram
 
 
@@ -290,7 +291,7 @@ def calibrate(kind: str) -> None:
             for noise in ("laplace", "gaussian"):
                 for label, gram in (("allrange", all_range_gram(n)), ("prefix", prefix_gram(n))):
                     result, _, cpu = measured(
-                        lambda g=gram, z=noise: optimized.optimize_kron(
+                        lambda g=gram, z=noise: optimized_search.optimize_kron(
                             [(g,)], noise=z, rng=np.random.default_rng(0)
                         )
                     )
@@ -302,7 +303,7 @@ def calibrate(kind: str) -> None:
                 (np.ones((n1, n1)), all_range_gram(n2)),
             ]
             result, _, cpu = measured(
-                lambda t=terms: optimized.optimize_kron(
+                lambda t=terms: optimized_search.optimize_kron(
                     t, noise="laplace", rng=np.random.default_rng(0)
                 )
             )
@@ -311,7 +312,7 @@ def calibrate(kind: str) -> None:
             subsets = list(itertools.combinations(range(d), 2))
             for noise in ("laplace", "gaussian"):
                 result, _, cpu = measured(
-                    lambda s=subsets, d=d, z=noise: optimized.optimize_marginals(
+                    lambda s=subsets, d=d, z=noise: optimized_search.optimize_marginals(
                         s, [4] * d, noise=z, rng=np.random.default_rng(0), restarts=2
                     )
                 )
