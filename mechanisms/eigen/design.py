@@ -8,12 +8,12 @@ the Gram matrix G (or on its eigen-decomposition).  This module provides
 * Eigen-Design (Program 5.1.2 of Li's thesis): weight the eigenvectors of G by a convex program,
   then complete deficient columns; an L2 variant (Gaussian noise: rho-zCDP or (eps, delta)) and an
   L1 variant (Laplace noise, eps-DP; Program 5.1.3 with its L1 constraint corrected);
-* the section 5.2.2 speed-ups for large n (eigen-query separation and principal vectors);
 * the singular value bound (SVDB), the lower bound on the total error of every L2 strategy, of
   the input Gram and of its minimised workload.
 
-Dense Gram builders, closed-form spectra, design from a known spectrum and exact error
-evaluation of any strategy are reference code in ``tests/reference/eigen.py``.
+Dense Gram builders, closed-form spectra, the section 5.2.2 speed-ups for large n (eigen-query
+separation, principal vectors), design from a known spectrum and exact error evaluation of any
+strategy are reference code in ``tests/reference/eigen.py``.
 
 The result, :class:`EigenDesignStrategy`, is measured like any other strategy through
 ``mechanisms.choke_point.ProtectedCells.measure`` (it has ``name``, ``num_queries``,
@@ -37,6 +37,7 @@ chapters 4-5 (also Li & Miklau, PVLDB 5(6), 2012 and ICDT 2013).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,7 +50,6 @@ from mechanisms.linalg import l1_sensitivity
 from mechanisms.lower_bound import svd_bound_gram, validate_gram
 
 SensitivityNorm = Literal["l2", "l1"]
-DesignMethod = Literal["full", "separation", "principal"]
 StrategySource = Literal["eigen_design", "svd_bound"]
 
 DEFAULT_EIGENVALUE_RTOL = 1e-8
@@ -173,7 +173,6 @@ class EigenDesignStrategy:
     completion_weights: np.ndarray
     """d_j per minimised column (zero where no completion row was added), length n_min."""
     sensitivity_norm: SensitivityNorm
-    method: DesignMethod
     source: StrategySource
     """Which candidate was returned: the optimised weights, or the SVD-bound weights (completed)."""
     total_error: float
@@ -575,90 +574,18 @@ def _solve_weighting_dual(
     )
 
 
-def _weights_full(
+Weighting = Callable[..., tuple[np.ndarray, list[_WeightingSolution]]]
+"""``(costs, constraint, *, power, rtol, max_iterations) -> (variables, solutions)``."""
+
+
+def weights_full(
     costs: np.ndarray, constraint: np.ndarray, *, power: int, rtol: float, max_iterations: int
 ) -> tuple[np.ndarray, list[_WeightingSolution]]:
+    """The weighting program (5.1.1 / 5.1.3) with every eigen-query's weight free."""
     solution = _solve_weighting(
         costs, constraint, power=power, rtol=rtol, max_iterations=max_iterations
     )
     return solution.variables, [solution]
-
-
-def _weights_separated(
-    costs: np.ndarray,
-    constraint: np.ndarray,
-    *,
-    group_size: int,
-    power: int,
-    rtol: float,
-    max_iterations: int,
-) -> tuple[np.ndarray, list[_WeightingSolution]]:
-    """Eigen-query separation (thesis §5.2.2.1; the merge step, unspecified there, is ours).
-
-    Groups of ``group_size`` consecutive eigen-queries (decreasing eigenvalue) are weighted
-    independently, O(n g) per evaluation; then one factor per group is chosen by the same program
-    with each group as a block (cost ``sum c_i / x_i^p``, column ``constraint_g @ x_g``),
-    O(n^2 / g) per evaluation.
-    """
-    solutions: list[_WeightingSolution] = []
-    inner: list[np.ndarray] = []
-    block_costs = []
-    block_columns = []
-    for start in range(0, costs.size, group_size):
-        group = slice(start, min(start + group_size, costs.size))
-        solution = _solve_weighting(
-            costs[group],
-            constraint[:, group],
-            power=power,
-            rtol=rtol,
-            max_iterations=max_iterations,
-        )
-        solutions.append(solution)
-        inner.append(solution.variables)
-        block_costs.append(float(costs[group] @ solution.variables ** (-power)))
-        block_columns.append(constraint[:, group] @ solution.variables)
-    merge = _solve_weighting(
-        np.asarray(block_costs),
-        np.column_stack(block_columns),
-        power=power,
-        rtol=rtol,
-        max_iterations=max_iterations,
-    )
-    solutions.append(merge)
-    variables = np.concatenate(
-        [
-            factor * group_variables
-            for factor, group_variables in zip(merge.variables, inner, strict=True)
-        ]
-    )
-    return variables, solutions
-
-
-def _weights_principal(
-    costs: np.ndarray,
-    constraint: np.ndarray,
-    *,
-    n_principal: int,
-    power: int,
-    rtol: float,
-    max_iterations: int,
-) -> tuple[np.ndarray, list[_WeightingSolution]]:
-    """Principal vectors (thesis 5.2.2.2): the top ``n_principal`` eigen-queries get their own
-    weights, all remaining ones share a single weight; O(n k) per evaluation.
-    """
-    if n_principal >= costs.size:
-        return _weights_full(
-            costs, constraint, power=power, rtol=rtol, max_iterations=max_iterations
-        )
-    block_costs = np.append(costs[:n_principal], costs[n_principal:].sum())
-    block_constraint = np.column_stack(
-        [constraint[:, :n_principal], constraint[:, n_principal:].sum(axis=1)]
-    )
-    solution = _solve_weighting(
-        block_costs, block_constraint, power=power, rtol=rtol, max_iterations=max_iterations
-    )
-    shared = np.full(costs.size - n_principal, solution.variables[-1])
-    return np.concatenate([solution.variables[:n_principal], shared]), [solution]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -728,9 +655,7 @@ def _design(
     spectrum: WorkloadSpectrum,
     *,
     sensitivity: SensitivityNorm,
-    method: DesignMethod,
-    group_size: int,
-    principal_fraction: float,
+    weighting: Weighting,
     complete: bool,
     compare_svd_bound: bool,
     solver_rtol: float,
@@ -742,18 +667,9 @@ def _design(
     else:
         constraint, power = np.abs(eigenvectors), 2  # |Q|^T lambda <= 1 (printed as Q o Q)
     costs = spectrum.eigenvalues  # c_i = |W q_i|^2 = sigma_i for orthonormal eigen-queries
-    solver = {"power": power, "rtol": solver_rtol, "max_iterations": max_iterations}
-    if method == "full":
-        variables, solutions = _weights_full(costs, constraint, **solver)
-    elif method == "separation":
-        variables, solutions = _weights_separated(
-            costs, constraint, group_size=group_size, **solver
-        )
-    else:
-        n_principal = max(1, math.ceil(principal_fraction * spectrum.rank))
-        variables, solutions = _weights_principal(
-            costs, constraint, n_principal=n_principal, **solver
-        )
+    variables, solutions = weighting(
+        costs, constraint, power=power, rtol=solver_rtol, max_iterations=max_iterations
+    )
     designed = _candidate(spectrum, variables, constraint, norm=sensitivity, complete=complete)
     chosen, source, alternative = designed, "eigen_design", math.nan
     if compare_svd_bound:
@@ -773,20 +689,9 @@ def _design(
     return chosen, source, alternative, iterations, gap
 
 
-def _validated_design_options(
-    sensitivity: str,
-    method: str,
-    group_size: int,
-    principal_fraction: float,
-    solver_rtol: float,
-    max_iterations: int,
-) -> None:
+def _validated_design_options(sensitivity: str, solver_rtol: float, max_iterations: int) -> None:
     if sensitivity not in ("l2", "l1"):
         raise ValueError(f"sensitivity ({sensitivity!r}) must be 'l2' or 'l1'")
-    if method not in ("full", "separation", "principal"):
-        raise ValueError(f"method ({method!r}) must be 'full', 'separation' or 'principal'")
-    _check_positive_int("group_size", group_size)
-    _check_unit_interval("principal_fraction", principal_fraction, include_one=True)
     _check_unit_interval("solver_rtol", solver_rtol, include_one=False)
     _check_positive_int("max_iterations", max_iterations)
 
@@ -806,15 +711,13 @@ def eigen_design(
     gram: np.ndarray,
     *,
     sensitivity: SensitivityNorm = "l2",
-    method: DesignMethod = "full",
-    group_size: int = 16,
-    principal_fraction: float = 0.1,
     eigenvalue_rtol: float = DEFAULT_EIGENVALUE_RTOL,
     duplicate_rtol: float = DEFAULT_DUPLICATE_RTOL,
     complete: bool = True,
     compare_svd_bound: bool = True,
     solver_rtol: float = 1e-7,
     max_iterations: int = 20_000,
+    weighting: Weighting = weights_full,
 ) -> EigenDesignStrategy:
     """Choose a strategy for the workload with Gram matrix G by Eigen-Design (Program 5.1.2).
 
@@ -822,9 +725,8 @@ def eigen_design(
        does not depend on how cells are represented; permuting cells permutes A's columns.
     2. Eigen-decompose the minimised G; drop eigenvalues ``<= eigenvalue_rtol * max``.
     3. Weight the eigen-queries by the convex program (5.1.1 for L2, 5.1.3 with the L1 constraint
-       for L1), with ``method``: ``"full"`` (all weights free), ``"separation"`` (groups of
-       ``group_size``, then one factor per group; 5.2.2.1) or ``"principal"`` (the top
-       ``principal_fraction`` of eigen-queries free, the rest one shared weight; 5.2.2.2).
+       for L1), all weights free (``weighting``; the section 5.2.2 approximations that fix some
+       weights are in ``tests/reference/eigen.py``).
     4. Complete deficient columns without raising the sensitivity (steps 4-5) if ``complete``.
     5. If ``compare_svd_bound``, also build the SVD-bound strategy (rows ``sigma_i^(1/4) q_i``)
        with completion and return whichever has the lower total error (not in the thesis, whose
@@ -849,8 +751,7 @@ def eigen_design(
     Notes
     -----
     Cost: O(n^3) for the eigen-decomposition and the error evaluation; each weighting evaluation
-    is O(n r) ("full"), O(n g) per group plus O(n^2 / g) to merge ("separation"), or O(n k)
-    ("principal").
+    is O(n r).
 
     *Privacy*: reads only the public workload; spends no budget.
 
@@ -858,18 +759,14 @@ def eigen_design(
     ----------
     Li thesis, Program 5.1.2 (section 5.1.3), Programs 5.1.1 and 5.1.3, section 5.2.2.
     """
-    _validated_design_options(
-        sensitivity, method, group_size, principal_fraction, solver_rtol, max_iterations
-    )
+    _validated_design_options(sensitivity, solver_rtol, max_iterations)
     gram = validate_gram(gram, nonzero=True)
     minimized = minimize_workload(gram, duplicate_rtol=duplicate_rtol)
     spectrum = workload_spectrum(minimized.gram, eigenvalue_rtol=eigenvalue_rtol)
     candidate, source, alternative, iterations, gap = _design(
         spectrum,
         sensitivity=sensitivity,
-        method=method,
-        group_size=group_size,
-        principal_fraction=principal_fraction,
+        weighting=weighting,
         complete=complete,
         compare_svd_bound=compare_svd_bound,
         solver_rtol=solver_rtol,
@@ -887,7 +784,6 @@ def eigen_design(
         eigenvalues_kept=spectrum.eigenvalues,
         completion_weights=candidate.completion_weights,
         sensitivity_norm=sensitivity,
-        method=method,
         source=source,
         total_error=error_factor,
         total_error_before_completion=candidate.total_error_before_completion,

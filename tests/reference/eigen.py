@@ -1,33 +1,42 @@
 """Eigen-Design's research helpers (Li thesis ch. 4-5), outside the product.
 
 Dense Gram builders for the thesis's workloads (ranges, prefixes, marginals), their closed-form
-spectra, Eigen-Design from a known spectrum (the thesis's n = 8192 cases), the cell-simplified SVD
-bound and exact total-error evaluation of any dense strategy.  The product
+spectra, the section 5.2.2 speed-ups for large n (eigen-query separation, principal vectors),
+Eigen-Design from a known spectrum (the thesis's n = 8192 cases), the cell-simplified SVD bound and
+exact total-error evaluation of any dense strategy.  The product
 (:mod:`mechanisms.eigen`) builds the Gram from the workload and runs :func:`eigen_design`.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.fft
 
 from mechanisms.eigen.design import (
     DEFAULT_EIGENVALUE_RTOL,
-    DesignMethod,
     EigenDesignStrategy,
     SensitivityNorm,
+    Weighting,
     WorkloadSpectrum,
     _check_positive_int,
+    _check_unit_interval,
     _design,
+    _solve_weighting,
     _strategy_matrix,
     _trace_gram_pinv,
     _validated_design_options,
     _validated_strategy,
+    _WeightingSolution,
+    eigen_design,
     l2_sensitivity,
     minimize_workload,
+    weights_full,
 )
 from mechanisms.linalg import l1_sensitivity
 from mechanisms.lower_bound import svd_bound_from_eigenvalues, svd_bound_gram, validate_gram
@@ -216,11 +225,120 @@ def total_error_l1(gram: np.ndarray, strategy: np.ndarray) -> float:
     return l1_sensitivity(strategy) ** 2 * workload_variance_factor(gram, strategy)
 
 
+def weights_separated(
+    costs: np.ndarray,
+    constraint: np.ndarray,
+    *,
+    group_size: int,
+    power: int,
+    rtol: float,
+    max_iterations: int,
+) -> tuple[np.ndarray, list[_WeightingSolution]]:
+    """Eigen-query separation (thesis §5.2.2.1; the merge step, unspecified there, is ours).
+
+    Groups of ``group_size`` consecutive eigen-queries (decreasing eigenvalue) are weighted
+    independently, O(n g) per evaluation; then one factor per group is chosen by the same program
+    with each group as a block (cost ``sum c_i / x_i^p``, column ``constraint_g @ x_g``),
+    O(n^2 / g) per evaluation.
+    """
+    solutions: list[_WeightingSolution] = []
+    inner: list[np.ndarray] = []
+    block_costs = []
+    block_columns = []
+    for start in range(0, costs.size, group_size):
+        group = slice(start, min(start + group_size, costs.size))
+        solution = _solve_weighting(
+            costs[group],
+            constraint[:, group],
+            power=power,
+            rtol=rtol,
+            max_iterations=max_iterations,
+        )
+        solutions.append(solution)
+        inner.append(solution.variables)
+        block_costs.append(float(costs[group] @ solution.variables ** (-power)))
+        block_columns.append(constraint[:, group] @ solution.variables)
+    merge = _solve_weighting(
+        np.asarray(block_costs),
+        np.column_stack(block_columns),
+        power=power,
+        rtol=rtol,
+        max_iterations=max_iterations,
+    )
+    solutions.append(merge)
+    variables = np.concatenate(
+        [
+            factor * group_variables
+            for factor, group_variables in zip(merge.variables, inner, strict=True)
+        ]
+    )
+    return variables, solutions
+
+
+def weights_principal(
+    costs: np.ndarray,
+    constraint: np.ndarray,
+    *,
+    principal_fraction: float,
+    power: int,
+    rtol: float,
+    max_iterations: int,
+) -> tuple[np.ndarray, list[_WeightingSolution]]:
+    """Principal vectors (thesis 5.2.2.2): the top ``principal_fraction`` of the eigen-queries
+    (``k`` of them, at least one) get their own weights, all remaining ones share a single
+    weight; O(n k) per evaluation.
+    """
+    n_principal = max(1, math.ceil(principal_fraction * costs.size))
+    if n_principal >= costs.size:
+        return weights_full(
+            costs, constraint, power=power, rtol=rtol, max_iterations=max_iterations
+        )
+    block_costs = np.append(costs[:n_principal], costs[n_principal:].sum())
+    block_constraint = np.column_stack(
+        [constraint[:, :n_principal], constraint[:, n_principal:].sum(axis=1)]
+    )
+    solution = _solve_weighting(
+        block_costs, block_constraint, power=power, rtol=rtol, max_iterations=max_iterations
+    )
+    shared = np.full(costs.size - n_principal, solution.variables[-1])
+    return np.concatenate([solution.variables[:n_principal], shared]), [solution]
+
+
+def weighting(method: str, *, group_size: int = 16, principal_fraction: float = 0.1) -> Weighting:
+    """The weighting program of ``method``: ``"full"`` (all weights free), ``"separation"`` (groups
+    of ``group_size``, then one factor per group; 5.2.2.1) or ``"principal"`` (the top
+    ``principal_fraction`` of eigen-queries free, the rest one shared weight; 5.2.2.2)."""
+    if method not in ("full", "separation", "principal"):
+        raise ValueError(f"method ({method!r}) must be 'full', 'separation' or 'principal'")
+    _check_positive_int("group_size", group_size)
+    _check_unit_interval("principal_fraction", principal_fraction, include_one=True)
+    if method == "separation":
+        return functools.partial(weights_separated, group_size=group_size)
+    if method == "principal":
+        return functools.partial(weights_principal, principal_fraction=principal_fraction)
+    return weights_full
+
+
+def eigen_design_speedup(
+    gram: np.ndarray,
+    *,
+    method: str = "full",
+    group_size: int = 16,
+    principal_fraction: float = 0.1,
+    **options: Any,
+) -> EigenDesignStrategy:
+    """:func:`mechanisms.eigen.design.eigen_design` with a section 5.2.2 weighting (see
+    :func:`weighting`).  Cost per weighting evaluation: O(n r) ("full"), O(n g) per group plus
+    O(n^2 / g) to merge ("separation"), or O(n k) ("principal")."""
+    program = weighting(method, group_size=group_size, principal_fraction=principal_fraction)
+    return eigen_design(gram, weighting=program, **options)
+
+
 def eigen_design_from_spectrum(
     spectrum: WorkloadSpectrum,
     *,
     sensitivity: SensitivityNorm = "l2",
-    method: DesignMethod = "full",
+    method: str = "full",
     group_size: int = 16,
     principal_fraction: float = 0.1,
     complete: bool = True,
@@ -230,8 +348,8 @@ def eigen_design_from_spectrum(
 ) -> EigenDesignStrategy:
     """Eigen-Design from a known spectrum (e.g. :func:`all_range_spectrum`), skipping ``eigh``.
 
-    Same steps and options as :func:`eigen_design`, except that the caller guarantees the workload
-    is already minimised (no duplicate or zero columns) and the error is evaluated against
+    Same steps and options as :func:`eigen_design_speedup`, except that the caller guarantees the
+    workload is already minimised (no duplicate or zero columns) and the error is evaluated against
     ``Q diag(sigma) Q^T``.  Cost O(n^2 r) beyond the weighting program; intended for large
     structured workloads (n = 8192) where a dense eigen-decomposition dominates.
 
@@ -239,15 +357,12 @@ def eigen_design_from_spectrum(
     ----------
     Li thesis, Program 5.1.2 and section 5.2.2.
     """
-    _validated_design_options(
-        sensitivity, method, group_size, principal_fraction, solver_rtol, max_iterations
-    )
+    _validated_design_options(sensitivity, solver_rtol, max_iterations)
+    program = weighting(method, group_size=group_size, principal_fraction=principal_fraction)
     candidate, source, alternative, iterations, gap = _design(
         spectrum,
         sensitivity=sensitivity,
-        method=method,
-        group_size=group_size,
-        principal_fraction=principal_fraction,
+        weighting=program,
         complete=complete,
         compare_svd_bound=compare_svd_bound,
         solver_rtol=solver_rtol,
@@ -259,7 +374,6 @@ def eigen_design_from_spectrum(
         eigenvalues_kept=spectrum.eigenvalues,
         completion_weights=candidate.completion_weights,
         sensitivity_norm=sensitivity,
-        method=method,
         source=source,
         total_error=candidate.total_error,
         total_error_before_completion=candidate.total_error_before_completion,

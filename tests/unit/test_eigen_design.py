@@ -35,6 +35,7 @@ from tests.reference.eigen import (
     all_range_spectrum,
     cell_simplified_svd_bound,
     eigen_design_from_spectrum,
+    eigen_design_speedup,
     k_way_cliques,
     kronecker_spectrum,
     marginals_gram,
@@ -510,14 +511,16 @@ def test_semantically_equivalent_split_cells_get_equal_error():
 def test_speedups_are_no_better_than_full_before_completion(method):
     gram = all_range_gram(128)
     full = eigen_design(gram, complete=False, compare_svd_bound=False)
-    fast = eigen_design(gram, method=method, complete=False, compare_svd_bound=False, group_size=8)
+    fast = eigen_design_speedup(
+        gram, method=method, complete=False, compare_svd_bound=False, group_size=8
+    )
     assert fast.total_error >= full.total_error * (1 - 1e-6)
     assert fast.total_error < 1.3 * full.total_error
     assert l2_sensitivity(fast.A) == pytest.approx(1.0, rel=1e-12)
 
 
 def test_principal_vectors_share_one_weight_beyond_k():
-    result = eigen_design(
+    result = eigen_design_speedup(
         all_range_gram(40), method="principal", principal_fraction=0.1, compare_svd_bound=False
     )
     np.testing.assert_allclose(result.weights[4:], result.weights[4])
@@ -527,10 +530,12 @@ def test_principal_vectors_share_one_weight_beyond_k():
 def test_speedups_reduce_to_full_at_their_limits():
     gram = all_range_gram(32)
     full = eigen_design(gram, compare_svd_bound=False)
-    everything_principal = eigen_design(
+    everything_principal = eigen_design_speedup(
         gram, method="principal", principal_fraction=1.0, compare_svd_bound=False
     )
-    one_group = eigen_design(gram, method="separation", group_size=32, compare_svd_bound=False)
+    one_group = eigen_design_speedup(
+        gram, method="separation", group_size=32, compare_svd_bound=False
+    )
     assert everything_principal.total_error == pytest.approx(full.total_error, rel=1e-6)
     assert one_group.total_error == pytest.approx(full.total_error, rel=1e-6)
 
@@ -656,14 +661,20 @@ GRAM = all_range_gram(4)
             lambda: eigen_design(GRAM, sensitivity="linf"),
             "sensitivity ('linf') must be 'l2' or 'l1'",
         ),
-        (lambda: eigen_design(GRAM, method="fast"), "method ('fast') must be 'full', 'separation'"),
-        (lambda: eigen_design(GRAM, group_size=0), "group_size (0) must be an integer >= 1"),
         (
-            lambda: eigen_design(GRAM, principal_fraction=0.0),
+            lambda: eigen_design_speedup(GRAM, method="fast"),
+            "method ('fast') must be 'full', 'separation'",
+        ),
+        (
+            lambda: eigen_design_speedup(GRAM, group_size=0),
+            "group_size (0) must be an integer >= 1",
+        ),
+        (
+            lambda: eigen_design_speedup(GRAM, principal_fraction=0.0),
             "principal_fraction (0.0) must be > 0 and <= 1",
         ),
         (
-            lambda: eigen_design(GRAM, principal_fraction=1.5),
+            lambda: eigen_design_speedup(GRAM, principal_fraction=1.5),
             "principal_fraction (1.5) must be > 0 and <= 1",
         ),
         (lambda: eigen_design(GRAM, solver_rtol=1.0), "solver_rtol (1.0) must be > 0 and < 1"),
