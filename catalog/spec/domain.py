@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -54,9 +54,7 @@ class IntegerRange(Strict):
     def size(self) -> int:
         return (self.max - self.min) // self.width + 1
 
-    @property
-    def ordered(self) -> bool:
-        return True
+    ordered: ClassVar[bool] = True
 
     def cell_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         lower = self.min + self.width * np.arange(self.size)
@@ -141,9 +139,7 @@ class NumericBins(Strict):
     def size(self) -> int:
         return len(self.pairs())
 
-    @property
-    def ordered(self) -> bool:
-        return True
+    ordered: ClassVar[bool] = True
 
     def labels(self) -> list[Any]:
         pairs = self.pairs()
@@ -198,8 +194,7 @@ class Categorical(Strict):
                 f"value_labels has {len(names)} entries but values has {len(self.values)}: give "
                 "one label per value, in the same order"
             )
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
+        if repeated := sorted({name for name in names if names.count(name) > 1}):
             raise ValueError(f"value_labels {repeated} are listed twice; labels must be distinct")
         return self
 

@@ -16,7 +16,13 @@ from pydantic import Field, field_validator, model_validator
 
 from catalog.engine import Execution
 from catalog.errors import SpecError
-from catalog.spec.domain import Attribute, IntegerRange, NumericBins, Strict, parse_attribute
+from catalog.spec.domain import (
+    Attribute,
+    IntegerRange,
+    NumericBins,
+    Strict,
+    parse_attribute,
+)
 from catalog.spec.limits import MAX_PLAN_CELLS, check_large_delta, check_privacy_dict
 from catalog.spec.sections import (
     ID_PATTERN,
@@ -115,8 +121,7 @@ class ReleaseSpec(Strict):
         if not items:
             raise ValueError("workload must have at least one item")
         names = [item.name for item in items]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
+        if duplicates := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"workload item names must be unique; repeated: {duplicates}")
         return items
 
@@ -221,8 +226,7 @@ class ReleaseSpec(Strict):
                     f"{tables:,} tables; at most {MAX_EXPANDED_MARGINALS:,} per item"
                 )
             names += [part.name for part in expand_item(self, item)]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
+        if repeated := sorted({name for name in names if names.count(name) > 1}):
             raise ValueError(
                 f"workload: marginals items expand to table names that repeat {repeated[:5]} "
                 "(another item has that name, or attribute names differ only in characters "
@@ -230,17 +234,12 @@ class ReleaseSpec(Strict):
             )
         return self
 
-    # --- derived, public -------------------------------------------------------------------------
     def expanded_workload(self) -> list[WorkloadItemSpec]:
         """The workload with every ``marginals`` item replaced by its marginal items (in order)."""
         expanded: list[WorkloadItemSpec] = []
         for item in self.workload:
             expanded += expand_item(self, item) if item.marginals is not None else [item]
         return expanded
-
-    @property
-    def attribute_names(self) -> list[str]:
-        return list(self.domain)
 
     @property
     def domain_shape(self) -> tuple[int, ...]:

@@ -241,21 +241,14 @@ class WorkloadItemSpec(Strict):
         raise AssertionError("unreachable: validated to have one kind")  # pragma: no cover
 
     def referenced_attributes(self) -> list[str]:
-        if self.marginal is not None:
-            return list(self.marginal)
-        if self.prefix is not None:
-            return [self.prefix]
-        if self.all_ranges is not None:
-            return list(self.all_ranges)
-        if self.ranges is not None:
-            return list(self.ranges)
-        if self.attributes is not None:
-            return list(self.attributes)
-        if self.marginals is not None and self.marginals.attributes != "all":
-            return list(self.marginals.attributes)
+        """The attributes the item names (none for ``total`` and ``marginals`` of ``all``)."""
         if self.derived_column is not None:
             return [self.derived_column, *(self.by or [])]
-        return []
+        if self.prefix is not None:
+            return [self.prefix]
+        if self.marginals is not None:
+            return [] if self.marginals.attributes == "all" else list(self.marginals.attributes)
+        return list(self.marginal or self.all_ranges or self.ranges or self.attributes or [])
 
     def load_matrix(self, *, columns: int) -> np.ndarray:
         """The item's query matrix, checked: 2-D, finite, ``columns`` wide (the attribute's cells)."""

@@ -32,10 +32,9 @@ from typing import Annotated, Any
 import typer
 
 from flows import errors
-from flows.cli import budget, operations, release, review
-from flows.cli.common import clear_errors, console
+from flows.cli import budget, operations, release, review, synth
+from flows.cli.common import console
 from flows.cli.ldp import ldp_app
-from flows.synth import synth
 
 
 class _ConsoleScript(typer.Typer):
@@ -99,7 +98,7 @@ for _command in (
     release.verify,
     review.show,
     operations.recover,
-    clear_errors(synth),
+    synth.synth,
 ):
     app.command()(_command)
 app.add_typer(

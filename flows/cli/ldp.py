@@ -89,10 +89,11 @@ def strategy(
     stdout.print(table)
     stdout.print(
         f"lower bound (Cor 5.7): {record['lower_bound']:.6g}; epsilon per user "
-        f"{result.epsilon:g}; optimised in {record['seconds']:.1f} s"
+        f"{result.epsilon:g}; optimised in {record['seconds']:.1f} s",
+        f"fingerprint: {result.fingerprint}",
+        f"wrote {array_path} and {json_path}",
+        sep="\n",
     )
-    stdout.print(f"fingerprint: {result.fingerprint}")
-    stdout.print(f"wrote {array_path} and {json_path}")
 
 
 @ldp_app.command()

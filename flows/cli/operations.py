@@ -231,14 +231,15 @@ def recover(
     unfinished = [r.id for r in catalog.releases(status="approved")]
     problems = catalog.verify_chain()
     if as_json:
-        report = {
-            "runs": runs,
-            "recovered": [m.as_dict() for m in moved],
-            "unfinished_publications": unfinished,
-            "ledger_problems": problems,
-            "adopted_chain_head": None if adopted is None else adopted.as_dict(),
-        }
-        print_json(report)
+        print_json(
+            {
+                "runs": runs,
+                "recovered": [m.as_dict() for m in moved],
+                "unfinished_publications": unfinished,
+                "ledger_problems": problems,
+                "adopted_chain_head": None if adopted is None else adopted.as_dict(),
+            }
+        )
         return
     if adopted is not None:
         stdout.print(f"ledger adopted at entry #{adopted.seq}")
@@ -286,16 +287,15 @@ def server_status(
         stdout.print("stopped: the next command that needs Prefect starts one")
         return
     record = current.record
-    stdout.print(f"{current.state}: {record.url}")
     stdout.print(
+        f"{current.state}: {record.url}",
         f"  pid {record.pid} (processes {', '.join(map(str, current.processes)) or 'none'}); "
-        f"prefect {record.version}; started {record.started_at}"
-    )
-    stdout.print(
+        f"prefect {record.version}; started {record.started_at}",
         f"  last used {current.last_used_at}; stops when idle at {current.stops_after_idle_at} "
-        f"(DPRELEASE_SERVER_IDLE_SECONDS={record.idle_seconds:g})"
+        f"(DPRELEASE_SERVER_IDLE_SECONDS={record.idle_seconds:g})",
+        f"  home {record.prefect_home}; log {record.log}",
+        sep="\n",
     )
-    stdout.print(f"  home {record.prefect_home}; log {record.log}")
 
 
 @server_app.command("stop")

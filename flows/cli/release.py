@@ -86,14 +86,14 @@ def _run_release(
 
 
 def _print_staged(staged: Any) -> None:
-    charged = cost_text(staged.charged)
-    stdout.print(f"release id: {staged.release_id}")
-    stdout.print(f"artifacts:  {staged.directory}")
-    stdout.print(f"mechanism:  {staged.mechanism}; privacy charged: {charged}")
-    stdout.print(f"report:     {Path(staged.directory) / 'report.html'}")
     stdout.print(
+        f"release id: {staged.release_id}",
+        f"artifacts:  {staged.directory}",
+        f"mechanism:  {staged.mechanism}; privacy charged: {cost_text(staged.charged)}",
+        f"report:     {Path(staged.directory) / 'report.html'}",
         f"next:       dprelease review {staged.release_id} --approve --reviewer NAME   "
-        f"(or --reject); dprelease verify {staged.directory}"
+        f"(or --reject); dprelease verify {staged.directory}",
+        sep="\n",
     )
     print_review_policy(staged.release_id)
 
@@ -182,14 +182,15 @@ def plan(
         )
     stdout.print(table)
     bound = f"{result.lower_bound_rmse:.4f}" if result.lower_bound_rmse else "n/a"
-    stdout.print(f"SVD lower bound on rmse: {bound} ({result.lower_bound_note})")
-    stdout.print(f"chosen: {result.chosen} — {result.reason}")
-    stdout.print(f"privacy cost: {result.expected_cost.describe()} ({result.noise_kind} noise)")
     peak_stage, _, driver = memory.peak
     stdout.print(
+        f"SVD lower bound on rmse: {bound} ({result.lower_bound_note})",
+        f"chosen: {result.chosen} — {result.reason}",
+        f"privacy cost: {result.expected_cost.describe()} ({result.noise_kind} noise)",
         "predicted memory: "
         + ", ".join(f"{name} {size / 1e6:,.0f} MB" for name, size, _ in memory.stages)
-        + f"; peak {peak_stage} ({driver})"
+        + f"; peak {peak_stage} ({driver})",
+        sep="\n",
     )
 
 

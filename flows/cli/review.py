@@ -133,16 +133,14 @@ def print_review_status(current: dict[str, Any], *, as_json: bool, header: bool 
     if as_json:
         print_json(current)
         return
-    if header:
-        stdout.print(f"{current['release_id']}: {current['status']}")
-    else:
-        stdout.print("  review:")
     operator = current["operator"] or "not recorded"
     rule = " (may not approve)" if current["operator_excluded"] else ""
-    stdout.print(f"  ran by:    {operator}{rule}")
     stdout.print(
+        f"{current['release_id']}: {current['status']}" if header else "  review:",
+        f"  ran by:    {operator}{rule}",
         f"  approvals: {len(current['approvers'])} of {current['required_approvals']} "
-        f"required; {current['approvals_missing']} missing"
+        f"required; {current['approvals_missing']} missing",
+        sep="\n",
     )
     if current["notify"]:
         outcome = (
@@ -299,8 +297,9 @@ def notify_webhook(
             reference = save_webhook_block(name, url=url, headers=headers, overwrite=overwrite)
         except ValueError as exc:  # Prefect: the name is taken
             raise DprReleaseError(f"{exc}; add --overwrite to replace it") from None
-    stdout.print(f"saved {reference}: POST {url}")
-    stdout.print(f"in a spec:  review: {{notify: {reference}}}")
+    stdout.print(
+        f"saved {reference}: POST {url}", f"in a spec:  review: {{notify: {reference}}}", sep="\n"
+    )
 
 
 @notify_app.command("send")

@@ -50,7 +50,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from catalog.planning import build_workload, plan_request
-from catalog.spec import ReleaseSpec, parse_spec
+from catalog.spec.load import parse_spec
+from catalog.spec.model import ReleaseSpec
 from catalog.strategy_store import StrategyStore
 from catalog.tables import build_table
 from mechanisms import registry

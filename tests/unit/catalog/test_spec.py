@@ -69,7 +69,7 @@ def workload(*items: dict[str, Any]) -> dict[str, Any]:
 
 def test_valid_spec_parses_with_derived_properties() -> None:
     spec = parse_spec(valid_spec())
-    assert spec.attribute_names == ["age", "sex", "hours", "grade"]
+    assert list(spec.domain) == ["age", "sex", "hours", "grade"]
     assert spec.domain_shape == (20, 2, 4, 3)
     assert spec.num_cells == 20 * 2 * 4 * 3
     assert isinstance(spec.domain["age"], IntegerRange)

@@ -2,21 +2,20 @@
 
 Samples a Parquet file with the release's columns and domain from the model fitted to a published
 ``reconstruct: pgm`` release (:mod:`catalog.synthetic`).  Post-processing of published values: no
-budget is charged, the confidential data are never read.  Registered by ``flows/cli/__init__.py``.
+budget is charged, the confidential data are never read.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-stdout = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
+from flows.cli.common import clear_errors, stdout
 
 
+@clear_errors
 def synth(
     release_id: Annotated[
         str, typer.Argument(help="A published release (see `dprelease releases`).")
@@ -44,6 +43,5 @@ def synth(
     record = synthesize(release_id, rows=rows, out=target, catalog=Catalog(), seed=seed)
     stdout.print(
         f"wrote {record.rows:,} synthetic rows of release {record.release_id} to {record.path} "
-        f"(seed {record.seed}, sha256 {record.sha256[:12]}…; no budget charged)",
-        highlight=False,
+        f"(seed {record.seed}, sha256 {record.sha256[:12]}…; no budget charged)"
     )
