@@ -25,6 +25,7 @@ Order of an approval (every step can be repeated):
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -133,12 +134,8 @@ def status(catalog: Catalog, release_id: str) -> dict[str, Any]:
 
 
 def _entry(decision: ReviewRecord) -> dict[str, str]:
-    return {
-        "decision": decision.decision,
-        "reviewer": decision.reviewer,
-        "note": decision.note,
-        "at": decision.at,
-    }
+    """A decision as a trail lists it: decision, reviewer, note, at (the release is implied)."""
+    return {k: v for k, v in asdict(decision).items() if k != "release_id"}
 
 
 def _review_section(
