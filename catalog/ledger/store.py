@@ -137,7 +137,8 @@ class Catalog(Ledger):
         moved it to ``failed`` after its lease expired): the run must stop; its charges stay spent.
         """
         with self._write() as conn:
-            row = _locked_release(conn, release_id)  # a concurrent recover sees this heartbeat
+            # locked: a concurrent recover waits, then sees this heartbeat
+            row = _locked_release(conn, release_id)
             if row.status != "measuring":
                 raise CatalogError(
                     f"release {release_id!r} is {row.status}, not measuring: its lease ended "
@@ -242,7 +243,8 @@ class Catalog(Ledger):
         reviewer = normalize_reviewer(reviewer)
         stamp = now()
         with self._write() as conn:
-            row = _locked_release(conn, release_id)  # of two reviews only the first sees "staged"
+            # locked: of two concurrent reviews only the first sees "staged"
+            row = _locked_release(conn, release_id)
             if row.status != "staged":
                 raise CatalogError(
                     f"release {release_id!r} is {row.status}; only a staged release can be reviewed"
