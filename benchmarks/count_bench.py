@@ -1,4 +1,4 @@
-"""Counting benchmark: ``catalog.source.count_cells`` against a bare pyarrow group-by on one file.
+"""Counting benchmark: ``catalog.confidential.source.count_cells`` against a bare pyarrow group-by on one file.
 
 Generates a seeded synthetic Parquet file (default 10,000,000 rows x 3 integer columns: ``region``
 int8 in 0..49, ``age`` int16 in 0..99, ``sex`` int8 in 0..1, so 10,000 distinct groups) in a
@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from catalog import source
+from catalog.confidential import source
 from catalog.spec.load import parse_spec
 from catalog.spec.model import ReleaseSpec
 

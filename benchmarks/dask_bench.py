@@ -9,8 +9,8 @@ key 0..7, ``age`` int64 0..99, ``sex`` int64 0..1, ``hours`` float64 in [0, 100)
   process (Arrow's own threads), grouping the raw float ``hours`` (about one group per row);
 * ``pyarrow binned group_by``: the same with ``hours`` binned by numpy first (groups ≤ cells);
   the faster of the two pyarrow methods is the baseline of ``vs pyarrow``;
-* ``count_cells local``: the local counting stage (``catalog.source.count_cells``);
-* ``count_cells dask``: ``catalog.dask_count.count_cells_dask`` on a ``distributed.LocalCluster``
+* ``count_cells local``: the local counting stage (``catalog.confidential.source.count_cells``);
+* ``count_cells dask``: ``catalog.confidential.dask_count.count_cells_dask`` on a ``distributed.LocalCluster``
   of ``--workers`` single-threaded worker processes with ``--worker-memory`` each (the Dask nanny
   kills a worker that goes over), started once before timing.
 
@@ -45,8 +45,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from count_bench import print_table  # benchmarks/ is on sys.path when run as a script
 
-from catalog import source
-from catalog.dask_count import count_cells_dask
+from catalog.confidential import source
+from catalog.confidential.dask_count import count_cells_dask
 from catalog.spec.load import parse_spec
 from catalog.spec.model import ReleaseSpec
 

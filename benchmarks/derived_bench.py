@@ -43,13 +43,13 @@ from typing import Any
 import numpy as np
 import opendp.prelude as dp
 
+from catalog.confidential.choke_point import ProtectedCells
 from catalog.planning import make_plan
 from catalog.spec.load import parse_spec
 from catalog.spec.model import ReleaseSpec, derived_column
 from catalog.strategy_store import StrategyStore
 from catalog.tables import derived_tables
 from mechanisms import derived
-from mechanisms.choke_point import ProtectedCells
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import MeasureContext
 

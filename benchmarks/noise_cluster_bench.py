@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 from distributed import Client, LocalCluster
 
-from catalog.distributed_noise import DaskShardMapper, noise_cluster, sharded
+from catalog.confidential.choke_point import ProtectedCells, ShardMapper
+from catalog.confidential.distributed_noise import DaskShardMapper, noise_cluster, sharded
 from catalog.engine import Execution
-from mechanisms.choke_point import ProtectedCells, ShardMapper
 from mechanisms.noise import OpenDPSampler
 from mechanisms.privacy import PrivacyCost
 from mechanisms.strategies import build_kron_strategy

@@ -319,7 +319,7 @@ def main() -> None:
                 release_stages(specs["rows"], home),
             )
         if "count" in cases:
-            from catalog.source import count_cells
+            from catalog.confidential.source import count_cells
             from catalog.spec.load import load_spec
 
             spec = load_spec(specs["rows"])

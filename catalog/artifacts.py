@@ -327,8 +327,8 @@ def _fingerprint_problems(
         ]
     if input_path is None:
         return []
+    from catalog.confidential.source import content_fingerprint, list_source_files
     from catalog.errors import DataError
-    from catalog.source import content_fingerprint, list_source_files
 
     try:
         files, partitioned_dir = list_source_files(str(input_path))

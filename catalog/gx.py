@@ -7,7 +7,7 @@ returns a JSON-ready summary.
 
 Privacy: summaries and Data Docs hold observed values and unexpected counts and values, so only
 released (noisy) values and public metadata may be validated here (``catalog.validation``).  The
-confidential input is checked with numpy inside ``catalog.source``, never with GX.
+confidential input is checked with numpy inside ``catalog.confidential.source``, never with GX.
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from catalog.confidential.source import list_source_files
 from catalog.errors import SpecError
 from catalog.ledger.spending import MAX_PARTITIONS_PER_RELEASE
-from catalog.source import list_source_files
 from catalog.spec.model import ReleaseSpec
 
 

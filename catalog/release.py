@@ -26,9 +26,10 @@ import numpy as np
 import pyarrow as pa
 
 from catalog import artifacts, estimators, partitions
-from catalog.distributed_noise import noise_cluster, sharded
+from catalog.confidential.distributed_noise import noise_cluster, sharded
+from catalog.confidential.inputs import READERS, Ingested
+from catalog.confidential.source import resolve_source
 from catalog.errors import SpecError, ValidationFailedError
-from catalog.inputs import READERS, Ingested
 from catalog.ledger.budget import DatasetAccountant
 from catalog.ledger.store import Catalog, SkippedRelease
 from catalog.manifest import Manifest
@@ -36,7 +37,6 @@ from catalog.memory import check_memory, predict_plan
 from catalog.planning import Plan, build_workload
 from catalog.report import render_report
 from catalog.review_policy import record_policy
-from catalog.source import resolve_source
 from catalog.spec.load import check_runnable
 from catalog.spec.model import ReleaseSpec
 from catalog.strategy_store import StrategyStore

@@ -9,7 +9,7 @@ never is.  A run that stops after the ledger was charged keeps its charge and is
 Where it runs (:mod:`catalog.engine`): :func:`run_release` opens the run's Dask cluster (started,
 or joined at ``execution.address``) and runs the flow on ``prefect_dask.DaskTaskRunner``
 connected to it, so tasks that fan out (``.submit``/``.map``) run on the cluster, and counting
-(:mod:`catalog.dask_count`) uses the same cluster; ``local`` keeps Prefect's default runner.
+(:mod:`catalog.confidential.dask_count`) uses the same cluster; ``local`` keeps Prefect's default runner.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ answers the workload from ``A·x + noise`` and that estimator's variance per uni
 A **mechanism** is one algorithm of the papers: it declares its name, its typed options, whether
 it is data-independent and which privacy model it serves; it plans a strategy for a workload
 (raising :class:`CandidateUnavailable` with a reason when it cannot serve it), predicts what that
-costs, measures through the privacy choke point (:class:`~mechanisms.choke_point.ProtectedCells`
+costs, measures through the privacy choke point (:class:`~catalog.confidential.choke_point.ProtectedCells`
 for the central model) and reconstructs the workload's answers.  The pipeline in ``catalog`` and
 ``flows`` only iterates over :mod:`mechanisms.registry`; it never names a mechanism.
 """
@@ -24,10 +24,10 @@ from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 
-from mechanisms.choke_point import Accountant, NoisyMeasurement
 from mechanisms.compute_limits import Progress
 from mechanisms.noise import NoiseKind, calibrate, noise_kind_for
 from mechanisms.privacy import PrivacyCost
+from mechanisms.protected import Accountant, NoisyMeasurement
 from mechanisms.workload import Workload, WorkloadItem
 
 Model = Literal["central", "local"]
@@ -355,7 +355,7 @@ class Mechanism(Protocol):
 class MatrixMechanism:
     """Shared behaviour of data-independent central mechanisms (the matrix mechanism).
 
-    Measure ``A·x + noise`` through :class:`~mechanisms.choke_point.ProtectedCells` (charge before
+    Measure ``A·x + noise`` through :class:`~catalog.confidential.choke_point.ProtectedCells` (charge before
     noise), answer with the strategy's estimator; error is the closed form ``v·w(AᵀA)⁺wᵀ``.
     Subclasses set the class attributes and implement :meth:`plan`.
     """

@@ -424,7 +424,7 @@ def chain_tip(conn: Connection) -> tuple[int, str]:
 
 
 class DatasetAccountant:
-    """The :class:`catalog.confidential.choke_point.Accountant` of one release on one dataset: every charge is a
+    """The :class:`mechanisms.protected.Accountant` of one release on one dataset: every charge is a
     committed ledger row, and the receipts are kept for the manifest."""
 
     def __init__(

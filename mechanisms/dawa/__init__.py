@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.choke_point import ProtectedCells
 from mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
 from mechanisms.dawa.hilbert import HilbertLayout
 from mechanisms.dawa.partition import IntervalWorkload, Partition, PartitionSelector, split_budget
@@ -178,9 +177,7 @@ class DawaMechanism:
             ),
         )
 
-    def measure(
-        self, design: DawaDesign, data: ProtectedCells, *, context: MeasureContext
-    ) -> Measurement:
+    def measure(self, design: DawaDesign, data: Any, *, context: MeasureContext) -> Measurement:
         partition_cost = PrivacyCost(measure="pure", epsilon=design.partition_epsilon)
         key = cache_key(
             "dawa-partition",
@@ -237,7 +234,7 @@ class DawaMechanism:
     def _select(
         self,
         design: DawaDesign,
-        data: ProtectedCells,
+        data: Any,
         *,
         context: MeasureContext,
         cost: PrivacyCost,

@@ -16,7 +16,7 @@ separation, principal vectors), design from a known spectrum and exact error eva
 strategy are reference code in ``tests/reference/eigen.py``.
 
 The result, :class:`EigenDesignStrategy`, is measured like any other strategy through
-``mechanisms.choke_point.ProtectedCells.measure`` (it has ``name``, ``num_queries``,
+``catalog.confidential.choke_point.ProtectedCells.measure`` (it has ``name``, ``num_queries``,
 ``sensitivity(norm=...)``, ``apply`` and ``least_squares``); this module draws no noise.
 Strategy selection reads only the workload, which is public: it spends no privacy budget.
 
@@ -157,7 +157,7 @@ class MinimizedWorkload:
 class EigenDesignStrategy:
     """A strategy chosen by Eigen-Design, with what is needed to audit and reproduce it.
 
-    Satisfies ``mechanisms.choke_point.MeasurableStrategy``, so the session measures it directly.
+    Satisfies ``mechanisms.protected.MeasurableStrategy``, so the session measures it directly.
 
     *Privacy*: ``A`` depends only on the (public) workload.  Its sensitivity in
     ``sensitivity_norm`` is 1 (max column norm), so answering ``A x`` costs what one

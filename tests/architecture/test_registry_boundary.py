@@ -21,7 +21,7 @@ PIPELINE_PACKAGES = ("catalog", "tasks", "flows")
 CORE = (
     "mechanisms/__init__.py",
     "mechanisms/protocol.py",
-    "mechanisms/choke_point.py",
+    "mechanisms/protected.py",
     "mechanisms/noise.py",
     "mechanisms/privacy.py",
     "mechanisms/operators.py",

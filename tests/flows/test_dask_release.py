@@ -2,7 +2,7 @@
 ``engine: dask`` counts exactly the true cells ``engine: local`` counts, on hive-partitioned data,
 through the flow, the CLI (``--engine dask --address``) and a LocalCluster started for the run.
 
-Test hook: the readers in ``catalog.inputs.READERS`` are wrapped (this test only, via
+Test hook: the readers in ``catalog.confidential.inputs.READERS`` are wrapped (this test only, via
 monkeypatch) to keep the ``Ingested`` object; the true cells are looked at here, before noise,
 through the choke point's private attribute.  Nothing outside the test sees them.
 """
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from catalog import inputs
+from catalog.confidential import inputs
 from catalog.engine import Execution
 from flows.cli import app
 from tests.flows.conftest import write_spec

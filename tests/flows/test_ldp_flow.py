@@ -20,6 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from catalog import artifacts, responses
+from catalog.confidential import responses as response_files
 from catalog.ledger.store import Catalog
 from flows.cli import app
 from flows.cli.ldp import ldp_app
@@ -188,7 +189,7 @@ def test_bad_responses_fail_the_release_and_charge_nothing(tmp_path: Path) -> No
     )
     fingerprint = json.loads((strategy_dir / "strategy.json").read_text())["fingerprint"]
     table = pa.table({"response": [0, 1, 10_000]}).replace_schema_metadata(
-        {responses.FINGERPRINT_METADATA_KEY: fingerprint.encode()}
+        {response_files.FINGERPRINT_METADATA_KEY: fingerprint.encode()}
     )
     pq.write_table(table, source)
     result = runner.invoke(app, ["run", str(spec), "--out", str(tmp_path / "out")])

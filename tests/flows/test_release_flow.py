@@ -100,13 +100,13 @@ def test_zero_noise_release_equals_exact_answers(
 def test_over_budget_is_refused_before_reading_data(
     tmp_path: Path, tiny_dataset: Path, zero_noise, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import catalog.source
+    import catalog.confidential.source
     from flows.release_flow import release_flow
 
     reads: list[str] = []
-    original = catalog.source.count_cells
+    original = catalog.confidential.source.count_cells
     monkeypatch.setattr(
-        catalog.source,
+        catalog.confidential.source,
         "count_cells",
         lambda spec, **kwargs: reads.append("read") or original(spec, **kwargs),
     )

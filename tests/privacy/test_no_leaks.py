@@ -38,9 +38,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from catalog.check import check_data, format_report
+from catalog.confidential.check import check_data, format_report
+from catalog.confidential.source import count_cells
 from catalog.errors import DataError
-from catalog.source import count_cells
 from catalog.spec.load import load_spec
 
 NORMAL_ROWS = 1000  # in-domain rows in every file: ages 20..69, one person each

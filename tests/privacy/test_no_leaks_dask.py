@@ -1,7 +1,7 @@
 """No confidential value leaves the choke point when counting runs on a Dask cluster.
 
 The planted cases and the scanner of :mod:`tests.privacy.test_no_leaks` (exact counts and raw
-values that occur nowhere else) are counted by ``catalog.dask_count`` on a real cluster (a
+values that occur nowhere else) are counted by ``catalog.confidential.dask_count`` on a real cluster (a
 ``dask scheduler`` and two ``dask worker`` processes): the error (str, repr, pickle), the
 driver's log records and every log file the scheduler and the workers wrote must carry none of
 the sentinels, and the error is exactly the local path's.
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from catalog.dask_count import count_cells_dask
+from catalog.confidential.dask_count import count_cells_dask
+from catalog.confidential.source import count_cells
 from catalog.errors import DataError
-from catalog.source import count_cells
 from catalog.spec.load import load_spec
 from tests.privacy.test_no_leaks import CASES, Case, leaks, leaks_in, read_tree, write_case
 

@@ -8,8 +8,8 @@ import numpy as np
 import opendp.prelude as dp
 import pytest
 
+from catalog.confidential.choke_point import ProtectedCells
 from mechanisms import noise
-from mechanisms.choke_point import ProtectedCells
 from mechanisms.noise import NoiseMechanism, OpenDPSampler, calibrate, production_sampler
 from mechanisms.privacy import (
     BudgetExceededError,

@@ -10,8 +10,8 @@ import pickle
 import numpy as np
 import pytest
 
+from catalog.confidential.choke_point import ProtectedCells, ProtectedMarginals
 from mechanisms import noise
-from mechanisms.choke_point import ProtectedCells, ProtectedMarginals
 from mechanisms.marginal_space import MarginalSpaceStrategy, marginal_of
 from mechanisms.marginal_strategies import (
     marginal_weights_l1,

@@ -28,13 +28,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from catalog.confidential.choke_point import ProtectedCells
 from catalog.planning import build_workload
 from catalog.spec.load import parse_spec
 from catalog.spec.model import derived_column
 from catalog.strategy_store import StrategyStore
 from catalog.tables import derived_tables
 from mechanisms import derived, noise
-from mechanisms.choke_point import ProtectedCells
 from mechanisms.hierarchical import MECHANISM
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import ItemAnswers, MeasureContext, PlanRequest

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from catalog.confidential.choke_point import ProtectedMarginals
 from mechanisms import noise
-from mechanisms.choke_point import ProtectedMarginals
 from mechanisms.marginal_space import MECHANISM, marginal_of
 from mechanisms.operators import Identity, Total
 from mechanisms.privacy import PrivacyCost

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms.choke_point import ProtectedCells
+from catalog.confidential.choke_point import ProtectedCells
 from mechanisms.noise import NoiseShard, NoisyShard
 from mechanisms.privacy import PrivacyCost
 from mechanisms.strategies import build_kron_strategy

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from mechanisms.choke_point import ProtectedCells
+from catalog.confidential.choke_point import ProtectedCells
 from mechanisms.eigen.design import (
     EigenDesignStrategy,
     WorkloadSpectrum,
@@ -590,7 +590,7 @@ class RecordingAccountant:
 
 
 def test_session_measures_an_eigen_design_strategy():
-    # Contract with catalog.confidential.choke_point: sensitivity 1 times the contribution bound, one charge.
+    # Contract with the choke point: sensitivity 1 times the contribution bound, one charge.
     result = eigen_design(all_range_gram(8))
     cells = ProtectedCells(np.arange(8.0), domain_shape=(8,), contribution_bound=2)
     accountant = RecordingAccountant()

@@ -1,4 +1,4 @@
-"""``dprelease check`` (``catalog.check``): the data custodian's exact view of input problems.
+"""``dprelease check`` (``catalog.confidential.check``): the data custodian's exact view of input problems.
 
 It counts exactly what a release refuses or leaves out (nulls, out-of-domain values with examples,
 wrong types, rows over the contribution bound), labels the output CONFIDENTIAL, exits 3 on
@@ -20,9 +20,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from catalog.check import CONFIDENTIAL, check_data, format_report
+from catalog.confidential.check import CONFIDENTIAL, check_data, format_report
+from catalog.confidential.source import count_cells
 from catalog.errors import DataError, SpecError
-from catalog.source import count_cells
 from catalog.spec.load import load_spec, parse_spec
 from flows.cli import app
 

@@ -117,7 +117,7 @@ def test_local_opens_nothing_and_never_imports_dask() -> None:
     probe = (
         "import sys\n"
         "from catalog.engine import LOCAL, open_cluster\n"
-        "import catalog.spec.load, catalog.inputs, catalog.dask_count\n"
+        "import catalog.spec.load, catalog.confidential.inputs, catalog.confidential.dask_count\n"
         "with open_cluster(LOCAL) as client:\n"
         "    assert client is None\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))\n"

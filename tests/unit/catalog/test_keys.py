@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from catalog import keys
+from catalog.confidential.source import content_fingerprint, list_source_files
 from catalog.errors import CatalogError
 from catalog.ledger.store import Catalog
-from catalog.source import content_fingerprint, list_source_files
 
 
 def url_in(directory: Path, name: str = "catalog.db") -> str:

@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import marginal_source
+from catalog.confidential import marginal_source
+from catalog.confidential.marginal_source import check_marginals_runnable, count_marginals
+from catalog.confidential.source import count_cells
 from catalog.errors import DataError, SpecError
 from catalog.keys import catalog_key
-from catalog.marginal_source import check_marginals_runnable, count_marginals
-from catalog.source import count_cells
 from catalog.spec.load import parse_spec
 from mechanisms.marginal_space import marginal_of
 

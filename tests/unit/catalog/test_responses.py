@@ -13,7 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import inputs, release, responses
+from catalog import release, responses
+from catalog.confidential import inputs
+from catalog.confidential import responses as response_files
 from catalog.errors import BudgetExceededError, DataError, SpecError
 from catalog.ledger.store import Catalog
 from catalog.planning import Plan, make_plan
@@ -224,7 +226,7 @@ def test_artifact_round_trip_and_tamper_detection(store: StrategyStore, tmp_path
 def _write(path: Path, table: pa.Table, fingerprint: str | None) -> Path:
     if fingerprint is not None:
         table = table.replace_schema_metadata(
-            {responses.FINGERPRINT_METADATA_KEY: fingerprint.encode()}
+            {response_files.FINGERPRINT_METADATA_KEY: fingerprint.encode()}
         )
     pq.write_table(table, path)
     return path
@@ -355,7 +357,7 @@ def test_encode_items_matches_the_central_cell_order(tmp_path: Path) -> None:
     )
     path = tmp_path / "items.parquet"
     pq.write_table(pa.table({"a": [0, 2, 1, 2], "b": ["y", "x", "x", "y"], "z": [9] * 4}), path)
-    items, dropped = responses.encode_items(spec, str(path))
+    items, dropped = response_files.encode_items(spec, str(path))
     np.testing.assert_array_equal(items, [1, 4, 2, 5])
     assert dropped == 0
 
@@ -366,9 +368,9 @@ def test_encode_items_out_of_domain_error_and_drop(tmp_path: Path) -> None:
     with pytest.raises(
         DataError, match=re.escape("column 'v' has row(s) that are null or outside")
     ) as caught:
-        responses.encode_items(local_spec(), str(path))
+        response_files.encode_items(local_spec(), str(path))
     assert "2" not in str(caught.value)  # no count of true items
-    items, dropped = responses.encode_items(local_spec(on_out_of_domain="drop"), str(path))
+    items, dropped = response_files.encode_items(local_spec(on_out_of_domain="drop"), str(path))
     np.testing.assert_array_equal(items, [1, 3])
     assert dropped == 2
 
@@ -377,21 +379,21 @@ def test_encode_items_checks_types(tmp_path: Path) -> None:
     path = tmp_path / "items.parquet"
     pq.write_table(pa.table({"v": ["a", "b"]}), path)
     with pytest.raises(DataError, match="column 'v' does not hold integer values"):
-        responses.encode_items(local_spec(), str(path))
+        response_files.encode_items(local_spec(), str(path))
 
 
 def test_simulated_responses_carry_the_fingerprint(tmp_path: Path, rr16: LocalStrategy) -> None:
     items = tmp_path / "items.parquet"
     pq.write_table(pa.table({"v": np.arange(16).repeat(5)}), items)
     out = tmp_path / "responses.parquet"
-    summary = responses.simulate(
+    summary = response_files.simulate(
         local_spec(), rr16, input_path=str(items), output_path=out, rng=np.random.default_rng(3)
     )
     assert summary.num_responses == 80 and summary.strategy_fingerprint == rr16.fingerprint
     ingested = inputs.ingest_responses(local_spec(source=str(out)), rr16)
     assert ingested.data.num_responses == 80
     metadata = pq.read_schema(out).metadata
-    assert metadata[responses.FINGERPRINT_METADATA_KEY].decode() == rr16.fingerprint
+    assert metadata[response_files.FINGERPRINT_METADATA_KEY].decode() == rr16.fingerprint
 
 
 # --- the collection charge through the release pipeline -------------------------------------------

@@ -64,7 +64,7 @@ def build_staged(root: Path, *, release_id: str = RELEASE) -> Staged:
     measuring(catalog, release_id)  # registered and charged 0.5
     input_path = root / "input.parquet"
     pq.write_table(pa.table({"age": [1, 2, 3]}), input_path)
-    from catalog.source import content_fingerprint
+    from catalog.confidential.source import content_fingerprint
 
     directory = root / "releases" / release_id
     (directory / "tables").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Parquet ingest and counting (``catalog.source``): counts equal a numpy reference for a file, a hive
+"""Parquet ingest and counting (``catalog.confidential.source``): counts equal a numpy reference for a file, a hive
 directory and a glob; every input problem is a ``DataError`` naming the column and the rule, never
 a count or a raw value; contribution bounding keeps at most ``max_rows`` rows per person.
 
@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import source
+from catalog.confidential import source
+from catalog.confidential.source import CountResult, count_cells
 from catalog.errors import DataError, SpecError
-from catalog.source import CountResult, count_cells
 from catalog.spec.load import parse_spec
 from catalog.spec.model import ReleaseSpec
 from mechanisms.privacy import PrivacyCost

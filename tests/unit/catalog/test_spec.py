@@ -576,7 +576,7 @@ def test_fingerprints_change_with_the_spec(changes: dict[str, Any], workload_cha
 
 
 def test_a_domain_too_large_to_count_is_valid_for_plan_but_refused_by_count() -> None:
-    from catalog.source import count_cells
+    from catalog.confidential.source import count_cells
 
     spec = parse_spec(
         {

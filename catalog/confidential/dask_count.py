@@ -1,6 +1,6 @@
 """Counting on a Dask cluster: each worker counts its own Parquet files, the partials are summed.
 
-The same input checks and contribution bounding as :mod:`catalog.source` (its own functions), so
+The same input checks and contribution bounding as ``source`` (its own functions), so
 ``engine: dask`` and ``engine: local`` accept and refuse the same inputs and give exactly the
 same counts (integer sums in float64, exact below 2⁵³):
 
@@ -39,17 +39,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from catalog.engine import open_cluster
-from catalog.errors import DataError, SpecError
-from catalog.keys import CatalogKey
-from catalog.marginal_source import (
+from catalog.confidential.choke_point import ProtectedCells, ProtectedMarginals
+from catalog.confidential.marginal_source import (
     MarginalCountResult,
     check_marginals_runnable,
     project_marginals,
 )
-from catalog.source import (
+from catalog.confidential.source import (
     CountResult,
     SourceFiles,
+    bound_contributions,
     check_schema,
     content_fingerprint,
     decode_dictionaries,
@@ -61,13 +60,14 @@ from catalog.source import (
     null_values_error,
     open_dataset,
     outside_domain_error,
-    person_rows,
     unreadable,
 )
+from catalog.engine import open_cluster
+from catalog.errors import DataError, SpecError
+from catalog.keys import CatalogKey
 from catalog.spec.domain import NumericBins
 from catalog.spec.load import check_runnable
 from catalog.spec.model import ReleaseSpec
-from mechanisms.choke_point import ProtectedCells, ProtectedMarginals
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -160,7 +160,7 @@ class Partial:
 def count_cells_dask(
     spec: ReleaseSpec, *, key: CatalogKey | None = None, client: Client | None = None
 ) -> CountResult:
-    """:func:`catalog.source.count_cells` on the cluster of ``spec.execution`` (or ``client``)."""
+    """``source.count_cells`` on the cluster of ``spec.execution`` (or ``client``)."""
     check_runnable(spec)
     total, files, fingerprint = _count(spec, subsets=None, key=key, client=client)
     protected = _protect(ProtectedCells, total, spec)
@@ -175,7 +175,7 @@ def count_marginals_dask(
     key: CatalogKey | None = None,
     client: Client | None = None,
 ) -> MarginalCountResult:
-    """:func:`catalog.marginal_source.count_marginals` on the cluster of ``spec.execution``."""
+    """``marginal_source.count_marginals`` on the cluster of ``spec.execution``."""
     check_marginals_runnable(spec, subsets=subsets, output_rows=output_rows)
     axes = tuple(dict.fromkeys(tuple(int(a) for a in s) for s in subsets))
     tables, files, fingerprint = _count(spec, subsets=axes, key=key, client=client)
@@ -223,7 +223,8 @@ def _count(
         with open_cluster(spec.execution) if client is None else nullcontext(client) as active:
             if active is None:
                 raise SpecError(
-                    "execution.engine is 'local': count with catalog.source, not on a cluster"
+                    "execution.engine is 'local': count with catalog.confidential.source, "
+                    "not on a cluster"
                 )
             total = _run(active, paths, partitioning, partitioned_dir, spec, subsets)
         fingerprint = hashing.result()
@@ -320,7 +321,7 @@ def count_files(
 
     Without a person column, batch by batch (O(BATCH_ROWS + cells) memory); with one, file by
     file (a file's input columns must fit in a worker's memory).  Rows are checked and bounded
-    exactly as :func:`catalog.source.read_and_encode` does.
+    exactly as ``source.read_and_encode`` does.
     """
     try:
         dataset = ds.dataset(
@@ -364,13 +365,11 @@ def _add_table(
     table = decode_dictionaries(table)
     person = spec.privacy_unit.person_column
     if person is not None:
-        persons = table[person]
-        if persons.null_count:
+        if table[person].null_count:
             partial.null_person = True
             return
-        rank, _ = person_rows(persons)
         max_rows = spec.privacy_unit.max_rows or 1
-        table = table.filter(pa.array(rank < max_rows)).drop_columns([person])
+        table = bound_contributions(table, person_column=person, max_rows=max_rows)
     table, coded = _prebin(table, spec)
     encoded = encode_groups(group_counts(table, list(spec.domain)), coded)
     for name in spec.domain:
@@ -433,7 +432,7 @@ def _prebin(table: pa.Table, spec: ReleaseSpec) -> tuple[pa.Table, ReleaseSpec]:
 
 
 def _raise_input_problems(total: Partial, spec: ReleaseSpec) -> None:
-    """The error :func:`catalog.source.read_and_encode` raises for the same input, if any."""
+    """The error ``source.read_and_encode`` raises for the same input, if any."""
     if not total.any_rows:
         raise DataError(f"input {spec.dataset.source!r} has no rows")
     person = spec.privacy_unit.person_column

@@ -1,9 +1,9 @@
 """Parquet source → checked, contribution-bounded cell vector inside a :class:`ProtectedCells`.
 
-This is the only module that reads raw rows.  It uses ``pyarrow.dataset`` over a file, a
-directory (hive partitions allowed) or a glob, reads only the domain's columns (and the person
-column when contributions are bounded), and counts with Arrow's ``group_by``: the per-row work is
-Arrow compute; numpy then maps the *distinct* key combinations to cell indices.
+The central model's read path (``dask_count`` runs it on a cluster).  It uses ``pyarrow.dataset``
+over a file, a directory (hive partitions allowed) or a glob, reads only the domain's columns (and
+the person column when contributions are bounded), and counts with Arrow's ``group_by``: the
+per-row work is Arrow compute; numpy then maps the *distinct* key combinations to cell indices.
 
 Input checks (missing column, wrong type, nulls, values outside the public domain) run with numpy
 over the distinct key combinations, the same encoding that counts them.  Out-of-domain rows are an
@@ -11,7 +11,7 @@ error by default; with ``on_out_of_domain: drop`` they are dropped (nulls count 
 
 Privacy: an input problem is reported by column and rule only (never a count, a row or a raw
 value, nor Arrow's error text, which can quote values); the exact figures are printed by the
-data custodian's local ``dprelease check SPEC`` (:mod:`catalog.check`) and stored nowhere.
+data custodian's local ``dprelease check SPEC`` (``check``) and stored nowhere.
 """
 
 from __future__ import annotations
@@ -28,16 +28,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from catalog.confidential.choke_point import ProtectedCells
 from catalog.errors import DataError
 from catalog.keys import CatalogKey, catalog_key
 from catalog.ledger.database import default_url
 from catalog.spec.domain import Categorical, IntegerRange, NumericBins
-from catalog.spec.limits import MAX_RELEASE_CELLS
 from catalog.spec.load import check_runnable
 from catalog.spec.model import ReleaseSpec
-from mechanisms.choke_point import ProtectedCells
-
-__all__ = ["MAX_RELEASE_CELLS", "CountResult", "count_cells"]
 
 CUSTODIAN_HINT = "as the data custodian, run `dprelease check SPEC` to see what is wrong"
 

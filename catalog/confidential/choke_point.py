@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
@@ -43,44 +42,14 @@ import numpy as np
 from mechanisms import noise
 from mechanisms.noise import NoiseMechanism, NoiseShard, NoisyShard, calibrate, noise_kind_for
 from mechanisms.privacy import PrivacyCost
+from mechanisms.protected import (
+    Accountant,
+    MarginalMeasurableStrategy,
+    MeasurableStrategy,
+    NoisyMeasurement,
+)
 
 T = TypeVar("T")
-
-
-class Accountant(Protocol):
-    """Charges privacy costs durably; raises ``BudgetExceededError`` instead of overspending."""
-
-    def charge(self, cost: PrivacyCost, *, label: str) -> str:
-        """Record ``cost`` (committed before returning) and return the receipt id."""
-        ...
-
-    def holds(self, receipt_id: str) -> bool:
-        """True when ``receipt_id`` is a charge on this dataset's ledger (a reusable payment)."""
-        ...
-
-
-class MeasurableStrategy(Protocol):
-    """What a session needs from a strategy: its public shape, sensitivity and ``A·x``."""
-
-    name: str
-
-    @property
-    def num_queries(self) -> int: ...
-
-    def sensitivity(self, *, norm: int) -> float: ...
-
-    def apply(self, x: np.ndarray) -> np.ndarray: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class NoisyMeasurement:
-    """Public output of one measurement: noisy strategy answers and how they were made."""
-
-    label: str
-    strategy_name: str
-    values: np.ndarray
-    noise: NoiseMechanism
-    receipt_id: str
 
 
 # 2**20 answers (8 MB of float64) per shard: a cluster task's overhead is negligible next to its
@@ -114,11 +83,18 @@ class ShardedNoiseError(RuntimeError):
     """A sharded measurement failed: nothing was released and its ledger charge stands."""
 
 
-class _Sharding:
-    """Where the choke point sends confidential answers to be noised (see the module docstring)."""
+class _Protected:
+    """What both choke points share: the contribution bound, the one calibrate -> charge -> noise
+    path, the optional shard mapper, and the refusal to be pickled."""
 
     _shard_mapper: ShardMapper | None = None
     _shard_size: int = DEFAULT_SHARD_SIZE
+    contribution_bound: int
+
+    def _set_bound(self, contribution_bound: int) -> None:
+        if contribution_bound < 1:
+            raise ValueError(f"contribution_bound ({contribution_bound}) must be >= 1")
+        self.contribution_bound = int(contribution_bound)
 
     def with_shard_mapper(
         self, shard_mapper: ShardMapper, *, shard_size: int = DEFAULT_SHARD_SIZE
@@ -134,27 +110,47 @@ class _Sharding:
         clone._shard_size = shard_size
         return clone
 
-    def _noised(
+    def _release(
         self,
-        mechanism: NoiseMechanism,
-        answers: np.ndarray,
+        strategy: MeasurableStrategy | MarginalMeasurableStrategy,
+        answers: Callable[[], np.ndarray],
         *,
-        receipt_id: str,
-        local: Callable[[], noise.NoiseSampler],
-    ) -> np.ndarray:
-        """``answers`` + the mechanism's noise: locally with ``local()``, or shard by shard.
-
-        Privacy: the caller has charged ``mechanism.cost`` (receipt ``receipt_id``) already.
-        """
+        target: PrivacyCost,
+        accountant: Accountant,
+        label: str,
+    ) -> NoisyMeasurement:
+        """The privacy argument, in order (module docstring): sensitivity × contribution bound,
+        one calibrated noise mechanism, the accountant's charge, and only then ``answers()``,
+        noised locally by the production sampler or shard by shard."""
+        norm = 1 if noise_kind_for(target.measure) == "laplace" else 2
+        sensitivity = strategy.sensitivity(norm=norm) * self.contribution_bound
+        mechanism = calibrate(target=target, sensitivity=sensitivity, size=strategy.num_queries)
+        receipt_id = accountant.charge(mechanism.cost, label=label)  # privacy: charge before noise
         if self._shard_mapper is None:
-            return mechanism.apply(answers, sampler=local())
-        return _noise_on_shards(
-            mechanism,
-            answers,
-            mapper=self._shard_mapper,
-            shard_size=self._shard_size,
+            noisy = mechanism.apply(answers(), sampler=noise.production_sampler())
+        else:
+            noisy = _noise_on_shards(
+                mechanism,
+                answers(),
+                mapper=self._shard_mapper,
+                shard_size=self._shard_size,
+                receipt_id=receipt_id,
+            )
+        return NoisyMeasurement(
+            label=label,
+            strategy_name=strategy.name,
+            values=noisy,
+            noise=mechanism,
             receipt_id=receipt_id,
         )
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"{type(self).__name__} holds confidential data and cannot be pickled or persisted"
+        )
+
+    def __getstate__(self) -> Any:
+        return self.__reduce__()
 
 
 def _noise_on_shards(
@@ -238,7 +234,7 @@ def _assemble(shards: Sequence[NoiseShard], results: list[Any], *, abandoned: st
     return noisy
 
 
-class ProtectedCells(_Sharding):
+class ProtectedCells(_Protected):
     """Confidential cell counts over a public domain.
 
     The counts have no accessor and never print:
@@ -262,11 +258,9 @@ class ProtectedCells(_Sharding):
             raise ValueError(
                 f"cells has {cells.size} entries but the domain {domain_shape} has a different size"
             )
-        if contribution_bound < 1:
-            raise ValueError(f"contribution_bound ({contribution_bound}) must be >= 1")
+        self._set_bound(contribution_bound)
         self.__cells = cells
         self.domain_shape = tuple(domain_shape)
-        self.contribution_bound = int(contribution_bound)
 
     def measure(
         self,
@@ -277,20 +271,12 @@ class ProtectedCells(_Sharding):
         label: str,
     ) -> NoisyMeasurement:
         """Charge, then release ``A·x`` + noise calibrated to ``target`` (see module docstring)."""
-        norm = 1 if noise_kind_for(target.measure) == "laplace" else 2
-        sensitivity = strategy.sensitivity(norm=norm) * self.contribution_bound
-        mechanism = calibrate(target=target, sensitivity=sensitivity, size=strategy.num_queries)
-        receipt_id = accountant.charge(mechanism.cost, label=label)  # privacy: charge before noise
-        answers = strategy.apply(self.__cells)
-        noisy = self._noised(
-            mechanism, answers, receipt_id=receipt_id, local=noise.production_sampler
-        )
-        return NoisyMeasurement(
+        return self._release(
+            strategy,
+            lambda: strategy.apply(self.__cells),
+            target=target,
+            accountant=accountant,
             label=label,
-            strategy_name=strategy.name,
-            values=noisy,
-            noise=mechanism,
-            receipt_id=receipt_id,
         )
 
     def select(
@@ -306,43 +292,14 @@ class ProtectedCells(_Sharding):
         The selector (e.g. DAWA's private partition) must itself satisfy ``cost`` for the
         contribution bound of this session; the caller is responsible for passing the bound in.
         """
-        receipt_id = accountant.charge(
-            cost, label=label
-        )  # privacy: charge before the selector runs
+        receipt_id = accountant.charge(cost, label=label)  # privacy: charge before the selector
         return selector(self.__cells.copy(), noise.production_sampler()), receipt_id
 
     def __repr__(self) -> str:
         return f"ProtectedCells(domain_shape={self.domain_shape}, values=<redacted>)"
 
-    def __reduce__(self) -> Any:
-        raise TypeError("ProtectedCells holds confidential data and cannot be pickled or persisted")
 
-    def __getstate__(self) -> Any:
-        raise TypeError("ProtectedCells holds confidential data and cannot be pickled or persisted")
-
-
-class MarginalMeasurableStrategy(Protocol):
-    """What :class:`ProtectedMarginals` needs from a strategy measured marginal by marginal.
-
-    ``marginal_subsets`` lists, in answer order, the attribute subsets (ascending axis tuples) the
-    strategy reads; ``term_answers(axes, table)`` is that term's answers computed from the
-    ``axes``-marginal alone (confidential in, confidential out).
-    """
-
-    name: str
-
-    @property
-    def num_queries(self) -> int: ...
-
-    @property
-    def marginal_subsets(self) -> tuple[tuple[int, ...], ...]: ...
-
-    def sensitivity(self, *, norm: int) -> float: ...
-
-    def term_answers(self, axes: tuple[int, ...], table: np.ndarray) -> np.ndarray: ...
-
-
-class ProtectedMarginals(_Sharding):
+class ProtectedMarginals(_Protected):
     """Confidential marginal tables over a public domain: the counts of each attribute subset.
 
     The marginal-space counterpart of :class:`ProtectedCells`, for domains whose full cell vector
@@ -352,9 +309,8 @@ class ProtectedMarginals(_Sharding):
     >>> ProtectedMarginals({(0,): [3.0, 4.0]}, domain_shape=(2, 3), contribution_bound=1)
     ProtectedMarginals(domain_shape=(2, 3), subsets=((0,),), values=<redacted>)
 
-    :meth:`measure` keeps :class:`ProtectedCells`' order (the privacy argument): sensitivity ×
-    contribution bound, one noise mechanism for the whole strategy, the accountant's charge, and
-    only then the answers, computed marginal by marginal, noised by the production sampler.
+    :meth:`measure` keeps :class:`ProtectedCells`' order; the answers are computed marginal by
+    marginal, after the charge.
 
     Privacy: every table must come from the same contribution-bounded rows, so one privacy unit
     changes each table by at most ``contribution_bound`` in L1; a strategy's sensitivity (column
@@ -368,8 +324,7 @@ class ProtectedMarginals(_Sharding):
         domain_shape: tuple[int, ...],
         contribution_bound: int,
     ) -> None:
-        if contribution_bound < 1:
-            raise ValueError(f"contribution_bound ({contribution_bound}) must be >= 1")
+        self._set_bound(contribution_bound)
         shape = tuple(int(n) for n in domain_shape)
         stored: dict[tuple[int, ...], np.ndarray] = {}
         for key, values in tables.items():
@@ -390,7 +345,6 @@ class ProtectedMarginals(_Sharding):
             stored[axes] = table
         self.__tables = stored
         self.domain_shape = shape
-        self.contribution_bound = int(contribution_bound)
 
     @property
     def subsets(self) -> tuple[tuple[int, ...], ...]:
@@ -415,39 +369,22 @@ class ProtectedMarginals(_Sharding):
             raise ValueError(
                 f"strategy {strategy.name!r} reads marginals {missing} that were not counted"
             )
-        norm = 1 if noise_kind_for(target.measure) == "laplace" else 2
-        sensitivity = strategy.sensitivity(norm=norm) * self.contribution_bound
-        mechanism = calibrate(target=target, sensitivity=sensitivity, size=strategy.num_queries)
-        receipt_id = accountant.charge(mechanism.cost, label=label)  # privacy: charge before noise
-        answers = np.concatenate(
-            [
-                np.ravel(strategy.term_answers(axes, self.__tables[axes]))
-                for axes in strategy.marginal_subsets
-            ]
-        )
-        noisy = self._noised(
-            mechanism, answers, receipt_id=receipt_id, local=noise.production_sampler
-        )
-        return NoisyMeasurement(
+        tables = self.__tables
+        return self._release(
+            strategy,
+            lambda: np.concatenate(
+                [
+                    np.ravel(strategy.term_answers(axes, tables[axes]))
+                    for axes in strategy.marginal_subsets
+                ]
+            ),
+            target=target,
+            accountant=accountant,
             label=label,
-            strategy_name=strategy.name,
-            values=noisy,
-            noise=mechanism,
-            receipt_id=receipt_id,
         )
 
     def __repr__(self) -> str:
         return (
             f"ProtectedMarginals(domain_shape={self.domain_shape}, subsets={self.subsets}, "
             "values=<redacted>)"
-        )
-
-    def __reduce__(self) -> Any:
-        raise TypeError(
-            "ProtectedMarginals holds confidential data and cannot be pickled or persisted"
-        )
-
-    def __getstate__(self) -> Any:
-        raise TypeError(
-            "ProtectedMarginals holds confidential data and cannot be pickled or persisted"
         )

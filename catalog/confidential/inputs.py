@@ -40,32 +40,32 @@ def describe_unit(spec: ReleaseSpec) -> str:
 
 def read_cells(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
     if spec.execution.engine == "dask":
-        from catalog.dask_count import count_cells_dask as count_cells
+        from catalog.confidential.dask_count import count_cells_dask as count_cells
     else:
-        from catalog.source import count_cells
+        from catalog.confidential.source import count_cells
 
     counted = count_cells(spec, key=key)
-    return Ingested(
-        data=counted.cells,
-        input_fingerprint=counted.input_fingerprint,
-        files=counted.files,
-        privacy_unit=describe_unit(spec),
-    )
+    return _central(spec, counted.cells, counted)
 
 
 def read_marginals(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
     if spec.execution.engine == "dask":
-        from catalog.dask_count import count_marginals_dask as count_marginals
+        from catalog.confidential.dask_count import count_marginals_dask as count_marginals
     else:
-        from catalog.marginal_source import count_marginals
+        from catalog.confidential.marginal_source import count_marginals
 
-    marginals = count_marginals(
+    counted = count_marginals(
         spec, subsets=plan.strategy.marginal_subsets, output_rows=plan.num_queries, key=key
     )
+    return _central(spec, counted.marginals, counted)
+
+
+def _central(spec: ReleaseSpec, data: Any, counted: Any) -> Ingested:
+    """A central reader's protected counts with the public facts of the files they came from."""
     return Ingested(
-        data=marginals.marginals,
-        input_fingerprint=marginals.input_fingerprint,
-        files=marginals.files,
+        data=data,
+        input_fingerprint=counted.input_fingerprint,
+        files=counted.files,
         privacy_unit=describe_unit(spec),
     )
 
@@ -82,7 +82,8 @@ def ingest_responses(
     Privacy: reads ε-LDP responses only (true items never leave a device); nothing is charged
     here, so a bad file costs nothing.
     """
-    from catalog.responses import PRIVACY_UNIT, check_strategy_fits, count_responses
+    from catalog.confidential.responses import count_responses
+    from catalog.responses import PRIVACY_UNIT, check_strategy_fits
 
     if spec.dataset.source is None:
         raise DataError(

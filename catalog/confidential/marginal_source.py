@@ -7,11 +7,11 @@ rows by all domain attributes (at most one group per row), and numpy projects th
 groups onto every needed attribute subset with ``bincount``.  The full cell vector is never
 formed: memory is O(groups + Σ marginal sizes).
 
-Input checks and contribution bounding are :mod:`catalog.source`'s own functions, so both paths
+Input checks and contribution bounding are ``source``'s own functions, so both paths
 accept and refuse exactly the same inputs (the checks cover every domain attribute, not only the
 measured ones, so both paths count the same rows).
 
-Privacy: as in :func:`catalog.source.count_cells`, a problem is named by column and rule only,
+Privacy: as in ``source.count_cells``, a problem is named by column and rule only,
 never a count, a row or a raw value; the tables never leave the :class:`ProtectedMarginals`.
 """
 
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from catalog.confidential.choke_point import ProtectedMarginals
+from catalog.confidential.source import read_and_encode
 from catalog.errors import SpecError
 from catalog.keys import CatalogKey
-from catalog.source import read_and_encode
 from catalog.spec.limits import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES
 from catalog.spec.model import ReleaseSpec
-from mechanisms.choke_point import ProtectedMarginals
 
 MAX_MARGINAL_CELLS = MAX_RELEASE_CELLS
 """Cells of all counted marginal tables together (float64: the memory of the largest cell vector)."""
@@ -78,9 +78,9 @@ def count_marginals(
     """Read, check, bound contributions and count the ``subsets``-marginals of the spec's source.
 
     ``subsets`` are ascending axis tuples (``()`` = the total); ``key`` is the catalog's
-    fingerprint key (default: the default catalog's), as for :func:`~catalog.source.count_cells`.  O(rows) Arrow work for the read
-    and group-by, then O(groups × subsets) numpy; the content fingerprint (keyed, as for
-    :func:`~catalog.source.count_cells`) is hashed on a second thread meanwhile.
+    fingerprint key (default: the default catalog's), as for ``source.count_cells``.
+    O(rows) Arrow work for the read and group-by, then O(groups × subsets) numpy; the content
+    fingerprint is hashed on a second thread meanwhile.
     """
     check_marginals_runnable(spec, subsets=subsets, output_rows=output_rows)
     encoded, files, input_fingerprint = read_and_encode(spec, key=key)

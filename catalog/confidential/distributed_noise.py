@@ -1,6 +1,6 @@
 """Noise on a Dask cluster: the shard mapper the choke point uses for ``execution.engine: dask``.
 
-The privacy rule lives in :mod:`mechanisms.choke_point` (charge once before any shard, every shard
+The privacy rule lives in ``choke_point`` (charge once before any shard, every shard
 noised exactly once by the vetted sampler, no retry with fresh noise, any failure fails the whole
 measurement and the charge stands).  This module only moves shards to workers and back:
 
@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from catalog.confidential.choke_point import ShardFailedError, ShardMapper
 from catalog.engine import Execution, open_cluster
-from mechanisms.choke_point import ShardFailedError, ShardMapper
 from mechanisms.noise import NoiseShard, NoisyShard
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """``dprelease check SPEC``: the data custodian's exact view of what is wrong with a release input.
 
-A release (``catalog.source``) names an input problem by column and rule only, because its
+A release (``source``) names an input problem by column and rule only, because its
 messages reach Prefect's database, logs and the terminal of whoever submitted the spec.  The
 custodian, who may see the data, needs the figures to fix it: this module reads the spec's source
 the same way a release does (same files, same schema rules, same cell encoding, same contribution
@@ -20,8 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog.errors import SpecError
-from catalog.source import (
+from catalog.confidential.source import (
     SchemaProblem,
     SourceFiles,
     bound_contributions,
@@ -34,6 +33,7 @@ from catalog.source import (
     person_rows,
     schema_problems,
 )
+from catalog.errors import SpecError
 from catalog.spec.model import ReleaseSpec
 
 EXAMPLES = 5  # distinct out-of-domain values shown per column, most rows first
