@@ -86,7 +86,11 @@ def review(
             raise DprReleaseError(
                 "--reviewer, --note and --publish-dir need a decision: add --approve or --reject"
             )
-        print_review_status(reviewing.status(catalog, release_id), as_json=as_json)
+        current = reviewing.status(catalog, release_id)
+        if as_json:
+            print_json(current)
+        else:
+            _print_review_status(current)
         return
     if reviewer is None:
         raise DprReleaseError("--reviewer NAME is required with --approve or --reject")
@@ -129,10 +133,7 @@ def _print_approval_progress(current: dict[str, Any]) -> None:
     )
 
 
-def print_review_status(current: dict[str, Any], *, as_json: bool, header: bool = True) -> None:
-    if as_json:
-        print_json(current)
-        return
+def _print_review_status(current: dict[str, Any], *, header: bool = True) -> None:
     operator = current["operator"] or "not recorded"
     rule = " (may not approve)" if current["operator_excluded"] else ""
     stdout.print(
@@ -245,7 +246,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         )
     for line in lines:
         stdout.print(line)
-    print_review_status(summary["review"], as_json=False, header=False)
+    _print_review_status(summary["review"], header=False)
     paths = summary["paths"]
     stdout.print("  artifacts:")
     for name, path in paths.items():

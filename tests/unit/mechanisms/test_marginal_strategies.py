@@ -24,9 +24,9 @@ from mechanisms.marginal_strategies import (
     subset_strategy,
     subset_unit_error,
     subset_workload,
+    superset_differences,
 )
 from mechanisms.operators import AllRanges, Identity, Prefix, Total, kron_dense, kron_matrices
-from mechanisms.marginal_strategies import superset_differences
 from mechanisms.workload import Workload, WorkloadItem
 
 SHAPE = (2, 3, 4)
