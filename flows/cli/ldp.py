@@ -124,6 +124,7 @@ def simulate(
     """Randomise every row of a Parquet of true items with the published strategy (simulation of
     the clients), writing one response index per user plus the strategy fingerprint."""
     from catalog import responses
+    from catalog.confidential import responses as response_files
     from catalog.spec.load import load_spec
 
     loaded = load_spec(spec)
@@ -131,7 +132,7 @@ def simulate(
     directory = strategy_dir or responses.default_strategy_dir(loaded)
     published = responses.read_strategy_artifact(directory)
     rng = np.random.default_rng(seed)  # None: fresh OS entropy, as on a real device
-    summary = responses.simulate(
+    summary = response_files.simulate(
         loaded, published, input_path=str(input_path), output_path=out, rng=rng
     )
     dropped = (

@@ -206,8 +206,7 @@ def check(
 
     Exit status: 0 when no problem was found, 3 when problems were found, 2 for an invalid spec or an unreadable source.
     """
-    from catalog.check import check_data, format_report
-
+    from catalog.confidential.check import check_data, format_report
     from catalog.spec.load import load_spec
 
     report = check_data(load_spec(spec))
