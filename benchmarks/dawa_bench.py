@@ -52,10 +52,12 @@ from mechanisms.dawa.partition import (
     split_budget,
 )
 from tests.reference.dawa import (
+    answer,
     dawa,
     least_cost_partition,
     measure_and_reconstruct,
     private_partition,
+    ranges_workload,
 )
 
 DATA_SEED = 20240601
@@ -109,7 +111,7 @@ def dense_histogram(rng: np.random.Generator, n: int) -> np.ndarray:
 
 def random_intervals(rng: np.random.Generator, n: int, m: int) -> IntervalWorkload:
     ends = np.sort(rng.integers(0, n, size=(m, 2)), axis=1)
-    return IntervalWorkload.from_ranges(ends[:, 0], ends[:, 1], n_cells=n)
+    return ranges_workload(ends[:, 0], ends[:, 1], n_cells=n)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,7 +168,7 @@ def reference_code_partition(
 
 
 def error_per_query(workload: IntervalWorkload, x: np.ndarray, estimate: np.ndarray) -> float:
-    return float(np.abs(workload.answer(estimate) - workload.answer(x)).mean())
+    return float(np.abs(answer(workload, estimate) - answer(workload, x)).mean())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -45,10 +45,8 @@ from mechanisms.workload import Workload
 
 # Public shift of each Step-1 noisy cost by offset × its Laplace scale (privacy-neutral: the scale
 # depends only on the interval length).  0 reproduces the thesis, whose provably private Step 1
-# over-splits (noise ≈ 12× the per-bucket penalty).  3 meets every issue-6 target in
-# benchmarks/dawa_bench.py (sparse 6.4× below Identity; dense 1.14× the best data-independent);
-# 2 is the more conservative choice on hard data (never worse than Privelet on the 7 DPBench sets
-# we tried, where 3 reached 1.2–2.0× on HEPTH at ε = 0.1).
+# over-splits; the default's accuracy on sparse and dense data is measured by
+# benchmarks/dawa_bench.py (2 is the more conservative choice on hard data).
 DEFAULT_NOISE_OFFSET = 3.0
 MAX_VARIANCE_WORK = 2_000_000_000  # queries × buckets for exact per-query standard errors
 

@@ -294,12 +294,6 @@ class HierarchicalStrategy:
             weight.append(fraction[asked])
         return np.concatenate(lo), np.concatenate(hi), np.concatenate(weight)
 
-    def query_cells(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(lo, hi, weight)`` of every measured query over cells, ``lo``/``hi`` inclusive."""
-        lo, hi, weight = self.query_buckets()
-        bounds = self.partition.boundaries
-        return bounds[lo], bounds[hi] - 1, weight
-
     def matrix(self) -> sp.csr_array:
         """``A`` over buckets (rows as :meth:`query_buckets`), sparse.  O(k log k) non-zeros."""
         lo, hi, weight = self.query_buckets()
@@ -325,13 +319,6 @@ class HierarchicalStrategy:
     def laplace_scale(self, *, epsilon: float) -> float:
         """Laplace scale ``Δ₁(A)/ε₂`` that makes the measurement ε₂-DP (Theorem 6.3)."""
         return self.sensitivity(norm=1) / check_epsilon(epsilon)
-
-    def expected_squared_error(self, *, epsilon: float) -> float:
-        """Expected ``‖Ŵŝ − Ŵ B(x)‖²`` summed over the workload: ``2·scale²·error_trace``.
-
-        Perturbation error of Step 2 only (the uniformity bias of the buckets is data-dependent).
-        """
-        return 2.0 * self.laplace_scale(epsilon=epsilon) ** 2 * self.error_trace
 
     def answer_buckets(self, bucket_counts: np.ndarray) -> np.ndarray:
         """``A·s``: the weighted tree answers for bucket counts ``s``.  O(k log k)."""
@@ -382,10 +369,6 @@ class HierarchicalStrategy:
             u = u * np.repeat(g, sizes)
             d = d_children * g
         return estimate
-
-    def reconstruct(self, noisy_answers: np.ndarray) -> np.ndarray:
-        """Cell estimates: least squares, then uniform expansion (Step 3)."""
-        return self.partition.expand(self.least_squares(noisy_answers))
 
 
 def greedy_h_strategy(

@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 import numpy as np
-import scipy.sparse as sp
 
 from mechanisms.checks import check_epsilon
 from mechanisms.noise import NoiseSampler
@@ -190,9 +189,8 @@ class IntervalWorkload:
     """Linear queries whose rows are weighted sums of cell intervals ("pieces").
 
     Row ``r`` is ``Σ_{p: row[p] = r} weight[p] · 1[lo[p] ≤ j ≤ hi[p]]``; pieces of one row must not
-    overlap.  A 1-D range query is one piece of weight 1 (:meth:`from_ranges`); a rectangle over a
-    Hilbert-ordered grid is one piece per run of consecutive positions; any matrix is one piece per
-    run of equal consecutive non-zeros (:meth:`from_matrix`).  Public.
+    overlap.  A 1-D range query is one piece of weight 1; a rectangle over a Hilbert-ordered grid is
+    one piece per run of consecutive positions.  Public.
     """
 
     n_cells: int
@@ -238,75 +236,6 @@ class IntervalWorkload:
             raise ValueError("pieces of one row must not overlap")
         for name, value in (("row", row), ("lo", lo), ("hi", hi), ("weight", weight)):
             object.__setattr__(self, name, _readonly(value))
-
-    @classmethod
-    def from_ranges(
-        cls, lo: np.ndarray | Sequence[int], hi: np.ndarray | Sequence[int], *, n_cells: int
-    ) -> IntervalWorkload:
-        """Range queries ``Σ_{lo[i] ≤ j ≤ hi[i]} x_j`` (inclusive, 0-based cell indices)."""
-        lo = np.asarray(lo, dtype=np.int64)
-        hi = np.asarray(hi, dtype=np.int64)
-        if lo.ndim != 1 or lo.shape != hi.shape:
-            raise ValueError(
-                f"lo (shape {lo.shape}) and hi (shape {hi.shape}) must be 1-D of one length"
-            )
-        return cls(
-            n_cells=n_cells,
-            n_rows=max(int(lo.size), 1),
-            row=np.arange(lo.size),
-            lo=lo,
-            hi=hi,
-            weight=np.ones(lo.size),
-        )
-
-    @classmethod
-    def from_matrix(cls, matrix: np.ndarray | sp.sparray | sp.spmatrix) -> IntervalWorkload:
-        """Any ``m × n`` query matrix, one piece per run of equal consecutive non-zeros in a row."""
-        coo = sp.coo_array(matrix)
-        coo.sum_duplicates()
-        keep = coo.data != 0
-        row, col, value = coo.row[keep], coo.col[keep], coo.data[keep].astype(np.float64)
-        order = np.lexsort((col, row))
-        row, col, value = row[order], col[order], value[order]
-        starts_run = np.ones(row.size, dtype=bool)
-        starts_run[1:] = (
-            (row[1:] != row[:-1]) | (col[1:] != col[:-1] + 1) | (value[1:] != value[:-1])
-        )
-        first = np.flatnonzero(starts_run)
-        last = np.append(first[1:], row.size) - 1
-        return cls(
-            n_cells=int(coo.shape[1]),
-            n_rows=int(coo.shape[0]),
-            row=row[first],
-            lo=col[first],
-            hi=col[last],
-            weight=value[first],
-        )
-
-    @property
-    def n_pieces(self) -> int:
-        """Number of (row, interval, weight) pieces."""
-        return int(self.row.size)
-
-    def answer(self, x: np.ndarray) -> np.ndarray:
-        """``W x`` for every query.  O(n + pieces)."""
-        cells = _as_cells(x)
-        if cells.size != self.n_cells:
-            raise ValueError(f"x has {cells.size} cells but the workload has {self.n_cells}")
-        prefix = np.concatenate(([0.0], np.cumsum(cells)))
-        piece_sums = self.weight * (prefix[self.hi + 1] - prefix[self.lo])
-        return np.bincount(self.row, weights=piece_sums, minlength=self.n_rows)
-
-    def to_sparse(self) -> sp.csr_array:
-        """The ``m × n`` query matrix (for tests and small problems).  O(Σ piece lengths)."""
-        lengths = self.hi - self.lo + 1
-        piece = np.repeat(np.arange(self.n_pieces), lengths)
-        col = self.lo[piece] + (
-            np.arange(piece.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        )
-        return sp.csr_array(
-            (self.weight[piece], (self.row[piece], col)), shape=(self.n_rows, self.n_cells)
-        )
 
 
 # --------------------------------------------------------------------------------------------------

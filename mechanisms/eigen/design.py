@@ -15,10 +15,9 @@ Dense Gram builders, closed-form spectra, the section 5.2.2 speed-ups for large 
 separation, principal vectors), design from a known spectrum and exact error evaluation of any
 strategy are reference code in ``tests/reference/eigen.py``.
 
-The result, :class:`EigenDesignStrategy`, is measured like any other strategy through
-``catalog.confidential.choke_point.ProtectedCells.measure`` (it has ``name``, ``num_queries``,
-``sensitivity(norm=...)``, ``apply`` and ``least_squares``); this module draws no noise.
-Strategy selection reads only the workload, which is public: it spends no privacy budget.
+The mechanism (:mod:`mechanisms.eigen`) measures the result's ``A`` like any dense strategy; this
+module draws no noise.  Strategy selection reads only the workload, which is public: it spends no
+privacy budget.
 
 Conventions.  ``P`` is the noise variance per unit sensitivity (``1 / (2 rho)`` for rho-zCDP,
 ``2 / eps^2`` for Laplace, ``(sigma / Delta)^2`` for (eps, delta)); every total error here is
@@ -46,7 +45,6 @@ import scipy.fft
 import scipy.linalg
 import scipy.optimize
 
-from mechanisms.linalg import l1_sensitivity
 from mechanisms.lower_bound import svd_bound_gram, validate_gram
 
 SensitivityNorm = Literal["l2", "l1"]
@@ -157,7 +155,7 @@ class MinimizedWorkload:
 class EigenDesignStrategy:
     """A strategy chosen by Eigen-Design, with what is needed to audit and reproduce it.
 
-    Satisfies ``mechanisms.protected.MeasurableStrategy``, so the session measures it directly.
+    The mechanism measures ``A`` (as a :class:`~mechanisms.dense.DenseStrategy`).
 
     *Privacy*: ``A`` depends only on the (public) workload.  Its sensitivity in
     ``sensitivity_norm`` is 1 (max column norm), so answering ``A x`` costs what one
@@ -189,55 +187,16 @@ class EigenDesignStrategy:
     """Largest relative primal-dual gap over the weighting programs solved (optimality certificate)."""
     column_of_cell: np.ndarray
     """Original cell -> minimised column (-1: no query reads the cell); see MinimizedWorkload."""
-    name: str = "eigen_design"
 
     def __post_init__(self) -> None:
         for field_name in ("A", "weights", "eigenvalues_kept", "completion_weights"):
             object.__setattr__(self, field_name, _frozen_array(getattr(self, field_name)))
         object.__setattr__(self, "column_of_cell", _frozen_array(self.column_of_cell, np.intp))
 
-    @property
-    def num_queries(self) -> int:
-        """Number of strategy rows p."""
-        return int(self.A.shape[0])
-
-    def sensitivity(self, *, norm: int) -> float:
-        """Largest column L1 (``norm=1``) or L2 (``norm=2``) norm of A, for one record."""
-        if norm == 1:
-            return l1_sensitivity(_validated_strategy(self.A))
-        if norm == 2:
-            return l2_sensitivity(self.A)
-        raise ValueError(f"norm ({norm}) must be 1 or 2")
-
-    def apply(self, x: np.ndarray) -> np.ndarray:
-        """``A x`` (O(p n)); confidential until the session adds noise."""
-        return self.A @ np.asarray(x, dtype=np.float64)
-
-    def least_squares(self, y: np.ndarray) -> np.ndarray:
-        """``x_hat = A^+ y`` (O(p n^2)): post-processing; zero on cells no query reads."""
-        y = np.asarray(y, dtype=np.float64)
-        if y.shape != (self.num_queries,):
-            raise ValueError(f"y (shape {y.shape}) must have length {self.num_queries}")
-        estimate, *_ = np.linalg.lstsq(self.A, y, rcond=None)
-        return estimate
-
 
 # ------------------------------------------------------------------------------------------------
 # Validation
 # ------------------------------------------------------------------------------------------------
-
-
-def _validated_strategy(strategy: np.ndarray, n_cells: int | None = None) -> np.ndarray:
-    strategy = np.asarray(strategy, dtype=np.float64)
-    if strategy.ndim != 2 or strategy.size == 0:
-        raise ValueError(f"strategy (shape {strategy.shape}) must be a non-empty 2-D matrix")
-    if n_cells is not None and strategy.shape[1] != n_cells:
-        raise ValueError(
-            f"strategy has {strategy.shape[1]} columns but the workload has {n_cells} cells"
-        )
-    if not np.all(np.isfinite(strategy)):
-        raise ValueError("strategy must be finite")
-    return strategy
 
 
 def _check_positive_int(name: str, value: int) -> int:
@@ -308,12 +267,6 @@ def minimize_workload(
 # ------------------------------------------------------------------------------------------------
 # Sensitivity and total error (for P = 1)
 # ------------------------------------------------------------------------------------------------
-
-
-def l2_sensitivity(strategy: np.ndarray) -> float:
-    """Largest column L2 norm of A (Prop 2.3): the L2 sensitivity for one record (O(p n))."""
-    strategy = _validated_strategy(strategy)
-    return float(np.sqrt(np.max(np.sum(strategy**2, axis=0))))
 
 
 def _trace_gram_pinv(

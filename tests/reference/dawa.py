@@ -9,10 +9,12 @@ bucket deviations it minimises.  The product (:mod:`mechanisms.dawa`) runs Step 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import get_args
 
 import numpy as np
+import scipy.sparse as sp
 
 from mechanisms.checks import check_epsilon
 from mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
@@ -142,7 +144,9 @@ def measure_and_reconstruct(
     x: np.ndarray, strategy: HierarchicalStrategy, *, epsilon: float, sampler: NoiseSampler
 ) -> np.ndarray:
     """Steps 2–3: measure (spends ``epsilon`` = ε₂), least squares, uniform expansion to cells."""
-    return strategy.reconstruct(measure_buckets(x, strategy, epsilon=epsilon, sampler=sampler))
+    return strategy.partition.expand(
+        strategy.least_squares(measure_buckets(x, strategy, epsilon=epsilon, sampler=sampler))
+    )
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -225,3 +229,83 @@ def dawa(
         measurement_epsilon=measurement_epsilon,
         measurement_scale=strategy.laplace_scale(epsilon=measurement_epsilon),
     )
+
+
+def ranges_workload(
+    lo: np.ndarray | Sequence[int], hi: np.ndarray | Sequence[int], *, n_cells: int
+) -> IntervalWorkload:
+    """Range queries ``Σ_{lo[i] ≤ j ≤ hi[i]} x_j`` (inclusive, 0-based cell indices)."""
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    if lo.ndim != 1 or lo.shape != hi.shape:
+        raise ValueError(
+            f"lo (shape {lo.shape}) and hi (shape {hi.shape}) must be 1-D of one length"
+        )
+    return IntervalWorkload(
+        n_cells=n_cells,
+        n_rows=max(int(lo.size), 1),
+        row=np.arange(lo.size),
+        lo=lo,
+        hi=hi,
+        weight=np.ones(lo.size),
+    )
+
+
+def matrix_workload(matrix: np.ndarray | sp.sparray | sp.spmatrix) -> IntervalWorkload:
+    """Any ``m × n`` query matrix, one piece per run of equal consecutive non-zeros in a row."""
+    coo = sp.coo_array(matrix)
+    coo.sum_duplicates()
+    keep = coo.data != 0
+    row, col, value = coo.row[keep], coo.col[keep], coo.data[keep].astype(np.float64)
+    order = np.lexsort((col, row))
+    row, col, value = row[order], col[order], value[order]
+    starts_run = np.ones(row.size, dtype=bool)
+    starts_run[1:] = (row[1:] != row[:-1]) | (col[1:] != col[:-1] + 1) | (value[1:] != value[:-1])
+    first = np.flatnonzero(starts_run)
+    last = np.append(first[1:], row.size) - 1
+    return IntervalWorkload(
+        n_cells=int(coo.shape[1]),
+        n_rows=int(coo.shape[0]),
+        row=row[first],
+        lo=col[first],
+        hi=col[last],
+        weight=value[first],
+    )
+
+
+def answer(workload: IntervalWorkload, x: np.ndarray) -> np.ndarray:
+    """``W x`` for every query.  O(n + pieces)."""
+    cells = _as_cells(x)
+    if cells.size != workload.n_cells:
+        raise ValueError(f"x has {cells.size} cells but the workload has {workload.n_cells}")
+    prefix = np.concatenate(([0.0], np.cumsum(cells)))
+    piece_sums = workload.weight * (prefix[workload.hi + 1] - prefix[workload.lo])
+    return np.bincount(workload.row, weights=piece_sums, minlength=workload.n_rows)
+
+
+def query_matrix(workload: IntervalWorkload) -> sp.csr_array:
+    """The ``m × n`` query matrix (sparse).  O(Σ piece lengths)."""
+    lengths = workload.hi - workload.lo + 1
+    piece = np.repeat(np.arange(workload.row.size), lengths)
+    col = workload.lo[piece] + (
+        np.arange(piece.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    )
+    return sp.csr_array(
+        (workload.weight[piece], (workload.row[piece], col)),
+        shape=(workload.n_rows, workload.n_cells),
+    )
+
+
+def query_cells(strategy: HierarchicalStrategy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(lo, hi, weight)`` of every measured query over cells, ``lo``/``hi`` inclusive."""
+    lo, hi, weight = strategy.query_buckets()
+    bounds = strategy.partition.boundaries
+    return bounds[lo], bounds[hi] - 1, weight
+
+
+def expected_squared_error(strategy: HierarchicalStrategy, *, epsilon: float) -> float:
+    """Expected ``‖Ŵŝ − Ŵ B(x)‖²`` summed over the workload: ``2·scale²·error_trace``.
+
+    Perturbation error of Step 2 only (the uniformity bias of the buckets is data-dependent).
+    """
+    return 2.0 * strategy.laplace_scale(epsilon=epsilon) ** 2 * strategy.error_trace

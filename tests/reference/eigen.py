@@ -13,6 +13,7 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,10 +32,8 @@ from mechanisms.eigen.design import (
     _strategy_matrix,
     _trace_gram_pinv,
     _validated_design_options,
-    _validated_strategy,
     _WeightingSolution,
     eigen_design,
-    l2_sensitivity,
     minimize_workload,
     weights_full,
 )
@@ -42,6 +41,60 @@ from mechanisms.linalg import l1_sensitivity
 from mechanisms.lower_bound import svd_bound_from_eigenvalues, svd_bound_gram, validate_gram
 from mechanisms.operators import AllRanges, Identity, Prefix, Total
 from mechanisms.workload import Workload, WorkloadItem
+
+
+def _validated_strategy(strategy: np.ndarray, n_cells: int | None = None) -> np.ndarray:
+    strategy = np.asarray(strategy, dtype=np.float64)
+    if strategy.ndim != 2 or strategy.size == 0:
+        raise ValueError(f"strategy (shape {strategy.shape}) must be a non-empty 2-D matrix")
+    if n_cells is not None and strategy.shape[1] != n_cells:
+        raise ValueError(
+            f"strategy has {strategy.shape[1]} columns but the workload has {n_cells} cells"
+        )
+    if not np.all(np.isfinite(strategy)):
+        raise ValueError("strategy must be finite")
+    return strategy
+
+
+def l2_sensitivity(strategy: np.ndarray) -> float:
+    """Largest column L2 norm of A (Prop 2.3): the L2 sensitivity for one record (O(p n))."""
+    strategy = _validated_strategy(strategy)
+    return float(np.sqrt(np.max(np.sum(strategy**2, axis=0))))
+
+
+@dataclass(frozen=True)
+class MeasurableDesign:
+    """An Eigen-Design result measured directly (``name``, ``num_queries``, ``sensitivity``,
+    ``apply``, ``least_squares``), as the thesis's experiments do; the product measures ``A`` as a
+    :class:`~mechanisms.dense.DenseStrategy`."""
+
+    design: EigenDesignStrategy
+    name: str = "eigen_design"
+
+    @property
+    def num_queries(self) -> int:
+        """Number of strategy rows p."""
+        return int(self.design.A.shape[0])
+
+    def sensitivity(self, *, norm: int) -> float:
+        """Largest column L1 (``norm=1``) or L2 (``norm=2``) norm of A, for one record."""
+        if norm == 1:
+            return l1_sensitivity(_validated_strategy(self.design.A))
+        if norm == 2:
+            return l2_sensitivity(self.design.A)
+        raise ValueError(f"norm ({norm}) must be 1 or 2")
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """``A x`` (O(p n)); confidential until the session adds noise."""
+        return self.design.A @ np.asarray(x, dtype=np.float64)
+
+    def least_squares(self, y: np.ndarray) -> np.ndarray:
+        """``x_hat = A^+ y`` (O(p n^2)): post-processing; zero on cells no query reads."""
+        y = np.asarray(y, dtype=np.float64)
+        if y.shape != (self.num_queries,):
+            raise ValueError(f"y (shape {y.shape}) must have length {self.num_queries}")
+        estimate, *_ = np.linalg.lstsq(self.design.A, y, rcond=None)
+        return estimate
 
 
 def all_range_gram(n: int) -> np.ndarray:

@@ -29,13 +29,19 @@ from mechanisms.dawa.partition import (
     split_budget,
 )
 from tests.reference.dawa import (
+    answer,
     bucket_deviations,
     dawa,
+    expected_squared_error,
     least_cost_partition,
+    matrix_workload,
     measure_and_reconstruct,
     measure_buckets,
     partition_cost,
     private_partition,
+    query_cells,
+    query_matrix,
+    ranges_workload,
     window_deviations,
 )
 from tests.samplers import SeededNumpyNoise, ZeroNoise
@@ -105,7 +111,7 @@ def random_partition(rng: np.random.Generator, n: int, k: int) -> Partition:
 
 def random_ranges(rng: np.random.Generator, n: int, m: int) -> IntervalWorkload:
     a, b = rng.integers(0, n, m), rng.integers(0, n, m)
-    return IntervalWorkload.from_ranges(np.minimum(a, b), np.maximum(a, b), n_cells=n)
+    return ranges_workload(np.minimum(a, b), np.maximum(a, b), n_cells=n)
 
 
 def random_multi_piece(rng: np.random.Generator, n: int, m: int) -> IntervalWorkload:
@@ -116,7 +122,7 @@ def random_multi_piece(rng: np.random.Generator, n: int, m: int) -> IntervalWork
         for lo, hi in zip(cuts[::2], cuts[1::2], strict=True):
             matrix[row, lo : hi + 1] = rng.normal()
     matrix[: m // 3] = (rng.random((m // 3, n)) < 0.15) * rng.normal(size=(m // 3, n))
-    return IntervalWorkload.from_matrix(matrix)
+    return matrix_workload(matrix)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -379,7 +385,7 @@ def test_node_squared_norms_match_dense_reduced_workload(kind: str) -> None:
     rng = np.random.default_rng(21)
     n, partition = 57, random_partition(rng, 57, 20)
     workload = random_ranges(rng, n, 40) if kind == "ranges" else random_multi_piece(rng, n, 30)
-    reduced = workload.to_sparse().toarray() @ expansion_matrix(partition)
+    reduced = query_matrix(workload).toarray() @ expansion_matrix(partition)
     pieces = _BucketPieces(workload, partition)
     u = rng.normal(size=partition.n_buckets)
     for bounds in ([*range(21)], [0, 3, 4, 10, 20], [0, 20], [0, 1, 19, 20]):
@@ -430,14 +436,14 @@ def test_greedy_h_error_trace_and_least_squares_match_dense(branching: int, kind
     n, partition = 61, random_partition(rng, 61, 23)
     workload = random_ranges(rng, n, 80) if kind == "ranges" else random_multi_piece(rng, n, 30)
     strategy = greedy_h_strategy(workload, partition, branching=branching)
-    reduced = workload.to_sparse().toarray() @ expansion_matrix(partition)
+    reduced = query_matrix(workload).toarray() @ expansion_matrix(partition)
     matrix = dense_strategy_matrix(strategy)
     gram_inverse = np.linalg.inv(matrix.T @ matrix)
     assert strategy.error_trace == pytest.approx(np.trace(reduced.T @ reduced @ gram_inverse))
     noisy = rng.normal(size=strategy.num_queries)
     expected, *_ = np.linalg.lstsq(matrix, noisy, rcond=None)
     np.testing.assert_allclose(strategy.least_squares(noisy), expected, atol=1e-10)
-    assert strategy.expected_squared_error(epsilon=0.5) == pytest.approx(
+    assert expected_squared_error(strategy, epsilon=0.5) == pytest.approx(
         2 * (strategy.sensitivity() / 0.5) ** 2 * np.trace(reduced.T @ reduced @ gram_inverse)
     )
     bucket_counts = rng.normal(size=partition.n_buckets)
@@ -475,9 +481,9 @@ def test_greedy_h_lambdas_minimise_the_dense_local_objective() -> None:
     n, partition = 96, random_partition(rng, 96, 32)
     # Long ranges make upper nodes worth measuring, so some λ > 0.
     lo, hi = rng.integers(0, n // 4, 300), rng.integers(3 * n // 4, n, 300)
-    workload = IntervalWorkload.from_ranges(lo, hi, n_cells=n)
+    workload = ranges_workload(lo, hi, n_cells=n)
     strategy = greedy_h_strategy(workload, partition)
-    reduced = workload.to_sparse().toarray() @ expansion_matrix(partition)
+    reduced = query_matrix(workload).toarray() @ expansion_matrix(partition)
     gram = reduced.T @ reduced
     top = len(strategy.level_bounds) - 1
     grid = np.linspace(0, 0.99, 991)
@@ -520,7 +526,7 @@ def test_greedy_h_on_identity_workload_keeps_all_budget_on_the_leaves() -> None:
     """T7: for the identity workload every λ is 0 (Step 2 is the Laplace mechanism on buckets)."""
     rng = np.random.default_rng(3)
     partition = random_partition(rng, 200, 77)
-    identity = IntervalWorkload.from_ranges(np.arange(200), np.arange(200), n_cells=200)
+    identity = ranges_workload(np.arange(200), np.arange(200), n_cells=200)
     strategy = greedy_h_strategy(identity, partition)
     assert all(np.all(lam == 0) for lam in strategy.lambdas)
     np.testing.assert_array_equal(strategy.fractions[0], np.ones(77))
@@ -564,7 +570,7 @@ def test_cell_queries_and_apply_use_the_partition() -> None:
     x = rng.poisson(5.0, 30).astype(float)
     partition = random_partition(rng, 30, 9)
     strategy = greedy_h_strategy(random_ranges(rng, 30, 25), partition)
-    lo, hi, weight = strategy.query_cells()
+    lo, hi, weight = query_cells(strategy)
     by_cells = np.array([w * x[a : b + 1].sum() for a, b, w in zip(lo, hi, weight, strict=True)])
     np.testing.assert_allclose(strategy.apply(x), by_cells)
     np.testing.assert_allclose(
@@ -623,7 +629,7 @@ def test_dawa_is_reproducible_with_a_seeded_sampler_and_estimates_are_read_only(
 
 def test_measure_buckets_uses_one_laplace_call_at_the_strategy_scale() -> None:
     partition = Partition.from_starts([0, 3], n_cells=6)
-    strategy = greedy_h_strategy(IntervalWorkload.from_ranges([0], [5], n_cells=6), partition)
+    strategy = greedy_h_strategy(ranges_workload([0], [5], n_cells=6), partition)
     sampler = ZeroNoise()
     answers = measure_buckets(np.arange(6.0), strategy, epsilon=2.0, sampler=sampler)
     np.testing.assert_allclose(answers, strategy.apply(np.arange(6.0)))
@@ -638,11 +644,11 @@ def test_interval_workload_from_matrix_round_trips_and_answers() -> None:
     rng = np.random.default_rng(14)
     matrix = np.round(rng.normal(size=(7, 20)) * (rng.random((7, 20)) < 0.5), 1)
     matrix[2, 4:12] = 1.0  # a run of equal values becomes one piece
-    workload = IntervalWorkload.from_matrix(matrix)
-    np.testing.assert_allclose(workload.to_sparse().toarray(), matrix)
+    workload = matrix_workload(matrix)
+    np.testing.assert_allclose(query_matrix(workload).toarray(), matrix)
     assert np.sum((workload.row == 2) & (workload.lo == 4) & (workload.hi == 11)) == 1
     x = rng.normal(size=20)
-    np.testing.assert_allclose(workload.answer(x), matrix @ x)
+    np.testing.assert_allclose(answer(workload, x), matrix @ x)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -688,7 +694,7 @@ def test_hilbert_layout_round_trips_and_maps_rectangles(
         n_cells=layout.n_positions, n_rows=6, row=query, lo=lo, hi=hi, weight=np.ones(lo.size)
     )
     expected = [grid[a : b + 1, c : d + 1].sum() for a, b, c, d in zip(r0, r1, c0, c1, strict=True)]
-    np.testing.assert_allclose(workload.answer(vector), expected)
+    np.testing.assert_allclose(answer(workload, vector), expected)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -696,9 +702,7 @@ def test_hilbert_layout_round_trips_and_maps_rectangles(
 
 
 def strategy_for_validation() -> HierarchicalStrategy:
-    return greedy_h_strategy(
-        IntervalWorkload.from_ranges([0, 1], [3, 2], n_cells=4), Partition.singletons(4)
-    )
+    return greedy_h_strategy(ranges_workload([0, 1], [3, 2], n_cells=4), Partition.singletons(4))
 
 
 VALIDATORS = {
@@ -783,15 +787,15 @@ VALIDATORS = {
         "bucket_values (shape (2,)) must have one entry per bucket (4)",
     ),
     "workload-hi": (
-        lambda: IntervalWorkload.from_ranges([0], [10], n_cells=10),
+        lambda: ranges_workload([0], [10], n_cells=10),
         "lo and hi must lie in [0, n_cells) = [0, 10)",
     ),
     "workload-order": (
-        lambda: IntervalWorkload.from_ranges([5], [4], n_cells=10),
+        lambda: ranges_workload([5], [4], n_cells=10),
         "every piece needs lo <= hi",
     ),
     "workload-shapes": (
-        lambda: IntervalWorkload.from_ranges([0, 1], [4], n_cells=10),
+        lambda: ranges_workload([0, 1], [4], n_cells=10),
         "lo (shape (2,)) and hi (shape (1,)) must be 1-D of one length",
     ),
     "workload-row": (
@@ -825,18 +829,16 @@ VALIDATORS = {
         "n_rows (0) must be >= 1",
     ),
     "workload-answer": (
-        lambda: IntervalWorkload.from_ranges([0], [1], n_cells=3).answer(np.zeros(4)),
+        lambda: answer(ranges_workload([0], [1], n_cells=3), np.zeros(4)),
         "x has 4 cells but the workload has 3",
     ),
     "workload-partition": (
-        lambda: greedy_h_strategy(
-            IntervalWorkload.from_ranges([0], [1], n_cells=3), Partition.singletons(4)
-        ),
+        lambda: greedy_h_strategy(ranges_workload([0], [1], n_cells=3), Partition.singletons(4)),
         "workload has 3 cells but the partition covers 4",
     ),
     "branching": (
         lambda: greedy_h_strategy(
-            IntervalWorkload.from_ranges([0], [1], n_cells=3), Partition.singletons(3), branching=1
+            ranges_workload([0], [1], n_cells=3), Partition.singletons(3), branching=1
         ),
         "branching (1) must be an integer >= 2",
     ),

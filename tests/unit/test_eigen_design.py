@@ -22,7 +22,6 @@ from mechanisms.eigen.design import (
     EigenDesignStrategy,
     WorkloadSpectrum,
     eigen_design,
-    l2_sensitivity,
     minimize_workload,
     workload_spectrum,
 )
@@ -30,6 +29,7 @@ from mechanisms.linalg import l1_sensitivity
 from mechanisms.lower_bound import svd_bound_gram as svd_bound
 from mechanisms.privacy import PrivacyCost
 from tests.reference.eigen import (
+    MeasurableDesign,
     all_range_gram,
     all_range_gram_nd,
     all_range_spectrum,
@@ -38,6 +38,7 @@ from tests.reference.eigen import (
     eigen_design_speedup,
     k_way_cliques,
     kronecker_spectrum,
+    l2_sensitivity,
     marginals_gram,
     marginals_spectrum,
     prefix_gram,
@@ -563,19 +564,19 @@ def test_l1_variant_has_unit_l1_sensitivity_and_exact_error():
 
 
 def test_strategy_protocol_sensitivity_apply_and_least_squares():
-    result = eigen_design(all_range_gram(8))
+    result = MeasurableDesign(eigen_design(all_range_gram(8)))
     data = np.arange(8, dtype=float)
     assert result.name == "eigen_design"
-    assert result.num_queries == result.A.shape[0]
+    assert result.num_queries == result.design.A.shape[0]
     assert result.sensitivity(norm=2) == pytest.approx(1.0, rel=1e-12)
-    assert result.sensitivity(norm=1) == pytest.approx(l1_sensitivity(result.A))
-    np.testing.assert_allclose(result.apply(data), result.A @ data)
+    assert result.sensitivity(norm=1) == pytest.approx(l1_sensitivity(result.design.A))
+    np.testing.assert_allclose(result.apply(data), result.design.A @ data)
     np.testing.assert_allclose(result.least_squares(result.apply(data)), data, atol=1e-9)
 
 
 def test_least_squares_is_zero_on_cells_no_query_reads():
     workload = np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])  # cell 1 is never read
-    result = eigen_design(workload.T @ workload)
+    result = MeasurableDesign(eigen_design(workload.T @ workload))
     estimate = result.least_squares(result.apply(np.array([3.0, 7.0, 5.0])))
     np.testing.assert_allclose(estimate, [3.0, 0.0, 5.0], atol=1e-9)
 
@@ -591,7 +592,7 @@ class RecordingAccountant:
 
 def test_session_measures_an_eigen_design_strategy():
     # Contract with the choke point: sensitivity 1 times the contribution bound, one charge.
-    result = eigen_design(all_range_gram(8))
+    result = MeasurableDesign(eigen_design(all_range_gram(8)))
     cells = ProtectedCells(np.arange(8.0), domain_shape=(8,), contribution_bound=2)
     accountant = RecordingAccountant()
     measurement = cells.measure(
@@ -726,8 +727,14 @@ GRAM = all_range_gram(4)
             ),
             "eigenvectors must be finite",
         ),
-        (lambda: eigen_design(GRAM).sensitivity(norm=3), "norm (3) must be 1 or 2"),
-        (lambda: eigen_design(GRAM).least_squares(np.ones(2)), "y (shape (2,)) must have length"),
+        (
+            lambda: MeasurableDesign(eigen_design(GRAM)).sensitivity(norm=3),
+            "norm (3) must be 1 or 2",
+        ),
+        (
+            lambda: MeasurableDesign(eigen_design(GRAM)).least_squares(np.ones(2)),
+            "y (shape (2,)) must have length",
+        ),
     ],
     ids=lambda value: None if callable(value) else value[:40],
 )
