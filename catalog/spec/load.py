@@ -93,9 +93,7 @@ def read_spec_yaml(path: Path) -> Any:
         ) from None
     try:
         return yaml.load(text, Loader=_SpecLoader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
-    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. an integer of 4300+ digits
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
 
 
