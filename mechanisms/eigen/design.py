@@ -114,10 +114,6 @@ class WorkloadSpectrum:
         """Number of kept eigenvalues r."""
         return int(self.eigenvalues.size)
 
-    def gram(self) -> np.ndarray:
-        """The dense Gram matrix ``Q diag(sigma) Q^T`` (O(n^2 r))."""
-        return (self.eigenvectors * self.eigenvalues) @ self.eigenvectors.T
-
 
 @dataclass(frozen=True, kw_only=True, eq=False)  # array fields: compare by identity
 class MinimizedWorkload:

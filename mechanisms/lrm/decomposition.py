@@ -139,16 +139,6 @@ class LowRankDecomposition:
         object.__setattr__(self, "bias_sq", float(self.bias_sq))
 
     @property
-    def num_queries(self) -> int:
-        """m, the number of workload queries."""
-        return int(self.B.shape[0])
-
-    @property
-    def num_cells(self) -> int:
-        """n, the length of the data vector."""
-        return int(self.L.shape[1])
-
-    @property
     def query_scale(self) -> float:
         """``Φ(B, L) = ‖B‖²_F`` (Definition 1)."""
         return float(np.sum(self.B * self.B))

@@ -436,3 +436,8 @@ def eigen_design_from_spectrum(
         solver_relative_gap=gap,
         column_of_cell=np.arange(spectrum.n_cells),
     )
+
+
+def spectrum_gram(spectrum: WorkloadSpectrum) -> np.ndarray:
+    """The dense Gram matrix ``Q diag(sigma) Q^T`` of a spectrum (O(n^2 r))."""
+    return (spectrum.eigenvectors * spectrum.eigenvalues) @ spectrum.eigenvectors.T

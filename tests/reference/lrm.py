@@ -165,9 +165,9 @@ def measure(
             f"decomposition must be a LowRankDecomposition, got {type(decomposition).__name__}"
         )
     data = np.asarray(x, dtype=np.float64)
-    if data.shape != (decomposition.num_cells,):
+    if data.shape != (decomposition.L.shape[1],):
         raise ValueError(
-            f"x has shape {data.shape}; it must be a vector of length n = {decomposition.num_cells}"
+            f"x has shape {data.shape}; it must be a vector of length n = {decomposition.L.shape[1]}"
         )
     if not np.all(np.isfinite(data)):
         raise ValueError("x must be finite")
@@ -244,7 +244,7 @@ def _check_matching(workload: np.ndarray, decomposition: LowRankDecomposition) -
         raise TypeError(
             f"decomposition must be a LowRankDecomposition, got {type(decomposition).__name__}"
         )
-    expected = (decomposition.num_queries, decomposition.num_cells)
+    expected = (decomposition.B.shape[0], decomposition.L.shape[1])
     if workload.shape != expected:
         raise ValueError(
             f"W has shape {workload.shape} but the decomposition answers shape {expected}"
