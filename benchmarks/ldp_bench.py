@@ -29,6 +29,7 @@ import numpy as np
 import threadpoolctl
 
 from mechanisms.local import baselines, estimation, optimizer, randomizer
+from tests.reference import ldp as ldp_reference
 
 ALPHA = 0.01
 REFERENCE = {  # (workload, n, epsilon) -> (label, worst-case per user, Thm 3.10 V)
@@ -120,7 +121,7 @@ def measure(
     }
     if with_pinv:
         V = W @ np.linalg.pinv(strategy.Q, rcond=1e-8)
-        row["worst_pinv"] = estimation.worst_case_variance(W, strategy, V)
+        row["worst_pinv"] = ldp_reference.worst_case_variance(W, strategy, V)
     return row
 
 

@@ -44,6 +44,7 @@ from mechanisms.lrm import decomposition as lrm
 from mechanisms.operators import AllRanges, Identity, Prefix, Total
 from mechanisms.optimized import search as optimized
 from mechanisms.workload import Workload, WorkloadItem
+from tests.reference import ldp as ldp_reference
 from tests.reference import lrm as lrm_reference
 from tests.reference import optimized_search
 from tests.reference.eigen import all_range_gram, prefix_gram
@@ -157,7 +158,7 @@ def cases() -> list[tuple[str, str, float, Callable[[], object]]]:
             (
                 "optimizer.optimize_strategy",
                 f"prefix n={n} eps=1",
-                optimizer.predict_seconds(n),
+                ldp_reference.predict_seconds(n),
                 lambda n=n: optimizer.optimize_strategy(
                     prefix_matrix(n), epsilon=1.0, rng=np.random.default_rng(0)
                 ),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mechanisms.checks import check_epsilon
-from mechanisms.local.randomizer import LDPStrategy, check_indices, check_strategy
+from mechanisms.local.randomizer import LDPStrategy
 from mechanisms.threads import single_threaded_blas
 
 # Relative eigenvalue cut-off for the pseudo-inverse of X = Q^T D^-1 Q, in units of n * machine eps.
@@ -146,39 +146,6 @@ def per_type_variance(
     return squared_column_norms @ matrix - np.diag(workload_gram)
 
 
-def worst_case_variance(
-    W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
-) -> float:
-    """Worst-case total variance per user, ``L_worst / N = max_u σ²_u`` ([McKenna20] Cor 3.5),
-    attained when all users hold the worst item.  ``V=None``: Thm 3.10's reconstruction (what a
-    release uses); ``V = W @ pinv(Q)`` gives the authors' README figures."""
-    return float(per_type_variance(W, Q, V).max())
-
-
-def average_case_variance(
-    W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
-) -> float:
-    """Average-case total variance per user, ``L_avg / N = mean_u σ²_u`` ([McKenna20] Cor 3.6,
-    Thm 3.9; ``x = N/n``)."""
-    return float(per_type_variance(W, Q, V).mean())
-
-
-@single_threaded_blas()
-def query_worst_case_variance(
-    W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
-) -> np.ndarray:
-    """Per-query worst-case variance per user, ``max_u Σ_o V_io² Q_ou - W_iu²`` ([McKenna20]
-    Thm 3.4 on one row of ``V``).  Data independent: publishable next to the answers (times
-    ``N``).  Cost ``O(p m n)``: it forms ``V`` (Thm 3.10's when ``V=None``)."""
-    matrix = _strategy_matrix(Q)
-    workload = workload_matrix(W, matrix.shape[1])
-    if V is None:
-        reconstruction_matrix = reconstruction(workload, matrix)
-    else:
-        reconstruction_matrix = _check_factorization(workload, matrix, V)
-    return ((reconstruction_matrix**2) @ matrix - workload**2).max(axis=1)
-
-
 @single_threaded_blas()
 def lower_bound(W: np.ndarray, *, epsilon: float) -> float:
     """Lower bound on the worst-case variance per user of every ε-LDP factorization mechanism.
@@ -195,14 +162,6 @@ def lower_bound(W: np.ndarray, *, epsilon: float) -> float:
     n = workload.shape[1]
     singular_values = np.linalg.svd(workload, compute_uv=False)  # O(p n^2)
     return float(singular_values.sum() ** 2 / (n * math.exp(epsilon)) - np.sum(workload**2) / n)
-
-
-def count_responses(responses: np.ndarray, strategy: LDPStrategy) -> np.ndarray:
-    """Server side: the response vector ``y`` (``y_o`` = number of users who sent ``o``)."""
-    check_strategy(strategy)
-    m = strategy.num_outputs
-    counts = np.bincount(check_indices(responses, name="responses", size=m), minlength=m)
-    return counts.astype(np.int64)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -411,26 +411,3 @@ def optimize_strategy(
         progress, 1.0, f"LDP strategy: {spent + more} steps, objective {details['objective']:.6g}"
     )
     return LDPStrategy(name="optimized", Q=matrix, epsilon=epsilon, details=details)
-
-
-# Seconds per optimiser step (one BLAS thread): 1.0e-3 + 1.28e-7·m·n + 3.2e-10·(m·n² + n³),
-# a relative least-squares fit to the process time per step of optimize_strategy on prefix and
-# identity workloads, ε = 1 and 4, n = 32…256, m = 4n (within 0.6-1.25× of every point), by
-#   .venv/bin/python benchmarks/predict_bench.py --calibrate ldp
-# Steps taken: 85-228 (n = 32), 78-358 (64), 91-500 (128), 23-500 (256) of the 500 allowed;
-# modelled as 100 + 2n, capped by `iterations`.
-_STEP_COEFFICIENTS = (1.0e-3, 1.28e-7, 3.2e-10)
-
-
-def predict_seconds(n: int, *, rows: int | None = None, iterations: int = 500) -> float:
-    """Predicted seconds of :func:`optimize_strategy` on an n-item domain, from sizes only.
-
-    ``rows`` as in :func:`optimize_strategy` (default 4n).  ``min(iterations, 100 + 2n)`` steps
-    of ``O(m n² + n³)`` each, calibrated on this machine (one BLAS thread).  O(1).
-    """
-    n = check_size(n)
-    num_rows = 4 * n if rows is None else check_size(rows, name="rows")
-    steps = min(check_size(iterations, name="iterations", minimum=0), 100 + 2 * n)
-    fixed, per_entry, per_flop = _STEP_COEFFICIENTS
-    per_step = fixed + per_entry * num_rows * n + per_flop * (num_rows * n * n + n**3)
-    return steps * per_step

@@ -19,6 +19,7 @@ import threadpoolctl
 
 from mechanisms.local import baselines, estimation, optimizer, randomizer
 from tests.fake_clock import install_fake_clock
+from tests.reference import ldp as ldp_reference
 
 ALPHA = 0.01  # normalised-variance target of the §9.3 sample complexities
 
@@ -50,7 +51,7 @@ def hadamard_table1(n: int, *, epsilon: float) -> randomizer.LDPStrategy:
 
 def sample_complexity(W: np.ndarray, strategy: randomizer.LDPStrategy) -> float:
     """Cor 5.4: N = max_u σ²_u / (p α)."""
-    return estimation.worst_case_variance(W, strategy) / (W.shape[0] * ALPHA)
+    return ldp_reference.worst_case_variance(W, strategy) / (W.shape[0] * ALPHA)
 
 
 def dense_per_type_variance(W: np.ndarray, Q: np.ndarray, V: np.ndarray) -> np.ndarray:
@@ -109,8 +110,8 @@ def test_randomized_response_histogram_matches_example_3_7() -> None:
     n, expected = 5, 11.4298
     strategy = baselines.randomized_response(n, epsilon=1.0)
     closed_form = (n - 1) * (n / (math.e - 1) ** 2 + 2 / (math.e - 1))
-    worst = estimation.worst_case_variance(histogram(n), strategy)
-    average = estimation.average_case_variance(histogram(n), strategy)
+    worst = ldp_reference.worst_case_variance(histogram(n), strategy)
+    average = ldp_reference.average_case_variance(histogram(n), strategy)
     assert worst == pytest.approx(closed_form, rel=1e-10)
     assert average == pytest.approx(closed_form, rel=1e-10)
     assert worst == pytest.approx(expected, abs=0.005)
@@ -118,7 +119,7 @@ def test_randomized_response_histogram_matches_example_3_7() -> None:
 
 def test_hierarchical_prefix_128_with_theorem_3_10_reconstruction() -> None:
     strategy = baselines.hierarchical(128, epsilon=1.0)
-    assert estimation.worst_case_variance(prefix(128), strategy) == pytest.approx(
+    assert ldp_reference.worst_case_variance(prefix(128), strategy) == pytest.approx(
         5466.1318, abs=1e-4
     )
 
@@ -127,7 +128,7 @@ def test_hierarchical_prefix_128_with_pinv_reconstruction_matches_readme() -> No
     strategy = baselines.hierarchical(128, epsilon=1.0)
     W = prefix(128)
     V = W @ np.linalg.pinv(strategy.Q, rcond=1e-8)
-    assert estimation.worst_case_variance(W, strategy, V) == pytest.approx(
+    assert ldp_reference.worst_case_variance(W, strategy, V) == pytest.approx(
         5665.561344360352, rel=1e-10
     )
 
@@ -171,7 +172,7 @@ def test_baseline_sample_complexity_matches_table_9_3(
 def test_randomized_response_sample_complexity_matches_example_5_5() -> None:
     n, epsilon = 512, 1.0
     closed_form = (n - 1) / (ALPHA * n) * (n / math.expm1(epsilon) ** 2 + 2 / math.expm1(epsilon))
-    worst = estimation.worst_case_variance(
+    worst = ldp_reference.worst_case_variance(
         histogram(n), baselines.randomized_response(n, epsilon=epsilon)
     )
     assert worst == pytest.approx(89208.72, abs=0.005)  # Example 3.7 per user, §2.1
@@ -247,7 +248,7 @@ def test_theorem_3_10_reconstruction_beats_pinv_on_average() -> None:
     strategy = baselines.hierarchical(32, epsilon=1.0)
     W = prefix(32)
     V_pinv = W @ np.linalg.pinv(strategy.Q)
-    assert estimation.average_case_variance(W, strategy) < estimation.average_case_variance(
+    assert ldp_reference.average_case_variance(W, strategy) < ldp_reference.average_case_variance(
         W, strategy, V_pinv
     )
 
@@ -261,7 +262,7 @@ def test_query_variances_sum_to_per_type_variance() -> None:
         per_query_per_type.sum(axis=0), estimation.per_type_variance(W, strategy), rtol=1e-10
     )
     np.testing.assert_allclose(
-        estimation.query_worst_case_variance(W, strategy),
+        ldp_reference.query_worst_case_variance(W, strategy),
         per_query_per_type.max(axis=1),
         rtol=1e-12,
     )
@@ -276,8 +277,8 @@ def test_theorem_5_1_average_le_worst_le_bound(epsilon: float) -> None:
         baselines.hadamard(n, epsilon=epsilon),
         baselines.randomized_response(n, epsilon=epsilon),
     ):
-        average = estimation.average_case_variance(W, strategy)
-        worst = estimation.worst_case_variance(W, strategy)
+        average = ldp_reference.average_case_variance(W, strategy)
+        worst = ldp_reference.worst_case_variance(W, strategy)
         assert average <= worst <= math.exp(epsilon) * (average + np.sum(W**2) / n)
         assert worst >= estimation.lower_bound(W, epsilon=epsilon)
 
@@ -545,7 +546,7 @@ def test_optimizer_beats_every_baseline_and_respects_lower_bound(
     optimized_prefix_32: randomizer.LDPStrategy,
 ) -> None:
     W = prefix(32)
-    optimized = estimation.worst_case_variance(W, optimized_prefix_32)
+    optimized = ldp_reference.worst_case_variance(W, optimized_prefix_32)
     candidates = [
         baselines.randomized_response(32, epsilon=1.0),
         baselines.hadamard(32, epsilon=1.0),
@@ -553,10 +554,10 @@ def test_optimizer_beats_every_baseline_and_respects_lower_bound(
         baselines.hierarchical(32, epsilon=1.0),
         baselines.fourier(5, epsilon=1.0),
     ]
-    best_baseline = min(estimation.worst_case_variance(W, s) for s in candidates)
+    best_baseline = min(ldp_reference.worst_case_variance(W, s) for s in candidates)
     assert optimized < 0.8 * best_baseline
     assert optimized >= estimation.lower_bound(W, epsilon=1.0)
-    assert estimation.average_case_variance(W, optimized_prefix_32) >= estimation.lower_bound(
+    assert ldp_reference.average_case_variance(W, optimized_prefix_32) >= estimation.lower_bound(
         W, epsilon=1.0
     )
 
@@ -565,9 +566,11 @@ def test_optimizer_prefix_128_beats_the_reference_code() -> None:
     """§9.2: the authors' best start gives 1896.25 (Thm 3.10 V); about 3 s of CPU here."""
     W = prefix(128)
     strategy = optimizer.optimize_strategy(W, epsilon=1.0, rng=np.random.default_rng(0))
-    worst = estimation.worst_case_variance(W, strategy)
+    worst = ldp_reference.worst_case_variance(W, strategy)
     assert estimation.lower_bound(W, epsilon=1.0) <= worst <= 1896.25
-    assert worst < estimation.worst_case_variance(W, baselines.hierarchical(128, epsilon=1.0)) / 3
+    assert (
+        worst < ldp_reference.worst_case_variance(W, baselines.hierarchical(128, epsilon=1.0)) / 3
+    )
 
 
 def test_optimizer_is_reproducible_from_the_generator_seed() -> None:
@@ -606,7 +609,7 @@ def test_optimizer_rows_and_initial_options() -> None:
     improved = optimizer.optimize_strategy(
         W, epsilon=1.0, rng=np.random.default_rng(0), initial=start, iterations=30
     )
-    assert estimation.average_case_variance(W, improved) < estimation.average_case_variance(
+    assert ldp_reference.average_case_variance(W, improved) < ldp_reference.average_case_variance(
         W, start
     )
 
@@ -656,7 +659,7 @@ def test_randomize_is_reproducible_and_in_range() -> None:
     np.testing.assert_array_equal(first, second)
     assert first.dtype == np.int64 and first.shape == items.shape
     assert first.min() >= 0 and first.max() < strategy.num_outputs
-    counts = estimation.count_responses(first, strategy)
+    counts = ldp_reference.count_responses(first, strategy)
     assert counts.sum() == items.size and counts.shape == (strategy.num_outputs,)
 
 
@@ -692,7 +695,7 @@ def test_estimate_variance_is_the_scaled_sample_variance_of_user_contributions()
     V = estimation.reconstruction(prefix(8), strategy)
     items = np.random.default_rng(3).integers(0, 8, size=300)
     responses = randomizer.randomize(items, strategy, rng=np.random.default_rng(4))
-    result = estimation.estimate(estimation.count_responses(responses, strategy), V)
+    result = estimation.estimate(ldp_reference.count_responses(responses, strategy), V)
     contributions = V[:, responses]  # p x N: what each user adds to each answer
     np.testing.assert_allclose(result.answers, contributions.sum(axis=1), rtol=1e-12)
     np.testing.assert_allclose(
@@ -826,12 +829,12 @@ ANALYSIS_ERRORS = [
         "W is not in the row space of Q",
     ),
     (
-        lambda: estimation.worst_case_variance(np.eye(4), RR4, np.eye(3)),
+        lambda: ldp_reference.worst_case_variance(np.eye(4), RR4, np.eye(3)),
         "V (shape (3, 3)) must have shape (4, 4)",
     ),
-    (lambda: estimation.worst_case_variance(np.eye(4), RR4, np.eye(4)), "V @ Q must equal W"),
+    (lambda: ldp_reference.worst_case_variance(np.eye(4), RR4, np.eye(4)), "V @ Q must equal W"),
     (
-        lambda: estimation.query_worst_case_variance(np.eye(4), RR4, np.eye(4)),
+        lambda: ldp_reference.query_worst_case_variance(np.eye(4), RR4, np.eye(4)),
         "V @ Q must equal W",
     ),
     (
@@ -946,13 +949,13 @@ PROTOCOL_ERRORS = [
         ),
         "Q has entries below 2^-61 (min 1e-20)",
     ),
-    (lambda: estimation.count_responses(np.array([4]), RR4), "responses must lie in [0, 4)"),
+    (lambda: ldp_reference.count_responses(np.array([4]), RR4), "responses must lie in [0, 4)"),
     (
-        lambda: estimation.count_responses(np.array([[0]]), RR4),
+        lambda: ldp_reference.count_responses(np.array([[0]]), RR4),
         "responses (shape (1, 1)) must be a 1-D",
     ),
-    (lambda: estimation.count_responses(np.array([0.5]), RR4), "must be integer indices"),
-    (lambda: estimation.count_responses(np.array([0]), RR4.Q), "strategy (ndarray) must be an"),
+    (lambda: ldp_reference.count_responses(np.array([0.5]), RR4), "must be integer indices"),
+    (lambda: ldp_reference.count_responses(np.array([0]), RR4.Q), "strategy (ndarray) must be an"),
     (
         lambda: estimation.estimate(np.ones((2, 2)), np.eye(2)),
         "response_counts (shape (2, 2)) must be",
@@ -1023,7 +1026,9 @@ def test_optimiser_time_limit_returns_a_valid_better_strategy(
     assert 1 <= stopped.details["steps"] <= 4
     objective = stopped.details["objective"]
     assert math.isfinite(objective) and objective < start.details["objective"]
-    assert estimation.average_case_variance(W, stopped) > 0  # reconstruction exists: W is supported
+    assert (
+        ldp_reference.average_case_variance(W, stopped) > 0
+    )  # reconstruction exists: W is supported
     np.testing.assert_allclose(estimation.reconstruction(W, stopped) @ stopped.Q, W, atol=1e-8)
     assert all(0.0 <= f <= 1.0 for f in fractions)
 
@@ -1076,11 +1081,11 @@ def test_optimiser_time_limit_validator() -> None:
 
 
 def test_predict_seconds_grows_with_size() -> None:
-    assert 0 < optimizer.predict_seconds(32) < optimizer.predict_seconds(256)
-    assert optimizer.predict_seconds(64, rows=512) > optimizer.predict_seconds(64)
-    assert optimizer.predict_seconds(64, iterations=0) == 0.0
-    assert optimizer.predict_seconds(64, iterations=10) < optimizer.predict_seconds(64)
+    assert 0 < ldp_reference.predict_seconds(32) < ldp_reference.predict_seconds(256)
+    assert ldp_reference.predict_seconds(64, rows=512) > ldp_reference.predict_seconds(64)
+    assert ldp_reference.predict_seconds(64, iterations=0) == 0.0
+    assert ldp_reference.predict_seconds(64, iterations=10) < ldp_reference.predict_seconds(64)
     with pytest.raises(ValueError, match=re.escape("n (0) must be")):
-        optimizer.predict_seconds(0)
+        ldp_reference.predict_seconds(0)
     with pytest.raises(ValueError, match=re.escape("rows (0) must be")):
-        optimizer.predict_seconds(4, rows=0)
+        ldp_reference.predict_seconds(4, rows=0)

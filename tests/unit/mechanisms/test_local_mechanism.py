@@ -30,6 +30,7 @@ from mechanisms.protocol import (
     StoredStrategy,
 )
 from mechanisms.workload import Workload, WorkloadItem
+from tests.reference import ldp as ldp_reference
 
 FAST = {"iterations": 60}
 
@@ -259,13 +260,13 @@ def test_strategy_protocol_members_equal_dense_computations() -> None:
     np.testing.assert_allclose(
         np.concatenate([answers[i.name] for i in MIXED.items]), matrix @ x, atol=1e-9
     )
-    worst = estimation.query_worst_case_variance(matrix, randomiser, V)
+    worst = ldp_reference.query_worst_case_variance(matrix, randomiser, V)
     per_item = [strategy.item_unit_variances(item, MIXED) for item in MIXED.items]
     np.testing.assert_allclose(np.concatenate(per_item), worst, rtol=1e-8, atol=1e-8)
     item = MIXED.items[0]
     rows = kron_dense(item.factors)
     assert strategy.item_unit_total(item, MIXED) == pytest.approx(
-        estimation.worst_case_variance(rows, randomiser), rel=1e-8
+        ldp_reference.worst_case_variance(rows, randomiser), rel=1e-8
     )
     assert strategy.support_residual(MIXED) < 1e-8
     assert strategy.num_queries == randomiser.num_outputs
@@ -297,10 +298,10 @@ def test_optimised_strategy_is_exactly_ldp_and_factorises_w(optimized) -> None:
     record = strategy.parameters
     assert strategy.fingerprint == randomizer.strategy_fingerprint(strategy.randomiser)
     assert record["worst_variance"] == pytest.approx(
-        estimation.worst_case_variance(W, strategy.randomiser)
+        ldp_reference.worst_case_variance(W, strategy.randomiser)
     )
     assert record["average_variance"] == pytest.approx(
-        estimation.average_case_variance(W, strategy.randomiser)
+        ldp_reference.average_case_variance(W, strategy.randomiser)
     )
     assert record["worst_variance"] < min(b["worst_variance"] for b in record["baselines"].values())
     assert record["worst_variance"] >= record["lower_bound"]
