@@ -119,9 +119,8 @@ class _Protected:
         accountant: Accountant,
         label: str,
     ) -> NoisyMeasurement:
-        """The privacy argument, in order (module docstring): sensitivity × contribution bound,
-        one calibrated noise mechanism, the accountant's charge, and only then ``answers()``,
-        noised locally by the production sampler or shard by shard."""
+        """Calibrate, charge, and only then compute ``answers()`` and noise them (locally or shard
+        by shard): the privacy argument's order (module docstring), for both choke points."""
         norm = 1 if noise_kind_for(target.measure) == "laplace" else 2
         sensitivity = strategy.sensitivity(norm=norm) * self.contribution_bound
         mechanism = calibrate(target=target, sensitivity=sensitivity, size=strategy.num_queries)
@@ -149,8 +148,7 @@ class _Protected:
             f"{type(self).__name__} holds confidential data and cannot be pickled or persisted"
         )
 
-    def __getstate__(self) -> Any:
-        return self.__reduce__()
+    __getstate__ = __reduce__
 
 
 def _noise_on_shards(

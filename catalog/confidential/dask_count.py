@@ -1,20 +1,11 @@
 """Counting on a Dask cluster: each worker counts its own Parquet files, the partials are summed.
 
-The same input checks and contribution bounding as ``source`` (its own functions), so
-``engine: dask`` and ``engine: local`` accept and refuse the same inputs and give exactly the
-same counts (integer sums in float64, exact below 2⁵³):
-
-* the driver lists the files, hashes the keyed fingerprint and checks every footer's schema
-  (no rows read), then submits one task per file;
-* a worker streams its file batch by batch (O(batch + cells) memory, so the cluster counts data
-  larger than its memory), bins numeric-bins columns per value (a float column then makes at
-  most one group per bin, not one per row), groups each batch with Arrow, encodes the groups
-  over the public domain and adds them to a partial cell vector (sparse while that is smaller)
-  or partial marginals; it returns the partial and *flags* (any rows, null person ids, nulls /
-  out-of-domain values per column), never raises on the data, so the driver raises exactly the
-  error the local path would, in the same order;
-* with ``on_out_of_domain: drop`` and no person column, hive partitions whose key is outside the
-  domain are pruned without being read (their rows would all be dropped).
+The same input checks and contribution bounding as ``source`` (its own functions), so ``engine:
+dask`` and ``engine: local`` accept and refuse the same inputs and give exactly the same counts
+(integer sums in float64, exact below 2⁵³).  The driver checks every footer (no row read) and
+submits one task per file; a worker streams its file (:func:`count_files`) and returns its partial
+counts and *flags*, never raising on the data, so the driver raises exactly the error the local
+path would, in the same order.
 
 Person-level bounding (``privacy_unit.person_column``) needs all rows of a person together.  This
 module does not shuffle: it refuses unless the spec declares ``privacy_unit.persons_colocated:
@@ -60,6 +51,7 @@ from catalog.confidential.source import (
     null_values_error,
     open_dataset,
     outside_domain_error,
+    protect,
     unreadable,
 )
 from catalog.engine import open_cluster
@@ -163,7 +155,7 @@ def count_cells_dask(
     """``source.count_cells`` on the cluster of ``spec.execution`` (or ``client``)."""
     check_runnable(spec)
     total, files, fingerprint = _count(spec, subsets=None, key=key, client=client)
-    protected = _protect(ProtectedCells, total, spec)
+    protected = protect(ProtectedCells, total, spec)
     return CountResult(cells=protected, input_fingerprint=fingerprint, files=files)
 
 
@@ -179,17 +171,8 @@ def count_marginals_dask(
     check_marginals_runnable(spec, subsets=subsets, output_rows=output_rows)
     axes = tuple(dict.fromkeys(tuple(int(a) for a in s) for s in subsets))
     tables, files, fingerprint = _count(spec, subsets=axes, key=key, client=client)
-    protected = _protect(ProtectedMarginals, tables, spec)
+    protected = protect(ProtectedMarginals, tables, spec)
     return MarginalCountResult(marginals=protected, input_fingerprint=fingerprint, files=files)
-
-
-def _protect(choke_point: Any, counts: Any, spec: ReleaseSpec) -> Any:
-    """The summed counts into the choke point (ProtectedCells or ProtectedMarginals)."""
-    return choke_point(
-        counts,
-        domain_shape=spec.domain_shape,
-        contribution_bound=spec.privacy_unit.contribution_bound,
-    )
 
 
 def check_colocated(spec: ReleaseSpec) -> None:
@@ -444,6 +427,3 @@ def _raise_input_problems(total: Partial, spec: ReleaseSpec) -> None:
                 raise null_values_error(name)
             if name in total.outside:
                 raise outside_domain_error(name, spec)
-
-
-__all__ = ["check_colocated", "count_cells_dask", "count_files", "count_marginals_dask"]

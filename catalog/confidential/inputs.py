@@ -11,14 +11,13 @@ key, never a plain hash of confidential files.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from catalog.confidential.responses import count_responses
 from catalog.errors import DataError
 from catalog.keys import CatalogKey
+from catalog.responses import PRIVACY_UNIT, PublishedStrategy, check_strategy_fits
 from catalog.spec.model import ReleaseSpec
-
-if TYPE_CHECKING:
-    from catalog.responses import PublishedStrategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,9 +81,6 @@ def ingest_responses(
     Privacy: reads ε-LDP responses only (true items never leave a device); nothing is charged
     here, so a bad file costs nothing.
     """
-    from catalog.confidential.responses import count_responses
-    from catalog.responses import PRIVACY_UNIT, check_strategy_fits
-
     if spec.dataset.source is None:
         raise DataError(
             "dataset.source is not set in the spec; a local-model release needs the responses"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from catalog.confidential.choke_point import ProtectedMarginals
-from catalog.confidential.source import read_and_encode
+from catalog.confidential.source import protect, read_and_encode
 from catalog.errors import SpecError
 from catalog.keys import CatalogKey
 from catalog.spec.limits import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES
@@ -88,9 +88,7 @@ def count_marginals(
     index = [axis_index[valid] for axis_index in encoded.index]
     shape = spec.domain_shape
     tables = project_marginals(index, encoded.counts[valid], shape=shape, subsets=subsets)
-    protected = ProtectedMarginals(
-        tables, domain_shape=shape, contribution_bound=spec.privacy_unit.contribution_bound
-    )
+    protected = protect(ProtectedMarginals, tables, spec)
     return MarginalCountResult(
         marginals=protected, input_fingerprint=input_fingerprint, files=files
     )

@@ -1,12 +1,9 @@
-"""Local-model files (``model: local``): the responses a release ingests, and simulated clients.
+"""Local-model files (``model: local``): the responses a release counts, and simulated clients.
 
-* :func:`count_responses` — the ingest of a responses release: every file is validated (Parquet,
-  an integer ``response`` column, no nulls, indices in ``[0, m)``, the fingerprint of the planned
-  strategy) and counted into ``y``; any failure is a :class:`~catalog.errors.DataError` naming the
-  file, column and rule (never a value or a count), before anything is charged.
-* :func:`simulate` — ``dprelease ldp simulate``: reads a Parquet of true items and plays the
-  clients, each randomising its own item (:func:`mechanisms.local.randomizer.randomize`); only the
-  randomised responses are written.
+:func:`count_responses` validates every responses file (Parquet, an integer ``response`` column, no
+nulls, indices in ``[0, m)``, the planned strategy's fingerprint) before anything is charged; a
+failure names the file, column and rule, never a value or a count.  :func:`simulate` plays the
+clients of ``dprelease ldp simulate``: only randomised responses are written.
 """
 
 from __future__ import annotations

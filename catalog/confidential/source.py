@@ -391,12 +391,17 @@ def count_cells(spec: ReleaseSpec, *, key: CatalogKey | None = None) -> CountRes
     valid = encoded.valid
     flat = np.ravel_multi_index(tuple(ix[valid] for ix in encoded.index), spec.domain_shape)
     cells = np.bincount(flat, weights=encoded.counts[valid], minlength=spec.num_cells)  # O(groups)
-    protected = ProtectedCells(
-        cells,
+    protected = protect(ProtectedCells, cells, spec)
+    return CountResult(cells=protected, input_fingerprint=input_fingerprint, files=files)
+
+
+def protect(choke_point: Any, counts: Any, spec: ReleaseSpec) -> Any:
+    """Counts into their choke point (``ProtectedCells`` or ``ProtectedMarginals``)."""
+    return choke_point(
+        counts,
         domain_shape=spec.domain_shape,
         contribution_bound=spec.privacy_unit.contribution_bound,
     )
-    return CountResult(cells=protected, input_fingerprint=input_fingerprint, files=files)
 
 
 def person_rows(persons: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:

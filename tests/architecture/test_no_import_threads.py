@@ -18,10 +18,7 @@ PACKAGES = ("mechanisms", "catalog", "tasks", "flows")
 THREAD_FACTORIES = {"Thread", "ThreadPoolExecutor", "start_new_thread", "Timer"}
 
 REVIEWED = {
-    (
-        "catalog/confidential/source.py",
-        1,
-    ): "hashes the input files (hashlib) while Arrow reads them",
+    ("catalog/confidential/source.py", 1): "hashes the input files while Arrow reads them",
     ("catalog/confidential/dask_count.py", 1): "hashes the input files while the cluster counts",
     ("mechanisms/compute_limits.py", 1): "runs one LAPACK call so the caller can be interrupted",
     ("mechanisms/noise.py", 1): "OpenDP noise shards (the sampler is imported before)",
