@@ -67,10 +67,6 @@ _DEVIATION_QUERY_CHUNK = 1 << 21
 _DP_BLOCK = 64
 
 
-# --------------------------------------------------------------------------------------------------
-# Validation helpers
-
-
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} ({value!r}) must be one of {allowed}")
@@ -89,10 +85,6 @@ def _readonly(array: np.ndarray) -> np.ndarray:
     array = np.array(array, copy=True)
     array.setflags(write=False)
     return array
-
-
-# --------------------------------------------------------------------------------------------------
-# Partitions and workloads
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -60,11 +60,6 @@ _SINGULAR_RCOND = 1e-12
 _SUPPORT_RTOL = 1e-8
 
 
-# ------------------------------------------------------------------------------------------------
-# Value types
-# ------------------------------------------------------------------------------------------------
-
-
 def _frozen_array(values: np.ndarray, dtype: type = np.float64) -> np.ndarray:
     array = np.array(values, dtype=dtype, copy=True)
     array.flags.writeable = False
@@ -190,11 +185,6 @@ class EigenDesignStrategy:
         object.__setattr__(self, "column_of_cell", _frozen_array(self.column_of_cell, np.intp))
 
 
-# ------------------------------------------------------------------------------------------------
-# Validation
-# ------------------------------------------------------------------------------------------------
-
-
 def _check_positive_int(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise ValueError(f"{name} ({value}) must be an integer >= 1")
@@ -261,7 +251,7 @@ def minimize_workload(
 
 
 # ------------------------------------------------------------------------------------------------
-# Sensitivity and total error (for P = 1)
+# trace(G (A^T A)^+): the total error for P = 1
 # ------------------------------------------------------------------------------------------------
 
 

@@ -804,11 +804,6 @@ def best_append_scale(
     return float(candidates[int(np.argmin(totals))])
 
 
-# --------------------------------------------------------------------------------------------
-# Validation helpers
-# --------------------------------------------------------------------------------------------
-
-
 def _finite_matrix(matrix: np.ndarray, name: str) -> np.ndarray:
     values = np.array(matrix, dtype=np.float64, copy=True)
     if values.ndim != 2 or values.size == 0:
