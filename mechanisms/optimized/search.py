@@ -23,7 +23,7 @@ Templates (each returns a strategy of sensitivity 1):
   :mod:`mechanisms.marginal_strategies`); works for any terms, not only marginal workloads.
 
 :func:`optimize_workload` tries the Kronecker and marginals templates and keeps the lower error;
-:func:`mechanisms.lower_bound.svd_bound_terms` is the matching lower bound.
+:func:`mechanisms.lower_bound.svd_bound` is the matching lower bound.
 
 *Privacy*: nothing here touches data or consumes budget; strategies are public and may be cached.
 The strategy's ``sensitivity`` is what a mechanism must calibrate noise to (times the dataset's
