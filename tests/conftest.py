@@ -67,7 +67,49 @@ def _group(item: pytest.Item) -> str | None:
     return None
 
 
+# --- the fast tier: pytest tests/unit tests/architecture -m fast (README).  ``services`` marks a
+# test that needs a server process: the Prefect test server, PostgreSQL, a Dask cluster, or one its
+# module starts itself; ``slow`` one of the few pure-code tests of several seconds; ``fast`` what is
+# left of tests/unit and tests/architecture (no flow, statistical, services or slow mark).
+SERVICE_FIXTURES = frozenset({"prefect_harness", "postgres_server", "dask_address"})
+SERVICE_MODULES = frozenset(
+    {
+        "tests/unit/catalog/test_validation_service.py",  # the GX validation service
+        "tests/unit/catalog/test_engine.py",  # local Dask clusters
+        "tests/unit/test_pg_server.py",  # PostgreSQL
+    }
+)
+
+SLOW = (  # nodeid prefixes
+    "tests/unit/catalog/test_validation_batches.py",  # Great Expectations suites
+    "tests/unit/catalog/test_validation_intervals.py",
+    "tests/unit/catalog/test_pgm_release.py",  # releases, then synthetic data
+    "tests/unit/catalog/test_artifacts.py",  # a release built once for the module
+    "tests/unit/mechanisms/test_gram.py::test_eigen_design_plans_all_ranges_of_2048_cells",
+    "tests/unit/test_ldp.py::test_optimizer_prefix_128_beats_the_reference_code",
+)
+FAST_PATHS = ("tests/unit/", "tests/architecture/")
+
+
+def _needs_services(item: pytest.Item) -> bool:
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is not None and SERVICE_FIXTURES & set(fixtures.names_closure):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("catalog_url") == "postgresql":
+        return True
+    return item.nodeid.split("::", 1)[0] in SERVICE_MODULES
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _needs_services(item):
+            item.add_marker(pytest.mark.services)
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+        marked = {"flow", "statistical", "services", "slow"} & {m.name for m in item.iter_markers()}
+        if item.nodeid.startswith(FAST_PATHS) and not marked:
+            item.add_marker(pytest.mark.fast)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # a serial run keeps the collection order
     for item in items:
