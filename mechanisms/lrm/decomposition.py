@@ -138,17 +138,6 @@ class LowRankDecomposition:
         object.__setattr__(self, "sensitivity_l1", actual)
         object.__setattr__(self, "bias_sq", float(self.bias_sq))
 
-    @property
-    def query_scale(self) -> float:
-        """``Φ(B, L) = ‖B‖²_F`` (Definition 1)."""
-        return float(np.sum(self.B * self.B))
-
-    @property
-    def unit_noise_error(self) -> float:
-        """``Δ(L)²·‖B‖²_F``: total noise variance over the m answers per unit noise variance per
-        unit data sensitivity (times ``2/ε²`` for the Laplace release; no bias). O(mr)."""
-        return self.sensitivity_l1**2 * self.query_scale
-
 
 def _project_rows(rows: np.ndarray, radius: float, *, limit: WorkLimit | None = None) -> np.ndarray:
     """Project every row of a C-contiguous (n, r) array onto the L1 ball. O(n r log r).
@@ -300,7 +289,8 @@ def decompose(
     >>> decomposition = decompose(W, rng=np.random.default_rng(0))
     >>> decomposition.rank, decomposition.converged
     (4, True)
-    >>> round(2 * decomposition.unit_noise_error + decomposition.bias_sq, 1)  # ε = 1
+    >>> noise = 2 * decomposition.sensitivity_l1**2 * float(np.sum(decomposition.B**2))  # ε = 1
+    >>> round(noise + decomposition.bias_sq, 1)
     38.0
     """
     limit = WorkLimit(time_limit=time_limit)

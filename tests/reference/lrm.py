@@ -118,7 +118,7 @@ def expected_total_error(
     if not (math.isfinite(data_norm_sq) and data_norm_sq >= 0):
         raise ValueError(f"data_norm_sq ({data_norm_sq}) must be finite and >= 0")
     scale = data_sensitivity * l1_sensitivity(decomposition.L) / epsilon
-    variance = 2.0 * scale * scale * decomposition.query_scale
+    variance = 2.0 * scale * scale * query_scale(decomposition)
     residual = workload - decomposition.B @ decomposition.L  # O(mnr)
     return float(variance + float(np.sum(residual * residual)) * data_norm_sq)
 
@@ -249,3 +249,14 @@ def _check_matching(workload: np.ndarray, decomposition: LowRankDecomposition) -
         raise ValueError(
             f"W has shape {workload.shape} but the decomposition answers shape {expected}"
         )
+
+
+def query_scale(decomposition: LowRankDecomposition) -> float:
+    """``Φ(B, L) = ‖B‖²_F`` (Definition 1)."""
+    return float(np.sum(decomposition.B * decomposition.B))
+
+
+def unit_noise_error(decomposition: LowRankDecomposition) -> float:
+    """``Δ(L)²·‖B‖²_F``: total noise variance over the m answers per unit noise variance per unit
+    data sensitivity (times ``2/ε²`` for the Laplace release; no bias). O(mr)."""
+    return decomposition.sensitivity_l1**2 * query_scale(decomposition)

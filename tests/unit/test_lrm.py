@@ -50,7 +50,9 @@ from tests.reference.lrm import (
     measure,
     noise_on_data_error,
     project_columns_to_l1_ball,
+    query_scale,
     query_variances,
+    unit_noise_error,
     wdiscrete_workload,
     workload_rank,
     wrange_workload,
@@ -128,7 +130,7 @@ def test_example_2_decompositions(
     np.testing.assert_allclose(B @ L, EXAMPLE_2_W, atol=1e-15)
     decomposition = exact(B, L)
     assert decomposition.sensitivity_l1 == pytest.approx(1.0, rel=1e-15)
-    assert decomposition.query_scale == pytest.approx(total / 2)
+    assert query_scale(decomposition) == pytest.approx(total / 2)
     for epsilon in (1.0, 0.1):
         np.testing.assert_allclose(
             query_variances(decomposition, epsilon=epsilon), np.array(variances) / epsilon**2
@@ -194,7 +196,7 @@ def test_lemma_3_construction_attains_upper_bound() -> None:
     decomposition = exact(left * singular * math.sqrt(k), right_t / math.sqrt(k))
     np.testing.assert_allclose(decomposition.B @ decomposition.L, EXAMPLE_2_W, atol=1e-12)
     assert decomposition.sensitivity_l1 <= 1.0
-    assert decomposition.query_scale * 2 == pytest.approx(error_bounds(EXAMPLE_2_W, epsilon=1)[1])
+    assert query_scale(decomposition) * 2 == pytest.approx(error_bounds(EXAMPLE_2_W, epsilon=1)[1])
 
 
 # --------------------------------------------------------------------------------------------
@@ -804,11 +806,11 @@ def test_stopped_result_completes_a_partial_iterate() -> None:
     assert decomposition.rank == 1 + 16 and decomposition.iterations == 3
     _exact_and_feasible(W, decomposition)
     a, b = 3 * 0.81, 0.01 * 48
-    assert decomposition.unit_noise_error <= (a ** (1 / 3) + b ** (1 / 3)) ** 3 * (1 + 1e-12)
-    assert decomposition.unit_noise_error < 48.0 / 4
+    assert unit_noise_error(decomposition) <= (a ** (1 / 3) + b ** (1 / 3)) ** 3 * (1 + 1e-12)
+    assert unit_noise_error(decomposition) < 48.0 / 4
     # An iterate already within γ is returned as it is.
     close = _stopped_result(W, [(np.ones((3, 1)), factor_lt)], gamma=0.01, iterations=1)
-    assert close.rank == 1 and close.unit_noise_error == pytest.approx(3.0)
+    assert close.rank == 1 and unit_noise_error(close) == pytest.approx(3.0)
     # An iterate whose completion is worse than noise on data loses to it.
     poor = _stopped_result(W, [(np.full((3, 1), 1e-3), factor_lt)], gamma=0.01, iterations=1)
     np.testing.assert_array_equal(poor.L, np.eye(16))
