@@ -45,6 +45,8 @@ DATA_READERS = {
     "ParquetDataset",
     "read_parquet",
     "read_feather",
+    "read_csv",
+    "read_json",
     "dataset",
     "parquet_dataset",
     "open_file",
