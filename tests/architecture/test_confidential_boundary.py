@@ -14,10 +14,11 @@ Checked by parsing every production module (``flows/``, ``tasks/``, ``catalog/``
    charges the ledger before calling them).  Outside those two modules nothing calls a sampler
    (``.add_laplace``, ``.add_gaussian``, ``.apply(..., sampler=...)``).
 
-The local model's randomiser (``mechanisms.ldp.randomize``) is client code that is public by
-design: it plays the respondent's device, which randomises its own item with the device's
-``rng`` before anything is sent, so it is the local model's noise and never touches the central
-sampler or a confidential count.  It draws no central noise and is not an exception here.
+The local model's randomiser (``mechanisms.local.randomizer.randomize``) is client code, public
+by design: it plays the respondent's device, which randomises its own item with the device's own
+``rng`` (``rng.integers``) before anything is sent.  That is the local model's noise, not the
+central sampler, and it never sees a confidential count, so it needs no exception here; the only
+code that feeds it true items (``dprelease ldp simulate``) is inside ``catalog/confidential/``.
 
 Exceptions are listed below, each by (module, enclosing function or call) with its reason.
 """
