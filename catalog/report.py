@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from catalog.report_charts import Axis, bars, chart_for, step_band, table_model
+from catalog.report_charts import Axis, chart_for, table_model, value_chart
 
 PAGE_ROWS = 25
 WHOLE_FROM = 999.95  # shown as whole numbers from here (where four significant digits reach 1000)
@@ -50,7 +50,8 @@ def error_plot(plan: dict[str, Any]) -> str:
     values = np.array([float(c["rmse"]) for c in scored])
     missing = np.full(values.shape, np.nan)
     bound = plan.get("lower_bound_rmse")
-    return bars(
+    return value_chart(
+        "bars",
         [("* " if c["mechanism"] == plan["chosen"] else "") + c["mechanism"] for c in scored],
         values,
         missing,
@@ -678,7 +679,8 @@ def _partition_plot(boundaries: list[int]) -> str:
     sizes = np.diff(edges).astype(float)
     missing = np.full(sizes.shape, np.nan)
     labels = [f"{lo}–{hi - 1}" for lo, hi in itertools.pairwise(edges.tolist())]
-    return bars(
+    return value_chart(
+        "bars",
         labels,
         sizes,
         missing,
@@ -717,7 +719,8 @@ def budget_timeline_plot(
         + str(row["created_at"])[5:16].replace("T", " ")
         for row in ledger_rows
     ]
-    return step_band(
+    return value_chart(
+        "step",
         labels,
         cumulative,
         missing,

@@ -97,18 +97,20 @@ def chart_for(table: pa.Table, *, title: str) -> Chart:
     low, high = _values(table, "ci_low"), _values(table, "ci_high")
     axes = table_model(table)
     if not axes:
-        return Chart(kind="bars", svg=bars([title], estimate, low, high, x_title=""), note="")
+        return Chart(
+            kind="bars", svg=value_chart("bars", [title], estimate, low, high, x_title=""), note=""
+        )
     if len(axes) == 1:
         axis = axes[0]
         labels = axis_labels(table, axis)
         if axis.kind == "cumulative":
-            svg = step_band(labels, estimate, low, high, x_title=f"{axis.name} ≤")
+            svg = value_chart("step", labels, estimate, low, high, x_title=f"{axis.name} ≤")
             return Chart(kind="step", svg=svg, note="cumulative estimates with 95% band")
         if axis.kind == "range":
             return _range_chart(table, axis, estimate, low, high)
         if table.num_rows > MAX_BARS:
             return Chart(kind="none", svg="", note=f"{table.num_rows:,} rows: too many to chart")
-        svg = bars(labels, estimate, low, high, x_title=axis.name)
+        svg = value_chart("bars", labels, estimate, low, high, x_title=axis.name)
         return Chart(kind="bars", svg=svg, note="estimates with 95% intervals")
     grid = _grid(table, axes)
     if grid is None:
@@ -136,7 +138,8 @@ def _range_chart(
     first = np.flatnonzero(np.asarray(lows, dtype=object) == lows[0])
     if first.size >= 3:
         uppers = [_label(v) for v in table[axis.columns[1]].take(pa.array(first)).to_pylist()]
-        svg = step_band(
+        svg = value_chart(
+            "step",
             uppers,
             estimate[first],
             low[first],
@@ -152,7 +155,7 @@ def _range_chart(
     if table.num_rows > MAX_BARS:
         return Chart(kind="none", svg="", note=f"{table.num_rows:,} ranges: too many to chart")
     labels = axis_labels(table, axis)
-    svg = bars(labels, estimate, low, high, x_title=f"{axis.name} range")
+    svg = value_chart("bars", labels, estimate, low, high, x_title=f"{axis.name} range")
     return Chart(kind="bars", svg=svg, note="estimates with 95% intervals")
 
 
@@ -293,18 +296,23 @@ Reference = tuple[float, str]
 """A dashed horizontal line at a value, with its label (a bound, a cap)."""
 
 
-def _value_frame(
+def value_chart(
+    style: str,
     labels: list[str],
     estimate: np.ndarray,
     low: np.ndarray,
     high: np.ndarray,
     *,
+    x_title: str,
     y_title: str = "estimate",
     reference: Reference | None = None,
-) -> tuple[int, dict[str, float], list[str], Any]:
-    """Height, plot frame, drawn value axis (and reference line) and value→y map of a chart."""
+) -> str:
+    """Bars from zero with a 95% interval whisker each (none where the row claims no interval),
+    or (style "step") a step curve of the estimates with the 95% interval as a shaded band. O(rows).
+    """
     bottom = _bottom(labels, 70, 12)
-    frame = _frame(190 + bottom, left=70, bottom=bottom)
+    height = 190 + bottom
+    frame = _frame(height, left=70, bottom=bottom)
     extra = np.array([reference[0] if reference is not None else np.nan])
     parts, y = _y_axis(frame, _y_range(estimate, low, np.concatenate([high, extra])), y_title)
     if reference is not None:
@@ -315,25 +323,34 @@ def _value_frame(
             f"y2='{yy:.1f}'/><text class='ref' x='{frame['x1'] - 4}' y='{yy - 4:.1f}' "
             f"text-anchor='end'>{html.escape(label)}</text>"
         )
-    return 190 + bottom, frame, parts, y
-
-
-def bars(
-    labels: list[str],
-    estimate: np.ndarray,
-    low: np.ndarray,
-    high: np.ndarray,
-    *,
-    x_title: str,
-    y_title: str = "estimate",
-    reference: Reference | None = None,
-) -> str:
-    """Bars from zero with a 95% interval whisker each (none where the row claims no interval)."""
-    height, frame, parts, y = _value_frame(
-        labels, estimate, low, high, y_title=y_title, reference=reference
-    )
     count = len(labels)
     slot = (frame["x1"] - frame["x0"]) / count
+    if style == "step":
+        edges = frame["x0"] + slot * np.arange(count + 1)
+        ok = np.isfinite(estimate)
+        lo = np.where(np.isfinite(low) & ok, low, estimate)
+        hi = np.where(np.isfinite(high) & ok, high, estimate)
+
+        def steps(values: np.ndarray) -> list[tuple[float, float]]:
+            points = []
+            for k in range(count):
+                yy = float(y(values[k])) if math.isfinite(values[k]) else float(y(0.0))
+                points += [(edges[k], yy), (edges[k + 1], yy)]
+            return points
+
+        band = steps(hi) + steps(lo)[::-1]
+        parts.append(
+            "<path class='band' d='M"
+            + "L".join(f"{x:.1f} {yy:.1f}" for x, yy in band)
+            + "Z'><title>95% interval</title></path>"
+        )
+        parts.append(
+            "<path class='line' d='M"
+            + "L".join(f"{x:.1f} {yy:.1f}" for x, yy in steps(estimate))
+            + "'/>"
+        )
+        parts += _x_labels(frame, labels, lambda k: edges[k] + slot / 2, x_title)
+        return _svg(height, parts, f"step curve of estimates by {x_title}")
 
     def centre(k: int) -> float:
         return frame["x0"] + (k + 0.5) * slot
@@ -365,50 +382,6 @@ def bars(
     )
     parts += _x_labels(frame, labels, centre, x_title)
     return _svg(height, parts, f"bar chart of estimates by {x_title}")
-
-
-def step_band(
-    labels: list[str],
-    estimate: np.ndarray,
-    low: np.ndarray,
-    high: np.ndarray,
-    *,
-    x_title: str,
-    y_title: str = "estimate",
-    reference: Reference | None = None,
-) -> str:
-    """A step curve of the estimates with the 95% interval as a shaded band. O(rows)."""
-    height, frame, parts, y = _value_frame(
-        labels, estimate, low, high, y_title=y_title, reference=reference
-    )
-    count = len(labels)
-    slot = (frame["x1"] - frame["x0"]) / count
-    edges = frame["x0"] + slot * np.arange(count + 1)
-    ok = np.isfinite(estimate)
-    lo = np.where(np.isfinite(low) & ok, low, estimate)
-    hi = np.where(np.isfinite(high) & ok, high, estimate)
-
-    def steps(values: np.ndarray) -> list[tuple[float, float]]:
-        points = []
-        for k in range(count):
-            yy = float(y(values[k])) if math.isfinite(values[k]) else float(y(0.0))
-            points += [(edges[k], yy), (edges[k + 1], yy)]
-        return points
-
-    upper, lower = steps(hi), steps(lo)
-    band = upper + lower[::-1]
-    parts.append(
-        "<path class='band' d='M"
-        + "L".join(f"{x:.1f} {yy:.1f}" for x, yy in band)
-        + "Z'><title>95% interval</title></path>"
-    )
-    parts.append(
-        "<path class='line' d='M"
-        + "L".join(f"{x:.1f} {yy:.1f}" for x, yy in steps(estimate))
-        + "'/>"
-    )
-    parts += _x_labels(frame, labels, lambda k: edges[k] + slot / 2, x_title)
-    return _svg(height, parts, f"step curve of estimates by {x_title}")
 
 
 def _colours(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
