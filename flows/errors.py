@@ -83,7 +83,7 @@ class Failure:
 
     title: str  # what failed
     hint: str  # what to do
-    exit_code: int
+    exit_code: int = EXIT_USER
 
 
 class Refused(DprReleaseError):
@@ -104,7 +104,6 @@ _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
             title="invalid release spec",
             hint="fix the spec and run again; `dprelease plan SPEC` checks a spec without "
             "reading any data",
-            exit_code=EXIT_USER,
         ),
     ),
     (
@@ -113,7 +112,6 @@ _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
             title="the input data does not fit the spec",
             hint="fix the data, or the spec's domain and privacy unit (out-of-domain rows can be "
             "dropped with on_out_of_domain: drop), then run again",
-            exit_code=EXIT_USER,
         ),
     ),
     (
@@ -122,7 +120,6 @@ _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
             title="privacy budget exceeded",
             hint="see `dprelease budget DATASET`; ask for less (a lower epsilon or rho) or use a "
             "dataset whose budget allows it",
-            exit_code=EXIT_USER,
         ),
     ),
     (
@@ -130,7 +127,6 @@ _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
         Failure(
             title="privacy accounting refused the request",
             hint="check the spec's privacy and dataset.budget sections (same measure, valid values)",
-            exit_code=EXIT_USER,
         ),
     ),
     (
@@ -157,16 +153,11 @@ _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
             hint="nothing was read or charged; run on a machine with more memory (or set "
             "DPRELEASE_MEMORY_LIMIT if the limit is wrong), or narrow the workload; "
             "`dprelease plan SPEC` shows each stage's predicted memory",
-            exit_code=EXIT_USER,
         ),
     ),
     (
         SettingError,
-        Failure(
-            title="invalid setting",
-            hint="fix or unset the environment variable named above",
-            exit_code=EXIT_USER,
-        ),
+        Failure(title="invalid setting", hint="fix or unset the environment variable named above"),
     ),
     (
         StageTimeLimitExceeded,
@@ -183,26 +174,22 @@ _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
             title="the catalog refused the operation",
             hint="see `dprelease releases` for each release's status; the reason above names "
             "the release, dataset or setting refused and what to change",
-            exit_code=EXIT_USER,
         ),
     ),
-    (
-        DprReleaseError,
-        Failure(title="dprelease refused", hint="fix the input named above", exit_code=EXIT_USER),
-    ),
+    (DprReleaseError, Failure(title="dprelease refused", hint="fix the input named above")),
 )
+
 
 _PATH_ERROR = Failure(
     title="a path cannot be used",
     hint="check that the path exists and that you may read or write it",
-    exit_code=EXIT_USER,
 )
 
 
 def classify(exc: BaseException) -> Failure | None:
     """The user-facing report of ``exc``; None for an internal error."""
     if isinstance(exc, Refused):
-        return Failure(title=exc.title, hint=exc.hint, exit_code=EXIT_USER)
+        return Failure(title=exc.title, hint=exc.hint)
     for kind, failure in _USER_ERRORS:
         if isinstance(exc, kind):
             return failure

@@ -25,14 +25,16 @@ from catalog.ledger.store import Catalog, SkippedRelease
 from flows.notify import notify_reviewers_task
 from flows.server import state_home
 from flows.watchdog import RunWatchdog, stage_timeout_seconds
-from tasks.ingest import ingest_task
-from tasks.load_spec import load_spec_task
-from tasks.measure import measure_task
-from tasks.plan import plan_task
-from tasks.reconstruct import reconstruct_task
-from tasks.register import register_task
-from tasks.stage import stage_task
-from tasks.validate import validate_task
+from tasks.stages import (
+    ingest_task,
+    load_spec_task,
+    measure_task,
+    plan_task,
+    reconstruct_task,
+    register_task,
+    stage_task,
+    validate_task,
+)
 
 
 @flow(name="release", log_prints=False, validate_parameters=True)
@@ -55,88 +57,57 @@ def release_flow(
     ``engine``/``address``, when given, replace the spec's ``execution`` (the CLI wins).
     """
     catalog_url = catalog_url or default_url()
-    watchdog = RunWatchdog(home=state_home(), spec=spec_path, limit_seconds=stage_timeout_seconds())
-    with watchdog:
-        return _run_stages(
-            watchdog,
-            spec_path,
-            out_dir,
-            catalog_url,
-            source_override,
-            engine,
-            address,
-            on_unchanged,
-        )
-
-
-def _run_stages(
-    watchdog: RunWatchdog,
-    spec_path: str,
-    out_dir: str,
-    catalog_url: str,
-    source_override: str | None,
-    engine: Literal["local", "dask"] | None,
-    address: str | None,
-    on_unchanged: Literal["skip", "release"],
-) -> release.StagedRelease | SkippedRelease:
-    """The pipeline, each stage under the watchdog's time limit (flows.watchdog)."""
-    with watchdog.stage("load-spec"):
-        loaded = load_spec_task(spec_path, source_override)
-        spec = with_execution(loaded, engine=engine, address=address)
-    with watchdog.stage("plan"):
-        plan = plan_task(spec)
-    release_id = release.new_release_id(spec)
-    directory = release.release_directory(out_dir, release_id)
-    with watchdog.stage("register"):
-        spent_before = register_task(
-            spec, plan, catalog_url, release_id, str(directory), on_unchanged
-        )
-    if isinstance(spent_before, SkippedRelease):
-        return spent_before  # nothing read, nothing charged
-    watchdog.set_release(release_id)
-    watchdog.on_stop = lambda reason: release.mark_stopped(
-        Catalog(catalog_url), release_id, directory, status="failed"
-    )
-    try:
-        with watchdog.stage("ingest"):
-            ingested = ingest_task(spec, plan, catalog_url)
-        with watchdog.stage("measure"):
-            measurement = measure_task(ingested, spec, plan, catalog_url, release_id)
-        with watchdog.stage("reconstruct"):
-            tables = reconstruct_task(spec, plan, measurement)
-        with watchdog.stage("validate"):
-            validation = validate_task(tables, plan, str(directory))
-        with watchdog.stage("stage"):
-            staged = stage_task(
-                spec,
-                plan,
-                release_id,
-                str(directory),
-                ingested,
-                measurement,
-                tables,
-                validation,
-                spent_before,
-                catalog_url,
+    limit = stage_timeout_seconds()
+    # each stage under the watchdog's time limit (flows.watchdog)
+    with RunWatchdog(home=state_home(), spec=spec_path, limit_seconds=limit) as watchdog:
+        with watchdog.stage("load-spec"):
+            loaded = load_spec_task(spec_path, source_override)
+            spec = with_execution(loaded, engine=engine, address=address)
+        with watchdog.stage("plan"):
+            plan = plan_task(spec)
+        release_id = release.new_release_id(spec)
+        directory = release.release_directory(out_dir, release_id)
+        with watchdog.stage("register"):
+            spent_before = register_task(
+                spec, plan, catalog_url, release_id, str(directory), on_unchanged
             )
-        with watchdog.stage("notify"):
-            notify_reviewers_task(catalog_url, staged.release_id)  # review.notify; never raises
-        return staged
-    except KeyboardInterrupt:
-        release.mark_stopped(Catalog(catalog_url), release_id, directory, status="aborted")
-        raise
-    except BaseException:
-        release.mark_stopped(Catalog(catalog_url), release_id, directory, status="failed")
-        raise
-
-
-def release_flow_on(address: str | None) -> Flow:
-    """The release flow with its fan-out tasks on the Dask cluster at ``address`` (None: local)."""
-    if address is None:
-        return release_flow
-    from prefect_dask import DaskTaskRunner
-
-    return release_flow.with_options(task_runner=DaskTaskRunner(address=address))
+        if isinstance(spent_before, SkippedRelease):
+            return spent_before  # nothing read, nothing charged
+        watchdog.set_release(release_id)
+        watchdog.on_stop = lambda reason: release.mark_stopped(
+            Catalog(catalog_url), release_id, directory, status="failed"
+        )
+        try:
+            with watchdog.stage("ingest"):
+                ingested = ingest_task(spec, plan, catalog_url)
+            with watchdog.stage("measure"):
+                measurement = measure_task(ingested, spec, plan, catalog_url, release_id)
+            with watchdog.stage("reconstruct"):
+                tables = reconstruct_task(spec, plan, measurement)
+            with watchdog.stage("validate"):
+                validation = validate_task(tables, plan, str(directory))
+            with watchdog.stage("stage"):
+                staged = stage_task(
+                    spec,
+                    plan,
+                    release_id,
+                    str(directory),
+                    ingested,
+                    measurement,
+                    tables,
+                    validation,
+                    spent_before,
+                    catalog_url,
+                )
+            with watchdog.stage("notify"):
+                notify_reviewers_task(catalog_url, staged.release_id)  # review.notify; never raises
+            return staged
+        except KeyboardInterrupt:
+            release.mark_stopped(Catalog(catalog_url), release_id, directory, status="aborted")
+            raise
+        except BaseException:
+            release.mark_stopped(Catalog(catalog_url), release_id, directory, status="failed")
+            raise
 
 
 def run_release(
@@ -154,7 +125,12 @@ def run_release(
     """
     with open_cluster(execution) as client:
         address = None if client is None else str(client.scheduler.address)
-        return release_flow_on(address)(
+        flow: Flow = release_flow
+        if address is not None:  # fan-out tasks on the run's Dask cluster
+            from prefect_dask import DaskTaskRunner
+
+            flow = release_flow.with_options(task_runner=DaskTaskRunner(address=address))
+        return flow(
             spec_path=spec_path,
             out_dir=out_dir,
             catalog_url=catalog_url,

@@ -138,7 +138,6 @@ class ServerStatus:
         }
 
 
-# --- locations and settings -----------------------------------------------------------------------
 def state_home() -> Path:
     """``$DPRELEASE_HOME`` (default ``./.dprelease``), created."""
     home = Path(os.environ.get("DPRELEASE_HOME", ".dprelease")).resolve()
@@ -189,29 +188,13 @@ def configured_api_url() -> str | None:
     return None
 
 
-def _cache_dir() -> Path:
-    explicit = os.environ.get("DPRELEASE_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dprelease"
-
-
 def _template_db() -> Path:
-    return _cache_dir() / f"prefect-{prefect_version()}.db"
+    cache: str | Path | None = os.environ.get("DPRELEASE_CACHE_DIR")
+    if not cache:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dprelease"
+    return Path(cache) / f"prefect-{prefect_version()}.db"
 
 
-def _uses_default_database() -> bool:
-    return not any(
-        os.environ.get(name)
-        for name in (
-            "PREFECT_SERVER_DATABASE_CONNECTION_URL",
-            "PREFECT_API_DATABASE_CONNECTION_URL",
-        )
-    )
-
-
-# --- server.json and the lock ---------------------------------------------------------------------
 def read_record(home: Path | None = None) -> ServerRecord | None:
     path = (home or state_home()) / SERVER_FILE
     try:
@@ -219,15 +202,9 @@ def read_record(home: Path | None = None) -> ServerRecord | None:
         return ServerRecord(**data)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError):
-        return _unreadable_record(path)
-
-
-def _unreadable_record(path: Path) -> None:
-    """A half-written or foreign ``server.json`` says nothing usable: it is removed."""
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    return None
+    except (OSError, ValueError, TypeError):  # half-written or foreign: says nothing usable
+        path.unlink(missing_ok=True)
+        return None
 
 
 def _write_record(home: Path, record: ServerRecord) -> None:
@@ -241,15 +218,12 @@ def _remove_record(home: Path, pid: int) -> None:
     """Remove ``server.json`` if it still describes the server led by ``pid``."""
     current = read_record(home)
     if current is not None and current.pid == pid:
-        with contextlib.suppress(FileNotFoundError):
-            (home / SERVER_FILE).unlink()
+        (home / SERVER_FILE).unlink(missing_ok=True)
 
 
 def touch(home: Path | None = None) -> None:
     """Record a use of the server (the idle clock restarts)."""
-    path = (home or state_home()) / LAST_USED_FILE
-    path.touch()
-    os.utime(path)
+    ((home or state_home()) / LAST_USED_FILE).touch()
 
 
 def _last_used(home: Path) -> float | None:
@@ -287,7 +261,6 @@ def _locked(home: Path, *, timeout: float, blocking: bool = True) -> Iterator[bo
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-# --- processes --------------------------------------------------------------------------------------
 def group_members(pgid: int) -> list[int]:
     """Live processes of process group ``pgid`` (Linux ``/proc``; elsewhere the leader if alive)."""
     if not procfs_available():  # pragma: no cover - no procfs
@@ -338,7 +311,6 @@ def _signal_group(pgid: int, members: list[int], signum: int) -> None:
                 os.kill(pid, signum)
 
 
-# --- health -----------------------------------------------------------------------------------------
 def healthy(url: str, *, timeout: float = HEALTH_REQUEST_SECONDS) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
@@ -365,7 +337,6 @@ def _started_seconds_ago(record: ServerRecord) -> float:
     return (datetime.now(UTC) - started).total_seconds()
 
 
-# --- connect: find or start -------------------------------------------------------------------------
 @dataclass
 class Connection:
     """A started or found server; ``wait()`` blocks until it is healthy (bounded)."""
@@ -480,7 +451,11 @@ def _free_port() -> int:
 def _start(home: Path) -> Connection:
     phome = prefect_home()
     phome.mkdir(parents=True, exist_ok=True)
-    fresh_db = _uses_default_database() and not (phome / "prefect.db").exists()
+    database_urls = (
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+        "PREFECT_API_DATABASE_CONNECTION_URL",
+    )
+    fresh_db = not any(map(os.environ.get, database_urls)) and not (phome / "prefect.db").exists()
     if fresh_db and _restore_template(phome / "prefect.db"):
         fresh_db = False
     logs = home / "logs"
@@ -490,18 +465,8 @@ def _start(home: Path) -> Connection:
         os.replace(log, log.with_suffix(".log.old"))
     port = _free_port()
     idle = idle_seconds()
-    command = [
-        sys.executable,
-        "-m",
-        "flows.server",
-        "supervise",
-        "--port",
-        str(port),
-        "--home",
-        str(home),
-        "--idle-seconds",
-        repr(idle),
-    ]
+    command = [sys.executable, "-m", "flows.server", "supervise", "--port", str(port)]
+    command += ["--home", str(home), "--idle-seconds", repr(idle)]
     env = {
         **os.environ,
         "PREFECT_HOME": str(phome),
@@ -515,7 +480,7 @@ def _start(home: Path) -> Connection:
         "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
         "PREFECT_SERVER_LOGGING_LEVEL": os.environ.get("PREFECT_SERVER_LOGGING_LEVEL", "WARNING"),
         "PYTHONPATH": os.pathsep.join(
-            p for p in (_project_root(), os.environ.get("PYTHONPATH")) if p
+            p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p
         ),
     }
     env.pop("PREFECT_API_URL", None)
@@ -552,10 +517,6 @@ def _start(home: Path) -> Connection:
     return Connection(
         record=record, url=record.url, started=True, _home=home, _pending=True, _fresh_db=fresh_db
     )
-
-
-def _project_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
 
 
 def _restore_template(target: Path) -> bool:
@@ -630,7 +591,6 @@ def prepare_template() -> tuple[Path, bool]:
     return template, True
 
 
-# --- status and stop --------------------------------------------------------------------------------
 def status() -> ServerStatus:
     configured = os.environ.get("PREFECT_API_URL")
     if configured:
@@ -703,7 +663,6 @@ def keep_alive(home: Path | None = None, *, every: float | None = None) -> Itera
             touch(where)
 
 
-# --- the supervisor ---------------------------------------------------------------------------------
 def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child before exec
     """Linux: the Prefect server gets SIGTERM when its supervisor dies, even by SIGKILL."""
     if sys.platform.startswith("linux"):
@@ -722,20 +681,9 @@ def supervise(*, port: int, home: Path, idle: float) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, request_stop)
+    prefect = f"prefect server start --host 127.0.0.1 --port {port} --no-ui --analytics-off"
     child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-ui",
-            "--analytics-off",
-        ],
+        [sys.executable, "-m", *prefect.split()],
         stdin=subprocess.DEVNULL,
         preexec_fn=_die_with_parent,  # the supervisor is single-threaded here
     )
@@ -812,16 +760,10 @@ def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
     except OSError as exc:
         _log(f"supervisor {os.getpid()}: no validation service ({exc})")
         return None
+    command = [sys.executable, "-m", VALIDATION_MARKER, "--socket", str(path)]
+    command += ["--parent-pid", str(os.getpid())]
     service = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            VALIDATION_MARKER,
-            "--socket",
-            str(path),
-            "--parent-pid",
-            str(os.getpid()),
-        ],
+        command,
         stdin=subprocess.DEVNULL,
         preexec_fn=_die_with_parent,  # the supervisor is single-threaded here
     )

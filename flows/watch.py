@@ -126,9 +126,6 @@ def parquet_verdict(path: Path) -> str:
     return "complete"
 
 
-# --- which dataset does a file belong to? ---------------------------------------------------------
-
-
 def folder_resolver(root: Path) -> DatasetResolver:
     """Dataset id = the first folder under ``root`` (``root/<dataset id>/…/file.parquet``)."""
     root = root.resolve()
@@ -203,8 +200,6 @@ class SpecResolver:
         )
 
 
-# --- the watcher ----------------------------------------------------------------------------------
-
 _Stat = tuple[int, int, int]  # (size, mtime_ns, ctime_ns): a chmod changes ctime only
 
 
@@ -260,14 +255,11 @@ class Watcher:
             self._last_seen[path] = stat
             if previous != stat or stat[0] == 0:
                 continue  # first sighting, still being written, or an empty placeholder
-            outcome = self._consider(path, stat, emitted)
-            if outcome:
+            if self._consider(path, stat, emitted):
                 self._settled[path] = stat
                 self._last_seen.pop(path, None)
-        for gone in set(self._last_seen) - present:
-            del self._last_seen[gone]
-        for gone in set(self._settled) - present:
-            del self._settled[gone]
+        self._last_seen = {path: stat for path, stat in self._last_seen.items() if path in present}
+        self._settled = {path: stat for path, stat in self._settled.items() if path in present}
         self._waiting_logged = {entry for entry in self._waiting_logged if entry[0] in present}
         return emitted
 
@@ -358,9 +350,6 @@ class Watcher:
             sleep(interval_seconds)
 
 
-# --- emitters -------------------------------------------------------------------------------------
-
-
 def prefect_emitter(api_url: str, *, connect_attempts: int = 3) -> Emitter:
     """Send each event to the Prefect API at ``api_url`` and wait for the server's acknowledgement.
 
@@ -378,11 +367,7 @@ def prefect_emitter(api_url: str, *, connect_attempts: int = 3) -> Emitter:
         )
         async with client:  # checkpoint_every=1: emit() returns after the server's pong
             await client.emit(
-                Event(
-                    event=ARRIVAL_EVENT,
-                    resource=event.resource,
-                    payload=event.payload,
-                )
+                Event(event=ARRIVAL_EVENT, resource=event.resource, payload=event.payload)
             )
 
     def emit(event: ArrivalEvent) -> None:

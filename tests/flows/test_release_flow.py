@@ -128,13 +128,13 @@ def test_over_budget_is_refused_before_reading_data(
 def test_failure_after_charge_keeps_the_charge(
     tmp_path: Path, tiny_dataset: Path, zero_noise, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tasks.reconstruct
+    import tasks.stages
     from flows.release_flow import release_flow
 
     def crash(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("simulated crash after the charge")
 
-    monkeypatch.setattr(tasks.reconstruct.release, "reconstruct", crash)
+    monkeypatch.setattr(tasks.stages.release, "reconstruct", crash)
     spec_path = write_spec(tmp_path, tiny_dataset)
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -152,20 +152,20 @@ def test_plan_is_cached_by_workload_and_a_changed_workload_misses(
 ) -> None:
     from prefect import flow
 
-    import tasks.plan
+    import tasks.stages
     from catalog.spec.load import load_spec
 
     calls: list[str] = []
-    original = tasks.plan.make_plan
+    original = tasks.stages.make_plan
     monkeypatch.setattr(
-        tasks.plan, "make_plan", lambda spec: calls.append(spec.name) or original(spec)
+        tasks.stages, "make_plan", lambda spec: calls.append(spec.name) or original(spec)
     )
 
     @flow
     def plan_twice(path: str) -> list[str]:
         spec = load_spec(path)
-        first = tasks.plan.plan_task(spec)
-        second = tasks.plan.plan_task(spec)
+        first = tasks.stages.plan_task(spec)
+        second = tasks.stages.plan_task(spec)
         return [first.chosen, second.chosen]
 
     unique = tmp_path.name[-8:].replace("_", "")  # a workload no earlier test has planned

@@ -76,7 +76,7 @@ def test_the_flow_s_load_spec_stage_refuses_it_too(tmp_path: Any) -> None:
     stage refuses the same spec before the plan stage, also with an arrived file as source."""
     import yaml
 
-    from tasks.load_spec import load_spec_task
+    from tasks.stages import load_spec_task
 
     path = tmp_path / "huge.yaml"
     path.write_text(
