@@ -199,8 +199,14 @@ def derived_table(
         rows = derived.quantiles(estimates, variances, labels, column=column, levels=levels, z=z)
         statistics = [derived.quantile_label(q) for q in levels]
     else:
-        compute = derived.means if item.mean is not None else derived.sums
-        rows = compute(estimates, variances, grouped(found.uncertainty), column=column, z=z)
+        rows = derived.moments(
+            estimates,
+            variances,
+            grouped(found.uncertainty),
+            column=column,
+            mean=item.mean is not None,
+            z=z,
+        )
         statistics = [item.kind]
     repeat = len(statistics)
     columns: dict[str, Any] = {

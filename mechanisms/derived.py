@@ -216,65 +216,53 @@ def _quadratic(variances: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.maximum(v_sum - 2 * t * cov + t * t * v_count, 0.0)
 
 
-def sums(
+def moments(
     estimates: np.ndarray,
     variances: np.ndarray,
     labels: np.ndarray,
     *,
     column: BinnedColumn,
+    mean: bool,
     z: float = Z95,
 ) -> DerivedRows:
-    """Per-group sums of the representative values from moments rows ``(groups, 3)``: exact
-    linear variance; binning error ``e·max(N̂, 0)`` with the estimated count N̂."""
-    count, unit_sum, _ = estimates.T
-    spread, low = column.spread, column.low
-    estimate = low * count + spread * unit_sum
-    std_error = spread * np.sqrt(_quadratic(variances, np.full(count.shape, -low / spread)))
-    return DerivedRows(
-        estimate=estimate,
-        std_error=std_error,
-        ci_low=estimate - z * std_error,
-        ci_high=estimate + z * std_error,
-        claimed=np.asarray(weakest_label(labels) != "noise-only"),
-        uncertainty=weakest_label(labels),
-        binning_error=column.max_record_error() * np.maximum(count, 0.0),
-    )
+    """Per-group sums (``mean`` False) or means of the representative values from moments rows
+    ``(groups, 3)``.
 
+    Sums: exact linear variance; binning error ``e·max(N̂, 0)`` with the estimated count N̂.
 
-def means(
-    estimates: np.ndarray,
-    variances: np.ndarray,
-    labels: np.ndarray,
-    *,
-    column: BinnedColumn,
-    z: float = Z95,
-) -> DerivedRows:
-    """Per-group means from moments rows ``(groups, 3)`` by the delta method.
-
-    The estimate is clipped to ``[r_min, r_max]`` (post-processing: every mean lies there) and so
-    is the interval.  Where the estimated count is not above ``1.96·sd(count)`` the ratio is not
-    a reliable estimate: the row is labelled ``noise-only`` (no interval) and its ``std_error``
-    uses that threshold in place of the count.
+    Means, by the delta method: the estimate is clipped to ``[r_min, r_max]`` (post-processing:
+    every mean lies there) and so is the interval.  Where the estimated count is not above
+    ``1.96·sd(count)`` the ratio is not a reliable estimate: the row is labelled ``noise-only``
+    (no interval) and its ``std_error`` uses that threshold in place of the count.
     """
     count, unit_sum, _ = estimates.T
     spread, low = column.spread, column.low
-    threshold = z * np.sqrt(variances[:, 0])
-    reliable = count > threshold
-    denominator = np.maximum(count, threshold)
-    denominator = np.where(denominator > 0, denominator, 1.0)
-    unit_mean = np.clip(np.where(count > 0, unit_sum / denominator, 0.5), 0.0, 1.0)
-    estimate = low + spread * unit_mean
-    std_error = spread * np.sqrt(_quadratic(variances, unit_mean)) / denominator
-    labels_out = np.where(reliable, weakest_label(labels), "noise-only").astype(object)
-    high = low + spread
+    if not mean:
+        estimate = low * count + spread * unit_sum
+        std_error = spread * np.sqrt(_quadratic(variances, np.full(count.shape, -low / spread)))
+        uncertainty = weakest_label(labels)
+        binning_error = column.max_record_error() * np.maximum(count, 0.0)
+        bounds = (-np.inf, np.inf)
+    else:
+        threshold = z * np.sqrt(variances[:, 0])
+        denominator = np.maximum(count, threshold)
+        denominator = np.where(denominator > 0, denominator, 1.0)
+        unit_mean = np.clip(np.where(count > 0, unit_sum / denominator, 0.5), 0.0, 1.0)
+        estimate = low + spread * unit_mean
+        std_error = spread * np.sqrt(_quadratic(variances, unit_mean)) / denominator
+        uncertainty = np.where(count > threshold, weakest_label(labels), "noise-only").astype(
+            object
+        )
+        binning_error = np.full(count.shape, column.max_record_error())
+        bounds = (low, low + spread)
     return DerivedRows(
         estimate=estimate,
         std_error=std_error,
-        ci_low=np.clip(estimate - z * std_error, low, high),
-        ci_high=np.clip(estimate + z * std_error, low, high),
-        claimed=np.asarray(labels_out != "noise-only"),
-        uncertainty=labels_out,
-        binning_error=np.full(count.shape, column.max_record_error()),
+        ci_low=np.clip(estimate - z * std_error, *bounds),
+        ci_high=np.clip(estimate + z * std_error, *bounds),
+        claimed=np.asarray(uncertainty != "noise-only"),
+        uncertainty=uncertainty,
+        binning_error=binning_error,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Literal
 
 Measure = Literal["pure", "zcdp", "approx"]
 MEASURES: tuple[Measure, ...] = ("pure", "zcdp", "approx")
+COMPONENTS = ("epsilon", "rho", "delta")
 
 
 class PrivacyError(Exception):
@@ -55,7 +56,7 @@ class PrivacyCost:
     def __post_init__(self) -> None:
         if self.measure not in MEASURES:
             raise ValueError(f"measure ({self.measure!r}) must be one of {MEASURES}")
-        for name in ("epsilon", "rho", "delta"):
+        for name in COMPONENTS:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} ({value}) must be finite and >= 0")
@@ -78,10 +79,7 @@ class PrivacyCost:
                 f"cannot add a {other.measure} cost to a {self.measure} cost; convert first"
             )
         return PrivacyCost(
-            measure=self.measure,
-            epsilon=self.epsilon + other.epsilon,
-            rho=self.rho + other.rho,
-            delta=self.delta + other.delta,
+            measure=self.measure, **{n: getattr(self, n) + getattr(other, n) for n in COMPONENTS}
         )
 
     def exceeds(self, cap: PrivacyCost, *, tolerance: float = 1e-12) -> bool:
@@ -92,7 +90,7 @@ class PrivacyCost:
             )
         return any(
             getattr(self, name) > getattr(cap, name) * (1 + tolerance) + tolerance
-            for name in ("epsilon", "rho", "delta")
+            for name in COMPONENTS
         )
 
     def remaining(self, cap: PrivacyCost) -> PrivacyCost:
@@ -103,9 +101,7 @@ class PrivacyCost:
             )
         return PrivacyCost(
             measure=cap.measure,
-            epsilon=max(cap.epsilon - self.epsilon, 0.0),
-            rho=max(cap.rho - self.rho, 0.0),
-            delta=max(cap.delta - self.delta, 0.0),
+            **{n: max(getattr(cap, n) - getattr(self, n), 0.0) for n in COMPONENTS},
         )
 
     def as_dict(self) -> dict[str, float]:

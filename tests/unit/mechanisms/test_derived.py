@@ -132,8 +132,12 @@ def cov_cells() -> np.ndarray:
 def test_sum_variance_is_exact_for_any_cell_covariance(cov_cells: np.ndarray) -> None:
     counts = np.array([[100.0, 50, 20, 10, 5]])
     estimates = counts @ AGES.moments_matrix().T
-    rows = derived.sums(
-        estimates, _moments_variances(cov_cells), np.array([["noise"] * 3]), column=AGES
+    rows = derived.moments(
+        estimates,
+        _moments_variances(cov_cells),
+        np.array([["noise"] * 3]),
+        column=AGES,
+        mean=False,
     )
     rep = AGES.representative
     assert rows.estimate[0] == pytest.approx(counts[0] @ rep)
@@ -144,8 +148,12 @@ def test_sum_variance_is_exact_for_any_cell_covariance(cov_cells: np.ndarray) ->
 def test_mean_variance_is_the_delta_method_with_the_covariance(cov_cells: np.ndarray) -> None:
     counts = np.array([[100.0, 50, 20, 10, 5]])
     estimates = counts @ AGES.moments_matrix().T
-    rows = derived.means(
-        estimates, _moments_variances(cov_cells), np.array([["noise"] * 3]), column=AGES
+    rows = derived.moments(
+        estimates,
+        _moments_variances(cov_cells),
+        np.array([["noise"] * 3]),
+        column=AGES,
+        mean=True,
     )
     rep = AGES.representative
     mean = counts[0] @ rep / counts.sum()
@@ -164,7 +172,7 @@ def test_mean_of_an_indistinguishable_count_claims_no_interval() -> None:
     estimates = np.array([[1.0, 0.5, 0.0], [-3.0, 2.0, 3.5], [500.0, 100.0, -150.0]])
     variances = np.full((3, 3), 4.0)
     labels = np.array([["noise"] * 3, ["noise"] * 3, ["noise", "noise+bias", "noise"]])
-    rows = derived.means(estimates, variances, labels, column=AGES)
+    rows = derived.moments(estimates, variances, labels, column=AGES, mean=True)
     assert list(rows.uncertainty) == ["noise-only", "noise-only", "noise+bias"]
     assert list(rows.claimed) == [False, False, True]
     assert np.all((rows.estimate >= 4.5) & (rows.estimate <= 44.5))
