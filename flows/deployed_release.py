@@ -70,16 +70,12 @@ DEFAULT_REVIEW_TIMEOUT_SECONDS = 24 * 3600
 REVIEW_POLL_SECONDS = 2
 
 
-def dataset_limit_name(dataset_id: str) -> str:
-    """Name of the global concurrency limit (1 slot) that serialises releases of a dataset."""
-    return DATASET_LIMIT_PREFIX + dataset_id
-
-
 def ensure_dataset_limit(dataset_id: str) -> str:
-    """Create (or reset to 1 slot) the dataset's global concurrency limit; return its name."""
+    """Create (or reset to 1 slot) the global concurrency limit that serialises releases of the
+    dataset; return its name."""
     from prefect.client.orchestration import get_client
 
-    name = dataset_limit_name(dataset_id)
+    name = DATASET_LIMIT_PREFIX + dataset_id
     with get_client(sync_client=True) as client:
         client.upsert_global_concurrency_limit_by_name(name, limit=1)
     return name
@@ -103,9 +99,9 @@ class DeployedRelease:
 
     release_id: str
     status: str  # "published", "rejected", "staged" (awaits more approvals) or "skipped"
-    directory: str | None  # None: skipped
-    published_directory: str | None
-    reviewer: str | None
+    directory: str | None = None  # None: skipped
+    published_directory: str | None = None
+    reviewer: str | None = None
     flow_run_id: str | None
     unchanged_since: str | None = None
     """A skipped run: the release of the series whose input and spec it repeats."""
@@ -135,7 +131,6 @@ def unchanged_policy(
 
 
 def _current_run() -> Any | None:
-    """This flow run as the API has it (auto_scheduled, created_by), or None outside a run."""
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
@@ -234,6 +229,7 @@ def release_deployment_flow(
             on_unchanged=policy,
         )
     run_id = flow_run.get_id()
+    flow_run_id = None if run_id is None else str(run_id)
     if isinstance(staged, SkippedRelease):
         logger.info(
             "%s (started by %s): input and spec unchanged since release %s; skipped, nothing "
@@ -246,16 +242,13 @@ def release_deployment_flow(
         return DeployedRelease(
             release_id=staged.release_id,
             status="skipped",
-            directory=None,
-            published_directory=None,
-            reviewer=None,
-            flow_run_id=None if run_id is None else str(run_id),
+            flow_run_id=flow_run_id,
             unchanged_since=staged.unchanged_since,
         )
     reviews = ReviewRuns(catalog_url)
-    if run_id is not None:
+    if flow_run_id is not None:
         reviews.record(
-            release_id=staged.release_id, flow_run_id=str(run_id), api_url=PREFECT_API_URL.value()
+            release_id=staged.release_id, flow_run_id=flow_run_id, api_url=PREFECT_API_URL.value()
         )
     try:
         decision, outcome = _collect_review(
@@ -282,7 +275,7 @@ def release_deployment_flow(
         directory=staged.directory,
         published_directory=outcome.get("published_directory"),
         reviewer=decision.reviewer,
-        flow_run_id=None if run_id is None else str(run_id),
+        flow_run_id=flow_run_id,
     )
 
 
@@ -299,11 +292,9 @@ def _collect_review(
     *,
     logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
 ) -> tuple[ReviewDecision, dict[str, Any]]:
-    """Pause for decisions until the release is published or rejected (a policy of
-    ``review.approvers: N`` needs N approvals by distinct reviewers, so the run pauses again
-    after each approval that leaves it staged).  A decision the policy refuses (the operator
-    approving their own release, the same reviewer twice) is logged and the run pauses again;
-    nothing is recorded for it.  Returns the last decision and the catalog's outcome."""
+    """Pause for decisions until the release is published or rejected (``review.approvers: N``
+    needs N distinct reviewers).  A decision the policy refuses (the operator approving their own
+    release, the same reviewer twice) is logged, not recorded, and awaited again."""
     pause = 0
     while True:  # ends by a final decision, a pause's time-out or MAX_REVIEW_PAUSES
         pause += 1
@@ -353,9 +344,6 @@ def _collect_review(
             return decision, outcome
 
 
-# --- resuming a paused review from the CLI -------------------------------------------------------
-
-
 class ReviewRunNotPaused(CatalogError):
     """The release's flow run is no longer paused (it timed out, failed or was already resumed)."""
 
@@ -369,13 +357,11 @@ def resume_review(
     catalog: Catalog,
     wait_seconds: float = 120.0,
 ) -> ReleaseRecord:
-    """Resume the paused flow run of ``run`` with the decision; wait until the catalog records it.
+    """Resume the paused flow run of ``run`` with the decision; return once the catalog records it.
 
-    Returns once the catalog records the decision (an approval that still awaits others leaves the
-    release ``staged``).  Raises :class:`ReviewRunNotPaused` when the run is not paused and can no
-    longer decide (the caller then decides in the catalog directly), :class:`CatalogError` when it
-    is running (someone else resumed it) or when the decision did not arrive within
-    ``wait_seconds``.
+    Raises :class:`ReviewRunNotPaused` when the run can no longer decide (the caller then decides
+    in the catalog directly), :class:`CatalogError` when it is running (someone else resumed it)
+    or the decision did not arrive within ``wait_seconds``.
     """
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
@@ -417,9 +403,8 @@ def resume_review(
         )
     deadline = time.monotonic() + wait_seconds
     while True:
-        # reviews first: the decision and the status it sets commit together, so a release read
-        # after its new review shows that status (read the other way round, an approval that
-        # completes the policy was reported as still "staged" when it committed in between)
+        # reviews first: a decision and the status it sets commit together, so a release read
+        # after its new review shows that status (the other order can report a completed "staged")
         reviewed = len(catalog.reviews(run.release_id)) > decided
         record = catalog.release(run.release_id)
         if record.status in ("published", "rejected") or (record.status == "staged" and reviewed):

@@ -87,26 +87,6 @@ def arrival_trigger(dataset_id: str) -> Any:
     )
 
 
-def _parameters(
-    spec_path: Path,
-    *,
-    out_dir: Path,
-    catalog_url: str | None,
-    publish_dir: Path | None,
-    review_timeout_seconds: int,
-) -> dict[str, Any]:
-    parameters: dict[str, Any] = {
-        "spec_path": str(spec_path.resolve()),
-        "out_dir": str(out_dir.resolve()),
-        "review_timeout_seconds": review_timeout_seconds,
-    }
-    if catalog_url is not None:
-        parameters["catalog_url"] = catalog_url
-    if publish_dir is not None:
-        parameters["publish_dir"] = str(publish_dir.resolve())
-    return parameters
-
-
 def build_deployment(
     spec_path: Path,
     spec: ReleaseSpec,
@@ -134,38 +114,35 @@ def build_deployment(
     kept = kept or KeptState()
     schedules = []
     if spec.schedule is not None:
-        key = _cron_key(spec.schedule.cron, spec.schedule.timezone)
-        schedules.append(
-            Cron(
-                spec.schedule.cron,
-                timezone=spec.schedule.timezone,
-                active=key not in kept.inactive_schedules,
-            )
-        )
+        cron, timezone = spec.schedule.cron, spec.schedule.timezone
+        active = _cron_key(cron, timezone) not in kept.inactive_schedules
+        schedules.append(Cron(cron, timezone=timezone, active=active))
     if interval_seconds is not None:
-        key = _interval_key(float(interval_seconds))
-        schedules.append(
-            Interval(timedelta(seconds=interval_seconds), active=key not in kept.inactive_schedules)
-        )
+        active = _interval_key(float(interval_seconds)) not in kept.inactive_schedules
+        schedules.append(Interval(timedelta(seconds=interval_seconds), active=active))
+    partitions = spec.dataset.partitions
+    parameters: dict[str, Any] = {
+        "spec_path": str(spec_path.resolve()),
+        "out_dir": str(out_dir.resolve()),
+        "review_timeout_seconds": review_timeout_seconds,
+    }
+    if catalog_url is not None:
+        parameters["catalog_url"] = catalog_url
+    if publish_dir is not None:
+        parameters["publish_dir"] = str(publish_dir.resolve())
     return RunnerDeployment.from_flow(
         release_deployment_flow,
         name=spec.name,
         schedules=schedules or None,
         paused=kept.paused,
         triggers=[arrival_trigger(spec.dataset.id)] if spec.trigger == "arrival" else None,
-        parameters=_parameters(
-            spec_path,
-            out_dir=out_dir,
-            catalog_url=catalog_url,
-            publish_dir=publish_dir,
-            review_timeout_seconds=review_timeout_seconds,
-        ),
+        parameters=parameters,
         description=(
             f"dprelease: release series {spec.name!r} of dataset {spec.dataset.id!r}; unchanged "
             f"input on a schedule or trigger: {spec.on_unchanged}"
             + (
-                f"; partitioned by {spec.dataset.partitions.declaration()} (declared disjoint)"
-                if spec.dataset.partitions is not None
+                f"; partitioned by {partitions.declaration()} (declared disjoint)"
+                if partitions is not None
                 else ""
             )
         ),
@@ -316,6 +293,7 @@ def deploy_specs(
     ensure_work_pool(work_pool)
     summaries = []
     for path, spec in specs:
+        partitions = spec.dataset.partitions
         limit = ensure_dataset_limit(spec.dataset.id)
         queue = ensure_dataset_queue(spec.dataset.id, work_pool)
         deployment = build_deployment(
@@ -347,11 +325,7 @@ def deploy_specs(
                 concurrency_limit=limit,
                 work_queue=queue,
                 on_unchanged=spec.on_unchanged,
-                partitioned_by=(
-                    None
-                    if spec.dataset.partitions is None
-                    else spec.dataset.partitions.declaration()
-                ),
+                partitioned_by=None if partitions is None else partitions.declaration(),
             )
         )
     return summaries

@@ -96,90 +96,74 @@ class Refused(DprReleaseError):
         self.hint = hint
 
 
+def _user_error(
+    kind: type[BaseException], title: str, hint: str, exit_code: int = EXIT_USER
+) -> tuple[type[BaseException], Failure]:
+    return kind, Failure(title=title, hint=hint, exit_code=exit_code)
+
+
 # Most specific first.
 _USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
-    (
+    _user_error(
         SpecError,
-        Failure(
-            title="invalid release spec",
-            hint="fix the spec and run again; `dprelease plan SPEC` checks a spec without "
-            "reading any data",
-        ),
+        "invalid release spec",
+        "fix the spec and run again; `dprelease plan SPEC` checks a spec without reading any data",
     ),
-    (
+    _user_error(
         DataError,
-        Failure(
-            title="the input data does not fit the spec",
-            hint="fix the data, or the spec's domain and privacy unit (out-of-domain rows can be "
-            "dropped with on_out_of_domain: drop), then run again",
-        ),
+        "the input data does not fit the spec",
+        "fix the data, or the spec's domain and privacy unit (out-of-domain rows can be dropped "
+        "with on_out_of_domain: drop), then run again",
     ),
-    (
+    _user_error(
         BudgetExceededError,
-        Failure(
-            title="privacy budget exceeded",
-            hint="see `dprelease budget DATASET`; ask for less (a lower epsilon or rho) or use a "
-            "dataset whose budget allows it",
-        ),
+        "privacy budget exceeded",
+        "see `dprelease budget DATASET`; ask for less (a lower epsilon or rho) or use a dataset "
+        "whose budget allows it",
     ),
-    (
+    _user_error(
         PrivacyError,
-        Failure(
-            title="privacy accounting refused the request",
-            hint="check the spec's privacy and dataset.budget sections (same measure, valid values)",
-        ),
+        "privacy accounting refused the request",
+        "check the spec's privacy and dataset.budget sections (same measure, valid values)",
     ),
-    (
+    _user_error(
         VerificationError,
-        Failure(
-            title="verification failed",
-            hint="do not publish this release; compare it with the original release directory",
-            exit_code=EXIT_CHECK_FAILED,
-        ),
+        "verification failed",
+        "do not publish this release; compare it with the original release directory",
+        EXIT_CHECK_FAILED,
     ),
-    (
+    _user_error(
         ValidationFailedError,
-        Failure(
-            title="the release failed validation",
-            hint="nothing was staged and the budget stays spent; see the validation results and "
-            "the spec's privacy level",
-            exit_code=EXIT_CHECK_FAILED,
-        ),
+        "the release failed validation",
+        "nothing was staged and the budget stays spent; see the validation results and the "
+        "spec's privacy level",
+        EXIT_CHECK_FAILED,
     ),
-    (
+    _user_error(
         MemoryLimitError,
-        Failure(
-            title="not enough memory for this release",
-            hint="nothing was read or charged; run on a machine with more memory (or set "
-            "DPRELEASE_MEMORY_LIMIT if the limit is wrong), or narrow the workload; "
-            "`dprelease plan SPEC` shows each stage's predicted memory",
-        ),
+        "not enough memory for this release",
+        "nothing was read or charged; run on a machine with more memory (or set "
+        "DPRELEASE_MEMORY_LIMIT if the limit is wrong), or narrow the workload; "
+        "`dprelease plan SPEC` shows each stage's predicted memory",
     ),
-    (
-        SettingError,
-        Failure(title="invalid setting", hint="fix or unset the environment variable named above"),
+    _user_error(
+        SettingError, "invalid setting", "fix or unset the environment variable named above"
     ),
-    (
+    _user_error(
         StageTimeLimitExceeded,
-        Failure(
-            title="the release stopped",
-            hint="if the stage needs longer, raise DPRELEASE_STAGE_TIMEOUT (seconds) and run "
-            "again; `dprelease recover` lists runs that ended inside a stage",
-            exit_code=EXIT_CHECK_FAILED,
-        ),
+        "the release stopped",
+        "if the stage needs longer, raise DPRELEASE_STAGE_TIMEOUT (seconds) and run again; "
+        "`dprelease recover` lists runs that ended inside a stage",
+        EXIT_CHECK_FAILED,
     ),
-    (
+    _user_error(
         CatalogError,
-        Failure(
-            title="the catalog refused the operation",
-            hint="see `dprelease releases` for each release's status; the reason above names "
-            "the release, dataset or setting refused and what to change",
-        ),
+        "the catalog refused the operation",
+        "see `dprelease releases` for each release's status; the reason above names the release, "
+        "dataset or setting refused and what to change",
     ),
-    (DprReleaseError, Failure(title="dprelease refused", hint="fix the input named above")),
+    _user_error(DprReleaseError, "dprelease refused", "fix the input named above"),
 )
-
-
 _PATH_ERROR = Failure(
     title="a path cannot be used",
     hint="check that the path exists and that you may read or write it",

@@ -28,11 +28,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
 from catalog.processes import is_alive, live_processes
 from flows.errors import EXIT_INTERRUPTED, debug_enabled
+from flows.watchdog import wakeup_socket
 
 GRACE_SECONDS = 3.5  # + at most ~1 s of clean-up: exit within 5 s of the first Ctrl-C
 CLEANUP_SECONDS = 0.8
@@ -79,10 +80,8 @@ def abort_own_releases(catalog_url: str | None = None) -> list[str]:
 
 
 def stop_own_children(*, grace: float = CHILD_GRACE_SECONDS) -> list[int]:
-    """SIGTERM (then SIGKILL) this process's descendants in its own session; return their pids.
-
-    A descendant in another session (the shared Prefect server) is left alone.
-    """
+    """SIGTERM (then SIGKILL) this process's descendants in its own session (not the shared
+    Prefect server, in its own); return their pids."""
     victims = _descendants(os.getpid())
     for pid in victims:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -152,7 +151,6 @@ class InterruptGuard:
         self._previous_handler: Any = None
         self.sigint_seen = False
 
-    # --- context manager ----------------------------------------------------------------------------
     def __enter__(self) -> InterruptGuard:
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
@@ -160,12 +158,7 @@ class InterruptGuard:
                 self._arm()
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
         if exc is not None and (self.sigint_seen or _caused_by_interrupt(exc)):
             if self._previous_handler is not None:
                 # a second Ctrl-C must not break the clean-up: the watchdog answers it
@@ -188,7 +181,6 @@ class InterruptGuard:
                 signal.signal(signal.SIGINT, self._previous_handler)
             self._previous_handler = None
 
-    # --- clean-up, once ------------------------------------------------------------------------------
     def _clean_up(self) -> list[str]:
         with self._cleaned:
             if self._aborted is None:
@@ -203,18 +195,11 @@ class InterruptGuard:
                 stop_own_children()
             return self._aborted
 
-    # --- the watchdog ----------------------------------------------------------------------------------
     def _arm(self) -> None:
-        self._reader, self._writer = socket.socketpair()
-        self._reader.setblocking(False)
-        self._writer.setblocking(False)
-        try:
-            self._previous_fd = signal.set_wakeup_fd(
-                self._writer.fileno(), warn_on_full_buffer=False
-            )
-        except ValueError:  # pragma: no cover - not the main thread after all
-            self._close_sockets()
+        opened = wakeup_socket()
+        if opened is None:  # pragma: no cover - not the main thread after all
             return
+        self._reader, self._writer, self._previous_fd = opened
         self._thread = threading.Thread(target=self._watch, name="dprelease-ctrl-c", daemon=True)
         self._thread.start()
 

@@ -27,6 +27,7 @@ from prefect.blocks.core import Block
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.cache_policies import NO_CACHE
 
+from catalog.errors import CatalogError
 from catalog.ledger.store import Catalog
 from catalog.review_policy import policy_of, record_notification
 
@@ -89,8 +90,6 @@ def notice_for(catalog: Catalog, release_id: str) -> ReviewNotice:
 
 def load_notification_block(reference: str) -> NotificationBlock:
     """The saved block ``BLOCK_TYPE/BLOCK_NAME``; it must be a notification block."""
-    from catalog.errors import CatalogError
-
     try:
         block = Block.load(reference)
     except ValueError as exc:  # Prefect: "Unable to find block document named ..."
@@ -126,8 +125,8 @@ def send_notice(catalog: Catalog, release_id: str) -> str | None:
 
 @task(name="notify-reviewers", cache_policy=NO_CACHE, retries=0, persist_result=False)
 def notify_reviewers_task(catalog_url: str, release_id: str) -> str | None:
-    """Tell the reviewers of a staged release (public facts only) when its spec names a block;
-    a failure is recorded and logged, never raised (the release is staged, its budget spent)."""
+    """:func:`send_notice`; a failure is logged, never raised (the release is staged, its budget
+    spent)."""
     error = send_notice(Catalog(catalog_url), release_id)
     if error is not None:
         get_run_logger().warning(
@@ -146,12 +145,9 @@ def save_webhook_block(
     headers: dict[str, str] | None = None,
     overwrite: bool = False,
 ) -> str:
-    """Save a Custom Webhook notification block that POSTs ``WEBHOOK_JSON``; return its
-    reference (``custom-webhook/NAME``) for a spec's ``review.notify``.
-
-    Header values (often tokens) are kept in the block's secret values, shown masked by Prefect,
-    and filled in when a notice is sent.
-    """
+    """Save a Custom Webhook block that POSTs ``WEBHOOK_JSON``; return its reference
+    (``custom-webhook/NAME``).  Header values (often tokens) are the block's secrets, masked by
+    Prefect."""
     names = {header: f"header{k}" for k, header in enumerate(headers or {})}
     block = CustomWebhookNotificationBlock(
         name="dprelease reviewers",

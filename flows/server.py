@@ -289,16 +289,13 @@ def stop_processes(record: ServerRecord, *, grace: float = STOP_GRACE_SECONDS) -
     members = _our_members(record)
     if not members:
         return False
-    _signal_group(record.pid, members, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not _our_members(record):
-            return True
-        time.sleep(0.05)
-    _signal_group(record.pid, _our_members(record), signal.SIGKILL)
-    deadline = time.monotonic() + grace
-    while _our_members(record) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        _signal_group(record.pid, members, signum)
+        deadline = time.monotonic() + grace
+        while (members := _our_members(record)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not members:
+            break
     return True
 
 
@@ -473,9 +470,7 @@ def _start(home: Path) -> Connection:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
         "PREFECT_UI_ENABLED": "false",
-        # No block-type registration at start: to register them the server imports every installed
-        # Prefect collection (prefect-dask: dask.distributed), a large share of a start.  Saving a
-        # block registers its own type (`dprelease notify webhook`, Block.save).
+        # no block-type registration at start (module docstring); a saved block registers its type
         "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
         "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
         "PREFECT_SERVER_LOGGING_LEVEL": os.environ.get("PREFECT_SERVER_LOGGING_LEVEL", "WARNING"),

@@ -23,10 +23,6 @@ run: its input and spec are unchanged since the series' last release (``on_uncha
 Which dataset?  With ``--spec-dir``, every spec with ``trigger: arrival`` whose ``dataset.source``
 is that file, a folder holding it, or a glob matching it; without, the first folder under DIR
 (``DIR/<dataset id>/…/file.parquet``).
-
-The event emitter is injectable (any callable taking an :class:`ArrivalEvent`), so the loop is
-tested without a server; :func:`prefect_emitter` sends to a real Prefect API over its events
-websocket and waits for the server's acknowledgement.
 """
 
 from __future__ import annotations
@@ -149,11 +145,8 @@ def _source_matches(source: str, path: Path) -> bool:
 
 
 class SpecResolver:
-    """Dataset ids of the arrival-triggered specs in a folder whose source covers a file.
-
-    Specs are re-read when a spec file is added, removed or changed; an invalid spec is logged
-    and ignored (the watcher keeps running).
-    """
+    """Dataset ids of the arrival-triggered specs in a folder whose source covers a file; specs
+    are re-read when a spec file changes, an invalid one is logged and ignored."""
 
     def __init__(self, spec_dir: Path) -> None:
         if not spec_dir.is_dir():
@@ -194,10 +187,7 @@ class SpecResolver:
 
     def __call__(self, path: Path) -> list[str]:
         self._reload_if_changed()
-        resolved = path.resolve()
-        return sorted(
-            {dataset for dataset, source in self._sources if _source_matches(source, resolved)}
-        )
+        return sorted({d for d, source in self._sources if _source_matches(source, path.resolve())})
 
 
 _Stat = tuple[int, int, int]  # (size, mtime_ns, ctime_ns): a chmod changes ctime only
@@ -232,7 +222,7 @@ class Watcher:
                 yield path
 
     def poll(self) -> list[ArrivalEvent]:
-        """One pass over the folder; returns the events emitted in this pass.  O(files + new bytes)."""
+        """One pass over the folder, O(files + new bytes)."""
         emitted: list[ArrivalEvent] = []
         present: set[Path] = set()
         for path in self._files():
@@ -286,11 +276,8 @@ class Watcher:
             return False  # changed while hashing: look again at the next poll
         datasets = self.resolve_datasets(path)
         if not datasets:
-            logger.warning(
-                "skipping %s: no dataset for it (no arrival-triggered spec covers it, or it is "
-                "not under DIR/<dataset id>/)",
-                path,
-            )
+            why = "no arrival-triggered spec covers it, or it is not under DIR/<dataset id>/"
+            logger.warning("skipping %s: no dataset for it (%s)", path, why)
             return True
         dealt_with = True
         for dataset_id in datasets:
@@ -351,10 +338,8 @@ class Watcher:
 
 
 def prefect_emitter(api_url: str, *, connect_attempts: int = 3) -> Emitter:
-    """Send each event to the Prefect API at ``api_url`` and wait for the server's acknowledgement.
-
-    Raises on any failure (connection refused, authentication), so the watcher retries the file.
-    """
+    """Send each event to the Prefect API at ``api_url`` and wait for the server's acknowledgement;
+    raise on any failure (connection refused, authentication), so the watcher retries the file."""
     if not api_url.startswith(("http://", "https://")):
         raise ValueError(f"api_url ({api_url!r}) must be an http(s) URL of a Prefect API")
 

@@ -154,14 +154,12 @@ class RunWatchdog:
         self._raised = False
         self._closed = threading.Event()
         self._signals: tuple[socket.socket, socket.socket] | None = None
-        self._previous_wakeup_fd: int | None = None
         self._arm_signals()
         self._monitor = threading.Thread(
             target=self._watch, name="dprelease-stage-watchdog", daemon=True
         )
         self._monitor.start()
 
-    # --- the flow's side ------------------------------------------------------------------------
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Run the ``with`` body as stage ``name`` under the time limit."""
@@ -196,7 +194,6 @@ class RunWatchdog:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # --- run record -------------------------------------------------------------------------------
     def _write_record(self, stage: str, *, started: float, deadline: float) -> None:
         record = RunRecord(
             **self._base,
@@ -213,41 +210,31 @@ class RunWatchdog:
         except OSError as error:  # the record helps `recover`; the limits hold without it
             logger.warning("run record not written (%s): %s", self._record_path, error.strerror)
 
-    # --- signals ----------------------------------------------------------------------------------
     def _arm_signals(self) -> None:
         """Watch SIGTERM/SIGINT through the wake-up fd, unless this is not the main thread or
         another guard (the CLI's Ctrl-C guard) already owns the fd."""
         if threading.current_thread() is not threading.main_thread():
             return
-        reader, writer = socket.socketpair()
-        reader.setblocking(False)
-        writer.setblocking(False)
-        try:
-            previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        except ValueError:  # pragma: no cover - not the main thread after all
-            reader.close()
-            writer.close()
+        opened = wakeup_socket()
+        if opened is None:  # pragma: no cover - not the main thread after all
             return
+        reader, writer, previous = opened
         if previous != -1:  # someone else watches signals: give the fd back
             signal.set_wakeup_fd(previous)
             reader.close()
             writer.close()
             return
         self._signals = (reader, writer)
-        self._previous_wakeup_fd = previous
 
     def _disarm_signals(self) -> None:
         if self._signals is None:
             return
         with contextlib.suppress(ValueError):
-            signal.set_wakeup_fd(
-                -1 if self._previous_wakeup_fd is None else self._previous_wakeup_fd
-            )
+            signal.set_wakeup_fd(-1)  # armed only when nobody else held the fd
         for sock in self._signals:
             sock.close()
         self._signals = None
 
-    # --- the monitor thread -----------------------------------------------------------------------
     def _watch(self) -> None:
         stop_signals = {bytes([signal.SIGTERM]), bytes([signal.SIGINT])}
         while not self._closed.is_set():
@@ -303,6 +290,21 @@ class RunWatchdog:
         os._exit(EXIT_STAGE_TIMEOUT)
 
 
+def wakeup_socket() -> tuple[socket.socket, socket.socket, int] | None:
+    """(reader, writer, previous fd): a non-blocking socket pair whose writer is now the signal
+    wake-up fd, so a thread sees each signal number at once; None off the main thread."""
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    try:
+        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:
+        reader.close()
+        writer.close()
+        return None
+    return reader, writer, previous
+
+
 def _raise_in_thread(thread_ident: int, kind: type[BaseException]) -> None:
     """Raise ``kind`` in the thread ``thread_ident`` at its next bytecode."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_ident), ctypes.py_object(kind))
@@ -313,7 +315,6 @@ def _write_stderr(text: str) -> None:
         os.write(2, (text + "\n").encode())
 
 
-# --- `dprelease recover` --------------------------------------------------------------------------
 def inspect_runs(home: Path, *, now: float | None = None) -> list[RunProblem]:
     """Run records of this host whose process is gone, or alive but past its stage's deadline by
     more than the hard-exit grace (its own watchdog should have ended it)."""
