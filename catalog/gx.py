@@ -132,8 +132,6 @@ def run_suites_here(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, di
     return summaries
 
 
-# --- Data Docs without a network ------------------------------------------------------------------
-
 ASSETS = Path(__file__).resolve().parent / "assets" / "datadocs"
 VENDOR = "static/vendor"  # inside the docs folder
 _CDN = (

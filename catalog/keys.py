@@ -89,7 +89,6 @@ class CatalogKey:
         finally:
             os.close(fd)  # closing releases the lock
 
-    # --- the anchor ------------------------------------------------------------------------------
     def read_anchor(self) -> Anchor | None:
         """The anchor, or None when there is none yet; a forged or damaged one raises."""
         path = self.anchor_path

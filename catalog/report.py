@@ -89,9 +89,6 @@ def _table_html(rows: list[dict[str, Any]], columns: list[str], *, classes: str 
     return f"<table class='{classes}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-# --- released tables --------------------------------------------------------------------------------
-
-
 def heading(column: str, axes: list[Axis]) -> str:
     """A column's heading in the report: ``age_upper`` reads ``age ≤``, ranges ``from``/``to``."""
     for axis in axes:
@@ -386,9 +383,6 @@ details{margin:.6rem 0}summary{cursor:pointer;color:var(--accent)}
 """
 
 
-# --- validation ------------------------------------------------------------------------------------
-
-
 def describe_check(result: dict[str, Any]) -> str:
     """A validation check in words, from its GX type and parameters."""
     kind = result.get("expectation", "")
@@ -492,9 +486,6 @@ def _observed(value: Any) -> str:
         return ""
     text = json.dumps(value, default=str) if not isinstance(value, str) else value
     return text if len(text) <= 200 else text[:199] + "…"
-
-
-# --- the page -----------------------------------------------------------------------------------------
 
 
 def _assumptions(manifest: dict[str, Any]) -> list[str]:

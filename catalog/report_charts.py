@@ -184,9 +184,6 @@ def _product(levels: list[list[str]]) -> list[tuple[str, ...]]:
     return combos
 
 
-# --- drawing ---------------------------------------------------------------------------------------
-
-
 def _nice_ticks(lo: float, hi: float, wanted: int = 5) -> np.ndarray:
     if not (math.isfinite(lo) and math.isfinite(hi)):
         lo, hi = 0.0, 1.0

@@ -59,9 +59,6 @@ class ServiceUnavailable(RuntimeError):
     """The validation service could not validate this request (the caller validates itself)."""
 
 
-# --- client -------------------------------------------------------------------------------------
-
-
 def run_suites(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[str, Any]]:
     """:func:`catalog.gx.run_suites_here`, in the shared validation service when this command has
     one (GX already imported there, or being imported: then it waits for it, bounded), else in
@@ -179,9 +176,6 @@ def _arrow_bytes(frame: pd.DataFrame) -> bytes:
 def _read_line(stream: io.BufferedReader) -> bytes | None:
     line = stream.readline()
     return line if line.endswith(b"\n") else None
-
-
-# --- service ------------------------------------------------------------------------------------
 
 
 def serve(path: Path, *, parent_pid: int) -> int:

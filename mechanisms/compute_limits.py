@@ -37,7 +37,6 @@ message (sizes, iteration counts, achieved error: never data)."""
 
 _Result = TypeVar("_Result")
 
-# --- machine constants (one BLAS thread) ------------------------------------------------------
 # Measured on the project machine (2 cores, OpenBLAS, one thread through threadpoolctl) with
 #   .venv/bin/python benchmarks/predict_bench.py --calibrate machine
 # which times a 2048 dgemm, a 2048 eigh and a 2048×2048 SVD: 2·2048³ flops in 0.40 s (43 GF/s);
@@ -202,9 +201,6 @@ def interruptible(function: Callable[[], _Result], *, flops: float) -> _Result:
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["value"]  # type: ignore[return-value]
-
-
-# --- cost models ------------------------------------------------------------------------------
 
 
 def eigh_seconds(n: int) -> float:

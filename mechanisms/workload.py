@@ -123,9 +123,6 @@ class Workload:
         return roles
 
 
-# --- marginal items as attribute subsets (bitmasks) ----------------------------------------------
-
-
 def axes_of(mask: int, num_attributes: int) -> tuple[int, ...]:
     """Ascending attribute indices of a bitmask.
 

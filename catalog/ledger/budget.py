@@ -63,7 +63,6 @@ class Ledger:
                 "unchanged: restore it from a backup"
             ) from None
 
-    # --- the key and the hash chain ---------------------------------------------------------------
     @property
     def key(self) -> keys.CatalogKey:
         """The catalog's secret (created with mode 0600 at first use); ``key.key_id`` is public."""
@@ -138,7 +137,6 @@ class Ledger:
             key.write_anchor(entries=len(rows), head=head, written_at=stamp, adopted=history)
         return chain.ChainHead(seq=rows[-1].seq if rows else 0, entry_hash=head)
 
-    # --- datasets and budget ----------------------------------------------------------------------
     def ensure_dataset(
         self, dataset_id: str, *, cap: PrivacyCost, partitioned_by: str | None = None
     ) -> PrivacyCost:
@@ -299,7 +297,6 @@ class Ledger:
                 row.id for row in conn.execute(sa.select(datasets.c.id).order_by(datasets.c.id))
             ]
 
-    # --- internals -------------------------------------------------------------------------------------
     def _write(self) -> Any:
         return self.engine.begin()
 

@@ -59,7 +59,6 @@ class Catalog(Ledger):
     """The ledger (datasets, caps, charges) with the releases it pays for and their reviews, in
     one SQLAlchemy database (:class:`~catalog.ledger.budget.Ledger` opens and checks it)."""
 
-    # --- releases ------------------------------------------------------------------------------------
     def create_release(
         self,
         *,

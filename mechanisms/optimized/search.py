@@ -163,11 +163,6 @@ class OptimizedStrategy:
         return tuple(operators)
 
 
-# --------------------------------------------------------------------------------------------
-# Validation
-# --------------------------------------------------------------------------------------------
-
-
 def validate_terms(terms: Sequence[Sequence[np.ndarray]]) -> tuple[list[Term], tuple[int, ...]]:
     """Check a union of Kronecker Gram terms; return float64 terms and the domain sizes."""
     if isinstance(terms, np.ndarray) or len(terms) == 0:
@@ -189,11 +184,6 @@ def validate_terms(terms: Sequence[Sequence[np.ndarray]]) -> tuple[list[Term], t
 def validate_restarts(restarts: int) -> None:
     if restarts < 1:
         raise ValueError(f"restarts ({restarts}) must be >= 1")
-
-
-# --------------------------------------------------------------------------------------------
-# Kronecker products
-# --------------------------------------------------------------------------------------------
 
 
 def kron_template(
@@ -357,11 +347,6 @@ def _alternate(
     return final, float(np.sum(np.prod(errors, axis=1))), iterations, stopped
 
 
-# --------------------------------------------------------------------------------------------
-# Marginals
-# --------------------------------------------------------------------------------------------
-
-
 def marginals_template(
     projections: np.ndarray,
     sizes: tuple[int, ...],
@@ -408,11 +393,6 @@ def marginals_template(
         iterations=search.iterations,
         stopped_early=search.stopped_early,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Union: best template
-# --------------------------------------------------------------------------------------------
 
 
 def optimize_workload(
@@ -481,10 +461,6 @@ def optimize_workload(
         best, seconds=time.perf_counter() - start, details=details, stopped_early=stopped
     )
 
-
-# --------------------------------------------------------------------------------------------
-# Cost prediction (from sizes only)
-# --------------------------------------------------------------------------------------------
 
 # A union of terms alternates: warm-started factors converge faster on later sweeps, and three
 # 2-attribute terms cost about 1.5 single-term runs (measured, all-range × prefix unions, n_1 up

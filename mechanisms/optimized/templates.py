@@ -122,11 +122,6 @@ def column_sensitivity(strategy: np.ndarray, *, noise: NoiseKind) -> float:
     return float(np.sqrt((strategy * strategy).sum(axis=0).max()))
 
 
-# --------------------------------------------------------------------------------------------
-# p-Identity
-# --------------------------------------------------------------------------------------------
-
-
 RightMultiply = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """``(X, out) ↦ out = X @ G`` for a fixed symmetric Gram ``G`` (rows of ``X`` are strategy rows);
 ``X`` may be overwritten (it serves as scratch)."""
@@ -520,11 +515,6 @@ def _pidentity_best(
     return theta, float(seen["loss"]) * scale, iterations  # type: ignore[arg-type]
 
 
-# --------------------------------------------------------------------------------------------
-# Full-rank Gaussian optimum (convex)
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True, eq=False)
 class FullRankSolution:
     """Result of :func:`optimize_gaussian_full_rank`."""
@@ -707,11 +697,6 @@ def strategy_from_gram(strategy_gram: np.ndarray) -> np.ndarray:
     return scipy.linalg.cholesky(strategy_gram, lower=False, check_finite=False)
 
 
-# --------------------------------------------------------------------------------------------
-# One attribute: pick the best template
-# --------------------------------------------------------------------------------------------
-
-
 def default_p(n: int) -> int:
     """HDMM's default number of extra p-Identity queries: ``max(1, n // 16)``."""
     return max(1, n // 16)
@@ -828,10 +813,6 @@ def optimize_factor(
         )
     return dataclasses.replace(best, stopped_early=stopped), theta, warm_weights
 
-
-# --------------------------------------------------------------------------------------------
-# Cost prediction (from sizes only)
-# --------------------------------------------------------------------------------------------
 
 # p-Identity, per projected L-BFGS iteration (one BLAS thread): fixed 3e-4 s, 6e-8 s per variable
 # (elementwise passes of the loss and the optimiser's O(memory·pn) products) and ~1.05 loss

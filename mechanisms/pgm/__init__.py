@@ -348,11 +348,6 @@ def _lift_to_nonnegative(lattice: _Lattice, v: np.ndarray) -> tuple[np.ndarray, 
     return components, mixing
 
 
-# ------------------------------------------------------------------------------------------------
-# A tree-structured model of consistent tables, and sampling from it
-# ------------------------------------------------------------------------------------------------
-
-
 def mutual_information(table: np.ndarray) -> float:
     """Mutual information (nats) of a non-negative 2-way table. O(cells).
 
