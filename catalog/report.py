@@ -20,6 +20,7 @@ from __future__ import annotations
 import html
 import itertools
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -278,109 +279,10 @@ def tables_index(tables: dict[str, pa.Table]) -> str:
     )
 
 
-PAGER_SCRIPT = """
-(function () {
-  "use strict";
-  var cache = {};
-  function data(id) {
-    if (!cache[id]) cache[id] = JSON.parse(document.getElementById("data-" + id).textContent);
-    return cache[id];
-  }
-  function fmt(v) {
-    if (v === null) return "";
-    if (Math.abs(v) >= 999.95) return Math.round(v).toLocaleString("en-US");
-    if (v === 0) return "0";
-    if (Math.floor(Math.log10(Math.abs(v))) < -4) {
-      return v.toExponential(3).replace(/\\.?0+e/, "e").replace(/e([+-])(\\d)$/, "e$10$2");
-    }
-    return String(parseFloat(v.toPrecision(4)));
-  }
-  function cell(col, i) {
-    if (typeof col === "string") return col;
-    if (typeof col === "number" || col === null) return fmt(col);
-    if (Array.isArray(col)) return col[i];
-    if (col.n) return fmt(col.n[i]);
-    return col.l[Math.floor(i / col.r) % col.l.length];
-  }
-  function esc(text) {
-    return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  }
-  function show(box, page) {
-    var d = data(box.getAttribute("data-table"));
-    var select = box.querySelector("select");
-    var size = select ? parseInt(select.value, 10) : d.n;
-    var pages = Math.max(1, Math.ceil(d.n / size));
-    page = Math.min(Math.max(page, 0), pages - 1);
-    var start = page * size, end = Math.min(d.n, start + size), html = [];
-    for (var i = start; i < end; i++) {
-      var row = "<tr>";
-      for (var c = 0; c < d.c.length; c++) {
-        row += "<td class='" + d.k[c] + "'>" + esc(cell(d.c[c], i)) + "</td>";
-      }
-      html.push(row + "</tr>");
-    }
-    box.querySelector("tbody").innerHTML = html.join("");
-    box.setAttribute("data-page", page);
-    box.querySelector(".pos").textContent = "rows " + (start + 1).toLocaleString("en-US") +
-      "\\u2013" + end.toLocaleString("en-US") + " of " + d.n.toLocaleString("en-US");
-  }
-  function draw(figure) {
-    var template = figure.querySelector("template");
-    if (template) figure.replaceChild(template.content.cloneNode(true), template);
-    figure.classList.remove("lazy");
-  }
-  var figures = document.querySelectorAll("figure.lazy");
-  if ("IntersectionObserver" in window) {
-    var observer = new IntersectionObserver(function (entries) {
-      entries.forEach(function (entry) {
-        if (entry.isIntersecting) { observer.unobserve(entry.target); draw(entry.target); }
-      });
-    }, {rootMargin: "1200px 0px"});
-    figures.forEach(function (figure) { observer.observe(figure); });
-  } else {
-    figures.forEach(draw);
-  }
-  document.addEventListener("click", function (event) {
-    var button = event.target.closest("button[data-go]");
-    if (!button) return;
-    var box = button.closest(".pager"), page = parseInt(box.getAttribute("data-page"), 10);
-    var go = button.getAttribute("data-go");
-    show(box, go === "first" ? 0 : go === "last" ? 1e12 : go === "next" ? page + 1 : page - 1);
-  });
-  document.addEventListener("change", function (event) {
-    var box = event.target.closest(".pager");
-    if (box) show(box, 0);
-  });
-})();
-"""
-
-STYLE = """
-:root{--ink:#1a202c;--muted:#4a5568;--line:#e2e8f0;--accent:#2b6cb0}
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;color:var(--ink);line-height:1.45}
-main{max-width:1040px;margin:0 auto;padding:0 1rem 4rem}
-nav.toc{position:sticky;top:0;background:#fff;border-bottom:1px solid var(--line);z-index:2;padding:.4rem 1rem;font-size:.9rem}
-nav.toc a{margin-right:1rem;color:var(--accent);text-decoration:none}
-h1{font-size:1.55rem;margin:1.2rem 0 .6rem}h2{border-bottom:2px solid var(--line);padding-bottom:.2rem;margin-top:2.2rem}
-h3{margin:1.6rem 0 .3rem}h3 small{color:var(--muted);font-weight:400;font-size:.85rem}
-section{scroll-margin-top:2.6rem}section.tbl{content-visibility:auto;contain-intrinsic-size:auto 760px;border-top:1px solid var(--line)}
-table{border-collapse:collapse;margin:.5rem 0;font-size:.88rem}td,th{border:1px solid var(--line);padding:.22rem .5rem;text-align:right}
-th{background:#f7fafc;position:sticky;top:0}td.lab,th.lab{text-align:left}
-.ok{color:#276749;font-weight:600}.bad{color:#c53030;font-weight:600}.muted{color:var(--muted);font-size:.9rem}
-.kv td:first-child{text-align:left;color:var(--muted)}.kv td{text-align:left}code{font-size:.85rem;word-break:break-all}
-.summary{display:flex;gap:1rem;flex-wrap:wrap}.card{border:1px solid var(--line);border-radius:6px;padding:.6rem 1rem}
-.card b{display:block;font-size:1.25rem}
-.scroll{max-height:52rem;overflow:auto;border:1px solid var(--line);display:inline-block;max-width:100%}
-.scroll table{margin:0}.scroll.short{max-height:18rem}
-.pager-bar{display:flex;gap:.4rem;align-items:center;margin:.4rem 0;font-size:.85rem}
-.pager-bar button,.pager-bar select{font:inherit;padding:.1rem .5rem}.pos{min-width:12rem;text-align:center}
-figure{margin:.4rem 0}figure.lazy{min-height:250px}figcaption{color:var(--muted);font-size:.82rem}
-svg.chart{max-width:100%;height:auto;font-size:11px;fill:var(--ink)}
-svg .grid{stroke:#edf2f7}svg .axis{stroke:#718096}svg .bar{fill:#90cdf4}svg .err{stroke:#1a365d;stroke-width:1.2;fill:none}
-svg .band{fill:#bee3f8;stroke:none}svg line.ref{stroke:#c53030;stroke-dasharray:5 3}svg text.ref{fill:#c53030}svg .line{stroke:#2b6cb0;stroke-width:1.6;fill:none}svg .frame{fill:none;stroke:#a0aec0}
-svg .title{font-size:12px;fill:var(--muted)}
-details{margin:.6rem 0}summary{cursor:pointer;color:var(--accent)}
-.fail td{background:#fff5f5}
-"""
+_ASSETS = Path(__file__).resolve().parent / "assets" / "report"
+PAGER_SCRIPT = (_ASSETS / "pager.js").read_text(encoding="utf-8")
+"""Pages through every table's embedded rows and draws charts when scrolled near."""
+STYLE = (_ASSETS / "report.css").read_text(encoding="utf-8")
 
 
 def describe_check(result: dict[str, Any]) -> str:
