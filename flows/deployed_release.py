@@ -7,17 +7,12 @@ on an arrival event, or run on demand).  It
    (a file replaced after its announcement is refused before any budget is spent);
 2. takes the dataset's global concurrency slot (``dprelease-dataset-<id>``, limit 1), so two
    releases of one dataset never overlap; the slot is *not* held while the release waits for
-   review.  A deployed run normally finds the slot free: its deployment is in the dataset's work
-   queue (``flows.deployments.dataset_queue_name``, limit 1), and the server starts no run of the
-   dataset while another is Pending or Running, so queued runs wait as Scheduled runs on the
-   server instead of as waiting processes on the worker;
+   review (a deployed run normally finds it free: :mod:`flows.deployments`' dataset queue);
 3. runs the ``release`` flow as a subflow (the same tasks as ``dprelease run``: budget check before
    any data is read, ledger charge before noise, stage);
 4. records which flow run awaits the review (``catalog.watch_state.ReviewRuns``) and pauses with a
-   typed :class:`ReviewDecision` input, so a reviewer decides in the Prefect UI, through the API
-   (``prefect.flow_runs.resume_flow_run``) or with ``dprelease review``; with ``review.approvers:
-   N`` it pauses again after each approval until N distinct reviewers approved (or one rejected),
-   and a decision the policy refuses is logged and awaited again;
+   typed :class:`ReviewDecision` input (the Prefect UI, the API or ``dprelease review`` resume it),
+   again after each approval until ``review.approvers`` distinct reviewers approved;
 5. records the decision with :func:`catalog.review.review`: approval publishes a copy, rejection
    keeps the spent budget spent; both land in the catalog and the manifest with who and when.
 

@@ -3,10 +3,7 @@
 Each spec becomes a deployment of :func:`flows.deployed_release.release_deployment_flow` named
 after the spec (``release-deployment/<spec name>``) on a *process* work pool, with
 
-* a cron schedule when the spec has ``schedule: {cron, timezone}``;
-* an arrival trigger when it has ``trigger: arrival``: a ``DeploymentEventTrigger`` on the
-  ``dprelease.data.arrived`` event of resource ``dprelease.dataset.<dataset id>`` that passes the
-  event's ``path`` (and ``fingerprint``) as flow parameters;
+* the spec's cron ``schedule`` and, for ``trigger: arrival``, a trigger on the watcher's events;
 * the work queue ``dataset-<dataset id>`` of the pool, with a concurrency limit of 1, shared by all
   of the dataset's deployments: the server hands a worker a run of the dataset only while no other
   run of it is Pending or Running (a run paused for review does not count), so queued runs wait
@@ -15,9 +12,8 @@ after the spec (``release-deployment/<spec name>``) on a *process* work pool, wi
 * a global concurrency limit ``dprelease-dataset-<dataset id>`` with one slot, which the flow holds
   while it releases: one running release per dataset id even for a run that bypasses the queue
   (another pool, a run created with another queue);
-* the spec's ``on_unchanged`` policy (default ``skip``): a scheduled or triggered run whose input
-  and spec equal the series' last release charges nothing (``flows.deployed_release``); and, for
-  a spec with ``dataset.partitions``, per-partition charges (``catalog.partitions``);
+* the spec's ``on_unchanged`` policy (``flows.deployed_release``) and, for a spec with
+  ``dataset.partitions``, per-partition charges (``catalog.partitions``);
 * default parameters that are public only: absolute spec path, output and publish folders, the
   catalog URL when it is a local SQLite file (a server URL may carry credentials: the worker gets
   it from ``DPRELEASE_CATALOG_URL`` instead), the review timeout.
@@ -43,7 +39,7 @@ from flows.deployed_release import (
     ensure_dataset_limit,
     release_deployment_flow,
 )
-from flows.watch import ARRIVAL_EVENT, resource_id
+from flows.watch import ARRIVAL_EVENT, resource_id, spec_files
 
 WORK_POOL = "dprelease-process"
 DEPLOYMENT_TAG = "dprelease"
@@ -238,11 +234,8 @@ def ensure_work_pool(name: str = WORK_POOL) -> None:
 
 
 def ensure_dataset_queue(dataset_id: str, work_pool: str = WORK_POOL) -> str:
-    """Create the dataset's work queue in ``work_pool``, or set its concurrency limit back to 1.
-
-    The limit is what keeps queued runs of one dataset off the worker: the server's scheduling
-    query counts the queue's Pending and Running runs and hands out none while one is active.
-    """
+    """Create the dataset's work queue in ``work_pool``, or set its concurrency limit back to 1
+    (the server hands out none of its runs while one is Pending or Running)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectAlreadyExists
 
@@ -261,9 +254,7 @@ def find_specs(specs_dir: Path) -> list[Path]:
     """The YAML specs directly inside ``specs_dir`` (sorted)."""
     if not specs_dir.is_dir():
         raise SpecError(f"specs dir {str(specs_dir)!r} is not a folder")
-    found = sorted(
-        p for pattern in ("*.yaml", "*.yml") for p in specs_dir.glob(pattern) if p.is_file()
-    )
+    found = spec_files(specs_dir)
     if not found:
         raise SpecError(f"specs dir {str(specs_dir)!r} holds no *.yaml or *.yml spec")
     return found

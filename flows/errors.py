@@ -41,6 +41,7 @@ from catalog.errors import (
     ValidationFailedError,
     VerificationError,
 )
+from catalog.home import default_home
 from mechanisms.privacy import BudgetExceededError, PrivacyError
 
 EXIT_INTERNAL = 1
@@ -234,7 +235,7 @@ def report_interrupt(console: Console, detail: str = "") -> int:
 
 
 def logs_dir() -> Path:
-    return Path(os.environ.get("DPRELEASE_HOME", ".dprelease")).resolve() / "logs"
+    return default_home() / "logs"
 
 
 def write_log(exc: BaseException, *, argv: list[str]) -> Path:

@@ -144,8 +144,7 @@ class InterruptGuard:
         self._done = threading.Event()
         self._cleaned = threading.Lock()
         self._aborted: list[str] | None = None
-        self._reader: socket.socket | None = None
-        self._writer: socket.socket | None = None
+        self._sockets: tuple[socket.socket, socket.socket] | None = None  # wake-up reader, writer
         self._previous_fd: int | None = None
         self._thread: threading.Thread | None = None
         self._previous_handler: Any = None
@@ -199,7 +198,7 @@ class InterruptGuard:
         opened = wakeup_socket()
         if opened is None:  # pragma: no cover - not the main thread after all
             return
-        self._reader, self._writer, self._previous_fd = opened
+        self._sockets, self._previous_fd = opened[:2], opened[2]
         self._thread = threading.Thread(target=self._watch, name="dprelease-ctrl-c", daemon=True)
         self._thread.start()
 
@@ -211,18 +210,14 @@ class InterruptGuard:
             signal.set_wakeup_fd(self._previous_fd if self._previous_fd is not None else -1)
         self._thread.join(timeout=1.0)
         self._thread = None
-        self._close_sockets()
-
-    def _close_sockets(self) -> None:
-        for sock in (self._reader, self._writer):
-            if sock is not None:
-                sock.close()
-        self._reader = self._writer = None
+        for sock in self._sockets or ():
+            sock.close()
+        self._sockets = None
 
     def _watch(self) -> None:
-        reader = self._reader
-        if reader is None:
+        if self._sockets is None:
             return
+        reader = self._sockets[0]
         deadline: float | None = None
         while not self._done.is_set():
             timeout = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))

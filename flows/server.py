@@ -31,7 +31,7 @@ the server once nothing touched it for ``DPRELEASE_SERVER_IDLE_SECONDS`` (defaul
   Prefect database is kept once per Prefect version in the user cache (``DPRELEASE_CACHE_DIR``,
   default ``$XDG_CACHE_HOME/dprelease``) and copied into new homes.
 
-This module imports neither prefect nor the catalog beyond ``catalog.processes`` (standard library
+This module imports neither prefect nor the catalog beyond ``catalog.home`` and ``catalog.processes`` (standard library
 only): the supervisor must stay small.
 """
 
@@ -59,6 +59,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from catalog.home import default_home
 from catalog.processes import (
     command_line,
     is_alive,
@@ -140,7 +141,7 @@ class ServerStatus:
 
 def state_home() -> Path:
     """``$DPRELEASE_HOME`` (default ``./.dprelease``), created."""
-    home = Path(os.environ.get("DPRELEASE_HOME", ".dprelease")).resolve()
+    home = default_home()
     home.mkdir(parents=True, exist_ok=True)
     return home
 
@@ -407,13 +408,11 @@ def connect(*, wait: bool = True) -> Connection:
     if configured:
         return Connection(record=None, url=configured)
     home = state_home()
-    # GX validation goes to the server's validation service while its socket answers
     os.environ[VALIDATION_SOCKET_ENV] = str(validation_socket(home))
     with _locked(home, timeout=start_timeout() + STOP_GRACE_SECONDS * 3):
         found = _reuse(home)
         if found is not None:
             return Connection(record=found, url=found.url, _home=home)
-        # one server per database: the operator's server on this Prefect home serves us too
         deployed = _use_deploy_server(prefect_home())
         if deployed is not None:
             return deployed
@@ -742,10 +741,8 @@ def validation_socket(home: Path) -> Path:
 
 
 def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
-    """``python -m catalog.validation_service``: GX imported once for every command of ``home``.
-
-    Optional: if it cannot start or dies, or ``DPRELEASE_VALIDATION_SERVICE=off`` (a host short of
-    the memory it keeps), commands validate in their own process."""
+    """``python -m catalog.validation_service`` (module docstring); None when it cannot start or
+    ``DPRELEASE_VALIDATION_SERVICE=off`` (a host short of the memory it keeps)."""
     if os.environ.get(VALIDATION_SERVICE_ENV, "on").strip().lower() in ("0", "off", "false", "no"):
         _log(f"supervisor {os.getpid()}: validation service off ({VALIDATION_SERVICE_ENV})")
         return None

@@ -144,6 +144,11 @@ def _source_matches(source: str, path: Path) -> bool:
     return source_path.resolve() == path
 
 
+def spec_files(folder: Path) -> list[Path]:
+    """The YAML files directly inside ``folder`` (sorted)."""
+    return sorted(p for pattern in ("*.yaml", "*.yml") for p in folder.glob(pattern) if p.is_file())
+
+
 class SpecResolver:
     """Dataset ids of the arrival-triggered specs in a folder whose source covers a file; specs
     are re-read when a spec file changes, an invalid one is logged and ignored."""
@@ -155,15 +160,10 @@ class SpecResolver:
         self._signature: tuple[tuple[str, int], ...] | None = None
         self._sources: list[tuple[str, str]] = []  # (dataset id, source)
 
-    def _spec_files(self) -> list[Path]:
-        return sorted(
-            p for pattern in ("*.yaml", "*.yml") for p in self.spec_dir.glob(pattern) if p.is_file()
-        )
-
     def _reload_if_changed(self) -> None:
         from catalog.spec.load import load_spec
 
-        files = self._spec_files()
+        files = spec_files(self.spec_dir)
         signature = tuple((str(p), p.stat().st_mtime_ns) for p in files)
         if signature == self._signature:
             return
