@@ -47,6 +47,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mechanisms.compute_limits import DGEMM_FLOPS_PER_SECOND, Progress, WorkLimit, report, scaled
+from mechanisms.lower_bound import validate_gram
 from mechanisms.marginal_strategies import (
     MAX_MARGINAL_ATTRIBUTES,
     marginals_sensitivity,
@@ -64,7 +65,6 @@ from mechanisms.optimized.templates import (
     optimize_factor,
     predict_factor_seconds,
     unit_error,
-    validate_gram,
     validate_noise,
 )
 

@@ -50,7 +50,6 @@ from mechanisms.compute_limits import (
     interruptible,
     report,
 )
-from mechanisms.lower_bound import validate_gram
 from mechanisms.noise import NoiseKind, validate_noise
 from mechanisms.operators import Factor, check_norm
 from mechanisms.optimized import projected_lbfgs
@@ -517,7 +516,7 @@ def _pidentity_best(
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class FullRankSolution:
-    """Result of :func:`optimize_gaussian_full_rank`."""
+    """Result of :func:`gaussian_full_rank`."""
 
     strategy_gram: np.ndarray
     """``X = AᵀA`` with unit diagonal (L2 sensitivity 1), positive definite."""
@@ -530,46 +529,6 @@ class FullRankSolution:
     """The dual point ``v`` (a warm start for a neighbouring problem)."""
     stopped_early: bool = False
     """True when a time limit stopped the iterations (the best strategy so far is returned)."""
-
-
-def optimize_gaussian_full_rank(
-    gram: np.ndarray,
-    *,
-    tolerance: float = 1e-5,
-    max_iterations: int = 100,
-    initial_weights: np.ndarray | None = None,
-    time_limit: float | None = None,
-    progress: Progress | None = None,
-) -> FullRankSolution:
-    """The L2-optimal strategy Gram for ``gram`` to a relative duality gap of ``tolerance``.
-
-    Deterministic (the problem is convex).  Each iteration, O(n³): eigendecompose
-    ``K = V G V`` (V = diag(v)), read off the dual value ``(tr √K)² / ‖v‖²`` and the primal
-    ``X_v = V⁻¹ √K V⁻¹`` repaired to a unit diagonal (by completion, thesis Lemma 3, or by
-    rescaling its columns; the better one is kept), then update
-    ``v_i ← v_i · (diag(X_v)_i)^{ω/2}``, a multiplicative ascent step on the dual whose gradient is
-    ``diag(X_v) − 1`` (step ω = 2; ω = 1 from the first time the dual decreases).  Cells with ``G_ii = 0``
-    are not needed by the workload and get an identity query.
-
-    ``time_limit`` (seconds): checked before every O(n³) step; once passed, the best strategy
-    so far (the identity before the first iteration) and the best dual bound are returned with
-    ``stopped_early``.  ``progress`` is called after every iteration (fraction: the share of
-    the log duality gap closed, or of the time limit used if larger).
-
-    *Privacy*: none consumed; public computation on the workload only.
-
-    References: Li thesis §4.2.2 (proof structure, completion Lemma 3); Yuan et al. 2016 (the
-    convex L2 formulation).  The dual derivation and the fixed-point update are ours.
-    """
-    limit = WorkLimit(time_limit=time_limit)
-    gram = validate_gram(gram)
-    if not tolerance > 0:
-        raise ValueError(f"tolerance ({tolerance}) must be > 0")
-    if max_iterations < 1:
-        raise ValueError(f"max_iterations ({max_iterations}) must be >= 1")
-    return _gaussian_full_rank(
-        gram, tolerance, max_iterations, initial_weights, limit=limit, progress=progress
-    )
 
 
 def gaussian_dual(gram: np.ndarray, weights: np.ndarray) -> tuple[float, np.ndarray]:
@@ -588,7 +547,7 @@ def gaussian_dual(gram: np.ndarray, weights: np.ndarray) -> tuple[float, np.ndar
     return dual, root_k / np.outer(weights, weights)
 
 
-def _gaussian_full_rank(
+def gaussian_full_rank(
     gram: np.ndarray,
     tolerance: float,
     max_iterations: int,
@@ -597,7 +556,27 @@ def _gaussian_full_rank(
     limit: WorkLimit | None = None,
     progress: Progress | None = None,
 ) -> FullRankSolution:
-    """:func:`optimize_gaussian_full_rank` on an already validated symmetric ``gram``."""
+    """The L2-optimal strategy Gram for ``gram`` (validated, symmetric) to a relative duality gap of
+    ``tolerance``.
+
+    Deterministic (the problem is convex).  Each iteration, O(n³): eigendecompose
+    ``K = V G V`` (V = diag(v)), read off the dual value ``(tr √K)² / ‖v‖²`` and the primal
+    ``X_v = V⁻¹ √K V⁻¹`` repaired to a unit diagonal (by completion, thesis Lemma 3, or by
+    rescaling its columns; the better one is kept), then update
+    ``v_i ← v_i · (diag(X_v)_i)^{ω/2}``, a multiplicative ascent step on the dual whose gradient is
+    ``diag(X_v) − 1`` (step ω = 2; ω = 1 from the first time the dual decreases).  Cells with ``G_ii = 0``
+    are not needed by the workload and get an identity query.
+
+    ``limit``: checked before every O(n³) step; once passed, the best strategy
+    so far (the identity before the first iteration) and the best dual bound are returned with
+    ``stopped_early``.  ``progress`` is called after every iteration (fraction: the share of
+    the log duality gap closed, or of the time limit used if larger).
+
+    *Privacy*: none consumed; public computation on the workload only.
+
+    References: Li thesis §4.2.2 (proof structure, completion Lemma 3); Yuan et al. 2016 (the
+    convex L2 formulation).  The dual derivation and the fixed-point update are ours.
+    """
     n = gram.shape[0]
     diag = np.diag(gram)
     active = diag > 1e-14 * max(float(diag.max()), 1e-300)
@@ -773,7 +752,7 @@ def optimize_factor(
     if template == "auto":
         template = "fullrank" if noise == "gaussian" and n <= FULL_RANK_MAX_CELLS else "pidentity"
     if template == "fullrank":
-        solution = _gaussian_full_rank(
+        solution = gaussian_full_rank(
             gram, tolerance, 100, warm_weights, limit=limit, progress=progress
         )
         if solution.unit_error <= best.unit_error:
@@ -848,7 +827,7 @@ def predict_pidentity_seconds(
 
 
 def predict_full_rank_seconds(n: int) -> float:
-    """Predicted seconds of :func:`optimize_gaussian_full_rank` for an n-cell attribute. O(1)."""
+    """Predicted seconds of :func:`gaussian_full_rank` for an n-cell attribute. O(1)."""
     if n <= 1:
         return 0.0
     per_iteration = _FULL_RANK_EIGHS_PER_ITERATION * eigh_seconds(n) + 2e-4

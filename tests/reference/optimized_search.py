@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from mechanisms.compute_limits import Progress, WorkLimit
+from mechanisms.lower_bound import validate_gram
 from mechanisms.marginal_strategies import (
     marginals_sensitivity,
     marginals_unit_error,
@@ -30,15 +31,15 @@ from mechanisms.optimized.search import (
 )
 from mechanisms.optimized.templates import (
     FACTOR_TEMPLATES,
+    FullRankSolution,
     NoiseKind,
     PIdentityObjective,
     column_sensitivity,
-    optimize_gaussian_full_rank,
+    gaussian_full_rank,
     optimize_pidentity_factor,
     pidentity_strategy,
     strategy_from_gram,
     unit_error,
-    validate_gram,
     validate_noise,
 )
 from tests.reference.marginal_algebra import subsets_projections
@@ -94,6 +95,28 @@ def optimize_pidentity(
     )
 
 
+def optimize_gaussian_full_rank(
+    gram: np.ndarray,
+    *,
+    tolerance: float = 1e-5,
+    max_iterations: int = 100,
+    initial_weights: np.ndarray | None = None,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
+) -> FullRankSolution:
+    """:func:`mechanisms.optimized.templates.gaussian_full_rank` with its arguments validated;
+    ``time_limit`` in seconds."""
+    limit = WorkLimit(time_limit=time_limit)
+    gram = validate_gram(gram)
+    if not tolerance > 0:
+        raise ValueError(f"tolerance ({tolerance}) must be > 0")
+    if max_iterations < 1:
+        raise ValueError(f"max_iterations ({max_iterations}) must be >= 1")
+    return gaussian_full_rank(
+        gram, tolerance, max_iterations, initial_weights, limit=limit, progress=progress
+    )
+
+
 def optimize_full_rank(
     gram: np.ndarray,
     *,
@@ -105,7 +128,7 @@ def optimize_full_rank(
     """The L2-optimal (Gaussian) strategy for one attribute, to a relative duality gap.
 
     Deterministic convex optimisation (see
-    :func:`mechanisms.optimized.templates.optimize_gaussian_full_rank`), O(n³) per iteration;
+    :func:`optimize_gaussian_full_rank`), O(n³) per iteration;
     ``lower_bound`` is the dual certificate, so ``total_error ≤ (1 + tolerance) · lower_bound``
     unless ``max_iterations`` or ``time_limit`` (seconds; then ``stopped_early``) ran out.
 

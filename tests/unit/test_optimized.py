@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
+from mechanisms.lower_bound import validate_gram
 from mechanisms.marginal_strategies import (
     eigenspace_multiplicities,
     gram_eigenvalues,
@@ -40,13 +41,11 @@ from mechanisms.optimized.templates import (
     gaussian_dual,
     gram_right_multiply,
     optimize_factor,
-    optimize_gaussian_full_rank,
     pidentity_strategy,
     predict_factor_seconds,
     predict_pidentity_seconds,
     structured_gram,
     unit_error,
-    validate_gram,
 )
 from tests.fake_clock import install_fake_clock
 from tests.reference.lower_bound import svd_bound_terms as svd_bound
@@ -63,6 +62,7 @@ from tests.reference.marginal_algebra import (
 from tests.reference.optimized_search import (
     expected_total_error,
     optimize_full_rank,
+    optimize_gaussian_full_rank,
     optimize_kron,
     optimize_marginals,
     optimize_pidentity,
