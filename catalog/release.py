@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pyarrow as pa
 
 from catalog import artifacts, estimators, partitions
@@ -352,9 +351,3 @@ def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) ->
         reviews=reviews,
     )
     (directory / "report.html").write_text(html_text)
-
-
-def exact_answers(spec: ReleaseSpec, cells: np.ndarray) -> dict[str, np.ndarray]:
-    """True answers of every item for given cells (tests and benchmarks on public/synthetic data)."""
-    workload = build_workload(spec)
-    return {item.name: item.answer(cells) for item in workload.items}

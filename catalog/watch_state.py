@@ -77,10 +77,12 @@ class ReviewRun:
     updated_at: str
 
 
-def _engine(url: str) -> Engine:
-    engine = make_engine(url)  # the catalog's: SQLite waits for a writer charging the ledger
-    create_tables(engine, operations_metadata)
-    return engine
+class _OperationsTables:
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or default_url()
+        self.engine: Engine = make_engine(self.url)  # SQLite waits for a writer charging the ledger
+        create_tables(self.engine, operations_metadata)
+        dispose_with(self, self.engine)
 
 
 def _check_fingerprint(fingerprint: str) -> None:
@@ -92,13 +94,8 @@ def _check_fingerprint(fingerprint: str) -> None:
         )
 
 
-class WatchState:
+class WatchState(_OperationsTables):
     """Fingerprints of files already announced, persisted in the catalog database."""
-
-    def __init__(self, url: str | None = None) -> None:
-        self.url = url or default_url()
-        self.engine = _engine(self.url)
-        dispose_with(self, self.engine)
 
     def claim(self, *, dataset_id: str, fingerprint: str, path: str, size: int) -> bool:
         """Record that this content is being announced for ``dataset_id``.
@@ -151,13 +148,8 @@ class WatchState:
             return [Announcement(**row._asdict()) for row in conn.execute(query)]
 
 
-class ReviewRuns:
+class ReviewRuns(_OperationsTables):
     """Which paused Prefect flow run waits for the review of which release."""
-
-    def __init__(self, url: str | None = None) -> None:
-        self.url = url or default_url()
-        self.engine = _engine(self.url)
-        dispose_with(self, self.engine)
 
     def record(self, *, release_id: str, flow_run_id: str, api_url: str | None) -> None:
         """Remember that ``flow_run_id`` pauses for the review of ``release_id``."""
