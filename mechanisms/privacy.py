@@ -18,11 +18,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Real
 from typing import Literal
 
 Measure = Literal["pure", "zcdp", "approx"]
 MEASURES: tuple[Measure, ...] = ("pure", "zcdp", "approx")
 COMPONENTS = ("epsilon", "rho", "delta")
+
+
+def check_epsilon(value: object, *, name: str = "epsilon") -> float:
+    """``value`` as a float if it is a finite real number > 0; ``ValueError`` otherwise.
+
+    The one rule for an ε a mechanism is asked to spend: a zero, negative, infinite or NaN ε would
+    give infinite, negative or undefined noise scales; it is refused before any scale is computed.
+
+    Examples
+    --------
+    >>> check_epsilon(0.5)
+    0.5
+    >>> check_epsilon(0, name="measurement_epsilon")
+    Traceback (most recent call last):
+    ...
+    ValueError: measurement_epsilon (0) must be finite and > 0
+    """
+    if not isinstance(value, Real):
+        raise ValueError(f"{name} ({value!r}) must be a real number")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} ({value}) must be finite and > 0")
+    return float(value)
 
 
 class PrivacyError(Exception):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mechanisms.checks import check_epsilon
 from mechanisms.local.randomizer import LDPStrategy
+from mechanisms.privacy import check_epsilon
 from mechanisms.threads import single_threaded_blas
 
 # Relative eigenvalue cut-off for the pseudo-inverse of X = Q^T D^-1 Q, in units of n * machine eps.

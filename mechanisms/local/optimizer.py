@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from mechanisms.checks import check_epsilon
 from mechanisms.compute_limits import Progress, WorkLimit, report
 from mechanisms.local.estimation import workload_matrix
 from mechanisms.local.randomizer import LDPStrategy, check_size, enforce_row_ratio
+from mechanisms.privacy import check_epsilon
 from mechanisms.threads import single_threaded_blas
 
 # Outputs whose lower bound z_o falls to this probability are removed by the optimiser.

@@ -16,7 +16,6 @@ from typing import get_args
 import numpy as np
 import scipy.sparse as sp
 
-from mechanisms.checks import check_epsilon
 from mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
 from mechanisms.dawa.partition import (
     IntervalFamily,
@@ -33,6 +32,7 @@ from mechanisms.dawa.partition import (
     split_budget,
 )
 from mechanisms.noise import NoiseSampler
+from mechanisms.privacy import check_epsilon
 
 
 def window_deviations(x: np.ndarray, *, length: int) -> np.ndarray:

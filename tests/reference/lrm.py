@@ -14,7 +14,6 @@ from numbers import Real
 
 import numpy as np
 
-from mechanisms.checks import check_epsilon
 from mechanisms.linalg import l1_sensitivity
 from mechanisms.lrm.decomposition import (
     LowRankDecomposition,
@@ -23,6 +22,7 @@ from mechanisms.lrm.decomposition import (
     _project_rows,
 )
 from mechanisms.noise import NoiseSampler
+from mechanisms.privacy import check_epsilon
 
 
 def project_columns_to_l1_ball(matrix: np.ndarray, *, radius: float = 1.0) -> np.ndarray:
