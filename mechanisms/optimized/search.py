@@ -139,12 +139,6 @@ class OptimizedStrategy:
             object.__setattr__(self, "thetas", thetas)
         object.__setattr__(self, "details", MappingProxyType(dict(self.details)))
 
-    def factor_grams(self) -> tuple[np.ndarray, ...]:
-        """``A_iᵀA_i`` for each factor (dense kinds only). O(Σ rows_i n_i²)."""
-        if self.kind == "marginals":
-            raise ValueError("a marginals strategy has no per-attribute factors")
-        return tuple(f.T @ f for f in self.factors)
-
     def factor_operators(self) -> tuple[Factor, ...]:
         """Per attribute the factor as an operator: p-Identity factors kept as Θ
         (:class:`PIdentityFactor`, O(p n)), identity factors sparse, others dense."""

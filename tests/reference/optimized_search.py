@@ -290,6 +290,13 @@ def optimize_marginals(
     )
 
 
+def factor_grams(strategy: OptimizedStrategy) -> tuple[np.ndarray, ...]:
+    """``A_iᵀA_i`` for each factor (dense kinds only). O(Σ rows_i n_i²)."""
+    if strategy.kind == "marginals":
+        raise ValueError("a marginals strategy has no per-attribute factors")
+    return tuple(f.T @ f for f in strategy.factors)
+
+
 def expected_total_error(
     terms: Sequence[Sequence[np.ndarray]], strategy: OptimizedStrategy, *, noise: NoiseKind
 ) -> float:
@@ -308,7 +315,7 @@ def expected_total_error(
         sensitivity = marginals_sensitivity(weights, noise=noise)
         return sensitivity**2 * marginals_unit_error(weights, workload_projections(grams), sizes)
     sensitivity = float(np.prod([column_sensitivity(f, noise=noise) for f in strategy.factors]))
-    strategy_grams = strategy.factor_grams()
+    strategy_grams = factor_grams(strategy)
     total = 0.0
     for term in grams:
         product = 1.0

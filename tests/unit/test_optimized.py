@@ -61,6 +61,7 @@ from tests.reference.marginal_algebra import (
 )
 from tests.reference.optimized_search import (
     expected_total_error,
+    factor_grams,
     optimize_full_rank,
     optimize_gaussian_full_rank,
     optimize_kron,
@@ -810,16 +811,18 @@ VALIDATOR_CASES = [
         "needs 2^d = 2 weights",
     ),
     (
-        lambda: OptimizedStrategy(
-            kind="marginals",
-            domain_sizes=(3,),
-            objective_noise="laplace",
-            total_error=0.0,
-            sensitivity=1.0,
-            restarts=1,
-            seconds=0.0,
-            weights=np.ones(2),
-        ).factor_grams(),
+        lambda: factor_grams(
+            OptimizedStrategy(
+                kind="marginals",
+                domain_sizes=(3,),
+                objective_noise="laplace",
+                total_error=0.0,
+                sensitivity=1.0,
+                restarts=1,
+                seconds=0.0,
+                weights=np.ones(2),
+            )
+        ),
         "has no per-attribute factors",
     ),
     (
