@@ -74,12 +74,6 @@ def run_suites(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[st
     return gx.run_suites_here(jobs, docs_dir=docs_dir)
 
 
-def configured_socket() -> Path | None:
-    """The service socket this command may use (``DPRELEASE_VALIDATION_SOCKET``), if it exists."""
-    path = _configured_path()
-    return path if path is not None and path.is_socket() else None
-
-
 def expected() -> bool:
     """True when this command's service listens or is still importing GX (a live start marker):
     importing GX here as well would only compete with it for the CPU."""
@@ -88,8 +82,9 @@ def expected() -> bool:
 
 
 def wait_for_socket(*, timeout: float = STARTUP_WAIT_SECONDS) -> Path | None:
-    """:func:`configured_socket`, after waiting (at most ``timeout`` s) while the service is still
-    importing GX; None when there is no service, it died, or it is not listening in time."""
+    """The service socket this command may use (``DPRELEASE_VALIDATION_SOCKET``), after waiting (at
+    most ``timeout`` s) while the service is still importing GX; None when there is no service, it
+    died, or it is not listening in time."""
     path = _configured_path()
     if path is None:
         return None

@@ -108,10 +108,10 @@ def test_run_suites_uses_the_configured_service(
     service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(validation_service.SOCKET_ENV, str(service))
-    assert validation_service.configured_socket() == service
+    assert validation_service.wait_for_socket(timeout=0) == service
     assert validation_service.run_suites(_jobs()) == gx.run_suites_here(_jobs())
     monkeypatch.setenv(validation_service.SOCKET_ENV, str(tmp_path / "absent.sock"))
-    assert validation_service.configured_socket() is None  # no socket there: validate here
+    assert validation_service.wait_for_socket(timeout=0) is None  # no socket there: validate here
 
 
 def test_every_service_failure_falls_back_to_this_process(
