@@ -24,7 +24,6 @@ from catalog.errors import DprReleaseError, SpecError
 if TYPE_CHECKING:
     from distributed import Client
 
-ENGINES = ("local", "dask")
 _ADDRESS = re.compile(r"^(tcp|tls)://[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
 CONNECT_TIMEOUT_S = 30
 """Bounded wait for joining a cluster (a wrong address fails instead of hanging)."""
