@@ -225,15 +225,11 @@ def moments(
     mean: bool,
     z: float = Z95,
 ) -> DerivedRows:
-    """Per-group sums (``mean`` False) or means of the representative values from moments rows
-    ``(groups, 3)``.
+    """Per-group sums (``mean`` False) or means from moments rows ``(groups, 3)`` (module docstring).
 
-    Sums: exact linear variance; binning error ``e·max(N̂, 0)`` with the estimated count N̂.
-
-    Means, by the delta method: the estimate is clipped to ``[r_min, r_max]`` (post-processing:
-    every mean lies there) and so is the interval.  Where the estimated count is not above
-    ``1.96·sd(count)`` the ratio is not a reliable estimate: the row is labelled ``noise-only``
-    (no interval) and its ``std_error`` uses that threshold in place of the count.
+    A mean and its interval are clipped to ``[r_min, r_max]`` (post-processing: every mean lies
+    there); where the estimated count is not above ``z·sd(count)`` the row is ``noise-only`` (no
+    interval) and its ``std_error`` uses that threshold in place of the count.
     """
     count, unit_sum, _ = estimates.T
     spread, low = column.spread, column.low
