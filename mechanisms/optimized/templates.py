@@ -193,15 +193,6 @@ def pidentity_column_scales(theta: np.ndarray, *, noise: NoiseKind) -> np.ndarra
     return np.sqrt(1.0 + (theta * theta).sum(axis=0))
 
 
-def pidentity_strategy(theta: np.ndarray, *, noise: NoiseKind) -> np.ndarray:
-    """The p-Identity strategy ``[I; Θ] diag(1/s)`` (sensitivity 1) as a dense matrix. O(n² + p n).
-
-    Rows of Θ that are entirely zero measure nothing and are left out, so the result has
-    ``n + (number of non-zero rows of Θ)`` rows.
-    """
-    return PIdentityFactor(theta, noise=noise).dense()
-
-
 class PIdentityFactor(Factor):
     """The p-Identity strategy ``A = [I; Θ] S⁻¹`` (``S = diag(s)``, unit column norms), kept as Θ.
 
@@ -224,6 +215,7 @@ class PIdentityFactor(Factor):
         super().__init__(shape=(theta.shape[1] + self.theta.shape[0], theta.shape[1]))
 
     def dense(self) -> np.ndarray:
+        """``[I; Θ] diag(1/s)`` without the zero rows of Θ (they measure nothing). O(n² + p n)."""
         return np.vstack([np.eye(self.n), self.theta]) / self.scales
 
     def gram(self) -> np.ndarray:
@@ -782,7 +774,7 @@ def optimize_factor(
     )
     if error < best.unit_error:  # ties go to the identity (fewer rows)
         best = FactorSolution(
-            strategy=pidentity_strategy(theta, noise=noise),
+            strategy=PIdentityFactor(theta, noise=noise).dense(),
             unit_error=error,
             template="pidentity",
             theta=theta,

@@ -33,11 +33,11 @@ from mechanisms.optimized.templates import (
     FACTOR_TEMPLATES,
     FullRankSolution,
     NoiseKind,
+    PIdentityFactor,
     PIdentityObjective,
     column_sensitivity,
     gaussian_full_rank,
     optimize_pidentity_factor,
-    pidentity_strategy,
     strategy_from_gram,
     unit_error,
     validate_noise,
@@ -78,7 +78,7 @@ def optimize_pidentity(
     theta, error, iterations, stopped = optimize_pidentity_factor(
         gram, p=p, noise=noise, rng=rng, restarts=restarts, limit=limit, progress=progress
     )
-    strategy = pidentity_strategy(theta, noise=noise)
+    strategy = PIdentityFactor(theta, noise=noise).dense()
     return OptimizedStrategy(
         kind="pidentity",
         domain_sizes=(n,),

@@ -41,7 +41,6 @@ from mechanisms.optimized.templates import (
     gaussian_dual,
     gram_right_multiply,
     optimize_factor,
-    pidentity_strategy,
     predict_factor_seconds,
     predict_pidentity_seconds,
     structured_gram,
@@ -273,7 +272,7 @@ def test_pidentity_loss_equals_dense(noise: str) -> None:
     n, p = 9, 4
     gram = prefix_gram(n)
     theta = rng.random((p, n)) - (0.5 if noise == "gaussian" else 0.0)
-    strategy = pidentity_strategy(theta, noise=noise)
+    strategy = PIdentityFactor(theta, noise=noise).dense()
     assert column_sensitivity(strategy, noise=noise) == pytest.approx(1.0, rel=1e-12)
     loss, _ = pidentity_loss_and_gradient(theta.ravel(), gram, p, noise)
     expected = dense_error(gram, strategy, norm=1 if noise == "laplace" else 2)
@@ -513,7 +512,7 @@ def test_identity_wins_ties_and_unused_rows_are_dropped() -> None:
     np.testing.assert_array_equal(solution.strategy, np.eye(12))
     theta = np.zeros((3, 4))
     theta[1] = [0.0, 1.0, 2.0, 0.0]
-    strategy = pidentity_strategy(theta, noise="laplace")
+    strategy = PIdentityFactor(theta, noise="laplace").dense()
     assert strategy.shape == (5, 4)
     np.testing.assert_allclose(strategy[4], [0.0, 0.5, 2.0 / 3.0, 0.0])
 
@@ -756,8 +755,8 @@ VALIDATOR_CASES = [
     (lambda: marginals_gram_pinv_apply(np.ones(3), (2,), np.ones(2)), "must have length 2^d = 2"),
     (lambda: marginal_measurements_transpose(np.ones(2), (2,), np.ones(2)), "are too short"),
     (lambda: marginal_measurements_transpose(np.ones(2), (2,), np.ones(4)), "must have length 3"),
-    (lambda: pidentity_strategy(-np.ones((1, 2)), noise="laplace"), "theta must be >= 0"),
-    (lambda: pidentity_strategy(np.ones(2), noise="gaussian"), "must be a p × n matrix"),
+    (lambda: PIdentityFactor(-np.ones((1, 2)), noise="laplace").dense(), "theta must be >= 0"),
+    (lambda: PIdentityFactor(np.ones(2), noise="gaussian").dense(), "must be a p × n matrix"),
     (lambda: column_sensitivity(np.eye(2), noise="l3"), "noise ('l3') must be one of"),
     (
         lambda: OptimizedStrategy(
