@@ -18,12 +18,13 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false       # no server telemetry
 export PYTHONPATH="$DPRELEASE_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$RUN_DIR" "$PREFECT_HOME"
 
-# healthy URL -> exit 0 when GET URL/health answers true (no curl needed)
+# healthy URL -> exit 0 when GET URL/health answers true (no curl needed); a server busy on a
+# loaded 2-core machine can take several seconds to answer (an absent one is refused at once)
 healthy() {
   "$DPRELEASE_VENV/bin/python" - "$1" <<'PY'
 import json, sys, urllib.request
 try:
-    with urllib.request.urlopen(sys.argv[1] + "/health", timeout=2) as response:
+    with urllib.request.urlopen(sys.argv[1] + "/health", timeout=10) as response:
         sys.exit(0 if json.loads(response.read()) is True else 1)
 except (OSError, ValueError):
     sys.exit(1)
