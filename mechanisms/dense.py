@@ -8,12 +8,12 @@ few thousand cells: the cell covariance ``(AᵀA)⁺`` is formed densely (O(N³)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
-from mechanisms.error import dense_support_residual
 from mechanisms.linalg import l1_sensitivity, psd_pinv
 from mechanisms.operators import kron_query_variances
 from mechanisms.protocol import LeastSquaresAnswers
@@ -82,3 +82,21 @@ class DenseStrategy(LeastSquaresAnswers):
     def support_residual(self, workload: Workload) -> float:
         projector = self.covariance() @ (self.matrix.T @ self.matrix)  # (AᵀA)⁺AᵀA, O(p N² + N³)
         return dense_support_residual(workload, projector)
+
+
+def dense_support_residual(workload: Workload, projector: np.ndarray) -> float:
+    """≈ 0 iff the strategy ``A`` supports every item, from Grams only.
+
+    A least-squares answer ``W·x̂`` is unbiased iff ``W`` lies in the row space of ``A`` (Li thesis
+    §3.2.1).  ``projector`` is ``P = (AᵀA)⁺AᵀA`` (N × N).  Per item, the largest column norm of
+    ``W(I − P)``, ``√max_j ((I − P)ᵀ WᵀW (I − P))_jj``, relative to ``max(1, max|W|)``: it bounds
+    every entry of the residual ``W − WP`` from above.  O(N³) per item with ``WᵀW`` from
+    closed-form factor Grams; the item's ``m × N`` matrix is never formed.
+    """
+    complement = np.eye(projector.shape[0]) - projector
+    worst = 0.0
+    for item in workload.items:
+        columns = np.einsum("kj,kj->j", complement, item.dense_gram() @ complement)
+        scale = max(1.0, math.prod(factor.max_abs() for factor in item.factors))
+        worst = max(worst, math.sqrt(max(float(columns.max()), 0.0)) / scale)
+    return worst

@@ -26,7 +26,6 @@ CORE = (
     "mechanisms/privacy.py",
     "mechanisms/operators.py",
     "mechanisms/workload.py",
-    "mechanisms/error.py",
     "mechanisms/lower_bound.py",
     "mechanisms/compute_limits.py",
     "mechanisms/intervals.py",
