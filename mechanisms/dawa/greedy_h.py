@@ -155,9 +155,7 @@ def greedy_h_local_error(
     ``a = uᵀĜ_{qq}u``, ``a′ = Σ u_iᵀĜ_{ii}u_i``, ``d = 𝟏ᵀu`` over the children ``i`` of ``q``
     (``u = blkdiag(M_i⁻¹)𝟏``) and ``μ = t^{−l/2}``.  O(1) per λ; valid for ``0 ≤ λ < 1``.
 
-    References
-    ----------
-    Li thesis §6.4.3, eqs. (6.10)–(6.11) (the printed ``t^{−1/2}`` is ``t^{−l/2}``).
+    References: Li thesis §6.4.3, eqs. (6.10)–(6.11) (the printed ``t^{−1/2}`` is ``t^{−l/2}``).
     """
     lam = np.asarray(lam, dtype=np.float64)
     mixed = mu * np.asarray(a) + (1.0 - np.asarray(mu)) * np.asarray(a_prime)
@@ -205,14 +203,11 @@ class HierarchicalStrategy:
     path sums to 1 (eq. 6.6).  The measured matrix is ``A = diag(f)·Y`` over the rows with
     ``f_q > 0``; it is public and data-independent given the partition.
 
-    Privacy
-    -------
+    Privacy:
     Measuring ``A·B(x)`` with Laplace scale ``Δ(A)/ε₂`` is ε₂-DP (Theorem 6.3): ``Δ(A)`` is the
     largest path sum of ``f`` (1 up to rounding).  It is the same as Laplace(1/(f_q ε₂)) per node.
 
-    References
-    ----------
-    Li thesis §6.4.1–6.4.3, Program 6.4.1.
+    References: Li thesis §6.4.1–6.4.3, Program 6.4.1.
     """
 
     partition: Partition
@@ -381,9 +376,7 @@ def greedy_h_strategy(
     ``λ`` minimising eq. (6.11) with ``μ = branching^{−depth/2}``; the unbiased trace
     ``tr(Ĝ_{qq} M_q⁻¹)`` is passed up.  O((pieces + k) log k) time, O(pieces + k) memory.
 
-    References
-    ----------
-    Li thesis §6.4.2–6.4.3, Program 6.4.1.
+    References: Li thesis §6.4.2–6.4.3, Program 6.4.1.
     """
     if not isinstance(branching, int | np.integer) or branching < 2:
         raise ValueError(f"branching ({branching}) must be an integer >= 2")

@@ -470,8 +470,7 @@ class PartitionSelector:
     Call :meth:`select` (or the instance itself, ``selector(x, sampler)``, the form a session's
     ``select`` uses) after charging ``epsilon``; :meth:`noise_scales` is public and data-free.
 
-    Privacy
-    -------
+    Privacy:
     ε₁-DP under add/remove-one-record neighbours (Theorem 6.1 with the Remark).  Each candidate
     interval gets one independent Laplace draw; a bucket of length L has cost sensitivity
     ``Δ_b = 2 − 2/L`` and ``Δ̄`` is the largest among the candidates, so the proof of Theorem 6.1
@@ -479,9 +478,7 @@ class PartitionSelector:
     multiplied by ``contribution_bound`` (group privacy).  Only the argmin partition is released;
     the noisy costs never leave this object.
 
-    References
-    ----------
-    Li thesis §6.3.2 (Program 6.3.1, Theorem 6.1 and the Remark after it).
+    References: Li thesis §6.3.2 (Program 6.3.1, Theorem 6.1 and the Remark after it).
     """
 
     epsilon: float

@@ -327,8 +327,7 @@ def query_uncertainty(
     ``coordinates`` gives each cell's grid coordinates (:func:`cell_coordinates`; default: the 1-D
     position).  O(k³ + m·k + P log P) time for m queries of P pieces, O(k² + chunk) memory.
 
-    References
-    ----------
+    References:
     Li thesis Prop. 6.1 (approximation + perturbation error of uniform expansion), eq. (6.1).
     """
     partition = strategy.partition

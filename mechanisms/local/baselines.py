@@ -26,13 +26,9 @@ def randomized_response(n: int, *, epsilon: float) -> LDPStrategy:
 
     ``Q = ((e^ε - 1) I + 1 1^T) / (e^ε + n - 1)`` (``n x n``).
 
-    Privacy
-    -------
-    ε-LDP: every row holds one entry ∝ e^ε and the rest ∝ 1.
+    Privacy: ε-LDP: every row holds one entry ∝ e^ε and the rest ∝ 1.
 
-    References
-    ----------
-    [McKenna20] Example 2.7; Warner 1965.
+    References: [McKenna20] Example 2.7; Warner 1965.
     """
     n = check_size(n, minimum=2)
     epsilon = check_epsilon(epsilon)
@@ -51,13 +47,9 @@ def rappor(n: int, *, epsilon: float) -> LDPStrategy:
     Output ``o`` is the bit vector with binary expansion ``o`` (bit ``u`` = item ``u``), so the
     strategy has ``2^n`` rows; ``n`` is limited to 16.
 
-    Privacy
-    -------
-    ε-LDP: two one-hot vectors differ in two bits, each costing ε/2.
+    Privacy: ε-LDP: two one-hot vectors differ in two bits, each costing ε/2.
 
-    References
-    ----------
-    [McKenna20] Table 1; Erlingsson, Pihur, Korolova, CCS 2014.
+    References: [McKenna20] Table 1; Erlingsson, Pihur, Korolova, CCS 2014.
     """
     n = check_size(n, minimum=2)
     if n > RAPPOR_MAX_DOMAIN:
@@ -98,12 +90,9 @@ def hadamard(n: int, *, epsilon: float, blocks: int | None = None) -> LDPStrateg
     ``min(e^ε, 2n)``, with ``b = 2^ceil(log2(n / blocks + 1))``.  ``blocks=1`` is the
     high-privacy form of Table 1 (``K = 2^ceil(log2(n + 1))``).  Both agree when ``e^ε <= 2``.
 
-    Privacy
-    -------
-    ε-LDP: every entry is ∝ e^ε or ∝ 1 with the same normaliser for every item.
+    Privacy: ε-LDP: every entry is ∝ e^ε or ∝ 1 with the same normaliser for every item.
 
-    References
-    ----------
+    References:
     [McKenna20] Table 1; Acharya, Sun, Zhang, "Hadamard response", AISTATS 2019 (general regime).
     """
     n = check_size(n, minimum=2)
@@ -158,12 +147,10 @@ def hierarchical(
     the ``ceil(n / branching^L)`` cells of that level with the full ε.  The root (one cell) is not
     a level.  The strategy stacks the levels' matrices, divided by the number of levels.
 
-    Privacy
-    -------
+    Privacy:
     ε-LDP: a uniform mixture over levels, with each level's oracle ε-LDP on the cells, is ε-LDP.
 
-    References
-    ----------
+    References:
     [McKenna20] §6.1 (Hierarchical [13, 39]); Cormode, Kulkarni, Srivastava, PVLDB 2019; Wang et
     al., SIGMOD 2019.  Branching 4 with the Hadamard oracle as in the authors' code.
     """
@@ -204,13 +191,9 @@ def fourier(d: int, *, epsilon: float, order: int | None = None) -> LDPStrategy:
     attribute ``a``.  With ``order < d`` the strategy only supports workloads that depend on
     marginals of at most ``order`` attributes.
 
-    Privacy
-    -------
-    ε-LDP: binary randomized response on a public, data-independent choice of ``t``.
+    Privacy: ε-LDP: binary randomized response on a public, data-independent choice of ``t``.
 
-    References
-    ----------
-    [McKenna20] §6.1 (Fourier [12]); Cormode, Kulkarni, Srivastava, SIGMOD 2018.
+    References: [McKenna20] §6.1 (Fourier [12]); Cormode, Kulkarni, Srivastava, SIGMOD 2018.
     """
     d = check_size(d, name="d")
     epsilon = check_epsilon(epsilon)

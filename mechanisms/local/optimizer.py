@@ -344,12 +344,9 @@ def optimize_strategy(
     last iterate; the returned matrix differs by at most one ulp per entry, see
     :func:`~mechanisms.local.randomizer.enforce_row_ratio`), ``steps`` and ``stopped_early``.
 
-    Privacy
-    -------
-    Uses no data; ε-LDP by the exact checks of :class:`LDPStrategy`.
+    Privacy: Uses no data; ε-LDP by the exact checks of :class:`LDPStrategy`.
 
-    References
-    ----------
+    References:
     [McKenna20] §3.2, §4 (Algorithms 1 and 2, random start, m = 4n); Birgin, Martinez, Raydan,
     "Nonmonotone spectral projected gradient methods on convex sets", SIAM J. Optim. 10(4), 2000.
     """

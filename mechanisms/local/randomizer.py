@@ -35,22 +35,12 @@ _FINGERPRINT_TAG = b"dprelease.ldp.strategy.v1"
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class LDPStrategy:
-    """An ε-LDP strategy matrix, validated at construction.
+    """An ε-LDP strategy matrix ``Q[o, u] = Pr[response o | item u]`` (m×n, read-only float64
+    copy), validated at construction for ``epsilon``.  ``name`` and ``details`` (public facts
+    about how it was made: ``optimize_strategy``'s ``objective``, ``steps``, ``stopped_early``)
+    are not part of the fingerprint.
 
-    Attributes
-    ----------
-    name:
-        Human-readable mechanism name (not part of the fingerprint).
-    Q:
-        ``m x n`` float64 matrix, ``Q[o, u] = Pr[response o | item u]``; stored as a read-only copy.
-    epsilon:
-        The privacy parameter the matrix is certified for.
-    details:
-        Public facts about how the strategy was made (``optimize_strategy``: ``objective``,
-        ``steps``, ``stopped_early``); empty otherwise.  Not part of the fingerprint.
-
-    Privacy
-    -------
+    Privacy:
     Construction raises ``ValueError`` unless (Prop 2.6 of [McKenna20]) every entry is finite and
     > 0, every column sums to 1 within :data:`COLUMN_SUM_TOLERANCE` (exact float sum), and every
     row satisfies ``max_u Q[o, u] <= exp(epsilon) * min_u Q[o, u]`` in exact rational arithmetic
@@ -58,9 +48,7 @@ class LDPStrategy:
     be strictly positive: an output that never occurs must be removed, and a zero next to a
     positive entry in one row is not ε-LDP for any ε.
 
-    References
-    ----------
-    [McKenna20] Prop 2.6, Def 3.2.
+    References: [McKenna20] Prop 2.6, Def 3.2.
     """
 
     name: str
@@ -189,8 +177,7 @@ def randomize(items: np.ndarray, strategy: LDPStrategy, *, rng: np.random.Genera
     ``o`` has probability exactly ``k_o / Σ k``.  Returns an int64 array of response indices, one
     per item.  Cost ``O(m n + N log N)``.
 
-    Privacy
-    -------
+    Privacy:
     This is the ε-LDP step, and it runs on the user's device: only the returned response may
     leave it.  ``rng`` is privacy-critical here.  On a real device it must be a fresh Generator
     seeded from OS entropy (``numpy.random.default_rng()`` with no seed, or one backed by
@@ -201,9 +188,7 @@ def randomize(items: np.ndarray, strategy: LDPStrategy, *, rng: np.random.Genera
     ``2^-60 / min Q + 2 COLUMN_SUM_TOLERANCE`` (below 1e-11 for the strategies built here).
     Entries below ``2^-61`` cannot be sampled faithfully and raise ``ValueError``.
 
-    References
-    ----------
-    [McKenna20] §2 (M_Q(u) samples o ~ q_u).
+    References: [McKenna20] §2 (M_Q(u) samples o ~ q_u).
     """
     check_strategy(strategy)
     if not isinstance(rng, np.random.Generator):

@@ -17,8 +17,7 @@ workload families are in ``tests/reference/lrm.py``.
 Decisions where the paper is silent or inconsistent (mostly its §5 solver) are listed in
 the docstring of :func:`decompose`.
 
-References
-----------
+References:
 G. Yuan, Z. Zhang, M. Winslett, X. Xiao, Y. Yang, Z. Hao, "Low-Rank Mechanism: Optimizing Batch
 Queries under Differential Privacy", PVLDB 5(11), 2012 (VLDB 2012).
 """
@@ -69,29 +68,12 @@ _PROJECTION_BLOCK = 1 << 21
 class LowRankDecomposition:
     """A workload factorisation ``W ≈ B·L`` for the Low-Rank Mechanism (public, data-free).
 
-    ``eq=False``: the fields are arrays, so identity is the only meaningful equality.
-
-    Attributes
-    ----------
-    B : ndarray, shape (m, r)
-        Post-processing matrix (read-only copy).
-    L : ndarray, shape (r, n)
-        Intermediate queries that receive the noise (read-only copy).
-    rank : int
-        Inner dimension r (rows of ``L``); not the rank of ``W``.
-    iterations : int
-        Outer (multiplier) iterations of Algorithm 1 that were run.
-    converged : bool
-        True iff the stopping test ``‖W − B·L‖_F ≤ γ`` was met (not merely an iteration cap).
-    sensitivity_l1 : float
-        ``Δ(L) = max_j Σ_i |L_ij|``, the actual L1 sensitivity of ``L`` for unit-sensitivity data.
-        Must equal the value recomputed from ``L``.
-    bias_sq : float
-        ``‖W − B·L‖²_F`` (the paper's τ²): the squared bias per unit squared L2 norm of the data
-        (Theorem 3, with its γ corrected to γ²).
-    stopped_early : bool
-        True iff ``decompose`` stopped at its time limit and returned its best exact
-        decomposition so far (see :func:`decompose`).
+    ``B`` (m×r) post-processes and ``L`` (r×n) receives the noise (read-only copies; arrays, so
+    ``eq=False``).  ``rank`` is r, not the rank of ``W``; ``converged`` iff ``‖W − B·L‖_F ≤ γ``
+    was met (not merely an iteration cap); ``sensitivity_l1 = Δ(L) = max_j Σ_i |L_ij|`` must equal
+    the value recomputed from ``L``; ``bias_sq = ‖W − B·L‖²_F`` (the paper's τ²: squared bias per
+    unit squared L2 norm of the data, Theorem 3 with its γ corrected to γ²); ``stopped_early`` iff
+    :func:`decompose` stopped at its time limit with its best exact decomposition so far.
     """
 
     B: np.ndarray
@@ -206,26 +188,19 @@ def decompose(
 
     Parameters
     ----------
-    W : ndarray, shape (m, n)
-        Public workload matrix.
-    rank : int, optional
-        Inner dimension r.  Default ``⌈1.2·rank(W)⌉`` (Table 1).  ``r < rank(W)`` is allowed
-        (the relaxed program) but cannot reach ``B·L = W``.
-    rng : numpy.random.Generator
+    rank
+        Inner dimension r, default ``⌈1.2·rank(W)⌉`` (Table 1); ``r < rank(W)`` cannot reach W.
+    rng
         Public randomness: re-seeding of dead rank-one components.  No privacy role.
-    gamma : float
+    gamma
         Stopping tolerance γ on ``τ = ‖W − B·L‖_F`` (Table 1 default 0.01).  0 runs to the caps.
-    max_outer : int
-        Cap on outer iterations (the paper gives none; "β sufficiently large" is ``beta_max``).
-    max_inner : int
-        B/L alternations per outer iteration (N_in of §5; authors' code: 5).
-    max_gradient_steps : int
-        Cap on accelerated projected-gradient steps per L-step (authors' code: 5).
-    beta_growth, beta_period : float, int
-        Penalty schedule: β ← ``beta_growth``·β every ``beta_period`` outer iterations.
-    beta_max : float
-        Stop once β reaches this ("β sufficiently large", Alg. 1 line 8).
-    time_limit : float, optional
+    max_outer, max_inner, max_gradient_steps
+        Caps: outer iterations (the paper gives none), B/L alternations per outer iteration (N_in
+        of §5) and projected-gradient steps per L-step (authors' code: 5 and 5).
+    beta_growth, beta_period, beta_max
+        β ← ``beta_growth``·β every ``beta_period`` outer iterations; stop once β reaches
+        ``beta_max`` ("β sufficiently large", Alg. 1 line 8).
+    time_limit
         Seconds after which the run stops at its next safe point (checked at least every ~0.5 s
         of work, with time kept in reserve to assemble the result) and returns its best *exact*
         decomposition so far (``stopped_early=True``): among noise on data (``B = W``,
@@ -235,17 +210,10 @@ def decompose(
         minimising the noise), the one with the lowest noise.  If even the initial SVD is
         predicted to overrun the limit, noise on data is returned at once.  ``None``: no limit
         (results are bit-identical to a run without the argument).
-    progress : callable, optional
+    progress
         ``progress(fraction, message)`` after every outer iteration: the largest of the
         iteration share, the log-progress of τ towards γ and the share of the time limit used.
 
-    Returns
-    -------
-    LowRankDecomposition
-        ``converged`` is True iff ``τ ≤ γ``; ``bias_sq`` is τ²; ``stopped_early`` as above.
-
-    Notes
-    -----
     Privacy: none spent; the release calibrates the noise to the sensitivity of the matrix it
     measures, so the result is safe to use even if the optimiser is stopped early.
 
@@ -277,8 +245,7 @@ def decompose(
     :mod:`mechanisms.lrm` does); OpenBLAS's spinning threads make small decompositions many times
     slower under load.
 
-    References
-    ----------
+    References:
     Yuan et al., PVLDB 2012: §4 (Eqs. 6-8, Lemma 1, Theorem 1), §5 (Algorithms 1-2, Eqs. 9-11).
 
     Examples
@@ -571,11 +538,8 @@ def _svd_initial_point(
     workload_rank_value: int,
     inner_dim: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Lemma 3's feasible point from the thin SVD: ``B = √r·U_kΣ_k``, ``Lᵀ = V_k/√r``,
-    k = min(r, rank).
-
-    Columns of ``V_k`` have L2 norm ≤ 1, so L1 ≤ √k ≤ √r and ``Δ(L) ≤ 1``.  Returns (B, Lᵀ).
-    """
+    """Lemma 3's feasible point ``(B, Lᵀ) = (√r·U_kΣ_k, V_k/√r)``, k = min(r, rank): columns of
+    ``V_k`` have L2 norm ≤ 1, so L1 ≤ √k ≤ √r and ``Δ(L) ≤ 1``."""
     m, n = left.shape[0], right_t.shape[1]
     kept = min(inner_dim, workload_rank_value)
     factor_b = np.zeros((m, inner_dim))
@@ -588,10 +552,8 @@ def _svd_initial_point(
 def _b_step(
     factor_lt: np.ndarray, target_t: np.ndarray, beta: float, *, limit: WorkLimit | None = None
 ) -> np.ndarray:
-    """Eq. (9): ``B = (βW + π)Lᵀ(βLLᵀ + I)⁻¹`` by a Cholesky solve. O(mnr + nr² + r³).
-
-    ``βLLᵀ + I`` is symmetric with eigenvalues ≥ 1, so the Cholesky factorisation exists.
-    """
+    """Eq. (9): ``B = (βW + π)Lᵀ(βLLᵀ + I)⁻¹`` by a Cholesky solve (eigenvalues ≥ 1).
+    O(mnr + nr² + r³)."""
     inner_dim = factor_lt.shape[1]
     system = beta * blocked_matmul(factor_lt.T, factor_lt, limit=limit)  # O(n r²)
     system[np.diag_indices(inner_dim)] += 1.0
@@ -684,10 +646,8 @@ def _l_step(
 
 
 def _reseed_dead_rows(factor_lt: np.ndarray, rng: np.random.Generator) -> None:
-    """Give every all-zero row of L (column of Lᵀ) a small random direction, in place. O(n r).
-
-    Keeps every column of L in the unit L1 ball by rescaling (a feasible map).
-    """
+    """Give every all-zero row of L (column of Lᵀ) a small random direction, in place, then
+    rescale every column of L into the unit L1 ball (a feasible map). O(n r)."""
     row_peaks = np.abs(factor_lt).max(axis=0)
     dead = row_peaks <= _DEAD_ROW_RELATIVE * max(float(row_peaks.max()), 1.0)
     dead_count = int(np.count_nonzero(dead))
@@ -718,19 +678,11 @@ _SCALE_GRID = 241
 class SupportedMeasurement:
     """The measured matrix ``[L; c·D]`` whose least-squares estimator answers ``W`` without bias.
 
-    Attributes
-    ----------
-    matrix : ndarray, shape (r + k, n)
-        ``L`` with ``k`` appended rows ``c·D`` (``D`` orthonormal rows spanning the part of the
-        row space of ``W`` that ``L`` misses); ``matrix is L`` when ``k = 0``.
-    appended : int
-        ``k``, the number of appended rows.
-    scale : float
-        ``c`` (0 when nothing is appended).
-    missed_norm : float
-        ``‖W − W·P_L‖_F``, the part of ``W`` outside the row space of ``L`` before appending
-        (``P_L`` the projector onto it): the paper's estimator ``B·L`` is biased at least by this
-        much per unit ``‖x‖₂`` in Frobenius norm; the least-squares answer from ``matrix`` is not.
+    ``matrix`` is ``L`` with ``appended = k`` rows ``c·D`` (``D`` orthonormal rows spanning the
+    part of the row space of ``W`` that ``L`` misses; ``matrix is L`` and ``scale = 0`` when
+    ``k = 0``).  ``missed_norm = ‖W − W·P_L‖_F``, the part of ``W`` outside the row space of ``L``
+    (``P_L`` the projector onto it): the paper's estimator ``B·L`` is biased at least by this much
+    per unit ``‖x‖₂`` in Frobenius norm; the least-squares answer from ``matrix`` is not.
     """
 
     matrix: np.ndarray
