@@ -12,11 +12,9 @@ best strategy so far with ``stopped_early`` set.  Ctrl-C (``KeyboardInterrupt``)
   longer than about a second run in a worker thread while the caller waits in short slices
   (:func:`interruptible`).
 
-Also here: the machine constants the optimisers' ``predict_seconds`` functions are calibrated
-against, and :func:`predict_eigen_design_seconds` (Eigen-Design lives in
-:mod:`mechanisms.eigen.design`).
-
-Pure: no global state, no I/O; the clock is ``time.monotonic``.  Nothing here sees data.
+Also the machine constants the optimisers' ``predict_seconds`` are calibrated against, and
+:func:`predict_eigen_design_seconds`.  Pure: no global state, no I/O, no data; the clock is
+``time.monotonic``.
 """
 
 from __future__ import annotations
@@ -224,11 +222,8 @@ _EIGEN_DESIGN_EIGHS = 5.0
 
 
 def predict_eigen_design_seconds(num_cells: int) -> float:
-    """Predicted seconds of :func:`mechanisms.eigen.design.eigen_design` on an n-cell Gram.
-
-    About five dense n×n eigendecompositions (one BLAS thread, an idle core); within a factor of
-    two of the measurements above.  O(1).
-    """
+    """Predicted seconds of :func:`mechanisms.eigen.design.eigen_design` on an n-cell Gram: five
+    n×n eighs (one BLAS thread, an idle core), within a factor of two of the above.  O(1)."""
     n = _positive(num_cells, "num_cells")
     return 0.005 + _EIGEN_DESIGN_EIGHS * eigh_seconds(n)
 

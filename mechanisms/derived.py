@@ -138,13 +138,8 @@ class BinnedColumn:
 
     def max_record_error(self) -> float:
         """Largest distance between a raw value and its cell's representative value."""
-        return float(
-            np.max(
-                np.maximum(
-                    self.representative - self.value_low, self.value_high - self.representative
-                )
-            )
-        )
+        rep = self.representative
+        return float(np.max(np.maximum(rep - self.value_low, self.value_high - rep)))
 
 
 def support_item(
