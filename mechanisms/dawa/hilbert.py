@@ -66,7 +66,6 @@ class HilbertLayout:
     """
 
     shape: tuple[int, int]
-    """Grid shape ``(rows, cols)``."""
     cell_at: np.ndarray
     """Row-major grid index at each 1-D position; −1 for padding (read-only)."""
 

@@ -133,17 +133,14 @@ class Partition:
 
     @property
     def n_cells(self) -> int:
-        """Number of cells ``n``."""
         return int(self.boundaries[-1])
 
     @property
     def n_buckets(self) -> int:
-        """Number of buckets ``k``."""
         return int(self.boundaries.size - 1)
 
     @property
     def starts(self) -> np.ndarray:
-        """First cell of each bucket."""
         return self.boundaries[:-1]
 
     @property
@@ -186,7 +183,6 @@ class IntervalWorkload:
     """
 
     n_cells: int
-    """Size of the cell domain."""
     n_rows: int
     """Number of queries ``m``."""
     row: np.ndarray
