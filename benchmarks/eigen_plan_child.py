@@ -53,7 +53,7 @@ def main() -> None:
     bound = svd_bound(workload)
     if bound is None:
         raise SystemExit("no SVD bound")
-    ratio = strategy.sensitivity(norm=2) ** 2 * total / bound
+    ratio = strategy.sensitivity(noise="gaussian") ** 2 * total / bound
     seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(ratio, ranges.gram_trace() / bound, residual, seconds, peak)

@@ -150,7 +150,9 @@ def cases() -> list[tuple[str, str, float, Callable[[], object]]]:
                     num_terms=len(terms),
                     num_cells=workload.num_cells,
                 ),
-                lambda w=workload, t=terms: union.optimize_weights(w, t, norm=1, name="bench"),
+                lambda w=workload, t=terms: union.optimize_weights(
+                    w, t, noise="laplace", name="bench"
+                ),
             )
         )
     for n in (64, 256):
@@ -170,7 +172,7 @@ def cases() -> list[tuple[str, str, float, Callable[[], object]]]:
                 "eigen_design (budget)",
                 f"all ranges n={n} l1",
                 compute_limits.predict_eigen_design_seconds(n),
-                lambda n=n: eigen_design(all_range_gram(n), sensitivity="l1"),
+                lambda n=n: eigen_design(all_range_gram(n), noise="laplace"),
             )
         )
     return rows
@@ -324,7 +326,7 @@ def calibrate(kind: str) -> None:
             flags = (True,) + (False,) * categorical
             terms = union.per_item_terms(workload, ordered=flags, family="hierarchical")
             result, _, cpu = measured(
-                lambda w=workload, t=terms: union.optimize_weights(w, t, norm=1, name="x")
+                lambda w=workload, t=terms: union.optimize_weights(w, t, noise="laplace", name="x")
             )
             _, blocks = union.weight_problem_sizes(workload, terms)
             evaluations = result.parameters["evaluations"]
@@ -353,10 +355,10 @@ def calibrate(kind: str) -> None:
                 ("prefix", prefix_gram(n)),
                 ("identity", np.eye(n)),
             ):
-                for norm in ("l2", "l1"):
-                    _, _, cpu = measured(lambda g=gram, s=norm: eigen_design(g, sensitivity=s))
+                for noise in ("gaussian", "laplace"):
+                    _, _, cpu = measured(lambda g=gram, s=noise: eigen_design(g, noise=s))
                     eighs = cpu / compute_limits.eigh_seconds(n)
-                    print(f"n={n} {label} {norm}: cpu {cpu:.3f} s ({eighs:.1f} eighs)")
+                    print(f"n={n} {label} {noise}: cpu {cpu:.3f} s ({eighs:.1f} eighs)")
     else:
         raise SystemExit(f"unknown calibration {kind!r}")
 

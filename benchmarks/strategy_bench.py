@@ -280,7 +280,7 @@ def run_adult_marginals(*, seed: int, time_limit: float) -> None:
                 1.0,
                 math.sqrt(k),
                 lambda w: marginal_weights_template(
-                    w, norm=2, rng=np.random.default_rng(seed), time_limit=time_limit
+                    w, noise="gaussian", rng=np.random.default_rng(seed), time_limit=time_limit
                 ),
             ),
             (
@@ -302,7 +302,7 @@ def run_adult_marginals(*, seed: int, time_limit: float) -> None:
             total = sum(strategy.item_unit_total(item) for item in workload.items)
             evaluate = time.perf_counter() - started
             unit = (
-                strategy.sensitivity(norm=weights.norm) ** 2 * total
+                strategy.sensitivity(noise=weights.noise) ** 2 * total
             )  # = weights.unit_total_error
             rmse = math.sqrt(variance * unit / m)
             bound_rmse = math.sqrt(variance * bound / m)

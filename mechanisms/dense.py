@@ -15,6 +15,7 @@ from functools import cached_property
 import numpy as np
 
 from mechanisms.linalg import l1_sensitivity, psd_pinv
+from mechanisms.noise import NoiseKind, validate_noise
 from mechanisms.operators import kron_query_variances
 from mechanisms.protocol import LeastSquaresAnswers
 from mechanisms.workload import Workload, WorkloadItem
@@ -49,12 +50,11 @@ class DenseStrategy(LeastSquaresAnswers):
     def num_queries(self) -> int:
         return int(self.matrix.shape[0])
 
-    def sensitivity(self, *, norm: int) -> float:
-        if norm == 1:
+    def sensitivity(self, *, noise: NoiseKind) -> float:
+        validate_noise(noise)
+        if noise == "laplace":
             return l1_sensitivity(self.matrix)
-        if norm == 2:
-            return float(np.sqrt((self.matrix**2).sum(axis=0)).max())
-        raise ValueError(f"norm ({norm}) must be 1 or 2")
+        return float(np.sqrt((self.matrix**2).sum(axis=0)).max())
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         return self.matrix @ np.asarray(x, dtype=np.float64)  # O(p N)

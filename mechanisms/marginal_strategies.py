@@ -53,7 +53,7 @@ import numpy as np
 import scipy.optimize
 
 from mechanisms.compute_limits import Progress
-from mechanisms.noise import NoiseKind, validate_noise
+from mechanisms.noise import SENSITIVITY_NORM, NoiseKind, noise_for_norm, validate_noise
 from mechanisms.operators import Centring
 from mechanisms.protocol import PlanRequest, StoredStrategy, StrategyCache, cache_key
 from mechanisms.strategies import identity_strategy, total_strategy
@@ -447,14 +447,14 @@ class MarginalWeights:
     """One weight per attribute subset (bit i = attribute i) and what the weights achieve.
 
     ``basis="centred"``: term ``w_T ⊗ (C_i if i ∈ T else 1ᵀ)``; ``"marginal"``: term ``w_S M_S``
-    (identity on S, total elsewhere).  Weights are normalised to sensitivity 1 in ``norm``.
+    (identity on S, total elsewhere).  Weights are normalised to sensitivity 1 for ``noise``.
     """
 
     domain_shape: tuple[int, ...]
     basis: SubsetBasis
     weights: np.ndarray
-    norm: int
-    """1: L1 sensitivity (Laplace, ε-DP); 2: L2 sensitivity (Gaussian, ρ-zCDP or (ε, δ))."""
+    noise: NoiseKind
+    """Laplace: L1 sensitivity (ε-DP); Gaussian: L2 sensitivity (ρ-zCDP or (ε, δ))."""
     unit_total_error: float
     """``Δ² · tr(WᵀW (AᵀA)⁺)``: total squared error at unit noise variance per unit Δ (multiply
     by ``1/(2ρ)``, ``2/ε²`` or ``(σ/Δ)²``); ``rmse = √(variance · unit_total_error / m)``."""
@@ -468,8 +468,7 @@ class MarginalWeights:
     def __post_init__(self) -> None:
         if self.basis not in BASES:
             raise ValueError(f"basis ({self.basis!r}) must be one of {BASES}")
-        if self.norm not in (1, 2):
-            raise ValueError(f"norm ({self.norm}) must be 1 (L1) or 2 (L2)")
+        validate_noise(self.noise)
         d = len(self.domain_shape)
         weights = np.array(self.weights, dtype=np.float64, copy=True)  # frozen below
         if weights.shape != (2**d,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
@@ -493,14 +492,13 @@ class MarginalWeights:
             return squared
         return superset_sums(squared, len(self.domain_shape))
 
-    def sensitivity(self, *, norm: int) -> float:
+    def sensitivity(self, *, noise: NoiseKind) -> float:
         """Largest column norm of the stacked terms (every column has the same norm). O(d 2^d)."""
-        if norm not in (1, 2):
-            raise ValueError(f"norm ({norm}) must be 1 or 2")
+        validate_noise(noise)
         if self.basis == "marginal":
-            return marginals_sensitivity(self.weights, noise="laplace" if norm == 1 else "gaussian")
+            return marginals_sensitivity(self.weights, noise=noise)
         sizes = np.array(self.domain_shape, dtype=np.float64)
-        if norm == 2:  # ‖C column‖² = 1 − 1/n, ‖1ᵀ column‖² = 1
+        if noise == "gaussian":  # ‖C column‖² = 1 − 1/n, ‖1ᵀ column‖² = 1
             squared = _kept_products((sizes - 1.0) / sizes)
             return float(np.sqrt(np.sum(self.weights**2 * squared)))
         # ‖C column‖₁ = 2 (n − 1) / n, ‖1ᵀ column‖₁ = 1
@@ -518,7 +516,7 @@ class MarginalWeights:
         """JSON-able record (non-zero weights by bitmask) that :meth:`from_parameters` rebuilds."""
         return {
             "basis": self.basis,
-            "norm": self.norm,
+            "norm": SENSITIVITY_NORM[self.noise],  # the token entries have always stored
             "subset_weights": {str(int(s)): float(self.weights[s]) for s in self.subsets},
             "unit_total_error": self.unit_total_error,
             "lower_bound": self.lower_bound,
@@ -537,7 +535,7 @@ class MarginalWeights:
             domain_shape=domain_shape,
             basis=parameters["basis"],
             weights=weights,
-            norm=int(parameters["norm"]),
+            noise=noise_for_norm(int(parameters["norm"])),
             unit_total_error=float(parameters["unit_total_error"]),
             lower_bound=parameters.get("lower_bound"),
             stopped_early=bool(parameters.get("stopped_early", False)),
@@ -553,7 +551,7 @@ def _kept_products(values: np.ndarray) -> np.ndarray:
 def subset_unit_error(weights: MarginalWeights, projections: np.ndarray) -> float:
     """``Δ² · Σ_T g_T / μ_T`` for projections ``g`` (``inf`` if the weights do not support them)."""
     trace = _unit_trace(weights.strategy_eigenvalues(), projections)
-    return weights.sensitivity(norm=weights.norm) ** 2 * trace
+    return weights.sensitivity(noise=weights.noise) ** 2 * trace
 
 
 def _check_time_limit(time_limit: float | None) -> None:
@@ -589,7 +587,7 @@ def marginal_weights_l2(
         domain_shape=subset.domain_shape,
         basis="centred",
         weights=weights,
-        norm=2,
+        noise="gaussian",
         unit_total_error=float(roots.sum()) ** 2 / subset.num_cells,
         lower_bound=_bound(subset),
         seconds=time.perf_counter() - started,
@@ -602,7 +600,7 @@ def marginal_weights_l2(
 def marginal_weights_template(
     workload: Workload | SubsetWorkload,
     *,
-    norm: int,
+    noise: NoiseKind,
     rng: np.random.Generator,
     restarts: int = DEFAULT_L1_RESTARTS,
     time_limit: float | None = None,
@@ -615,15 +613,14 @@ def marginal_weights_template(
     per evaluation.  On ``time_limit`` the best weights so far are returned (``stopped_early``).
     """
     _check_time_limit(time_limit)
-    if norm not in (1, 2):
-        raise ValueError(f"norm ({norm}) must be 1 (L1) or 2 (L2)")
+    validate_noise(noise)
     subset = workload if isinstance(workload, SubsetWorkload) else subset_workload(workload)
     start = np.zeros(2 ** len(subset.domain_shape))
     start[list(set(subset.own_subsets))] = 1.0
     search = search_marginal_weights(
         subset.projections,
         subset.domain_shape,
-        noise="laplace" if norm == 1 else "gaussian",
+        noise=noise,
         rng=rng,
         restarts=restarts,
         starts=(start,),
@@ -634,7 +631,7 @@ def marginal_weights_template(
         domain_shape=subset.domain_shape,
         basis="marginal",
         weights=search.weights,
-        norm=norm,
+        noise=noise,
         unit_total_error=search.unit_error,
         lower_bound=_bound(subset),
         stopped_early=search.stopped_early,
@@ -654,7 +651,12 @@ def marginal_weights_l1(
     """Marginal weights for Laplace noise (ε-DP, L1 sensitivity ``Σ w_S``); see
     :func:`marginal_weights_template`."""
     return marginal_weights_template(
-        workload, norm=1, rng=rng, restarts=restarts, time_limit=time_limit, progress=progress
+        workload,
+        noise="laplace",
+        rng=rng,
+        restarts=restarts,
+        time_limit=time_limit,
+        progress=progress,
     )
 
 
@@ -680,19 +682,21 @@ def marginal_workload_reason(workload: Workload) -> str | None:
 def plan_subset_weights(
     request: PlanRequest, *, cache: StrategyCache, time_limit: float | None
 ) -> MarginalWeights:
-    """The subset-space weights of a marginal workload, searched once per (workload, norm).
+    """The subset-space weights of a marginal workload, searched once per (workload, noise).
 
     L2 noise: :func:`marginal_weights_l2` (closed form, the SVD bound); L1:
     :func:`marginal_weights_l1` from the public ``request.seed``.  ``optimized`` and
     ``marginal_space`` share one ``cache`` entry, under the key ``marginal_space`` has always
     written (so entries stored before it was shared still load).
     """
-    key = cache_key("marginal_space", request.workload_fingerprint, {"norm": request.norm})
+    key = cache_key(
+        "marginal_space", request.workload_fingerprint, {"norm": SENSITIVITY_NORM[request.noise]}
+    )
     stored = cache.load(key)
     if stored is not None:
         return MarginalWeights.from_parameters(request.workload.domain_shape, stored.parameters)
     subset = subset_workload(request.workload)
-    if request.norm == 2:
+    if request.noise == "gaussian":
         weights = marginal_weights_l2(subset, time_limit=time_limit, progress=request.progress)
     else:
         weights = marginal_weights_l1(
@@ -742,8 +746,8 @@ class SubsetStrategy:
     def num_queries(self) -> int:
         return self.weights.num_answers
 
-    def sensitivity(self, *, norm: int) -> float:
-        return self.weights.sensitivity(norm=norm)
+    def sensitivity(self, *, noise: NoiseKind) -> float:
+        return self.weights.sensitivity(noise=noise)
 
     def to_union(self) -> UnionStrategy:
         """The same strategy as explicit Kronecker terms (cached)."""

@@ -41,6 +41,17 @@ class NoiseSampler(Protocol):
 
 NoiseKind = Literal["laplace", "gaussian"]
 NOISE_KINDS: tuple[str, ...] = ("laplace", "gaussian")
+SENSITIVITY_NORM: dict[str, int] = {"laplace": 1, "gaussian": 2}
+"""The column norm a noise kind's sensitivity is measured in (L1 calibrates Laplace, L2 Gaussian).
+Also the ``norm`` token strategy-store keys and stored parameters have always held (1 or 2)."""
+
+
+def noise_for_norm(norm: object) -> NoiseKind:
+    """The noise kind of a stored ``norm`` token (1 or 2), for entries written with that token."""
+    for kind, value in SENSITIVITY_NORM.items():
+        if norm == value:
+            return kind  # type: ignore[return-value]
+    raise ValueError(f"norm ({norm!r}) must be 1 (Laplace) or 2 (Gaussian)")
 
 
 def validate_noise(noise: str) -> None:

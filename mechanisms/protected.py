@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mechanisms.noise import NoiseMechanism
+from mechanisms.noise import NoiseKind, NoiseMechanism
 from mechanisms.privacy import PrivacyCost
 
 
@@ -36,7 +36,7 @@ class MeasurableStrategy(Protocol):
     @property
     def num_queries(self) -> int: ...
 
-    def sensitivity(self, *, norm: int) -> float: ...
+    def sensitivity(self, *, noise: NoiseKind) -> float: ...
 
     def apply(self, x: np.ndarray) -> np.ndarray: ...
 
@@ -57,7 +57,7 @@ class MarginalMeasurableStrategy(Protocol):
     @property
     def marginal_subsets(self) -> tuple[tuple[int, ...], ...]: ...
 
-    def sensitivity(self, *, norm: int) -> float: ...
+    def sensitivity(self, *, noise: NoiseKind) -> float: ...
 
     def term_answers(self, axes: tuple[int, ...], table: np.ndarray) -> np.ndarray: ...
 

@@ -151,11 +151,6 @@ class PlanRequest:
         return noise_kind_for(self.target.measure)
 
     @property
-    def norm(self) -> int:
-        """1 for Laplace (L1 sensitivity), 2 for Gaussian (L2 sensitivity)."""
-        return 1 if self.noise == "laplace" else 2
-
-    @property
     def seed(self) -> int:
         """Public randomness for optimisers, derived from the workload fingerprint (recorded)."""
         return int(self.workload_fingerprint[:15], 16)
@@ -171,7 +166,7 @@ class Strategy(Protocol):
     @property
     def num_queries(self) -> int: ...
 
-    def sensitivity(self, *, norm: int) -> float: ...
+    def sensitivity(self, *, noise: NoiseKind) -> float: ...
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """``A·x`` (confidential in, confidential out: only the choke point calls it on data)."""
@@ -373,7 +368,7 @@ class MatrixMechanism:
         return 1e-3 + sum(n**3 for n in request.workload.domain_shape) * 1e-9
 
     def evaluate(self, strategy: Strategy, request: PlanRequest) -> Evaluation:
-        sensitivity = strategy.sensitivity(norm=request.norm) * request.contribution_bound
+        sensitivity = strategy.sensitivity(noise=request.noise) * request.contribution_bound
         noise = calibrate(
             target=request.target,
             sensitivity=sensitivity,

@@ -23,6 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mechanisms.intervals import kron_single_term_rows
+from mechanisms.noise import SENSITIVITY_NORM, NoiseKind
 from mechanisms.operators import (
     Factor,
     MatrixFactor,
@@ -115,8 +116,9 @@ class KronStrategy(LeastSquaresAnswers):
     def num_queries(self) -> int:
         return math.prod(f.m for f in self.factors)
 
-    def sensitivity(self, *, norm: int) -> float:
+    def sensitivity(self, *, noise: NoiseKind) -> float:
         """Δ(⊗A_i) = Π Δ(A_i) for both L1 and L2 (column norms of a Kronecker product multiply)."""
+        norm = SENSITIVITY_NORM[noise]
         return float(np.prod([f.sensitivity(norm=norm) for f in self.factors]))
 
     @cached_property

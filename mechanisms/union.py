@@ -40,6 +40,7 @@ from mechanisms.compute_limits import (
     report,
 )
 from mechanisms.linalg import psd_pinv
+from mechanisms.noise import SENSITIVITY_NORM, NoiseKind
 from mechanisms.operators import (
     Factor,
     Identity,
@@ -139,8 +140,8 @@ class UnionStrategy(LeastSquaresAnswers):
             total += term.weight**norm * outer
         return total.ravel() if norm == 1 else np.sqrt(total.ravel())
 
-    def sensitivity(self, *, norm: int) -> float:
-        return float(self.column_norms(norm=norm).max())
+    def sensitivity(self, *, noise: NoiseKind) -> float:
+        return float(self.column_norms(norm=SENSITIVITY_NORM[noise]).max())
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """A·x, term by term. O(Σ_t N Σ_i nnz(A_{t,i})/n_i)."""
@@ -351,7 +352,7 @@ def per_item_terms(
     return list(seen.values())
 
 
-def unit_error(strategy: UnionStrategy, workload: Workload, *, norm: int) -> float:
+def unit_error(strategy: UnionStrategy, workload: Workload, *, noise: NoiseKind) -> float:
     """sensitivity² × tr(WᵀW (AᵀA)⁺): total variance per unit noise variance per unit sensitivity."""
     structure = strategy.structure(workload)
     workload_terms = [UnionTerm(weight=1.0, factors=item.factors) for item in workload.items]
@@ -360,7 +361,7 @@ def unit_error(strategy: UnionStrategy, workload: Workload, *, norm: int) -> flo
         multiplicity * float(np.sum(block * pinv))
         for (_, multiplicity, pinv), block in zip(structure.blocks, workload_blocks, strict=True)
     )
-    return strategy.sensitivity(norm=norm) ** 2 * trace
+    return strategy.sensitivity(noise=noise) ** 2 * trace
 
 
 class _WeightProblem:
@@ -371,9 +372,9 @@ class _WeightProblem:
     """
 
     def __init__(
-        self, workload: Workload, term_factors: Sequence[tuple[Factor, ...]], *, norm: int
+        self, workload: Workload, term_factors: Sequence[tuple[Factor, ...]], *, noise: NoiseKind
     ) -> None:
-        self.norm = norm
+        self.norm = norm = SENSITIVITY_NORM[noise]
         reference = UnionStrategy(
             name="reference",
             domain_shape=workload.domain_shape,
@@ -483,7 +484,7 @@ def optimize_weights(
     workload: Workload,
     term_factors: Sequence[tuple[Factor, ...]],
     *,
-    norm: int,
+    noise: NoiseKind,
     name: str,
     max_evaluations: int = 400,
     time_limit: float | None = None,
@@ -508,7 +509,7 @@ def optimize_weights(
         return _optimize_log_weights(
             workload,
             candidate_terms,
-            norm=norm,
+            noise=noise,
             max_evaluations=max_evaluations,
             limit=limit,
             progress=progress,
@@ -534,8 +535,8 @@ def optimize_weights(
             evaluations += more
             if stopped:
                 break  # keep the full, unpruned weights: the reduced run was cut short
-            problem = _WeightProblem(workload, terms, norm=norm)
-            if _WeightProblem(workload, reduced, norm=norm)(new_weights) > problem(weights):
+            problem = _WeightProblem(workload, terms, noise=noise)
+            if _WeightProblem(workload, reduced, noise=noise)(new_weights) > problem(weights):
                 break
             terms, weights = reduced, new_weights
             del kept[smallest]
@@ -560,7 +561,7 @@ def _optimize_log_weights(
     workload: Workload,
     terms: Sequence[tuple[Factor, ...]],
     *,
-    norm: int,
+    noise: NoiseKind,
     max_evaluations: int,
     limit: WorkLimit,
     progress: Progress | None,
@@ -568,7 +569,7 @@ def _optimize_log_weights(
     """(weights, evaluations, stopped early): L-BFGS-B on the log-weights from equal weights."""
     if len(terms) == 1:  # the objective is scale-free: nothing to optimise
         return np.ones(1), 0, False
-    problem = _WeightProblem(workload, terms, norm=norm)
+    problem = _WeightProblem(workload, terms, noise=noise)
     start = np.zeros(len(terms))
     seen = {"value": math.inf, "point": start, "evaluations": 0}
 

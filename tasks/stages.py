@@ -29,7 +29,9 @@ from catalog.spec.model import ReleaseSpec
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import Measurement
 
-PLAN_CACHE_VERSION = "2"
+# Bump when a pickled Plan's classes change fields, so cached plans are recomputed, never
+# unpickled into the new classes (3: MarginalWeights.norm became noise).
+PLAN_CACHE_VERSION = "3"
 
 
 @task(name="load-spec", cache_policy=NO_CACHE, retries=0)

@@ -121,8 +121,8 @@ class _Protected:
     ) -> NoisyMeasurement:
         """Calibrate, charge, and only then compute ``answers()`` and noise them (locally or shard
         by shard): the privacy argument's order (module docstring), for both choke points."""
-        norm = 1 if noise_kind_for(target.measure) == "laplace" else 2
-        sensitivity = strategy.sensitivity(norm=norm) * self.contribution_bound
+        kind = noise_kind_for(target.measure)
+        sensitivity = strategy.sensitivity(noise=kind) * self.contribution_bound
         mechanism = calibrate(target=target, sensitivity=sensitivity, size=strategy.num_queries)
         receipt_id = accountant.charge(mechanism.cost, label=label)  # privacy: charge before noise
         if self._shard_mapper is None:

@@ -24,6 +24,7 @@ from mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
 from mechanisms.dawa.hilbert import HilbertLayout
 from mechanisms.dawa.partition import IntervalWorkload, Partition, PartitionSelector, split_budget
 from mechanisms.dawa.uncertainty import cell_coordinates, query_uncertainty
+from mechanisms.noise import SENSITIVITY_NORM, NoiseKind
 from mechanisms.operators import Factor, Identity, Prefix, Ranges, Total
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import (
@@ -320,8 +321,8 @@ class _CellOrderStrategy:
     def num_queries(self) -> int:
         return self.strategy.num_queries
 
-    def sensitivity(self, *, norm: int) -> float:
-        return self.strategy.sensitivity(norm=norm)
+    def sensitivity(self, *, noise: NoiseKind) -> float:
+        return self.strategy.sensitivity(norm=SENSITIVITY_NORM[noise])
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         return self.strategy.apply(self.layout.to_dawa(x))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from mechanisms.compute_limits import predict_eigen_design_seconds
 from mechanisms.dense import DenseStrategy
 from mechanisms.eigen.design import eigen_design
+from mechanisms.noise import SENSITIVITY_NORM
 from mechanisms.protocol import (
     CandidateUnavailable,
     MatrixMechanism,
@@ -43,13 +44,13 @@ class EigenDesignMechanism(MatrixMechanism):
         reason = self.unavailable_reason(request)
         if reason is not None:
             raise CandidateUnavailable(reason)
-        norm = "l1" if request.norm == 1 else "l2"
+        norm = f"l{SENSITIVITY_NORM[request.noise]}"  # the token entries have always stored
         key = cache_key("eigen", request.workload_fingerprint, {"norm": norm})
         stored = cache.load(key)
         if stored is None:
             gram = request.workload.dense_gram()
             with single_threaded_blas():
-                design = eigen_design(gram, sensitivity=norm)
+                design = eigen_design(gram, noise=request.noise)
             stored = StoredStrategy(
                 parameters={
                     "template": "eigen-design",

@@ -46,8 +46,8 @@ import scipy.linalg
 import scipy.optimize
 
 from mechanisms.lower_bound import svd_bound_gram, validate_gram
+from mechanisms.noise import NoiseKind, validate_noise
 
-SensitivityNorm = Literal["l2", "l1"]
 StrategySource = Literal["eigen_design", "svd_bound"]
 
 DEFAULT_EIGENVALUE_RTOL = 1e-8
@@ -148,8 +148,8 @@ class EigenDesignStrategy:
 
     The mechanism measures ``A`` (as a :class:`~mechanisms.dense.DenseStrategy`).
 
-    *Privacy*: ``A`` depends only on the (public) workload.  Its sensitivity in
-    ``sensitivity_norm`` is 1 (max column norm), so answering ``A x`` costs what one
+    *Privacy*: ``A`` depends only on the (public) workload.  Its sensitivity for ``noise`` (max
+    column L1 norm for Laplace, L2 for Gaussian) is 1, so answering ``A x`` costs what one
     unit-sensitivity query vector costs (times the contribution bound, which the session applies).
     """
 
@@ -161,7 +161,7 @@ class EigenDesignStrategy:
     """The eigenvalues sigma_i of the (minimised) Gram matrix that were kept, decreasing."""
     completion_weights: np.ndarray
     """d_j per minimised column (zero where no completion row was added), length n_min."""
-    sensitivity_norm: SensitivityNorm
+    noise: NoiseKind
     source: StrategySource
     """Which candidate was returned: the optimised weights, or the SVD-bound weights (completed)."""
     total_error: float
@@ -545,7 +545,7 @@ def _candidate(
     variables: np.ndarray,
     constraint: np.ndarray,
     *,
-    norm: SensitivityNorm,
+    noise: NoiseKind,
     complete: bool,
 ) -> _Candidate:
     """Strategy rows ``lambda_i q_i`` plus completion (steps 3-5), with its exact error.
@@ -561,7 +561,7 @@ def _candidate(
     loads = loads / peak
     deficit = 1.0 - loads
     deficit[deficit <= 1e-12] = 0.0  # columns already at the sensitivity get no completion row
-    if norm == "l2":
+    if noise == "gaussian":
         row_weights, completion = np.sqrt(variables), np.sqrt(deficit)
     else:
         row_weights, completion = variables, deficit
@@ -593,7 +593,7 @@ def _candidate(
 def _design(
     spectrum: WorkloadSpectrum,
     *,
-    sensitivity: SensitivityNorm,
+    noise: NoiseKind,
     weighting: Weighting,
     complete: bool,
     compare_svd_bound: bool,
@@ -601,7 +601,7 @@ def _design(
     max_iterations: int,
 ) -> tuple[_Candidate, StrategySource, float, int, float]:
     eigenvectors = spectrum.eigenvectors
-    if sensitivity == "l2":
+    if noise == "gaussian":
         constraint, power = eigenvectors**2, 1  # (Q o Q)^T u <= 1
     else:
         constraint, power = np.abs(eigenvectors), 2  # |Q|^T lambda <= 1 (printed as Q o Q)
@@ -609,15 +609,15 @@ def _design(
     variables, solutions = weighting(
         costs, constraint, power=power, rtol=solver_rtol, max_iterations=max_iterations
     )
-    designed = _candidate(spectrum, variables, constraint, norm=sensitivity, complete=complete)
+    designed = _candidate(spectrum, variables, constraint, noise=noise, complete=complete)
     chosen, source, alternative = designed, "eigen_design", math.nan
     if compare_svd_bound:
         # SVD-bound strategy A_l: row weights sigma_i^(1/4) (Thm 4.10), then completion; this
         # comparison is not in the thesis.
         quarter_roots = spectrum.eigenvalues**0.25
-        svd_variables = quarter_roots**2 if sensitivity == "l2" else quarter_roots
+        svd_variables = quarter_roots**2 if noise == "gaussian" else quarter_roots
         svd_candidate = _candidate(
-            spectrum, svd_variables, constraint, norm=sensitivity, complete=complete
+            spectrum, svd_variables, constraint, noise=noise, complete=complete
         )
         if svd_candidate.total_error < designed.total_error:
             chosen, source, alternative = svd_candidate, "svd_bound", designed.total_error
@@ -628,9 +628,8 @@ def _design(
     return chosen, source, alternative, iterations, gap
 
 
-def _validated_design_options(sensitivity: str, solver_rtol: float, max_iterations: int) -> None:
-    if sensitivity not in ("l2", "l1"):
-        raise ValueError(f"sensitivity ({sensitivity!r}) must be 'l2' or 'l1'")
+def _validated_design_options(noise: str, solver_rtol: float, max_iterations: int) -> None:
+    validate_noise(noise)
     _check_unit_interval("solver_rtol", solver_rtol, include_one=False)
     _check_positive_int("max_iterations", max_iterations)
 
@@ -649,7 +648,7 @@ def _strategy_matrix(candidate: _Candidate, spectrum: WorkloadSpectrum) -> np.nd
 def eigen_design(
     gram: np.ndarray,
     *,
-    sensitivity: SensitivityNorm = "l2",
+    noise: NoiseKind = "gaussian",
     eigenvalue_rtol: float = DEFAULT_EIGENVALUE_RTOL,
     duplicate_rtol: float = DEFAULT_DUPLICATE_RTOL,
     complete: bool = True,
@@ -675,9 +674,9 @@ def eigen_design(
     ----------
     gram
         ``G = W^T W``, n x n, symmetric positive semidefinite.
-    sensitivity
-        ``"l2"`` for Gaussian noise (rho-zCDP or (eps, delta): same strategy, only P differs) or
-        ``"l1"`` for Laplace noise (pure eps-DP).
+    noise
+        ``"gaussian"`` (L2 sensitivity; rho-zCDP or (eps, delta): same strategy, only P differs) or
+        ``"laplace"`` (L1 sensitivity; pure eps-DP).
     solver_rtol, max_iterations
         The weighting program stops when its primal-dual gap is ``<= solver_rtol`` (the gap reached
         is reported in ``solver_relative_gap``) or after ``max_iterations`` L-BFGS-B iterations.
@@ -698,13 +697,13 @@ def eigen_design(
     ----------
     Li thesis, Program 5.1.2 (section 5.1.3), Programs 5.1.1 and 5.1.3, section 5.2.2.
     """
-    _validated_design_options(sensitivity, solver_rtol, max_iterations)
+    _validated_design_options(noise, solver_rtol, max_iterations)
     gram = validate_gram(gram, nonzero=True)
     minimized = minimize_workload(gram, duplicate_rtol=duplicate_rtol)
     spectrum = workload_spectrum(minimized.gram, eigenvalue_rtol=eigenvalue_rtol)
     candidate, source, alternative, iterations, gap = _design(
         spectrum,
-        sensitivity=sensitivity,
+        noise=noise,
         weighting=weighting,
         complete=complete,
         compare_svd_bound=compare_svd_bound,
@@ -722,7 +721,7 @@ def eigen_design(
         weights=candidate.row_weights,
         eigenvalues_kept=spectrum.eigenvalues,
         completion_weights=candidate.completion_weights,
-        sensitivity_norm=sensitivity,
+        noise=noise,
         source=source,
         total_error=error_factor,
         total_error_before_completion=candidate.total_error_before_completion,

@@ -17,6 +17,7 @@ import numpy as np
 
 from mechanisms.local import baselines, estimation, randomizer
 from mechanisms.local.randomizer import LDPStrategy
+from mechanisms.noise import NoiseKind
 from mechanisms.operators import kron_dense
 from mechanisms.privacy import PrivacyCost
 from mechanisms.protocol import StoredStrategy
@@ -120,7 +121,7 @@ class LocalStrategy:
         """Number of possible responses ``m`` (the measured "answers" are their counts)."""
         return self.randomiser.num_outputs
 
-    def sensitivity(self, *, norm: int) -> float:
+    def sensitivity(self, *, noise: NoiseKind) -> float:
         """One user adds one response: the counts change by 1 in one entry (any norm)."""
         return 1.0
 

@@ -259,7 +259,7 @@ class MarginalSpaceMechanism(MatrixMechanism):
         # per start (~1 ms per 2^14 subsets on one core).
         d = len(request.workload.domain_shape)
         seconds = 1e-3 + len(request.workload.items) * 2**d * 1e-7
-        if request.norm == 1:
+        if request.noise == "laplace":
             seconds += (1 + DEFAULT_L1_RESTARTS) * 300 * d * 2**d * 5e-9
         return seconds
 

@@ -34,7 +34,7 @@ from mechanisms.marginal_strategies import (
     subset_unit_error,
     subset_workload,
 )
-from mechanisms.noise import NoiseKind
+from mechanisms.noise import SENSITIVITY_NORM, NoiseKind
 from mechanisms.operators import Factor, MatrixFactor
 from mechanisms.optimized.search import OptimizedStrategy, optimize_workload
 from mechanisms.optimized.search import predict_seconds as predict_template_seconds
@@ -98,7 +98,9 @@ class OptimizedMechanism(MatrixMechanism):
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> Optimized:
         branching = OptimizedOptions.parse(request.options).branching
         key = cache_key(
-            "optimized", request.workload_fingerprint, {"norm": request.norm, "b": branching}
+            "optimized",
+            request.workload_fingerprint,
+            {"norm": SENSITIVITY_NORM[request.noise], "b": branching},
         )
         stored = cache.load(key)
         if stored is not None:
@@ -164,12 +166,12 @@ def _best_union(request: PlanRequest, *, branching: int) -> tuple[UnionStrategy,
         candidate = optimize_weights(
             request.workload,
             terms,
-            norm=request.norm,
+            noise=request.noise,
             name="optimized",
             time_limit=limit.nested_limit(),
             progress=request.progress,
         )
-        error = unit_error(candidate, request.workload, norm=request.norm)
+        error = unit_error(candidate, request.workload, noise=request.noise)
         if error < best_error:
             best_error = error
             best = replace(
@@ -190,8 +192,9 @@ def _from_template(optimized: OptimizedStrategy, workload: Workload, *, seed: in
     if optimized.kind == "marginals":
         weights = np.asarray(optimized.weights)
         parameters = {"template": "marginals", "marginal_weights": weights.tolist(), "seed": seed}
-        norm = 1 if optimized.objective_noise == "laplace" else 2
-        return _marginals_template(weights, workload, norm=norm, parameters=parameters)
+        return _marginals_template(
+            weights, workload, noise=optimized.objective_noise, parameters=parameters
+        )
     return KronStrategy(
         name="optimized",
         factors=optimized.factor_operators(),
@@ -204,7 +207,7 @@ def _from_template(optimized: OptimizedStrategy, workload: Workload, *, seed: in
 
 
 def _marginals_template(
-    weights: np.ndarray, workload: Workload, *, norm: int, parameters: dict[str, Any]
+    weights: np.ndarray, workload: Workload, *, noise: NoiseKind, parameters: dict[str, Any]
 ) -> SubsetStrategy:
     """HDMM's marginals template on a general workload (weights of :func:`optimize_workload`),
     as the subset-space strategy; weights at round-off (below 1e-12 of the largest) are dropped."""
@@ -214,7 +217,7 @@ def _marginals_template(
         domain_shape=workload.domain_shape,
         basis="marginal",
         weights=weights,
-        norm=norm,
+        noise=noise,
         unit_total_error=0.0,
     )
     error = subset_unit_error(marginal, subset_workload(workload).projections)
@@ -246,7 +249,7 @@ def _restore(request: PlanRequest, stored: StoredStrategy, *, branching: int) ->
         return subset_strategy(weights, name="optimized", parameters=parameters)
     if template == "marginals":
         weights = np.asarray(parameters["marginal_weights"])
-        return _marginals_template(weights, workload, norm=request.norm, parameters=parameters)
+        return _marginals_template(weights, workload, noise=request.noise, parameters=parameters)
     return KronStrategy(
         name="optimized",
         factors=_restore_factors(stored, workload.domain_shape, noise=request.noise),

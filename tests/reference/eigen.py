@@ -22,7 +22,6 @@ import scipy.fft
 from mechanisms.eigen.design import (
     DEFAULT_EIGENVALUE_RTOL,
     EigenDesignStrategy,
-    SensitivityNorm,
     Weighting,
     WorkloadSpectrum,
     _check_positive_int,
@@ -39,6 +38,7 @@ from mechanisms.eigen.design import (
 )
 from mechanisms.linalg import l1_sensitivity
 from mechanisms.lower_bound import svd_bound_from_eigenvalues, svd_bound_gram, validate_gram
+from mechanisms.noise import NoiseKind, validate_noise
 from mechanisms.operators import AllRanges, Identity, Prefix, Total
 from mechanisms.workload import Workload, WorkloadItem
 
@@ -76,13 +76,12 @@ class MeasurableDesign:
         """Number of strategy rows p."""
         return int(self.design.A.shape[0])
 
-    def sensitivity(self, *, norm: int) -> float:
-        """Largest column L1 (``norm=1``) or L2 (``norm=2``) norm of A, for one record."""
-        if norm == 1:
+    def sensitivity(self, *, noise: NoiseKind) -> float:
+        """Largest column L1 (Laplace) or L2 (Gaussian) norm of A, for one record."""
+        validate_noise(noise)
+        if noise == "laplace":
             return l1_sensitivity(_validated_strategy(self.design.A))
-        if norm == 2:
-            return l2_sensitivity(self.design.A)
-        raise ValueError(f"norm ({norm}) must be 1 or 2")
+        return l2_sensitivity(self.design.A)
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """``A x`` (O(p n)); confidential until the session adds noise."""
@@ -390,7 +389,7 @@ def eigen_design_speedup(
 def eigen_design_from_spectrum(
     spectrum: WorkloadSpectrum,
     *,
-    sensitivity: SensitivityNorm = "l2",
+    noise: NoiseKind = "gaussian",
     method: str = "full",
     group_size: int = 16,
     principal_fraction: float = 0.1,
@@ -410,11 +409,11 @@ def eigen_design_from_spectrum(
     ----------
     Li thesis, Program 5.1.2 and section 5.2.2.
     """
-    _validated_design_options(sensitivity, solver_rtol, max_iterations)
+    _validated_design_options(noise, solver_rtol, max_iterations)
     program = weighting(method, group_size=group_size, principal_fraction=principal_fraction)
     candidate, source, alternative, iterations, gap = _design(
         spectrum,
-        sensitivity=sensitivity,
+        noise=noise,
         weighting=program,
         complete=complete,
         compare_svd_bound=compare_svd_bound,
@@ -426,7 +425,7 @@ def eigen_design_from_spectrum(
         weights=candidate.row_weights,
         eigenvalues_kept=spectrum.eigenvalues,
         completion_weights=candidate.completion_weights,
-        sensitivity_norm=sensitivity,
+        noise=noise,
         source=source,
         total_error=candidate.total_error,
         total_error_before_completion=candidate.total_error_before_completion,

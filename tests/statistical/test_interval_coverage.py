@@ -243,7 +243,7 @@ def planned(
     )
     noise = calibrate(
         target=spec.privacy_target(),
-        sensitivity=strategy.sensitivity(norm=1),
+        sensitivity=strategy.sensitivity(noise="laplace"),
         size=strategy.num_queries,
     )
     return central, strategy, workload, noise

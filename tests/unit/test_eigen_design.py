@@ -315,19 +315,19 @@ def test_sensitivities():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sensitivity", ["l2", "l1"])
-def test_weighting_program_matches_generic_solver(sensitivity):
+@pytest.mark.parametrize("noise", ["gaussian", "laplace"])
+def test_weighting_program_matches_generic_solver(noise):
     spectrum = workload_spectrum(all_range_gram(12))
     q, sigma = spectrum.eigenvectors, spectrum.eigenvalues
-    constraint, power = (q**2, 1) if sensitivity == "l2" else (np.abs(q), 2)
+    constraint, power = (q**2, 1) if noise == "gaussian" else (np.abs(q), 2)
     result = eigen_design(
         all_range_gram(12),
-        sensitivity=sensitivity,
+        noise=noise,
         complete=False,
         compare_svd_bound=False,
         solver_rtol=1e-9,
     )
-    variables = result.weights**2 if sensitivity == "l2" else result.weights
+    variables = result.weights**2 if noise == "gaussian" else result.weights
     np.testing.assert_allclose((constraint @ variables).max(), 1.0, rtol=1e-12)
 
     costs = sigma / sigma.max()
@@ -549,8 +549,8 @@ def test_speedups_reduce_to_full_at_their_limits():
 
 def test_l1_variant_has_unit_l1_sensitivity_and_exact_error():
     gram = all_range_gram(32)
-    result = eigen_design(gram, sensitivity="l1", compare_svd_bound=False)
-    assert result.sensitivity_norm == "l1"
+    result = eigen_design(gram, noise="laplace", compare_svd_bound=False)
+    assert result.noise == "laplace"
     assert l1_sensitivity(result.A) == pytest.approx(1.0, rel=1e-12)
     np.testing.assert_allclose(np.sum(np.abs(result.A), axis=0), 1.0, rtol=1e-10)
     assert total_error_l1(gram, result.A) == pytest.approx(result.total_error, rel=1e-9)
@@ -569,8 +569,8 @@ def test_strategy_protocol_sensitivity_apply_and_least_squares():
     data = np.arange(8, dtype=float)
     assert result.name == "eigen_design"
     assert result.num_queries == result.design.A.shape[0]
-    assert result.sensitivity(norm=2) == pytest.approx(1.0, rel=1e-12)
-    assert result.sensitivity(norm=1) == pytest.approx(l1_sensitivity(result.design.A))
+    assert result.sensitivity(noise="gaussian") == pytest.approx(1.0, rel=1e-12)
+    assert result.sensitivity(noise="laplace") == pytest.approx(l1_sensitivity(result.design.A))
     np.testing.assert_allclose(result.apply(data), result.design.A @ data)
     np.testing.assert_allclose(result.least_squares(result.apply(data)), data, atol=1e-9)
 
@@ -660,8 +660,8 @@ GRAM = all_range_gram(4)
             "strategy (shape (0, 4)) must be a non-empty",
         ),
         (
-            lambda: eigen_design(GRAM, sensitivity="linf"),
-            "sensitivity ('linf') must be 'l2' or 'l1'",
+            lambda: eigen_design(GRAM, noise="linf"),
+            "noise ('linf') must be one of",
         ),
         (
             lambda: eigen_design_speedup(GRAM, method="fast"),
@@ -729,8 +729,8 @@ GRAM = all_range_gram(4)
             "eigenvectors must be finite",
         ),
         (
-            lambda: MeasurableDesign(eigen_design(GRAM)).sensitivity(norm=3),
-            "norm (3) must be 1 or 2",
+            lambda: MeasurableDesign(eigen_design(GRAM)).sensitivity(noise="uniform"),
+            "noise ('uniform') must be one of",
         ),
         (
             lambda: MeasurableDesign(eigen_design(GRAM)).least_squares(np.ones(2)),

@@ -896,7 +896,9 @@ def zero_noise_release(
     request = lrm_request(workload, epsilon=epsilon)
     strategy = LRM.plan(request, cache=MemoryCache())
     noise = calibrate(
-        target=request.target, sensitivity=strategy.sensitivity(norm=1), size=strategy.num_queries
+        target=request.target,
+        sensitivity=strategy.sensitivity(noise="laplace"),
+        size=strategy.num_queries,
     )
     description = NoiseDescription(
         kind=noise.kind,

@@ -12,6 +12,7 @@ from catalog import planning
 from catalog.spec.load import parse_spec
 from catalog.strategy_store import StrategyStore
 from mechanisms import optimized as optimized_mechanism
+from mechanisms.noise import SENSITIVITY_NORM
 from mechanisms.operators import MatrixFactor
 from mechanisms.protocol import StoredStrategy, cache_key
 
@@ -99,15 +100,15 @@ def test_dense_strategy_matches_numpy(rng: np.random.Generator) -> None:
         np.diag(prefix @ covariance @ prefix.T),
         rtol=1e-9,
     )
-    assert strategy.sensitivity(norm=1) == pytest.approx(np.abs(matrix).sum(0).max())
+    assert strategy.sensitivity(noise="laplace") == pytest.approx(np.abs(matrix).sum(0).max())
     assert strategy.support_residual(workload) < 1e-9
     narrow = DenseStrategy(name="n", matrix=np.ones((1, 6)))
     identity = Workload(domain_shape=(6,), items=(WorkloadItem(name="i", factors=(Identity(6),)),))
     assert narrow.support_residual(identity) > 0.1
     with pytest.raises(ValueError, match="finite 2-D"):
         DenseStrategy(name="bad", matrix=np.array([1.0, np.nan]))
-    with pytest.raises(ValueError, match=r"norm \(3\) must be 1 or 2"):
-        strategy.sensitivity(norm=3)
+    with pytest.raises(ValueError, match=r"noise \('uniform'\) must be one of"):
+        strategy.sensitivity(noise="uniform")
 
 
 def test_planned_optimized_strategy_is_rebuilt_exactly(
@@ -142,7 +143,11 @@ def test_planned_optimized_strategy_is_rebuilt_exactly(
         request = planning.plan_request(spec, workload=built, requested=True)
         store = StrategyStore(tmp_path / "strategies")
         # optimized's own entry (a marginal workload also leaves the shared subset-weights entry)
-        key = cache_key("optimized", request.workload_fingerprint, {"norm": request.norm, "b": 2})
+        key = cache_key(
+            "optimized",
+            request.workload_fingerprint,
+            {"norm": SENSITIVITY_NORM[request.noise], "b": 2},
+        )
         store_entry = store.load(key)
         assert store_entry is not None
         rebuilt = optimized_mechanism._restore(request, store_entry, branching=2)

@@ -41,7 +41,7 @@ def test_expected_error_matches_dense_trace(family: str) -> None:
     assert sum(report.item_total_variance.values()) == pytest.approx(report.total_variance)
     assert report.rmse == pytest.approx(np.sqrt(report.total_variance / workload.num_queries))
     # never below the SVD bound (L2-normalised comparison: error / sensitivity^2 vs SVDB)
-    l2 = strategy.sensitivity(norm=2)
+    l2 = strategy.sensitivity(noise="gaussian")
     assert l2**2 * dense_total >= svd_bound(workload) * (1 - 1e-9)
     assert support_residual(workload, strategy) < 1e-9
 

@@ -183,7 +183,7 @@ def test_laplace_plan_beats_measuring_each_marginal_separately() -> None:
     separate = len(subsets) ** 2 * workload.num_queries  # Δ₁ = K, unit noise per marginal cell
     assert strategy.weights.unit_total_error < 0.6 * separate
     unit_total = sum(strategy.item_unit_total(item, workload) for item in workload.items)
-    assert strategy.sensitivity(norm=1) ** 2 * unit_total == pytest.approx(
+    assert strategy.sensitivity(noise="laplace") ** 2 * unit_total == pytest.approx(
         strategy.weights.unit_total_error, rel=1e-9
     )
 

@@ -139,7 +139,7 @@ def test_plain_marginals_cannot_reach_the_bound_for_one_way_marginals() -> None:
     subset = subset_workload(workload)
     needed = superset_differences(np.sqrt(subset.eigenvalues()), 2)
     assert needed.min() < 0
-    template = marginal_weights_template(workload, norm=2, rng=np.random.default_rng(0))
+    template = marginal_weights_template(workload, noise="gaussian", rng=np.random.default_rng(0))
     assert template.unit_total_error > marginal_weights_l2(workload).unit_total_error * 1.001
 
 
@@ -154,14 +154,16 @@ def test_subset_strategy_error_sensitivity_and_variances_equal_dense(basis, work
         domain_shape=SHAPE,
         basis=basis,
         weights=rng.random(2 ** len(SHAPE)) + 0.05,
-        norm=2,
+        noise="gaussian",
         unit_total_error=0.0,  # not used by the strategy's own evaluation
     )
     strategy = subset_strategy(weights, name="s")
     a = _explicit_strategy(weights)
     assert strategy.num_queries == a.shape[0]
-    assert strategy.sensitivity(norm=2) == pytest.approx(np.sqrt((a**2).sum(0)).max(), rel=1e-12)
-    assert strategy.sensitivity(norm=1) == pytest.approx(np.abs(a).sum(0).max(), rel=1e-12)
+    assert strategy.sensitivity(noise="gaussian") == pytest.approx(
+        np.sqrt((a**2).sum(0)).max(), rel=1e-12
+    )
+    assert strategy.sensitivity(noise="laplace") == pytest.approx(np.abs(a).sum(0).max(), rel=1e-12)
     np.testing.assert_allclose(np.sqrt((a**2).sum(0)), np.sqrt((a**2).sum(0)).max(), rtol=1e-12)
     covariance = np.linalg.pinv(a.T @ a)
     for item in workload.items:
@@ -180,7 +182,11 @@ def test_unsupported_eigenspace_is_reported() -> None:
     weights[0b011] = 1.0  # the marginal over attributes 0 and 1 only
     strategy = subset_strategy(
         MarginalWeights(
-            domain_shape=SHAPE, basis="marginal", weights=weights, norm=1, unit_total_error=1.0
+            domain_shape=SHAPE,
+            basis="marginal",
+            weights=weights,
+            noise="laplace",
+            unit_total_error=1.0,
         ),
         name="narrow",
     )
@@ -204,10 +210,10 @@ def test_least_squares_through_the_union_recovers_the_answers_without_noise() ->
 def test_l1_weights_match_dense_and_beat_measuring_each_marginal() -> None:
     workload = _one_and_two_way((3, 4, 5, 2))
     result = _l1(workload)
-    assert result.basis == "marginal" and result.norm == 1 and not result.stopped_early
+    assert result.basis == "marginal" and result.noise == "laplace" and not result.stopped_early
     a = _explicit_strategy(result)
     assert result.unit_total_error == pytest.approx(_dense_error(workload, a, norm=1), rel=1e-8)
-    assert result.sensitivity(norm=1) == pytest.approx(1.0, rel=1e-12)
+    assert result.sensitivity(noise="laplace") == pytest.approx(1.0, rel=1e-12)
     separately = len(workload.items) ** 2 * workload.num_queries  # Δ₁ = K, variance K² per query
     assert result.unit_total_error < separately
     assert result.unit_total_error >= svd_bound(workload) * (1 - 1e-9)
@@ -260,34 +266,34 @@ def test_parameters_round_trip() -> None:
         (lambda: _l1(_one_and_two_way(), time_limit=-1.0), r"time_limit \(-1.0\)"),
         (
             lambda: marginal_weights_template(
-                _one_and_two_way(), norm=3, rng=np.random.default_rng(0)
+                _one_and_two_way(), noise="uniform", rng=np.random.default_rng(0)
             ),
-            r"norm \(3\) must be 1",
+            r"noise \('uniform'\) must be one of",
         ),
         (lambda: marginal_weights_l1(_one_and_two_way(), rng=np.random.default_rng(0), restarts=-1), r"restarts \(-1\)"),
         (
             lambda: MarginalWeights(
-                domain_shape=SHAPE, basis="other", weights=np.ones(8), norm=2, unit_total_error=1.0
+                domain_shape=SHAPE, basis="other", weights=np.ones(8), noise="gaussian", unit_total_error=1.0
             ),
             r"basis \('other'\)",
         ),
         (
             lambda: MarginalWeights(
-                domain_shape=SHAPE, basis="centred", weights=np.ones(7), norm=2, unit_total_error=1
+                domain_shape=SHAPE, basis="centred", weights=np.ones(7), noise="gaussian", unit_total_error=1
             ),
             r"2\^d = 8 finite values",
         ),
         (
             lambda: MarginalWeights(
-                domain_shape=SHAPE, basis="centred", weights=np.zeros(8), norm=2, unit_total_error=1
+                domain_shape=SHAPE, basis="centred", weights=np.zeros(8), noise="gaussian", unit_total_error=1
             ),
             "must not all be 0",
         ),
         (
             lambda: MarginalWeights(
-                domain_shape=SHAPE, basis="centred", weights=np.ones(8), norm=0, unit_total_error=1
+                domain_shape=SHAPE, basis="centred", weights=np.ones(8), noise="uniform", unit_total_error=1
             ),
-            r"norm \(0\) must be 1",
+            r"noise \('uniform'\) must be one of",
         ),
         (lambda: subset_workload(_marginals((2,) * 21, [(0,)])), "at most 20 attributes"),
         (
@@ -324,4 +330,4 @@ def test_adult_l2_design_is_at_the_bound_in_seconds() -> None:
     )
     strategy = subset_strategy(result, name="eigen")
     total = sum(strategy.item_unit_total(item) for item in workload.items)
-    assert strategy.sensitivity(norm=2) ** 2 * total == pytest.approx(bound, rel=1e-10)
+    assert strategy.sensitivity(noise="gaussian") ** 2 * total == pytest.approx(bound, rel=1e-10)

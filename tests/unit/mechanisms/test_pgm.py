@@ -11,6 +11,7 @@ from scipy.optimize import minimize
 
 from mechanisms.marginal_space import MarginalSpaceStrategy, down_closure, marginal_of
 from mechanisms.marginal_strategies import MarginalWeights
+from mechanisms.noise import NoiseKind
 from mechanisms.operators import Identity, Total
 from mechanisms.pgm import (
     _Lattice,
@@ -154,14 +155,14 @@ def test_noise_free_measurements_give_the_true_marginals(rng: np.random.Generato
 
 
 @pytest.mark.parametrize(
-    ("basis", "norm", "weights"),
+    ("basis", "noise", "weights"),
     [
-        ("marginal", 1, [0.25, 0, 0, 0.25, 0, 0.25, 0.25, 0]),  # Laplace: plain marginals
-        ("centred", 2, [0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0]),  # Gaussian: subset-eigen
+        ("marginal", "laplace", [0.25, 0, 0, 0.25, 0, 0.25, 0.25, 0]),  # Laplace: plain marginals
+        ("centred", "gaussian", [0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0]),  # Gaussian: subset-eigen
     ],
 )
 def test_the_strategy_estimator_matches_dense_marginals_without_noise(
-    rng: np.random.Generator, basis: str, norm: int, weights: list[float]
+    rng: np.random.Generator, basis: str, noise: NoiseKind, weights: list[float]
 ) -> None:
     """``MarginalSpaceStrategy.consistent_answers`` (zero noise) returns the dense marginals of
     x for every item, in both bases of the marginal-space plan."""
@@ -169,7 +170,7 @@ def test_the_strategy_estimator_matches_dense_marginals_without_noise(
         domain_shape=SHAPE,
         basis=basis,
         weights=np.array(weights),
-        norm=norm,
+        noise=noise,
         unit_total_error=1.0,
     )
     strategy = MarginalSpaceStrategy(name="marginal_space", weights=weights, parameters={})

@@ -88,9 +88,11 @@ def test_total_error_all_ranges_n512_laplace_eps1(family: str, expected: float) 
     """seed-mm.md §7.3: TOTALERROR = 2/eps^2 * L1^2 * tr(W^T W (A^T A)^-1) at n = 512, eps = 1."""
     strategy = build_kron_strategy(family, attribute_roles=[(512, "ordered")])
     item = WorkloadItem(name="ranges", factors=(AllRanges(512),))
-    total = 2.0 * strategy.sensitivity(norm=1) ** 2 * item_unit_total(item, strategy)
+    total = 2.0 * strategy.sensitivity(noise="laplace") ** 2 * item_unit_total(item, strategy)
     assert total == pytest.approx(expected, rel=1e-8)
-    per_query = 2.0 * strategy.sensitivity(norm=1) ** 2 * item_unit_variances(item, strategy)
+    per_query = (
+        2.0 * strategy.sensitivity(noise="laplace") ** 2 * item_unit_variances(item, strategy)
+    )
     assert per_query.sum() == pytest.approx(total, rel=1e-10)
 
 
@@ -135,8 +137,8 @@ def test_kronecker_strategy_shortcuts_match_dense(rng: np.random.Generator) -> N
         "hierarchical", attribute_roles=[(5, "ordered"), (3, "categorical"), (4, "total")]
     )
     dense = kron_dense(strategy.factors)
-    assert strategy.sensitivity(norm=1) == pytest.approx(np.abs(dense).sum(0).max())
-    assert strategy.sensitivity(norm=2) == pytest.approx(np.sqrt((dense**2).sum(0)).max())
+    assert strategy.sensitivity(noise="laplace") == pytest.approx(np.abs(dense).sum(0).max())
+    assert strategy.sensitivity(noise="gaussian") == pytest.approx(np.sqrt((dense**2).sum(0)).max())
     assert strategy.num_queries == dense.shape[0]
     x = rng.normal(size=dense.shape[1])
     np.testing.assert_allclose(strategy.apply(x), dense @ x, atol=1e-10)
@@ -151,7 +153,7 @@ def test_kronecker_strategy_with_a_pidentity_factor_matches_dense(rng: np.random
         factors=(PIdentityFactor(rng.random((2, 6)), noise="laplace"), identity_strategy(3)),
     )
     dense = kron_dense(strategy.factors)
-    assert strategy.sensitivity(norm=1) == pytest.approx(np.abs(dense).sum(0).max())
+    assert strategy.sensitivity(noise="laplace") == pytest.approx(np.abs(dense).sum(0).max())
     x, y = rng.normal(size=dense.shape[1]), rng.normal(size=dense.shape[0])
     np.testing.assert_allclose(strategy.apply(x), dense @ x, atol=1e-10)
     np.testing.assert_allclose(strategy.least_squares(y), np.linalg.pinv(dense) @ y, atol=1e-8)

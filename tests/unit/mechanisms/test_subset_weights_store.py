@@ -124,7 +124,7 @@ def test_optimized_marginals_template_entry_from_before_rebuilds_the_same_strate
     # the old union of weighted marginals: bit 0 = attribute 0 kept, bit 1 = attribute 1 kept
     expected = np.concatenate([0.25 * cells.sum(axis=1), 0.75 * cells.ravel()])
     np.testing.assert_allclose(strategy.apply(x), expected)
-    assert strategy.sensitivity(norm=1) == pytest.approx(1.0)
+    assert strategy.sensitivity(noise="laplace") == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("pure", [True, False], ids=["laplace", "gaussian"])

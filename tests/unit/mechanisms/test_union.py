@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mechanisms.noise import NoiseKind
 from mechanisms.operators import (
     AllRanges,
     Identity,
@@ -80,8 +81,8 @@ def test_products_sensitivity_match_dense(rng: np.random.Generator) -> None:
     y = rng.normal(size=dense.shape[0])
     np.testing.assert_allclose(strategy.apply(x), dense @ x, atol=1e-12)
     np.testing.assert_allclose(strategy.apply_transpose(y), dense.T @ y, atol=1e-12)
-    assert strategy.sensitivity(norm=1) == pytest.approx(np.abs(dense).sum(0).max())
-    assert strategy.sensitivity(norm=2) == pytest.approx(np.sqrt((dense**2).sum(0)).max())
+    assert strategy.sensitivity(noise="laplace") == pytest.approx(np.abs(dense).sum(0).max())
+    assert strategy.sensitivity(noise="gaussian") == pytest.approx(np.sqrt((dense**2).sum(0)).max())
     assert strategy.num_queries == dense.shape[0]
 
 
@@ -107,7 +108,7 @@ def test_item_variances_and_totals_match_dense() -> None:
         assert strategy.item_unit_total(item, WORKLOAD) == pytest.approx(expected.sum(), rel=1e-9)
     gram = sum(kron_dense(i.factors).T @ kron_dense(i.factors) for i in WORKLOAD.items)
     expected_unit = np.abs(dense).sum(0).max() ** 2 * np.trace(gram @ covariance)
-    assert unit_error(strategy, WORKLOAD, norm=1) == pytest.approx(expected_unit, rel=1e-9)
+    assert unit_error(strategy, WORKLOAD, noise="laplace") == pytest.approx(expected_unit, rel=1e-9)
     assert strategy.support_residual(WORKLOAD) < 1e-9
 
 
@@ -137,11 +138,13 @@ def test_optimized_weights_beat_equal_weights_and_prune_redundant_terms() -> Non
         domain_shape=SHAPE,
         terms=tuple(UnionTerm(weight=1.0, factors=f) for f in terms),
     )
-    optimized = optimize_weights(WORKLOAD, terms, norm=1, name="optimized")
-    assert unit_error(optimized, WORKLOAD, norm=1) <= unit_error(equal, WORKLOAD, norm=1)
+    optimized = optimize_weights(WORKLOAD, terms, noise="laplace", name="optimized")
+    assert unit_error(optimized, WORKLOAD, noise="laplace") <= unit_error(
+        equal, WORKLOAD, noise="laplace"
+    )
     assert optimized.support_residual(WORKLOAD) < 1e-8
     assert max(optimized.parameters["weights"]) == pytest.approx(1.0)
-    again = optimize_weights(WORKLOAD, terms, norm=1, name="optimized")
+    again = optimize_weights(WORKLOAD, terms, noise="laplace", name="optimized")
     assert again.parameters["weights"] == optimized.parameters["weights"]  # deterministic
 
 
@@ -172,12 +175,12 @@ def test_validation_fires() -> None:
         )
 
 
-@pytest.mark.parametrize("norm", [1, 2])
-def test_weight_objective_gradient_matches_finite_differences(norm: int) -> None:
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_weight_objective_gradient_matches_finite_differences(noise: NoiseKind) -> None:
     from mechanisms.union import _WeightProblem
 
     terms = per_item_terms(WORKLOAD, ordered=(True, False, False), family="hierarchical")
-    problem = _WeightProblem(WORKLOAD, terms, norm=norm)
+    problem = _WeightProblem(WORKLOAD, terms, noise=noise)
     point = np.log(np.linspace(0.6, 1.7, len(terms)))  # unequal: one column attains the max
     value, gradient = problem.value_and_log_gradient(np.exp(point))
     assert value == pytest.approx(problem(np.exp(point)))
@@ -189,14 +192,14 @@ def test_weight_objective_gradient_matches_finite_differences(norm: int) -> None
         assert gradient[t] == pytest.approx(numeric, rel=1e-4, abs=1e-6 * abs(value))
 
 
-@pytest.mark.parametrize("norm", [1, 2])
-def test_weight_objective_on_range_bases_equals_the_unit_error(norm: int) -> None:
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_weight_objective_on_range_bases_equals_the_unit_error(noise: NoiseKind) -> None:
     """The weight problem inverts each block on a basis of its (weight-independent) range; its
     value equals the union's unit error computed from the full singular blocks, at any weights."""
     from mechanisms.union import _WeightProblem
 
     terms = per_item_terms(WORKLOAD, ordered=(True, False, False), family="hierarchical")
-    problem = _WeightProblem(WORKLOAD, terms, norm=norm)
+    problem = _WeightProblem(WORKLOAD, terms, noise=noise)
     full = SHAPE[0]
     assert any(block.shape[0] < full for block in problem.workload_blocks)  # some were singular
     rng = np.random.default_rng(11)
@@ -208,5 +211,5 @@ def test_weight_objective_on_range_bases_equals_the_unit_error(norm: int) -> Non
                 UnionTerm(weight=float(w), factors=f) for w, f in zip(weights, terms, strict=True)
             ),
         )
-        expected = unit_error(strategy, WORKLOAD, norm=norm)
+        expected = unit_error(strategy, WORKLOAD, noise=noise)
         assert problem(weights) == pytest.approx(expected, rel=1e-9)

@@ -39,22 +39,22 @@ def test_time_limit_keeps_every_term_and_the_best_weights(monkeypatch: pytest.Mo
         fractions.append(fraction)
         clock.advance(1.0)
 
-    full = optimize_weights(WORKLOAD, TERMS, norm=1, name="optimized")
+    full = optimize_weights(WORKLOAD, TERMS, noise="laplace", name="optimized")
     stopped = optimize_weights(
-        WORKLOAD, TERMS, norm=1, name="optimized", time_limit=2.5, progress=tick
+        WORKLOAD, TERMS, noise="laplace", name="optimized", time_limit=2.5, progress=tick
     )
     assert stopped.parameters["stopped_early"] and not full.parameters["stopped_early"]
     assert len(stopped.terms) == len(TERMS)  # no pruning after a stop
     assert stopped.support_residual(WORKLOAD) < 1e-8
     assert 0 < stopped.parameters["evaluations"] < full.parameters["evaluations"]
-    error = unit_error(stopped, WORKLOAD, norm=1)
+    error = unit_error(stopped, WORKLOAD, noise="laplace")
     assert math.isfinite(error)
-    assert unit_error(full, WORKLOAD, norm=1) <= error * (1 + 1e-9)
+    assert unit_error(full, WORKLOAD, noise="laplace") <= error * (1 + 1e-9)
     assert all(0.0 <= f <= 1.0 for f in fractions)
 
 
 def test_zero_time_limit_returns_equal_weights() -> None:
-    stopped = optimize_weights(WORKLOAD, TERMS, norm=2, name="optimized", time_limit=0.0)
+    stopped = optimize_weights(WORKLOAD, TERMS, noise="gaussian", name="optimized", time_limit=0.0)
     assert stopped.parameters["stopped_early"]
     assert stopped.parameters["weights"] == [1.0] * len(TERMS)
     assert stopped.support_residual(WORKLOAD) < 1e-8
@@ -62,11 +62,11 @@ def test_zero_time_limit_returns_equal_weights() -> None:
 
 def test_generous_time_limit_changes_nothing() -> None:
     fractions: list[float] = []
-    plain = optimize_weights(WORKLOAD, TERMS, norm=1, name="optimized")
+    plain = optimize_weights(WORKLOAD, TERMS, noise="laplace", name="optimized")
     limited = optimize_weights(
         WORKLOAD,
         TERMS,
-        norm=1,
+        noise="laplace",
         name="optimized",
         time_limit=1e6,
         progress=lambda f, m: fractions.append(f),
@@ -81,12 +81,12 @@ def test_ctrl_c_propagates() -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        optimize_weights(WORKLOAD, TERMS, norm=1, name="optimized", progress=interrupt)
+        optimize_weights(WORKLOAD, TERMS, noise="laplace", name="optimized", progress=interrupt)
 
 
 def test_weight_problem_sizes_match_the_structure() -> None:
     dense, blocks = weight_problem_sizes(WORKLOAD, TERMS)
-    optimized = optimize_weights(WORKLOAD, TERMS, norm=1, name="optimized", time_limit=0.0)
+    optimized = optimize_weights(WORKLOAD, TERMS, noise="laplace", name="optimized", time_limit=0.0)
     structure = optimized.structure(WORKLOAD)
     assert dense == math.prod(SHAPE[a] for a in structure.dense_axes)
     assert blocks == len(structure.blocks)
