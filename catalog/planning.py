@@ -7,10 +7,10 @@ including OpenDP's discretisation slack); ``total_variance`` is the sum.
 
 Only what is needed is planned: a spec that names a mechanism plans that one; ``auto`` plans the
 registry's mechanisms cheapest first (predicted from sizes), stops once one is within
-:data:`EARLY_STOP` of the SVD lower bound, and skips those predicted to exceed the time budget (once one candidate is planned, so a plan
-always exists).
-Every skipped or unavailable candidate is listed with its reason.  The chosen strategy travels in
-the plan: measure and reconstruct use that object, they never rebuild it.
+:data:`EARLY_STOP` of the SVD lower bound, and skips those predicted to exceed the time budget
+(once one candidate is planned, so a plan always exists). Every skipped or unavailable candidate is
+listed with its reason. The chosen strategy travels in the plan: measure and reconstruct use that
+object, they never rebuild it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
 """Audited review of a staged release: approval publishes a copy, rejection refunds nothing.
 
-A release's review policy (``catalog.review_policy``, recorded when it registered, from the
-spec's ``review:`` section) says how many distinct reviewers must approve it and whether the
-person who ran it is excluded; until the last approval it stays ``staged`` and each approval is
-in the trail.  One rejection decides.  The manifest's review trail lists every decision the
-catalog holds, in order.
+A release's review policy (``catalog.review_policy``, recorded when it registered, from the spec's
+``review:`` section) says how many distinct reviewers must approve it and whether the person who ran
+it is excluded; until the last approval it stays ``staged`` and each approval is in the trail.  One
+rejection decides.  The manifest's review trail lists every decision the catalog holds, in order.
 
 Idempotent: a review is recorded once, in the catalog, and everything after it (the manifest's
-review trail, the report, the published copy, the status ``published``) is derived from that
-record.  Re-running the same decision after a crash finishes what was left undone without a
-second review record: an ``approved`` release whose copy or status update did not happen is
-published; a ``rejected`` release whose manifest was not updated gets its trail.
+review trail, the report, the published copy, the status ``published``) is derived from that record.
+Re-running the same decision after a crash finishes what was left undone without a second review
+record: an ``approved`` release whose copy or status update did not happen is published; a
+``rejected`` release whose manifest was not updated gets its trail.
 
 Order of an approval (every step can be repeated):
 

@@ -1,13 +1,12 @@
 """Who ran a release and who must approve it: the review policy recorded when a release registers.
 
 One small table in the catalog database (``review_policies``, its own ``MetaData`` like
-``catalog.watch_state``): per release, the operator (the person who ran it), the number of
-distinct approvals it needs, whether the operator is excluded from approving (always, unless
-the spec says ``review: {allow_self_approval: true}``), and the Prefect
-notification block that tells reviewers it is staged.  It is written once, by the process that
-registers the release, from the spec it ran, so a later edit of the spec or the manifest cannot
-lower the bar.  A release without a row (registered before this table existed) needs one approval
-by anyone, as before.
+``catalog.watch_state``): per release, the operator (the person who ran it), the number of distinct
+approvals it needs, whether the operator is excluded from approving (always, unless the spec says
+``review: {allow_self_approval: true}``), and the Prefect notification block that tells reviewers it
+is staged.  It is written once, by the process that registers the release, from the spec it ran, so
+a later edit of the spec or the manifest cannot lower the bar.  A release without a row (registered
+before this table existed) needs one approval by anyone, as before.
 
 The operator is ``DPRELEASE_OPERATOR`` when set (a deployment's worker runs as a service account:
 set it to the person or role responsible), else the login name.  Names are self-declared, as

@@ -3,10 +3,9 @@
 Strategy optimisation is data-independent and can be slow, so its result is kept under
 ``$DPRELEASE_HOME/strategies/<key>.npz`` and reused by every later plan, run and process (the key
 hashes the workload fingerprint — domain, items, matrix contents — the noise kind, the template
-settings and a version, so a changed workload never hits a stale entry).  The same store, in its
-own folder, keeps privately *released* intermediates such as DAWA's partition together with the
-ledger receipt that paid for them (public once released; their key includes the keyed input
-fingerprint).
+settings and a version, so a changed workload never hits a stale entry).  The same store, in its own
+folder, keeps privately *released* intermediates such as DAWA's partition together with the ledger
+receipt that paid for them (public once released; their key includes the keyed input fingerprint).
 
 Safe under concurrent writers: each entry is one file written to a temporary name and renamed into
 place, so a reader sees a whole entry or none.  Bounded: past ``max_entries`` files, the least

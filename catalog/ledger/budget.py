@@ -38,10 +38,9 @@ from mechanisms.privacy import PrivacyCost, convert
 class Ledger:
     """Datasets and the hash-chained ledger in one SQLAlchemy database.
 
-    Opening checks what the database is: a fresh one is initialised, a catalog of an older
-    schema is migrated (chain hashes built over its existing entries), and a file that is not
-    SQLite or an SQLite database without the catalog's tables raises :class:`CatalogError` and is
-    left untouched.
+    Opening checks what the database is: a fresh one is initialised, a catalog of an older schema is
+    migrated (chain hashes built over its existing entries), and a file that is not SQLite or an
+    SQLite database without the catalog's tables raises :class:`CatalogError` and is left untouched.
     """
 
     def __init__(self, url: str | None = None) -> None:
