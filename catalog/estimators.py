@@ -45,10 +45,6 @@ MAX_PGM_NONZEROS = 40_000_000
 """Largest pgm solve (non-zeros of its spread operator, ~24 bytes each: ~1 GB)."""
 
 
-def supports_pgm(plan: Plan) -> bool:
-    return callable(getattr(plan.strategy, "consistent_answers", None))
-
-
 def pgm_size(spec: ReleaseSpec, plan: Plan) -> int:
     """Non-zeros of the pgm solve for the plan's workload (public sizes only)."""
     workload = plan.workload or build_workload(spec)
@@ -62,7 +58,7 @@ def estimator(spec: ReleaseSpec, plan: Plan) -> str:
     a workload too large to solve on one machine (``auto`` falls back to least squares)."""
     if spec.reconstruct == LEAST_SQUARES:
         return LEAST_SQUARES
-    if not supports_pgm(plan):
+    if not callable(getattr(plan.strategy, "consistent_answers", None)):
         if spec.reconstruct == PGM:
             raise SpecError(
                 f"reconstruct: pgm needs a marginal-space plan (every workload item a marginal, "

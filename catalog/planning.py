@@ -91,10 +91,6 @@ def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
     return WorkloadItem(name=item.name, factors=tuple(factors))
 
 
-def ordered_flags(spec: ReleaseSpec) -> tuple[bool, ...]:
-    return tuple(getattr(attribute, "ordered", True) for attribute in spec.domain.values())
-
-
 def plan_request(
     spec: ReleaseSpec,
     *,
@@ -105,7 +101,7 @@ def plan_request(
 ) -> PlanRequest:
     return PlanRequest(
         workload=workload,
-        ordered=ordered_flags(spec),
+        ordered=tuple(getattr(a, "ordered", True) for a in spec.domain.values()),
         target=spec.privacy_target(),
         contribution_bound=spec.privacy_unit.contribution_bound,
         options=dict(spec.mechanism_options),

@@ -137,18 +137,6 @@ def _entry(decision: ReviewRecord) -> dict[str, str]:
     return {k: v for k, v in asdict(decision).items() if k != "release_id"}
 
 
-def _review_section(
-    status: str, policy: ReviewPolicyRecord, decisions: list[ReviewRecord]
-) -> dict[str, Any]:
-    """The manifest's ``review`` section for a release in catalog ``status``."""
-    return {
-        "status": _TRAIL_STATUS[status],
-        "required_approvals": policy.required_approvals,
-        "operator": policy.operator,
-        "trail": [_entry(r) for r in decisions],
-    }
-
-
 def _target(record: ReleaseRecord, publish_dir: Path | None) -> Path:
     directory = Path(str(record.directory))
     destination = publish_dir or directory.parent.parent / artifacts.PUBLISHED_FOLDER
@@ -170,7 +158,12 @@ def _finish(catalog: Catalog, record: ReleaseRecord, publish_dir: Path | None) -
     policy = policy_of(catalog, record.id)
     directory = Path(str(record.directory))
     manifest = artifacts.read_manifest(directory)
-    section = _review_section(record.status, policy, decisions)
+    section = {
+        "status": _TRAIL_STATUS[record.status],
+        "required_approvals": policy.required_approvals,
+        "operator": policy.operator,
+        "trail": [_entry(r) for r in decisions],
+    }
     if manifest.get("review") != section:
         manifest["review"] = section
         write_report(directory, manifest, catalog)
