@@ -88,12 +88,12 @@ BILLION_LAUGHS = "\n".join(
 def test_yaml_alias_bomb_is_refused_in_well_under_a_second(tmp_path: Path) -> None:
     path = write(tmp_path / "bomb.yaml", BILLION_LAUGHS)
     assert path.stat().st_size < 1000  # 9 levels of 9 aliases: 10^9 strings if expanded
-    started = time.perf_counter()
+    started = time.thread_time()
     with pytest.raises(
         SpecError, match=r"bomb\.yaml: not valid YAML: YAML anchor &a is not allowed"
     ):
         load_spec(path)
-    assert time.perf_counter() - started < 1.0
+    assert time.thread_time() - started < 1.0
 
 
 @pytest.mark.parametrize(
@@ -125,10 +125,10 @@ def test_yaml_alias_bomb_is_refused_in_well_under_a_second(tmp_path: Path) -> No
 )
 def test_hostile_yaml_is_refused(tmp_path: Path, text: str, pattern: str) -> None:
     path = write(tmp_path / "spec.yaml", text)
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU time of this thread: other processes' load does not count
     with pytest.raises(SpecError, match=pattern):
         load_spec(path)
-    assert time.perf_counter() - started < 1.0
+    assert time.thread_time() - started < 1.0
 
 
 def test_a_spec_file_over_the_size_limit_is_refused_without_parsing(tmp_path: Path) -> None:
