@@ -34,9 +34,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from catalog.confidential import source
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog.confidential import source
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
 
 COLUMNS = ("region", "age", "sex")
 SEED = 20261122

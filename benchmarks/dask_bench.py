@@ -45,10 +45,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from count_bench import print_table  # benchmarks/ is on sys.path when run as a script
 
-from catalog.confidential import source
-from catalog.confidential.dask_count import count_cells_dask
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog.confidential import source
+from dprelease.catalog.confidential.dask_count import count_cells_dask
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
 
 SEED = 20261125
 REGIONS = 8

@@ -43,9 +43,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechanisms.dawa.greedy_h import HierarchicalStrategy, _build_tree, greedy_h_strategy
-from mechanisms.dawa.hilbert import HilbertLayout
-from mechanisms.dawa.partition import (
+from dprelease.mechanisms.dawa.greedy_h import HierarchicalStrategy, _build_tree, greedy_h_strategy
+from dprelease.mechanisms.dawa.hilbert import HilbertLayout
+from dprelease.mechanisms.dawa.partition import (
     IntervalWorkload,
     Partition,
     _least_cost_partition,

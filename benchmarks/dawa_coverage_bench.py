@@ -34,10 +34,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from dawa_bench import NumpyLaplace  # benchmarks/ is on sys.path when run as a script
 
-from mechanisms.dawa.hilbert import HilbertLayout
-from mechanisms.dawa.partition import IntervalWorkload
-from mechanisms.dawa.uncertainty import cell_coordinates, query_uncertainty
-from mechanisms.intervals import interval_half_widths, normal_quantile
+from dprelease.mechanisms.dawa.hilbert import HilbertLayout
+from dprelease.mechanisms.dawa.partition import IntervalWorkload
+from dprelease.mechanisms.dawa.uncertainty import cell_coordinates, query_uncertainty
+from dprelease.mechanisms.primitives.intervals import interval_half_widths, normal_quantile
 from tests.reference.dawa import (
     answer,
     dawa,

@@ -24,7 +24,7 @@ from pathlib import Path
 import threadpoolctl
 from predict_bench import machine_speed
 
-from mechanisms import compute_limits
+from dprelease.mechanisms.primitives import compute_limits
 
 CLI = Path(sys.executable).parent / "dprelease"
 
@@ -79,11 +79,11 @@ def main() -> None:
 
         import great_expectations  # noqa: F401  (import cost shown separately)
 
-        from catalog import release
-        from catalog.ledger.store import Catalog
-        from catalog.planning import make_plan
-        from catalog.spec.load import load_spec
-        from flows.cli.release import bundled_spec
+        from dprelease.catalog import release
+        from dprelease.catalog.ledger.store import Catalog
+        from dprelease.catalog.planning.planner import make_plan
+        from dprelease.catalog.spec.load import load_spec
+        from dprelease.flows.cli.release import bundled_spec
 
         catalog = Catalog()
         spec = timed("load spec", lambda: load_spec(bundled_spec()))

@@ -43,15 +43,15 @@ from typing import Any
 import numpy as np
 import opendp.prelude as dp
 
-from catalog.confidential.choke_point import ProtectedCells
-from catalog.planning import make_plan
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec, derived_column
-from catalog.strategy_store import StrategyStore
-from catalog.tables import derived_tables
-from mechanisms import derived
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import MeasureContext
+from dprelease.catalog.confidential.choke_point import ProtectedCells
+from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.planning.strategy_store import StrategyStore
+from dprelease.catalog.publishing.tables import derived_tables
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec, derived_column
+from dprelease.mechanisms import derived
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import MeasureContext
 
 SEED = 20261125
 UPPER = 99.0

@@ -2,7 +2,7 @@
 
 Table 1 runs the dense path (``eigen_design(gram)``: minimisation, ``eigh``, weighting, completion,
 exact error) on the reference note's 2048-cell workloads and prints total error / SVDB for
-Identity, Hierarchical, Wavelet (``mechanisms.strategies``), Eigen-Design before and after
+Identity, Hierarchical, Wavelet (``mechanisms.primitives.strategies``), Eigen-Design before and after
 completion (thesis-faithful, ``compare_svd_bound=False``) and the returned strategy (best of
 Eigen-Design and the completed SVD-bound strategy, note A14).
 
@@ -45,14 +45,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechanisms.eigen.design import (
+from dprelease.mechanisms.eigen.design import (
     WorkloadSpectrum,
     eigen_design,
     minimize_workload,
     workload_spectrum,
 )
-from mechanisms.lower_bound import svd_bound_gram as svd_bound
-from mechanisms.strategies import hierarchical_strategy, wavelet_strategy
+from dprelease.mechanisms.primitives.lower_bound import svd_bound_gram as svd_bound
+from dprelease.mechanisms.primitives.strategies import hierarchical_strategy, wavelet_strategy
 from tests.reference.eigen import (
     all_range_gram,
     all_range_gram_nd,

@@ -21,12 +21,12 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit_gib << 30, limit_gib << 30))
     started = time.perf_counter()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from mechanisms.eigen import MECHANISM
-    from mechanisms.lower_bound import svd_bound
-    from mechanisms.operators import AllRanges
-    from mechanisms.privacy import PrivacyCost
-    from mechanisms.protocol import PlanRequest, StoredStrategy
-    from mechanisms.workload import Workload, WorkloadItem
+    from dprelease.mechanisms.eigen import MECHANISM
+    from dprelease.mechanisms.primitives.lower_bound import svd_bound
+    from dprelease.mechanisms.primitives.operators import AllRanges
+    from dprelease.mechanisms.primitives.privacy import PrivacyCost
+    from dprelease.mechanisms.primitives.protocol import PlanRequest, StoredStrategy
+    from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
     class NoCache:
         def load(self, key: str) -> StoredStrategy | None:

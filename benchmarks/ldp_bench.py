@@ -28,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import threadpoolctl
 
-from mechanisms.local import baselines, estimation, optimizer, randomizer
+from dprelease.mechanisms.local import baselines, estimation, optimizer, randomizer
 from tests.reference import ldp as ldp_reference
 
 ALPHA = 0.01

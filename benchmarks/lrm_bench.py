@@ -14,7 +14,7 @@ with the seconds each took (wall clock and process CPU, measured in this run), a
 nuclear-norm lower bound ``2‖W‖²_*/n`` that no exact decomposition beats.  The three strategies
 are evaluated with the matrix-mechanism formula ``2·Δ₁(A)²·tr(W (AᵀA)⁻¹ Wᵀ)``, built here from
 dense matrices (small, self-contained baselines; the pipeline's own are in
-``mechanisms.strategies``).
+``mechanisms.primitives.strategies``).
 
 Usage (from the repository root)::
 
@@ -49,7 +49,7 @@ import scipy.linalg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechanisms.lrm.decomposition import decompose
+from dprelease.mechanisms.lrm.decomposition import decompose
 from tests.reference.lrm import (
     expected_total_error,
     noise_on_data_error,
@@ -210,8 +210,8 @@ def main() -> None:
 def example_2_seeds() -> None:
     """Issue 26: Example 2 (seed-lrm.md §1.5) at epsilon = 1, total variance of the released
     least-squares strategy over 20 seeds, against identity (40) and the paper's <= 38."""
-    from mechanisms.lrm import _least_variance_measurement, _unit_total
-    from mechanisms.lrm.decomposition import decompose, supported_measurement
+    from dprelease.mechanisms.lrm import _least_variance_measurement, _unit_total
+    from dprelease.mechanisms.lrm.decomposition import decompose, supported_measurement
 
     workload = np.array([[0, 2, 1, 1], [0, 1, 0, 2], [1, 0, 2, 2]], dtype=np.float64)
     identity = 2.0 * float(np.sum(workload**2))

@@ -76,7 +76,7 @@ def adult_marginals_spec(home: Path, degree: int, mechanism: str) -> Path:
 
 def true_marginals(workload: Any, names: list[str]) -> dict[str, np.ndarray]:
     """Exact marginal counts of the public example file, per workload item (benchmark only)."""
-    from mechanisms.marginal_space import axes_of, item_subset
+    from dprelease.mechanisms.marginal_space import axes_of, item_subset
 
     data = pq.read_table(pipeline_bench.ADULT, columns=names)
     codes = [data[name].to_numpy().astype(np.int64) for name in names]
@@ -99,10 +99,10 @@ def run_case(
     pgm: bool,
     validation_baseline: bool = False,
 ) -> None:
-    from catalog import release
-    from catalog.ledger.store import Catalog
-    from catalog.planning import make_plan
-    from catalog.spec.load import load_spec
+    from dprelease.catalog import release
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.planning.planner import make_plan
+    from dprelease.catalog.spec.load import load_spec
 
     spec_path = adult_marginals_spec(home, degree, mechanism)
     pipeline_bench.measured = timed  # the stage runner's timer, without tracemalloc
@@ -198,8 +198,8 @@ def compare_validation(tables: dict[str, Any], expected: dict[str, int], folder:
     """Batched validation (the pipeline's: one suite over per-table figures) against one GX
     suite per table (the baseline, the pipeline before batching), on the same released tables.
     GX is imported first."""
-    from catalog import validation
-    from catalog.gx import run_suites
+    from dprelease.catalog.validation import checks as validation
+    from dprelease.catalog.validation.gx import run_suites
 
     run_suites([])  # import GX and build one context outside the timings
     started = time.perf_counter()
@@ -235,7 +235,7 @@ def pgm_figures(
     """``reconstruct: pgm`` on the same measurement as least squares: total squared errors of
     least squares, least squares clipped at 0 and pgm; pgm's seconds, smallest cell and largest
     disagreement between two tables' 1-way marginals (the benchmark's truth: public data)."""
-    from mechanisms.marginal_space import axes_of, item_subset
+    from dprelease.mechanisms.marginal_space import axes_of, item_subset
 
     workload = plan.workload
     started = time.perf_counter()

@@ -24,8 +24,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from catalog.planning import make_plan
-from catalog.spec.load import load_spec
+from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.spec.load import load_spec
 from tests.reference.lrm import wdiscrete_workload, wrange_workload, wrelated_workload
 
 MECHANISMS = ("identity", "hierarchical", "wavelet", "optimized", "eigen", "lrm")

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from mechanisms.noise import OpenDPSampler
+from dprelease.mechanisms.primitives.noise import OpenDPSampler
 
 
 def best_of(repeats: int, function) -> float:

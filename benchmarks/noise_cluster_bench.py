@@ -38,12 +38,12 @@ from dataclasses import dataclass
 import numpy as np
 from distributed import Client, LocalCluster
 
-from catalog.confidential.choke_point import ProtectedCells, ShardMapper
-from catalog.confidential.distributed_noise import DaskShardMapper, noise_cluster, sharded
-from catalog.engine import Execution
-from mechanisms.noise import OpenDPSampler
-from mechanisms.privacy import PrivacyCost
-from mechanisms.strategies import build_kron_strategy
+from dprelease.catalog.confidential.choke_point import ProtectedCells, ShardMapper
+from dprelease.catalog.confidential.distributed_noise import DaskShardMapper, noise_cluster, sharded
+from dprelease.catalog.engine import Execution
+from dprelease.mechanisms.primitives.noise import OpenDPSampler
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.strategies import build_kron_strategy
 
 TARGET = 100_000_000
 PURE = PrivacyCost(measure="pure", epsilon=1.0)

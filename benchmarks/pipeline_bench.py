@@ -151,7 +151,7 @@ def ranges_spec(home: Path, n: int, *, mechanism: str, workload: str = "all_rang
 
 
 def baseline_group_by(spec_path: Path) -> float:
-    from catalog.spec.load import load_spec
+    from dprelease.catalog.spec.load import load_spec
 
     spec = load_spec(spec_path)
     started = time.perf_counter()
@@ -161,8 +161,8 @@ def baseline_group_by(spec_path: Path) -> float:
 
 
 def baseline_identity_plan(spec_path: Path) -> float:
-    from catalog.planning import make_plan
-    from catalog.spec.load import load_spec
+    from dprelease.catalog.planning.planner import make_plan
+    from dprelease.catalog.spec.load import load_spec
 
     spec = load_spec(spec_path).model_copy(update={"mechanism": "identity"})
     started = time.perf_counter()
@@ -179,10 +179,10 @@ def baseline_numpy_noise(size: int) -> float:
 
 def release_stages(spec_path: Path, home: Path) -> list[tuple[str, float, float, str, float]]:
     """(stage, seconds, peak MB, baseline name, baseline seconds) for one in-process release."""
-    from catalog import release
-    from catalog.ledger.store import Catalog
-    from catalog.planning import make_plan
-    from catalog.spec.load import load_spec
+    from dprelease.catalog import release
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.planning.planner import make_plan
+    from dprelease.catalog.spec.load import load_spec
 
     catalog = Catalog(f"sqlite:///{home / 'bench-catalog.db'}")
     rows: list[tuple[str, float, float, str, float]] = []
@@ -243,8 +243,8 @@ def release_stages(spec_path: Path, home: Path) -> list[tuple[str, float, float,
 
 
 def plan_only(spec_path: Path) -> list[tuple[str, float, float, str, float]]:
-    from catalog.planning import make_plan
-    from catalog.spec.load import load_spec
+    from dprelease.catalog.planning.planner import make_plan
+    from dprelease.catalog.spec.load import load_spec
 
     spec = load_spec(spec_path)
     plan, seconds, memory = measured(lambda: make_plan(spec))
@@ -319,8 +319,8 @@ def main() -> None:
                 release_stages(specs["rows"], home),
             )
         if "count" in cases:
-            from catalog.confidential.source import count_cells
-            from catalog.spec.load import load_spec
+            from dprelease.catalog.confidential.source import count_cells
+            from dprelease.catalog.spec.load import load_spec
 
             spec = load_spec(specs["rows"])
             _, seconds, memory = measured(lambda: count_cells(spec))

@@ -53,11 +53,11 @@ def spec_dict(source: Path, *, cap: float) -> dict[str, Any]:
 
 def worker(url: str, spec_path: Path, name: str, releases: int, ready: Path, go: Path) -> None:
     """One process: ``releases`` releases one after the other; prints what became of them."""
-    from catalog import release
-    from catalog.errors import BudgetExceededError
-    from catalog.ledger.store import Catalog
-    from catalog.planning import make_plan
-    from catalog.spec.load import parse_spec
+    from dprelease.catalog import release
+    from dprelease.catalog.errors import BudgetExceededError
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.planning.planner import make_plan
+    from dprelease.catalog.spec.load import parse_spec
 
     spec = parse_spec(json.loads(spec_path.read_text()))
     plan = make_plan(spec)
@@ -95,7 +95,7 @@ def race(url: str, work: Path, *, processes: int, per_process: int, admits: int)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from catalog.ledger.store import Catalog
+    from dprelease.catalog.ledger.store import Catalog
 
     work.mkdir(parents=True, exist_ok=True)
     source = work / "data.parquet"

@@ -1,8 +1,8 @@
 """Benchmark: predicted against measured seconds of every strategy optimiser, and bounded LRM.
 
 The planner chooses candidates from ``predict_seconds`` functions that read sizes only
-(``mechanisms.lrm.decomposition``, ``mechanisms.optimized.search``, ``mechanisms.union``,
-``mechanisms.local.optimizer`` and ``mechanisms.compute_limits.predict_eigen_design_seconds``).
+(``mechanisms.lrm.decomposition``, ``mechanisms.optimized.search``, ``mechanisms.primitives.union``,
+``mechanisms.local.optimizer`` and ``mechanisms.primitives.compute_limits.predict_eigen_design_seconds``).
 This script runs each optimiser on two sizes and prints predicted seconds, measured wall and
 process (CPU) seconds, and the ratio measured / predicted (target: within a factor of 3).  The
 first row measures this machine's one-thread DGEMM speed in the same run against the constant the
@@ -37,13 +37,13 @@ import threadpoolctl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechanisms import compute_limits, union
-from mechanisms.eigen.design import eigen_design
-from mechanisms.local import optimizer
-from mechanisms.lrm import decomposition as lrm
-from mechanisms.operators import AllRanges, Identity, Prefix, Total
-from mechanisms.optimized import search as optimized
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.eigen.design import eigen_design
+from dprelease.mechanisms.local import optimizer
+from dprelease.mechanisms.lrm import decomposition as lrm
+from dprelease.mechanisms.optimized import search as optimized
+from dprelease.mechanisms.primitives import compute_limits, union
+from dprelease.mechanisms.primitives.operators import AllRanges, Identity, Prefix, Total
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 from tests.reference import ldp as ldp_reference
 from tests.reference import lrm as lrm_reference
 from tests.reference import optimized_search

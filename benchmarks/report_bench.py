@@ -4,7 +4,7 @@ Usage: PYTHONPATH=. .venv/bin/python benchmarks/report_bench.py [--runs 3] [--al
 
 The 91 tables are the bundled ``adult-marginals`` spec's 2-way marginals (148,137 rows), filled
 with synthetic values from a seeded generator (public randomness; no data is read), rendered by
-``catalog.report.render_report`` into a release-like folder with the tables' CSVs.  Each page is
+``catalog.publishing.report.render_report`` into a release-like folder with the tables' CSVs.  Each page is
 opened ``--runs`` times, each time in a fresh browser, and ``loadEventEnd`` is read from
 ``performance.getEntriesByType('navigation')``.  Baselines measured in the same run:
 
@@ -32,11 +32,11 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from catalog import report  # noqa: E402
-from catalog.artifacts import write_csv  # noqa: E402
-from catalog.planning import build_workload  # noqa: E402
-from catalog.spec.load import load_spec  # noqa: E402
-from catalog.tables import build_table  # noqa: E402
+from dprelease.catalog.planning.planner import build_workload  # noqa: E402
+from dprelease.catalog.publishing import report  # noqa: E402
+from dprelease.catalog.publishing.artifacts import write_csv  # noqa: E402
+from dprelease.catalog.publishing.tables import build_table  # noqa: E402
+from dprelease.catalog.spec.load import load_spec  # noqa: E402
 from tests.flows.chromium import Browser  # noqa: E402
 
 TARGET_MS = 2000.0

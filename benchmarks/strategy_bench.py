@@ -8,7 +8,7 @@ the optimisation alone (the bound and the baseline are timed separately and not 
 Units: rmse = √(total error / m) at unit noise variance per unit sensitivity (L2 for Gaussian,
 i.e. ρ = 1/2; L1 for Laplace, i.e. ε = √2), m = number of workload queries.
 
-A second table (issue 19) runs the subset-space strategies of :mod:`mechanisms.marginal_strategies`
+A second table (issue 19) runs the subset-space strategies of :mod:`mechanisms.primitives.marginal_strategies`
 on the 14 Adult attributes (private-pgm's discretised domain, the one ``flows/examples`` ships):
 all 1–3-way and all 2-way marginals, ρ = 1/2 (Gaussian) and ε = 1 (Laplace).  It prints rmse, the
 SVD-bound rmse and the ratio, the baseline measured in the same run (every marginal measured
@@ -136,7 +136,7 @@ def main() -> None:
 def run(cases: list[Case], *, seed: int) -> None:
     import numpy as np  # imported here so --blas-threads takes effect first
 
-    from mechanisms.optimized.search import optimize_workload
+    from dprelease.mechanisms.optimized.search import optimize_workload
     from tests.reference.lower_bound import svd_bound_terms as svd_bound
 
     def all_range(n: int) -> np.ndarray:
@@ -229,16 +229,16 @@ def run_adult_marginals(*, seed: int, time_limit: float) -> None:
 
     import numpy as np
 
-    from mechanisms.lower_bound import svd_bound
-    from mechanisms.marginal_strategies import (
+    from dprelease.mechanisms.primitives.lower_bound import svd_bound
+    from dprelease.mechanisms.primitives.marginal_strategies import (
         marginal_weights_l1,
         marginal_weights_l2,
         marginal_weights_template,
         subset_strategy,
         subset_workload,
     )
-    from mechanisms.operators import Identity, Total
-    from mechanisms.workload import Workload, WorkloadItem
+    from dprelease.mechanisms.primitives.operators import Identity, Total
+    from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
     print()
     header = (

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from catalog.errors import DprReleaseError, SpecError
+from dprelease.catalog.errors import DprReleaseError, SpecError
 
 if TYPE_CHECKING:
     from distributed import Client

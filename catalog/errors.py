@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from mechanisms.privacy import BudgetExceededError, MeasureMismatchError, PrivacyError
+from dprelease.mechanisms.primitives.privacy import (
+    BudgetExceededError,
+    MeasureMismatchError,
+    PrivacyError,
+)
 
 
 class DprReleaseError(Exception):

@@ -34,8 +34,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from catalog.errors import CatalogError
-from catalog.home import default_home
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.home import default_home
 
 KEY_BYTES = 32
 KEY_ID_HEX = 16

@@ -34,10 +34,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from catalog.confidential.source import list_source_files
-from catalog.errors import SpecError
-from catalog.ledger.spending import MAX_PARTITIONS_PER_RELEASE
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog.confidential.source import list_source_files
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.ledger.spending import MAX_PARTITIONS_PER_RELEASE
+from dprelease.catalog.spec.model import ReleaseSpec
 
 
 def declaration(spec: ReleaseSpec) -> str | None:

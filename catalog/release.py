@@ -14,7 +14,6 @@ chosen mechanism, carried by the plan, does the mechanism-specific work.  Order 
 
 from __future__ import annotations
 
-import json
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -24,25 +23,27 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from catalog import artifacts, estimators, partitions
-from catalog.confidential.distributed_noise import noise_cluster, sharded
-from catalog.confidential.inputs import READERS, Ingested
-from catalog.confidential.source import resolve_source
-from catalog.errors import SpecError, ValidationFailedError
-from catalog.ledger.budget import DatasetAccountant
-from catalog.ledger.store import Catalog, SkippedRelease
-from catalog.manifest import Manifest
-from catalog.memory import check_memory, predict_plan
-from catalog.planning import Plan, build_workload
-from catalog.report import render_report
-from catalog.review_policy import record_policy
-from catalog.spec.load import check_runnable
-from catalog.spec.model import ReleaseSpec
-from catalog.strategy_store import StrategyStore
-from catalog.tables import build_table, derived_descriptions, derived_tables
-from catalog.validation import validate_tables
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import MeasureContext, Measurement
+from dprelease.catalog import partitions
+from dprelease.catalog.confidential.distributed_noise import noise_cluster, sharded
+from dprelease.catalog.confidential.inputs import READERS, Ingested
+from dprelease.catalog.confidential.source import resolve_source
+from dprelease.catalog.errors import SpecError, ValidationFailedError
+from dprelease.catalog.ledger.budget import DatasetAccountant
+from dprelease.catalog.ledger.store import Catalog, SkippedRelease
+from dprelease.catalog.planning import estimators
+from dprelease.catalog.planning.memory import check_memory, predict_plan
+from dprelease.catalog.planning.planner import Plan, build_workload
+from dprelease.catalog.planning.strategy_store import StrategyStore
+from dprelease.catalog.publishing import artifacts
+from dprelease.catalog.publishing.manifest import Manifest
+from dprelease.catalog.publishing.report import write_report
+from dprelease.catalog.publishing.tables import build_table, derived_descriptions, derived_tables
+from dprelease.catalog.review.policy import record_policy
+from dprelease.catalog.spec.load import check_runnable
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.catalog.validation.checks import validate_tables
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import MeasureContext, Measurement
 
 
 def new_release_id(spec: ReleaseSpec) -> str:
@@ -317,37 +318,3 @@ def mark_stopped(catalog: Catalog, release_id: str, directory: Path, *, status: 
         catalog.update_release(
             release_id, status=status, directory=str(directory) if directory.exists() else None
         )
-
-
-def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) -> None:
-    """(Re)render ``report.html`` from the manifest, the tables and the validation results."""
-    import pyarrow.parquet as pq
-
-    tables = {
-        name: pq.read_table(directory / "tables" / f"{name}.parquet") for name in manifest["tables"]
-    }
-    validation = json.loads((directory / "validation" / "results.json").read_text())
-    ledger_rows = [
-        {
-            "seq": entry.seq,
-            "created_at": entry.created_at,
-            "release_id": entry.release_id,
-            "label": entry.label,
-            "cost": entry.cost.describe(),
-        }
-        for entry in catalog.ledger_entries(manifest["dataset_id"])
-    ]
-    reviews = [
-        {"at": r["at"], "decision": r["decision"], "reviewer": r["reviewer"], "note": r["note"]}
-        for r in manifest["review"]["trail"]
-    ]
-    html_text = render_report(
-        manifest=manifest,
-        plan=manifest["plan"],
-        tables=tables,
-        validation=validation,
-        budget=manifest["budget"],
-        ledger_rows=ledger_rows,
-        reviews=reviews,
-    )
-    (directory / "report.html").write_text(html_text)

@@ -13,17 +13,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from catalog import artifacts
-from catalog import review as reviewing
-from catalog.errors import VerificationError
-from catalog.ledger.store import Catalog
+from dprelease.catalog.errors import VerificationError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
+from dprelease.catalog.review import decisions as reviewing
 
 
 def describe_release(catalog: Catalog, release_id: str) -> dict[str, Any]:
     """Release record, spec name, mechanism and plan, charges with receipts, budget, review
     status and trail, artifact paths, synthetic files sampled from it (``dprelease synth``).
     O(ledger entries of the dataset)."""
-    from catalog.synthetic import synthetic_records  # imports the pgm core: only `show` needs it
+    from dprelease.catalog.publishing.synthetic import (
+        synthetic_records,  # imports the pgm core: only `show` needs it
+    )
 
     record = catalog.release(release_id)
     manifest, problem = _manifest(record.directory, record.manifest_sha256)

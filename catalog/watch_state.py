@@ -23,9 +23,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from catalog.errors import CatalogError
-from catalog.ledger.database import default_url, dispose_with, make_engine
-from catalog.ledger.schema import create_tables, now
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.database import default_url, dispose_with, make_engine
+from dprelease.catalog.ledger.schema import create_tables, now
 
 operations_metadata = sa.MetaData()
 

@@ -11,7 +11,7 @@ set -euo pipefail
 source "$(dirname "$0")/env.sh"
 ARGS=(server start --host "$DPRELEASE_SERVER_HOST" --port "$DPRELEASE_SERVER_PORT" --analytics-off)
 PY="$DPRELEASE_VENV/bin/python"
-if shared="$("$PY" -m flows.server shared-server --home "$DPRELEASE_HOME" --prefect-home "$PREFECT_HOME")"; then
+if shared="$("$PY" -m dprelease.flows.server shared-server --home "$DPRELEASE_HOME" --prefect-home "$PREFECT_HOME")"; then
   echo "the shared dprelease server (pid ${shared%% *}, ${shared#* }) already serves the Prefect" \
     "database in $PREFECT_HOME; one server per database: stop it first with" \
     "\`DPRELEASE_HOME=$DPRELEASE_HOME dprelease server stop\`, then run this again" >&2
@@ -19,7 +19,7 @@ if shared="$("$PY" -m flows.server shared-server --home "$DPRELEASE_HOME" --pref
 fi
 # A default (SQLite) database starts from the migrated copy install.sh prepared, if there is one.
 if [ -z "${PREFECT_API_DATABASE_CONNECTION_URL:-}${PREFECT_SERVER_DATABASE_CONNECTION_URL:-}" ]; then
-  "$PY" -m flows.server seed-database --prefect-home "$PREFECT_HOME" || true
+  "$PY" -m dprelease.flows.server seed-database --prefect-home "$PREFECT_HOME" || true
 fi
 if [ "${1:-}" = "--foreground" ]; then
   printf '{"pid": %s, "start": "%s", "url": "%s"}\n' "$$" "$(proc_start $$)" "$PREFECT_API_URL" \

@@ -13,7 +13,7 @@ on an arrival event, or run on demand).  It
 4. records which flow run awaits the review (``catalog.watch_state.ReviewRuns``) and pauses with a
    typed :class:`ReviewDecision` input (the Prefect UI, the API or ``dprelease review`` resume it),
    again after each approval until ``review.approvers`` distinct reviewers approved;
-5. records the decision with :func:`catalog.review.review`: approval publishes a copy, rejection
+5. records the decision with :func:`catalog.review.decisions.review`: approval publishes a copy, rejection
    keeps the spent budget spent; both land in the catalog and the manifest with who and when.
 
 Unchanged input (the spec's ``on_unchanged``, default ``skip``): a run started by the schedule or
@@ -49,16 +49,16 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from pydantic import Field, ValidationError
 
-from catalog import review as reviewing
-from catalog.errors import CatalogError, DataError
-from catalog.ledger.database import default_url
-from catalog.ledger.leases import ReleaseRecord
-from catalog.ledger.store import Catalog, SkippedRelease
-from catalog.release import StagedRelease
-from catalog.spec.load import load_spec
-from catalog.watch_state import ReviewRun, ReviewRuns
-from flows.release_flow import release_flow
-from flows.watch import file_fingerprint
+from dprelease.catalog.errors import CatalogError, DataError
+from dprelease.catalog.ledger.database import default_url
+from dprelease.catalog.ledger.leases import ReleaseRecord
+from dprelease.catalog.ledger.store import Catalog, SkippedRelease
+from dprelease.catalog.release import StagedRelease
+from dprelease.catalog.review import decisions as reviewing
+from dprelease.catalog.spec.load import load_spec
+from dprelease.catalog.watch_state import ReviewRun, ReviewRuns
+from dprelease.flows.release_flow import release_flow
+from dprelease.flows.watch import file_fingerprint
 
 DATASET_LIMIT_PREFIX = "dprelease-dataset-"
 DEFAULT_REVIEW_TIMEOUT_SECONDS = 24 * 3600

@@ -31,15 +31,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from catalog.errors import SpecError
-from catalog.spec.load import load_spec
-from catalog.spec.model import ReleaseSpec
-from flows.deployed_release import (
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.spec.load import load_spec
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.flows.deployed_release import (
     DEFAULT_REVIEW_TIMEOUT_SECONDS,
     ensure_dataset_limit,
     release_deployment_flow,
 )
-from flows.watch import ARRIVAL_EVENT, resource_id, spec_files
+from dprelease.flows.watch import ARRIVAL_EVENT, resource_id, spec_files
 
 WORK_POOL = "dprelease-process"
 DEPLOYMENT_TAG = "dprelease"

@@ -30,7 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from catalog.errors import (
+from dprelease.catalog.errors import (
     CatalogError,
     DataError,
     DprReleaseError,
@@ -41,15 +41,15 @@ from catalog.errors import (
     ValidationFailedError,
     VerificationError,
 )
-from catalog.home import default_home
-from mechanisms.privacy import BudgetExceededError, PrivacyError
+from dprelease.catalog.home import default_home
+from dprelease.mechanisms.primitives.privacy import BudgetExceededError, PrivacyError
 
 EXIT_INTERNAL = 1
 EXIT_CHECK_FAILED = 1
 EXIT_USER = 2
 EXIT_INTERRUPTED = 130
 MAX_MESSAGE_LINES = 12
-OUR_PACKAGES = ("catalog", "mechanisms", "tasks", "flows")
+OUR_PACKAGES = ("dprelease",)
 # Messages of these exact types come from the interpreter about code, not data ("takes 2
 # positional arguments but 3 were given", "has no attribute"); subclasses (pyarrow's ArrowTypeError
 # quotes values) do not count.  The catalog database holds no confidential value: SQLAlchemy's

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from catalog.processes import is_alive, live_processes
-from flows.errors import EXIT_INTERRUPTED, debug_enabled
-from flows.watchdog import wakeup_socket
+from dprelease.catalog.processes import is_alive, live_processes
+from dprelease.flows.errors import EXIT_INTERRUPTED, debug_enabled
+from dprelease.flows.watchdog import wakeup_socket
 
 GRACE_SECONDS = 3.5  # + at most ~1 s of clean-up: exit within 5 s of the first Ctrl-C
 CLEANUP_SECONDS = 0.8
@@ -60,8 +60,8 @@ def abort_own_releases(catalog_url: str | None = None) -> list[str]:
     while a task run is being created ends as ``ValueError: Task run is not set``), so the flow
     recorded a failure that was an abort.  Called only once this process has seen a SIGINT.
     """
-    from catalog.ledger.leases import process_owner
-    from catalog.ledger.store import Catalog
+    from dprelease.catalog.ledger.leases import process_owner
+    from dprelease.catalog.ledger.store import Catalog
 
     catalog = Catalog(catalog_url)
     owner = process_owner()

@@ -27,9 +27,9 @@ from prefect.blocks.core import Block
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.cache_policies import NO_CACHE
 
-from catalog.errors import CatalogError
-from catalog.ledger.store import Catalog
-from catalog.review_policy import policy_of, record_notification
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.review.policy import policy_of, record_notification
 
 MAX_ERROR_CHARACTERS = 500
 # What a webhook block saved by `dprelease notify webhook` posts (Prefect fills the placeholders).
@@ -71,7 +71,7 @@ class ReviewNotice:
 
 def notice_for(catalog: Catalog, release_id: str) -> ReviewNotice:
     """The notice of a staged release, from the catalog and its manifest (public fields only)."""
-    from catalog import artifacts
+    from dprelease.catalog.publishing import artifacts
 
     record = catalog.release(release_id)
     policy = policy_of(catalog, release_id)

@@ -18,14 +18,14 @@ from typing import Literal
 
 from prefect import Flow, flow
 
-from catalog import release
-from catalog.engine import Execution, open_cluster, with_execution
-from catalog.ledger.database import default_url
-from catalog.ledger.store import Catalog, SkippedRelease
-from flows.notify import notify_reviewers_task
-from flows.server import state_home
-from flows.watchdog import RunWatchdog, stage_timeout_seconds
-from tasks.stages import (
+from dprelease.catalog import release
+from dprelease.catalog.engine import Execution, open_cluster, with_execution
+from dprelease.catalog.ledger.database import default_url
+from dprelease.catalog.ledger.store import Catalog, SkippedRelease
+from dprelease.flows.notify import notify_reviewers_task
+from dprelease.flows.server import state_home
+from dprelease.flows.watchdog import RunWatchdog, stage_timeout_seconds
+from dprelease.tasks.stages import (
     ingest_task,
     load_spec_task,
     measure_task,

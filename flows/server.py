@@ -1,7 +1,7 @@
 """One local Prefect server shared by every ``dprelease`` command.
 
 The first command that needs Prefect starts ``prefect server start`` on 127.0.0.1 and a free port,
-in the background, under a small supervisor process (``python -m flows.server supervise``) that
+in the background, under a small supervisor process (``python -m dprelease.flows.server supervise``) that
 leads its own process group and session, so Ctrl-C in a terminal never reaches it.  Later
 commands find it again through ``$DPRELEASE_HOME/server.json`` (pid, port, url, started_at,
 version) and a health check on ``/api/health``; each command touches
@@ -13,13 +13,13 @@ the server once nothing touched it for ``DPRELEASE_SERVER_IDLE_SECONDS`` (defaul
 * One Prefect server per database: a server started by ``deploy/start-server.sh`` on the same
   ``PREFECT_HOME`` (it records itself in ``PREFECT_HOME/deploy-server.json``) is used instead of
   starting a second one on its database; the script in turn refuses to start while this shared
-  server runs (``python -m flows.server shared-server``).
+  server runs (``python -m dprelease.flows.server shared-server``).
 * Start-up and clean-up run under an exclusive ``fcntl`` lock on ``server.lock``: two commands that
   start at once share one server.
 * An orphan from an earlier crash (``server.json`` whose process is alive but not healthy after the
   start-up window, or whose Prefect version or home differ) is stopped by process group; a stale
   file whose process is gone is removed.
-* The supervisor also runs ``python -m catalog.validation_service`` in its process group: Great
+* The supervisor also runs ``python -m dprelease.catalog.validation.service`` in its process group: Great
   Expectations imported once for every command of the home, on ``validation.sock``
   (:func:`validation_socket`); ``connect`` points the command at it, a command whose service is
   still importing GX waits for it (bounded) and one whose service is missing validates in its own
@@ -59,8 +59,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from catalog.home import default_home
-from catalog.processes import (
+from dprelease.catalog.home import default_home
+from dprelease.catalog.processes import (
     command_line,
     is_alive,
     live_processes,
@@ -84,10 +84,12 @@ HEALTH_REQUEST_SECONDS = 2.0
 # A recorded server past its start-up window gets this long to answer before it counts as an
 # orphan: a busy but working server (SQLite under load) must not be killed under another command.
 ORPHAN_PATIENCE_SECONDS = 10.0
-SUPERVISOR_MARKER = "flows.server"
-VALIDATION_MARKER = "catalog.validation_service"  # the GX service the supervisor also runs
+SUPERVISOR_MARKER = "dprelease.flows.server"
+VALIDATION_MARKER = (
+    "dprelease.catalog.validation.service"  # the GX service the supervisor also runs
+)
 VALIDATION_SOCKET_FILE = "validation.sock"
-VALIDATION_SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"  # read by catalog.validation_service
+VALIDATION_SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"  # read by catalog.validation.service
 VALIDATION_SERVICE_ENV = "DPRELEASE_VALIDATION_SERVICE"  # "off": no service beside the server
 MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes on Linux
 MAX_LOG_BYTES = 5_000_000
@@ -461,7 +463,7 @@ def _start(home: Path) -> Connection:
         os.replace(log, log.with_suffix(".log.old"))
     port = _free_port()
     idle = idle_seconds()
-    command = [sys.executable, "-m", "flows.server", "supervise", "--port", str(port)]
+    command = [sys.executable, "-m", "dprelease.flows.server", "supervise", "--port", str(port)]
     command += ["--home", str(home), "--idle-seconds", repr(idle)]
     env = {
         **os.environ,
@@ -741,7 +743,7 @@ def validation_socket(home: Path) -> Path:
 
 
 def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
-    """``python -m catalog.validation_service`` (module docstring); None when it cannot start or
+    """``python -m dprelease.catalog.validation.service`` (module docstring); None when it cannot start or
     ``DPRELEASE_VALIDATION_SERVICE=off`` (a host short of the memory it keeps)."""
     if os.environ.get(VALIDATION_SERVICE_ENV, "on").strip().lower() in ("0", "off", "false", "no"):
         _log(f"supervisor {os.getpid()}: validation service off ({VALIDATION_SERVICE_ENV})")
@@ -808,7 +810,7 @@ def _print_shared_server(*, home: Path, phome: Path) -> int:
 def _main(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m flows.server")
+    parser = argparse.ArgumentParser(prog="python -m dprelease.flows.server")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("supervise", help="(internal) run the shared Prefect server")
     run.add_argument("--port", type=int, required=True)

@@ -37,10 +37,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from catalog.errors import DprReleaseError
-from catalog.keys import CatalogKey, catalog_key
-from catalog.ledger.database import default_url
-from catalog.watch_state import WatchState
+from dprelease.catalog.errors import DprReleaseError
+from dprelease.catalog.keys import CatalogKey, catalog_key
+from dprelease.catalog.ledger.database import default_url
+from dprelease.catalog.watch_state import WatchState
 
 ARRIVAL_EVENT = "dprelease.data.arrived"
 RESOURCE_PREFIX = "dprelease.dataset."
@@ -161,7 +161,7 @@ class SpecResolver:
         self._sources: list[tuple[str, str]] = []  # (dataset id, source)
 
     def _reload_if_changed(self) -> None:
-        from catalog.spec.load import load_spec
+        from dprelease.catalog.spec.load import load_spec
 
         files = spec_files(self.spec_dir)
         signature = tuple((str(p), p.stat().st_mtime_ns) for p in files)

@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from catalog.errors import SettingError, StageTimeLimitExceeded
-from catalog.processes import is_alive, process_start
+from dprelease.catalog.errors import SettingError, StageTimeLimitExceeded
+from dprelease.catalog.processes import is_alive, process_start
 
 STAGE_TIMEOUT_ENV = "DPRELEASE_STAGE_TIMEOUT"
 DEFAULT_STAGE_TIMEOUT_SECONDS = 6 * 3600.0  # far above the benchmarks' largest stage (10^8 cells)

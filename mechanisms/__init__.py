@@ -1,5 +1,5 @@
 """Pure numerical core of dprelease: operators, strategies, error, noise and privacy arithmetic.
 
-No Prefect, no pyarrow, no catalog, no I/O.  Import submodules directly (``mechanisms.strategies``,
-``mechanisms.dense``, ...); this package keeps its import cheap.
+No Prefect, no pyarrow, no catalog, no I/O.  Import submodules directly (``mechanisms.primitives.strategies``,
+``mechanisms.primitives.dense``, ...); this package keeps its import cheap.
 """

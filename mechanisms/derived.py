@@ -43,9 +43,9 @@ from typing import Literal
 
 import numpy as np
 
-from mechanisms.intervals import laplace_quantile, normal_quantile
-from mechanisms.operators import Factor, Identity, MatrixFactor, Prefix, Total
-from mechanisms.workload import WorkloadItem
+from dprelease.mechanisms.primitives.intervals import laplace_quantile, normal_quantile
+from dprelease.mechanisms.primitives.operators import Factor, Identity, MatrixFactor, Prefix, Total
+from dprelease.mechanisms.primitives.workload import WorkloadItem
 
 DerivedKind = Literal["mean", "sum", "quantiles"]
 DERIVED_KINDS: tuple[DerivedKind, ...] = ("mean", "sum", "quantiles")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mechanisms.protocol import MechanismOptions, PlanRequest, require_int
-from mechanisms.strategies import KronFamily
+from dprelease.mechanisms.primitives.protocol import MechanismOptions, PlanRequest, require_int
+from dprelease.mechanisms.primitives.strategies import KronFamily
 
 
 @dataclass(frozen=True, kw_only=True)

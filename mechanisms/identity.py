@@ -6,7 +6,7 @@ one noisy answer, so its interval uses the noise distribution itself (Laplace qu
 
 from __future__ import annotations
 
-from mechanisms.strategies import KronFamily
+from dprelease.mechanisms.primitives.strategies import KronFamily
 
 
 class IdentityMechanism(KronFamily):

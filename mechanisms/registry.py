@@ -1,7 +1,7 @@
 """The one registry of mechanisms: the pipeline plans, measures and reports by iterating over it.
 
 Adding a mechanism = one module that defines a class following
-:class:`mechanisms.protocol.Mechanism` and a ``MECHANISM`` instance, plus one line in
+:class:`mechanisms.primitives.protocol.Mechanism` and a ``MECHANISM`` instance, plus one line in
 :data:`BUILTIN` (or a call to :func:`register`, e.g. from a plugin or a test).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mechanisms import (
+from dprelease.mechanisms import (
     dawa,
     eigen,
     hierarchical,
@@ -21,7 +21,7 @@ from mechanisms import (
     optimized,
     wavelet,
 )
-from mechanisms.protocol import Mechanism, OptionsError
+from dprelease.mechanisms.primitives.protocol import Mechanism, OptionsError
 
 AUTO = "auto"
 

@@ -5,7 +5,7 @@ Sizes that are not powers of two are padded with empty cells whose columns are d
 
 from __future__ import annotations
 
-from mechanisms.strategies import KronFamily
+from dprelease.mechanisms.primitives.strategies import KronFamily
 
 
 class WaveletMechanism(KronFamily):

@@ -20,14 +20,14 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from catalog import release
-from catalog.home import default_home
-from catalog.ledger.store import Catalog, SkippedRelease
-from catalog.planning import Plan, make_plan
-from catalog.spec.load import check_runnable_before_planning, load_spec
-from catalog.spec.model import ReleaseSpec
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import Measurement
+from dprelease.catalog import release
+from dprelease.catalog.home import default_home
+from dprelease.catalog.ledger.store import Catalog, SkippedRelease
+from dprelease.catalog.planning.planner import Plan, make_plan
+from dprelease.catalog.spec.load import check_runnable_before_planning, load_spec
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import Measurement
 
 # Bump when a pickled Plan's classes change fields, so cached plans are recomputed, never
 # unpickled into the new classes (3: MarginalWeights.norm became noise).

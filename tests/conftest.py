@@ -145,7 +145,7 @@ def rng() -> np.random.Generator:
 @pytest.fixture
 def zero_noise(monkeypatch: pytest.MonkeyPatch):
     """Replace the production sampler with the zero-noise oracle for this test only."""
-    from mechanisms import noise
+    from dprelease.mechanisms.primitives import noise
     from tests.samplers import ZeroNoise
 
     sampler = ZeroNoise()

@@ -1,10 +1,10 @@
-"""A controllable clock for time-limit tests (mechanisms.compute_limits reads it)."""
+"""A controllable clock for time-limit tests (mechanisms.primitives.compute_limits reads it)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mechanisms import compute_limits
+from dprelease.mechanisms.primitives import compute_limits
 
 
 class FakeClock:
@@ -21,7 +21,7 @@ class FakeClock:
 
 
 def install_fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    """Replace the clock of :mod:`mechanisms.compute_limits` for the rest of the test."""
+    """Replace the clock of :mod:`mechanisms.primitives.compute_limits` for the rest of the test."""
     clock = FakeClock()
     monkeypatch.setattr(compute_limits, "_now", clock)
     return clock

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from catalog import release
-from catalog.ledger.store import Catalog
-from catalog.planning import make_plan
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog import release
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.spec.model import ReleaseSpec
 
 
 def release_stages(spec: ReleaseSpec, catalog: Catalog, out_dir: Path) -> Path:

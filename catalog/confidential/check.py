@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog.confidential.source import (
+from dprelease.catalog.confidential.source import (
     SchemaProblem,
     SourceFiles,
     bound_contributions,
@@ -33,8 +33,8 @@ from catalog.confidential.source import (
     person_rows,
     schema_problems,
 )
-from catalog.errors import SpecError
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.spec.model import ReleaseSpec
 
 EXAMPLES = 5  # distinct out-of-domain values shown per column, most rows first
 CONFIDENTIAL = (

@@ -4,7 +4,7 @@
 :meth:`~ProtectedCells.measure` runs in a fixed order, which is the privacy argument:
 
 1. sensitivity of the strategy (L1 for Laplace, L2 for Gaussian) × the contribution bound;
-2. noise scale and cost from one :class:`~mechanisms.noise.NoiseMechanism`;
+2. noise scale and cost from one :class:`~mechanisms.primitives.noise.NoiseMechanism`;
 3. the accountant charges that cost (and may refuse) — **before** the data is touched;
 4. only then ``A·x`` is computed and noised by the production sampler.
 
@@ -21,7 +21,7 @@ results in order.  The rule, enforced here and not by the mapper:
 * the ledger is charged **once**, for the whole measurement, before any shard is dispatched
   (steps 1-3 above are unchanged);
 * ``A·x`` is split into contiguous shards; each is noised exactly once by the vetted sampler
-  (:func:`mechanisms.noise.noise_shard`) in the process that runs it, with randomness from that
+  (:func:`mechanisms.primitives.noise.noise_shard`) in the process that runs it, with randomness from that
   process's OS CSPRNG: no seed is shipped, none is derived from a user value, none is repeated;
 * every result must come back exactly once, in order, carrying its shard's one-time token: a
   missing, foreign, duplicated or re-drawn shard is refused;
@@ -39,10 +39,16 @@ from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
 
-from mechanisms import noise
-from mechanisms.noise import NoiseMechanism, NoiseShard, NoisyShard, calibrate, noise_kind_for
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protected import (
+from dprelease.mechanisms.primitives import noise
+from dprelease.mechanisms.primitives.noise import (
+    NoiseMechanism,
+    NoiseShard,
+    NoisyShard,
+    calibrate,
+    noise_kind_for,
+)
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protected import (
     Accountant,
     MarginalMeasurableStrategy,
     MeasurableStrategy,

@@ -30,13 +30,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from catalog.confidential.choke_point import ProtectedCells, ProtectedMarginals
-from catalog.confidential.marginal_source import (
+from dprelease.catalog.confidential.choke_point import ProtectedCells, ProtectedMarginals
+from dprelease.catalog.confidential.marginal_source import (
     MarginalCountResult,
     check_marginals_runnable,
     project_marginals,
 )
-from catalog.confidential.source import (
+from dprelease.catalog.confidential.source import (
     CountResult,
     SourceFiles,
     bound_contributions,
@@ -54,12 +54,12 @@ from catalog.confidential.source import (
     protect,
     unreadable,
 )
-from catalog.engine import open_cluster
-from catalog.errors import DataError, SpecError
-from catalog.keys import CatalogKey
-from catalog.spec.domain import NumericBins
-from catalog.spec.load import check_runnable
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog.engine import open_cluster
+from dprelease.catalog.errors import DataError, SpecError
+from dprelease.catalog.keys import CatalogKey
+from dprelease.catalog.spec.domain import NumericBins
+from dprelease.catalog.spec.load import check_runnable
+from dprelease.catalog.spec.model import ReleaseSpec
 
 if TYPE_CHECKING:
     from distributed import Client

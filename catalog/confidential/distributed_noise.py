@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from catalog.confidential.choke_point import ShardFailedError, ShardMapper
-from catalog.engine import Execution, open_cluster
-from mechanisms.noise import NoiseShard, NoisyShard
+from dprelease.catalog.confidential.choke_point import ShardFailedError, ShardMapper
+from dprelease.catalog.engine import Execution, open_cluster
+from dprelease.mechanisms.primitives.noise import NoiseShard, NoisyShard
 
 if TYPE_CHECKING:
     from distributed import Client

@@ -13,11 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from catalog.confidential.responses import count_responses
-from catalog.errors import DataError
-from catalog.keys import CatalogKey
-from catalog.responses import PRIVACY_UNIT, PublishedStrategy, check_strategy_fits
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog.confidential.responses import count_responses
+from dprelease.catalog.errors import DataError
+from dprelease.catalog.keys import CatalogKey
+from dprelease.catalog.planning.responses import (
+    PRIVACY_UNIT,
+    PublishedStrategy,
+    check_strategy_fits,
+)
+from dprelease.catalog.spec.model import ReleaseSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,9 +43,9 @@ def describe_unit(spec: ReleaseSpec) -> str:
 
 def read_cells(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
     if spec.execution.engine == "dask":
-        from catalog.confidential.dask_count import count_cells_dask as count_cells
+        from dprelease.catalog.confidential.dask_count import count_cells_dask as count_cells
     else:
-        from catalog.confidential.source import count_cells
+        from dprelease.catalog.confidential.source import count_cells
 
     counted = count_cells(spec, key=key)
     return _central(spec, counted.cells, counted)
@@ -49,9 +53,11 @@ def read_cells(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
 
 def read_marginals(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
     if spec.execution.engine == "dask":
-        from catalog.confidential.dask_count import count_marginals_dask as count_marginals
+        from dprelease.catalog.confidential.dask_count import (
+            count_marginals_dask as count_marginals,
+        )
     else:
-        from catalog.confidential.marginal_source import count_marginals
+        from dprelease.catalog.confidential.marginal_source import count_marginals
 
     counted = count_marginals(
         spec, subsets=plan.strategy.marginal_subsets, output_rows=plan.num_queries, key=key

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from catalog.confidential.choke_point import ProtectedMarginals
-from catalog.confidential.source import protect, read_and_encode
-from catalog.errors import SpecError
-from catalog.keys import CatalogKey
-from catalog.spec.limits import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog.confidential.choke_point import ProtectedMarginals
+from dprelease.catalog.confidential.source import protect, read_and_encode
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.keys import CatalogKey
+from dprelease.catalog.spec.limits import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES
+from dprelease.catalog.spec.model import ReleaseSpec
 
 MAX_MARGINAL_CELLS = MAX_RELEASE_CELLS
 """Cells of all counted marginal tables together (float64: the memory of the largest cell vector)."""

@@ -17,12 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from catalog.confidential.source import check_schema, open_dataset, resolve_source
-from catalog.errors import DataError
-from catalog.keys import CatalogKey
-from catalog.responses import PublishedStrategy, check_strategy_fits
-from catalog.spec.model import ReleaseSpec
-from mechanisms.local import randomizer
+from dprelease.catalog.confidential.source import check_schema, open_dataset, resolve_source
+from dprelease.catalog.errors import DataError
+from dprelease.catalog.keys import CatalogKey
+from dprelease.catalog.planning.responses import PublishedStrategy, check_strategy_fits
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.mechanisms.local import randomizer
 
 RESPONSE_COLUMN = "response"
 FINGERPRINT_COLUMN = "strategy_fingerprint"

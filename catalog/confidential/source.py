@@ -28,13 +28,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from catalog.confidential.choke_point import ProtectedCells
-from catalog.errors import DataError
-from catalog.keys import CatalogKey, catalog_key
-from catalog.ledger.database import default_url
-from catalog.spec.domain import Categorical, IntegerRange, NumericBins
-from catalog.spec.load import check_runnable
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog.confidential.choke_point import ProtectedCells
+from dprelease.catalog.errors import DataError
+from dprelease.catalog.keys import CatalogKey, catalog_key
+from dprelease.catalog.ledger.database import default_url
+from dprelease.catalog.spec.domain import Categorical, IntegerRange, NumericBins
+from dprelease.catalog.spec.load import check_runnable
+from dprelease.catalog.spec.model import ReleaseSpec
 
 CUSTODIAN_HINT = "as the data custodian, run `dprelease check SPEC` to see what is wrong"
 

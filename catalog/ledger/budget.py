@@ -20,10 +20,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from catalog import keys
-from catalog.errors import CatalogError
-from catalog.ledger import chain, database, spending
-from catalog.ledger.schema import (
+from dprelease.catalog import keys
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger import chain, database, spending
+from dprelease.catalog.ledger.schema import (
     catalog_meta,
     chain_rows,
     datasets,
@@ -32,7 +32,7 @@ from catalog.ledger.schema import (
     open_schema,
     releases,
 )
-from mechanisms.privacy import PrivacyCost, convert
+from dprelease.mechanisms.primitives.privacy import PrivacyCost, convert
 
 
 class Ledger:
@@ -420,7 +420,7 @@ def chain_tip(conn: Connection) -> tuple[int, str]:
 
 
 class DatasetAccountant:
-    """The :class:`mechanisms.protected.Accountant` of one release on one dataset: every charge is a
+    """The :class:`mechanisms.primitives.protected.Accountant` of one release on one dataset: every charge is a
     committed ledger row, and the receipts are kept for the manifest."""
 
     def __init__(

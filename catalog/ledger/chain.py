@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from hashlib import sha256
 from typing import Any
 
-from catalog import keys
+from dprelease.catalog import keys
 
 GENESIS = "0" * 64  # the "previous hash" of the first ledger entry
 CHAIN_FORMAT = "dprelease-ledger-entry/1"

@@ -10,9 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from catalog import keys
-from catalog.errors import CatalogError
-from catalog.home import default_home
+from dprelease.catalog import keys
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.home import default_home
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 PG_CONNECT_TIMEOUT = 10

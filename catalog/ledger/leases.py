@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from catalog.processes import is_alive, process_start
+from dprelease.catalog.processes import is_alive, process_start
 
 DEFAULT_LEASE_SECONDS = 3600.0
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from catalog.errors import CatalogError
+from dprelease.catalog.errors import CatalogError
 
 MAX_REVIEWER_LENGTH = 128
 

@@ -13,9 +13,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from catalog.errors import CatalogError
-from catalog.ledger.chain import CHAIN_FORMAT, GENESIS, row_digest
-from catalog.ledger.database import redacted
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.chain import CHAIN_FORMAT, GENESIS, row_digest
+from dprelease.catalog.ledger.database import redacted
 
 SCHEMA_NAME = "dprelease-catalog"
 SCHEMA_VERSION = 3  # 1: before the hash chain and leases; 2: before partitions and skipped entries

@@ -18,9 +18,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from catalog.errors import BudgetExceededError, CatalogError
-from catalog.ledger.schema import ledger
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.errors import BudgetExceededError, CatalogError
+from dprelease.catalog.ledger.schema import ledger
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
 MAX_PARTITIONS_PER_RELEASE = 1000  # one ledger entry each, written in one transaction
 

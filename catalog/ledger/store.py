@@ -16,18 +16,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from catalog.errors import CatalogError
-from catalog.ledger.budget import Ledger, append_entry
-from catalog.ledger.leases import (
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.budget import Ledger, append_entry
+from dprelease.catalog.ledger.leases import (
     DEFAULT_LEASE_SECONDS,
     RecoveredRelease,
     ReleaseRecord,
     process_owner,
     stuck_reason,
 )
-from catalog.ledger.names import normalize_reviewer, same_person
-from catalog.ledger.schema import STATUSES, datasets, ledger, now, releases, reviews
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.ledger.names import normalize_reviewer, same_person
+from dprelease.catalog.ledger.schema import STATUSES, datasets, ledger, now, releases, reviews
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
 # A release that failed or was aborted released nothing: "unchanged" never compares with it.
 _NOT_RELEASED = ("failed", "aborted")

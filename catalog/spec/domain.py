@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from catalog.spec.limits import MAX_CELLS_PER_ATTRIBUTE, MAX_DOMAIN_INTEGER
+from dprelease.catalog.spec.limits import MAX_CELLS_PER_ATTRIBUTE, MAX_DOMAIN_INTEGER
 
 
 class Strict(BaseModel):

@@ -9,17 +9,17 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from catalog.errors import SpecError
-from catalog.spec.domain import error_message
-from catalog.spec.limits import (
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.spec.domain import error_message
+from dprelease.catalog.spec.limits import (
     MAX_PLAN_CELLS,
     MAX_RELEASE_CELLS,
     MAX_RELEASE_QUERIES,
     MAX_SPEC_BYTES,
     MAX_SPEC_DEPTH,
 )
-from catalog.spec.model import ReleaseSpec, item_num_queries
-from mechanisms import registry
+from dprelease.catalog.spec.model import ReleaseSpec, item_num_queries
+from dprelease.mechanisms import registry
 
 _NO_SOURCE = "dataset.source is not set in the spec; plan works without it, run does not"
 

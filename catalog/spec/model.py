@@ -14,17 +14,17 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from catalog.engine import Execution
-from catalog.errors import SpecError
-from catalog.spec.domain import (
+from dprelease.catalog.engine import Execution
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.spec.domain import (
     Attribute,
     IntegerRange,
     NumericBins,
     Strict,
     parse_attribute,
 )
-from catalog.spec.limits import MAX_PLAN_CELLS, check_large_delta, check_privacy_dict
-from catalog.spec.sections import (
+from dprelease.catalog.spec.limits import MAX_PLAN_CELLS, check_large_delta, check_privacy_dict
+from dprelease.catalog.spec.sections import (
     ID_PATTERN,
     DatasetSection,
     Postprocess,
@@ -33,10 +33,10 @@ from catalog.spec.sections import (
     Schedule,
     WorkloadItemSpec,
 )
-from mechanisms import registry
-from mechanisms.derived import BinnedColumn, support_item
-from mechanisms.privacy import PrivacyCost, cost_from_dict
-from mechanisms.workload import WorkloadItem
+from dprelease.mechanisms import registry
+from dprelease.mechanisms.derived import BinnedColumn, support_item
+from dprelease.mechanisms.primitives.privacy import PrivacyCost, cost_from_dict
+from dprelease.mechanisms.primitives.workload import WorkloadItem
 
 MAX_EXPANDED_MARGINALS = 10_000
 """Output tables one ``marginals`` item may expand to (C(14, 3) = 364 for Adult's 3-way)."""
@@ -56,7 +56,7 @@ class ReleaseSpec(Strict):
     on_out_of_domain: Literal["error", "drop"] = "error"
     postprocess: Postprocess = Postprocess()
     reconstruct: Literal["least_squares", "pgm", "auto"] = "least_squares"
-    """``pgm``: consistent, non-negative tables (marginal-space plans; :mod:`catalog.estimators`);
+    """``pgm``: consistent, non-negative tables (marginal-space plans; :mod:`catalog.planning.estimators`);
     ``auto``: ``pgm`` where the plan supports it, least squares otherwise."""
     model: Literal["central", "local"] = "central"
     """``local``: users randomise on their devices with a published strategy (``dprelease ldp``);

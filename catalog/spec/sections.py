@@ -9,10 +9,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from catalog.spec.domain import Strict
-from catalog.spec.limits import MAX_ROWS_PER_PERSON, check_privacy_dict
-from mechanisms.derived import DERIVED_KINDS
-from mechanisms.privacy import PrivacyCost, cost_from_dict
+from dprelease.catalog.spec.domain import Strict
+from dprelease.catalog.spec.limits import MAX_ROWS_PER_PERSON, check_privacy_dict
+from dprelease.mechanisms.derived import DERIVED_KINDS
+from dprelease.mechanisms.primitives.privacy import PrivacyCost, cost_from_dict
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 

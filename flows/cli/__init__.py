@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-# The BLAS thread policy of mechanisms/threads.py (single_threaded_blas), for the whole command: it
+# The BLAS thread policy of mechanisms/primitives/threads.py (single_threaded_blas), for the whole command: it
 # must be set before numpy loads.  Multi-threaded BLAS on the small matrices of strategy work only
 # contends on two cores (many times slower under load: benchmarks/strategy_bench.py
 # --blas-threads).  Users can still override it.
@@ -31,17 +31,17 @@ from typing import Annotated, Any
 
 import typer
 
-from flows import errors
-from flows.cli import budget, operations, release, review, synth
-from flows.cli.common import console
-from flows.cli.ldp import ldp_app
+from dprelease.flows import errors
+from dprelease.flows.cli import budget, operations, release, review, synth
+from dprelease.flows.cli.common import console
+from dprelease.flows.cli.ldp import ldp_app
 
 
 class _ConsoleScript(typer.Typer):
     """``dprelease`` run as a program (``app()``; ``CliRunner`` does not go through here)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from flows.interrupt import allow_hard_exit
+        from dprelease.flows.interrupt import allow_hard_exit
 
         allow_hard_exit()  # the Ctrl-C watchdog may end this process
         try:

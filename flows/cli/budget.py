@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.common import JsonOption, add_id_column, clear_errors, print_json, stdout
+from dprelease.flows.cli.common import JsonOption, add_id_column, clear_errors, print_json, stdout
 
 
 @clear_errors
@@ -20,8 +20,8 @@ def budget(
 ) -> None:
     """Spent and remaining privacy budget per dataset (and per partition of a partitioned
     dataset), with the ledger timeline (oldest first)."""
-    from catalog.ledger.spending import running_spend
-    from catalog.ledger.store import Catalog
+    from dprelease.catalog.ledger.spending import running_spend
+    from dprelease.catalog.ledger.store import Catalog
 
     catalog = Catalog()
     ids = [dataset_id] if dataset_id else catalog.dataset_ids()
@@ -90,7 +90,7 @@ def _print_partitions(catalog: Any, dataset_id: str) -> None:
 def _budget_json(catalog: Any, dataset_id: str) -> dict[str, Any]:
     """Cap, spent, remaining, per-partition spending and the ledger timeline of one dataset
     (public)."""
-    from catalog.ledger.spending import running_spend
+    from dprelease.catalog.ledger.spending import running_spend
 
     cap = catalog.cap(dataset_id)
     spent = catalog.spent(dataset_id)
@@ -135,7 +135,7 @@ def releases(
     """The release catalog (oldest first); full release ids, never shortened."""
     from dataclasses import asdict
 
-    from catalog.ledger.store import Catalog
+    from dprelease.catalog.ledger.store import Catalog
 
     records = Catalog().releases(dataset_id=dataset, status=status)
     if as_json:

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flows import errors
+from dprelease.flows import errors
 
 console = Console(stderr=True, soft_wrap=True)
 stdout = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
@@ -77,7 +77,7 @@ def clear_errors(function: F) -> F:
 def prefect_api() -> Iterator[Any]:
     """The Prefect API for this command (``flows.server.connect``, not yet waited for), with
     ``PREFECT_API_URL`` pointing at it; None when the user configured one."""
-    from flows import server
+    from dprelease.flows import server
 
     connection = server.connect(wait=False)
     if connection.record is None:
@@ -106,7 +106,7 @@ def server_ready(connection: Any) -> Iterator[None]:
     if connection is None:
         yield
         return
-    from flows import server
+    from dprelease.flows import server
 
     connection.wait()
     with server.keep_alive():

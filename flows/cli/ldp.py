@@ -19,9 +19,9 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from catalog.errors import DprReleaseError
-from flows.cli.common import F, JsonOption, console, print_json, stdout, sub_app
-from mechanisms.privacy import PrivacyError
+from dprelease.catalog.errors import DprReleaseError
+from dprelease.flows.cli.common import F, JsonOption, console, print_json, stdout, sub_app
+from dprelease.mechanisms.primitives.privacy import PrivacyError
 
 ldp_app = sub_app(
     "ldp",
@@ -57,8 +57,8 @@ def strategy(
 ) -> None:
     """Plan (optimise or reuse) and publish the spec's epsilon-LDP strategy, with its promised
     variance per user against the baselines (reconstruction of Thm 3.10)."""
-    from catalog import responses
-    from catalog.spec.load import load_spec
+    from dprelease.catalog.planning import responses
+    from dprelease.catalog.spec.load import load_spec
 
     loaded = load_spec(spec)
     responses.require_local(loaded)
@@ -123,9 +123,9 @@ def simulate(
 ) -> None:
     """Randomise every row of a Parquet of true items with the published strategy (simulation of
     the clients), writing one response index per user plus the strategy fingerprint."""
-    from catalog import responses
-    from catalog.confidential import responses as response_files
-    from catalog.spec.load import load_spec
+    from dprelease.catalog.confidential import responses as response_files
+    from dprelease.catalog.planning import responses
+    from dprelease.catalog.spec.load import load_spec
 
     loaded = load_spec(spec)
     responses.require_local(loaded)

@@ -13,9 +13,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from catalog.errors import CatalogError, DprReleaseError
-from flows import errors
-from flows.cli.common import (
+from dprelease.catalog.errors import CatalogError, DprReleaseError
+from dprelease.flows import errors
+from dprelease.flows.cli.common import (
     JsonOption,
     OutOption,
     PublishDirOption,
@@ -57,8 +57,8 @@ def deploy(
     """Register one Prefect deployment per spec: cron schedule, arrival trigger, work pool, and a
     concurrency limit of one running release per dataset id."""
     api_url = require_prefect_server("dprelease deploy")
-    from catalog.ledger.database import default_url
-    from flows.deployments import deploy_specs, find_specs
+    from dprelease.catalog.ledger.database import default_url
+    from dprelease.flows.deployments import deploy_specs, find_specs
 
     paths = [specs] if specs.is_file() else find_specs(specs)
     # A local SQLite catalog is baked into the deployments (a path is public); a server URL may
@@ -128,8 +128,14 @@ def watch(
     file content, remembered across restarts); files that are not Parquet are logged and skipped."""
     import logging
 
-    from catalog.watch_state import WatchState
-    from flows.watch import SpecResolver, Watcher, adopt_claims, logging_emitter, prefect_emitter
+    from dprelease.catalog.watch_state import WatchState
+    from dprelease.flows.watch import (
+        SpecResolver,
+        Watcher,
+        adopt_claims,
+        logging_emitter,
+        prefect_emitter,
+    )
 
     if adopt_claims_from is not None:
         try:
@@ -205,9 +211,9 @@ def recover(
     """Find release runs that ended inside a stage or are stuck past their stage's time limit (the
     stuck ones are stopped: SIGTERM, then SIGKILL), then move releases whose process died (stuck
     in `measuring`) to failed/aborted; charges stay."""
-    from catalog.ledger.store import Catalog
-    from flows.server import state_home
-    from flows.watchdog import forget, inspect_runs, stop_stuck
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.flows.server import state_home
+    from dprelease.flows.watchdog import forget, inspect_runs, stop_stuck
 
     catalog = Catalog()
     adopted = catalog.adopt_ledger(reason=adopt_ledger) if adopt_ledger is not None else None
@@ -266,7 +272,7 @@ def server_status(
     as_json: JsonOption = False,
 ) -> None:
     """Whether the shared server runs, where, since when, and when it stops if left idle."""
-    from flows import server
+    from dprelease.flows import server
 
     current = server.status()
     if as_json:
@@ -302,7 +308,7 @@ def server_status(
 @clear_errors
 def server_stop() -> None:
     """Stop the shared server now (by its recorded process id); the next command starts a new one."""
-    from flows import server
+    from dprelease.flows import server
 
     if os.environ.get("PREFECT_API_URL"):
         raise DprReleaseError(
@@ -321,7 +327,7 @@ def server_stop() -> None:
 def server_prepare() -> None:
     """Migrate an empty Prefect database into the user cache (once per Prefect version), so the
     first server on this machine starts in seconds. install.sh runs it."""
-    from flows import server
+    from dprelease.flows import server
 
     template, created = server.prepare_template()
     state = "prepared" if created else "already prepared"

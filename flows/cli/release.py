@@ -11,8 +11,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows import errors
-from flows.cli.common import (
+from dprelease.flows import errors
+from dprelease.flows.cli.common import (
     JsonOption,
     OutOption,
     clear_errors,
@@ -24,24 +24,24 @@ from flows.cli.common import (
     server_ready,
     stdout,
 )
-from flows.cli.review import print_review_policy
+from dprelease.flows.cli.review import print_review_policy
 
 
 def bundled_spec() -> Path:
     """The demo spec shipped inside the package (UCI Adult, CC BY 4.0)."""
-    return Path(str(resources.files("flows") / "examples" / "adult-demo.yaml"))
+    return Path(str(resources.files("dprelease.flows") / "examples" / "adult-demo.yaml"))
 
 
 def _run_release(
     spec_path: Path, out_dir: Path, *, engine: str | None = None, address: str | None = None
 ) -> Any:
-    from catalog.engine import resolve_execution
-    from catalog.spec.load import check_runnable_before_planning, load_spec
+    from dprelease.catalog.engine import resolve_execution
+    from dprelease.catalog.spec.load import check_runnable_before_planning, load_spec
 
     spec = load_spec(spec_path)  # fail fast on a bad spec: before Prefect or any server starts
     check_runnable_before_planning(spec)  # sizes only: a too-large release is never planned
     execution = resolve_execution(spec.execution, engine=engine, address=address)  # CLI wins
-    from flows.watchdog import stage_timeout_seconds
+    from dprelease.flows.watchdog import stage_timeout_seconds
 
     stage_timeout_seconds()  # a bad DPRELEASE_STAGE_TIMEOUT is refused before Prefect starts
     prefect_defaults()
@@ -55,21 +55,21 @@ def _run_release(
         prefect_api() as connection,
     ):
         # The server starts in the background while the flow's modules (and prefect) import.
-        from flows.release_flow import run_release
+        from dprelease.flows.release_flow import run_release
 
         if connection is not None and connection.started:
             # Data-free planning fills the strategy store on the other core while the server
             # starts; the flow's plan task then finds the strategy there.
             status.update("planning while the local Prefect server starts (reused later)…")
-            from catalog.memory import check_memory, predict_plan
-            from catalog.planning import make_plan
+            from dprelease.catalog.planning.memory import check_memory, predict_plan
+            from dprelease.catalog.planning.planner import make_plan
 
             check_memory(predict_plan(spec, make_plan(spec)))  # before the flow charges
         with server_ready(connection):
             status.update("running the release flow…")
             from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-            from flows.interrupt import InterruptGuard
+            from dprelease.flows.interrupt import InterruptGuard
 
             # No flow-run heartbeats for a run inside this command (the user sees it end or
             # crash): Prefect's heartbeat thread sleeps in 1 s steps and is joined at the flow's
@@ -152,12 +152,12 @@ def plan(
     cheapest first and stops once one is within 0.5% of the lower bound.  Optimised strategies
     are kept in the strategy store, so `run` after `plan` reuses them.
     """
-    from catalog.planning import make_plan
-    from catalog.spec.load import load_spec
+    from dprelease.catalog.planning.planner import make_plan
+    from dprelease.catalog.spec.load import load_spec
 
     loaded = load_spec(spec)
     result = make_plan(loaded, time_budget=time_budget)
-    from catalog.memory import predict_plan
+    from dprelease.catalog.planning.memory import predict_plan
 
     memory = predict_plan(loaded, result)
     if as_json:
@@ -206,8 +206,8 @@ def check(
 
     Exit status: 0 when no problem was found, 3 when problems were found, 2 for an invalid spec or an unreadable source.
     """
-    from catalog.confidential.check import check_data, format_report
-    from catalog.spec.load import load_spec
+    from dprelease.catalog.confidential.check import check_data, format_report
+    from dprelease.catalog.spec.load import load_spec
 
     report = check_data(load_spec(spec))
     typer.echo(format_report(report))
@@ -236,9 +236,9 @@ def verify(
 ) -> None:
     """Re-check a release offline: artifact hashes, manifest, catalog status, ledger chain and
     receipts, input fingerprint key, validation results."""
-    from catalog import artifacts
-    from catalog.errors import VerificationError
-    from catalog.ledger.store import Catalog
+    from dprelease.catalog.errors import VerificationError
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.publishing import artifacts
 
     if as_json:
         try:

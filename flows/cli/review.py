@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from catalog.errors import CatalogError, DprReleaseError
-from flows.cli.common import (
+from dprelease.catalog.errors import CatalogError, DprReleaseError
+from dprelease.flows.cli.common import (
     JsonOption,
     PublishDirOption,
     clear_errors,
@@ -30,8 +30,8 @@ notify_app = sub_app(
 
 def print_review_policy(release_id: str) -> None:
     """Who must approve a just-staged release, and whether its reviewers were notified."""
-    from catalog import review as reviewing
-    from catalog.ledger.store import Catalog
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.review import decisions as reviewing
 
     current = reviewing.status(Catalog(), release_id)
     if current["operator_excluded"]:
@@ -76,9 +76,9 @@ def review(
     whose deployed flow run is paused for review is decided by resuming that run with the decision
     (the run records it); any other release is decided here, in the catalog.
     """
-    from catalog import review as reviewing
-    from catalog.ledger.store import Catalog
-    from catalog.watch_state import ReviewRuns
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.review import decisions as reviewing
+    from dprelease.catalog.watch_state import ReviewRuns
 
     catalog = Catalog()
     if approve is None:
@@ -171,9 +171,9 @@ def _review_through_flow_run(
 ) -> bool:
     """Resume the paused deployed run with the decision; False when it can no longer decide."""
     prefect_defaults()
-    from catalog import review as reviewing
-    from catalog.watch_state import ReviewRuns
-    from flows.deployed_release import ReviewRunNotPaused, resume_review
+    from dprelease.catalog.review import decisions as reviewing
+    from dprelease.catalog.watch_state import ReviewRuns
+    from dprelease.flows.deployed_release import ReviewRunNotPaused, resume_review
 
     if publish_dir is not None:
         console.print("note: --publish-dir is ignored: the deployment's publish location is used")
@@ -203,8 +203,8 @@ def show(
     """Everything about one release: spec, status, plan and mechanism, charges with their ledger
     receipts, budget, review trail, artifact paths and the synthetic files sampled from it
     (public facts only)."""
-    from catalog.ledger.store import Catalog
-    from catalog.show import describe_release
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.show import describe_release
 
     summary = describe_release(Catalog(), release_id)
     if as_json:
@@ -275,7 +275,7 @@ def notify_webhook(
 ) -> None:
     """Save a Custom Webhook notification block that POSTs {subject, body, source} as JSON; name
     it in a spec as `review: {notify: custom-webhook/NAME}`."""
-    from catalog.spec.sections import ReviewPolicy
+    from dprelease.catalog.spec.sections import ReviewPolicy
 
     headers = {}
     for item in header or []:
@@ -292,7 +292,7 @@ def notify_webhook(
             f"block name ({name!r}) must be lowercase letters, digits and dashes"
         ) from None
     with prefect_connected():
-        from flows.notify import save_webhook_block
+        from dprelease.flows.notify import save_webhook_block
 
         try:
             reference = save_webhook_block(name, url=url, headers=headers, overwrite=overwrite)
@@ -309,8 +309,8 @@ def notify_send(
     release_id: Annotated[str, typer.Argument(help="A staged release whose spec names a block.")],
 ) -> None:
     """Send a staged release's notice again (e.g. after the webhook was down)."""
-    from catalog.ledger.store import Catalog
-    from catalog.review_policy import policy_of
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.review.policy import policy_of
 
     catalog = Catalog()
     record = catalog.release(release_id)
@@ -322,7 +322,7 @@ def notify_send(
     if block is None:
         raise CatalogError(f"release {release_id!r}: its spec names no review.notify block")
     with prefect_connected():
-        from flows.notify import send_notice
+        from dprelease.flows.notify import send_notice
 
         error = send_notice(catalog, release_id)
     if error is not None:

@@ -1,7 +1,7 @@
 """``dprelease synth RELEASE_ID --rows N [--out PATH] [--seed S]``: synthetic data from a release.
 
 Samples a Parquet file with the release's columns and domain from the model fitted to a published
-``reconstruct: pgm`` release (:mod:`catalog.synthetic`).  Post-processing of published values: no
+``reconstruct: pgm`` release (:mod:`catalog.publishing.synthetic`).  Post-processing of published values: no
 budget is charged, the confidential data are never read.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import clear_errors, stdout
+from dprelease.flows.cli.common import clear_errors, stdout
 
 
 @clear_errors
@@ -36,8 +36,8 @@ def synth(
 ) -> None:
     """Sample a synthetic Parquet file from the model of a published `reconstruct: pgm` release
     (post-processing: no budget is charged); the file is recorded in the catalog."""
-    from catalog.ledger.store import Catalog
-    from catalog.synthetic import synthesize
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.publishing.synthetic import synthesize
 
     target = out if out is not None else Path(f"{release_id}-synthetic.parquet")
     record = synthesize(release_id, rows=rows, out=target, catalog=Catalog(), seed=seed)

@@ -20,14 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
-from mechanisms.dawa.hilbert import HilbertLayout
-from mechanisms.dawa.partition import IntervalWorkload, Partition, PartitionSelector, split_budget
-from mechanisms.dawa.uncertainty import cell_coordinates, query_uncertainty
-from mechanisms.noise import SENSITIVITY_NORM, NoiseKind
-from mechanisms.operators import Factor, Identity, Prefix, Ranges, Total
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import (
+from dprelease.mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
+from dprelease.mechanisms.dawa.hilbert import HilbertLayout
+from dprelease.mechanisms.dawa.partition import (
+    IntervalWorkload,
+    Partition,
+    PartitionSelector,
+    split_budget,
+)
+from dprelease.mechanisms.dawa.uncertainty import cell_coordinates, query_uncertainty
+from dprelease.mechanisms.primitives.noise import SENSITIVITY_NORM, NoiseKind
+from dprelease.mechanisms.primitives.operators import Factor, Identity, Prefix, Ranges, Total
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import (
     CandidateUnavailable,
     Evaluation,
     ItemAnswers,
@@ -42,7 +47,7 @@ from mechanisms.protocol import (
     require_int,
     require_number,
 )
-from mechanisms.workload import Workload
+from dprelease.mechanisms.primitives.workload import Workload
 
 # Public shift of each Step-1 noisy cost by offset × its Laplace scale (privacy-neutral: the scale
 # depends only on the interval length).  0 reproduces the thesis, whose provably private Step 1

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from mechanisms.dawa.partition import IntervalWorkload, Partition, _readonly
-from mechanisms.privacy import check_epsilon
+from dprelease.mechanisms.dawa.partition import IntervalWorkload, Partition, _readonly
+from dprelease.mechanisms.primitives.privacy import check_epsilon
 
 # GreedyH's search range for λ (λ = 1 would give the subtree no budget and make M singular).
 _LAMBDA_MAX = 0.99

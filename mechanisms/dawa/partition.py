@@ -47,8 +47,8 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from mechanisms.noise import NoiseSampler
-from mechanisms.privacy import check_epsilon
+from dprelease.mechanisms.primitives.noise import NoiseSampler
+from dprelease.mechanisms.primitives.privacy import check_epsilon
 
 IntervalFamily = Literal["dyadic", "all"]
 """Step-1 candidate intervals: power-of-two lengths at every offset, or every interval."""

@@ -18,9 +18,9 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from mechanisms.dawa.greedy_h import HierarchicalStrategy
-from mechanisms.dawa.partition import IntervalWorkload, Partition, _readonly
-from mechanisms.intervals import single_term_rows
+from dprelease.mechanisms.dawa.greedy_h import HierarchicalStrategy
+from dprelease.mechanisms.dawa.partition import IntervalWorkload, Partition, _readonly
+from dprelease.mechanisms.primitives.intervals import single_term_rows
 
 # Rows of the per-query coverage matrix formed at once (bounds working memory to ~16 MB per chunk).
 _COVERAGE_CHUNK_ENTRIES = 2_000_000

@@ -7,11 +7,11 @@ to :data:`AUTO_MAX_CELLS`, a spec may ask for it up to :data:`MAX_CELLS`).
 
 from __future__ import annotations
 
-from mechanisms.compute_limits import predict_eigen_design_seconds
-from mechanisms.dense import DenseStrategy
-from mechanisms.eigen.design import eigen_design
-from mechanisms.noise import SENSITIVITY_NORM
-from mechanisms.protocol import (
+from dprelease.mechanisms.eigen.design import eigen_design
+from dprelease.mechanisms.primitives.compute_limits import predict_eigen_design_seconds
+from dprelease.mechanisms.primitives.dense import DenseStrategy
+from dprelease.mechanisms.primitives.noise import SENSITIVITY_NORM
+from dprelease.mechanisms.primitives.protocol import (
     CandidateUnavailable,
     MatrixMechanism,
     PlanRequest,
@@ -19,7 +19,7 @@ from mechanisms.protocol import (
     StrategyCache,
     cache_key,
 )
-from mechanisms.threads import single_threaded_blas
+from dprelease.mechanisms.primitives.threads import single_threaded_blas
 
 MAX_CELLS = 4096
 AUTO_MAX_CELLS = 2048

@@ -45,8 +45,8 @@ import scipy.fft
 import scipy.linalg
 import scipy.optimize
 
-from mechanisms.lower_bound import svd_bound_gram, validate_gram
-from mechanisms.noise import NoiseKind, validate_noise
+from dprelease.mechanisms.primitives.lower_bound import svd_bound_gram, validate_gram
+from dprelease.mechanisms.primitives.noise import NoiseKind, validate_noise
 
 StrategySource = Literal["eigen_design", "svd_bound"]
 
@@ -146,7 +146,7 @@ class MinimizedWorkload:
 class EigenDesignStrategy:
     """A strategy chosen by Eigen-Design, with what is needed to audit and reproduce it.
 
-    The mechanism measures ``A`` (as a :class:`~mechanisms.dense.DenseStrategy`).
+    The mechanism measures ``A`` (as a :class:`~mechanisms.primitives.dense.DenseStrategy`).
 
     *Privacy*: ``A`` depends only on the (public) workload.  Its sensitivity for ``noise`` (max
     column L1 norm for Laplace, L2 for Gaussian) is 1, so answering ``A x`` costs what one

@@ -14,6 +14,6 @@ R. McKenna, R. K. Maity, A. Mazumdar, G. Miklau, "A workload-adaptive mechanism 
 under local differential privacy", PVLDB 13(11), 2020 ([McKenna20]).
 """
 
-from mechanisms.local.mechanism import MECHANISM
+from dprelease.mechanisms.local.mechanism import MECHANISM
 
 __all__ = ["MECHANISM"]

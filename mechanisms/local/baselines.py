@@ -14,8 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
-from mechanisms.local.randomizer import LDPStrategy, check_size, enforce_row_ratio
-from mechanisms.privacy import check_epsilon
+from dprelease.mechanisms.local.randomizer import LDPStrategy, check_size, enforce_row_ratio
+from dprelease.mechanisms.primitives.privacy import check_epsilon
 
 # Largest domain RAPPOR may enumerate (2^n outputs).
 RAPPOR_MAX_DOMAIN = 16

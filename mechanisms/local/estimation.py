@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mechanisms.local.randomizer import LDPStrategy
-from mechanisms.privacy import check_epsilon
-from mechanisms.threads import single_threaded_blas
+from dprelease.mechanisms.local.randomizer import LDPStrategy
+from dprelease.mechanisms.primitives.privacy import check_epsilon
+from dprelease.mechanisms.primitives.threads import single_threaded_blas
 
 # Relative eigenvalue cut-off for the pseudo-inverse of X = Q^T D^-1 Q, in units of n * machine eps.
 _PINV_RTOL_ULPS = 1.0

@@ -3,7 +3,7 @@
 Every user randomises their own item on their device with a *published* ε-LDP strategy ``Q``
 (:mod:`~mechanisms.local.strategy`) and sends one response index; the server counts the responses
 into ``y`` and answers the workload with ``V y`` (Thm 3.10).  As a
-:class:`~mechanisms.protocol.Mechanism`:
+:class:`~mechanisms.primitives.protocol.Mechanism`:
 
 * **plan** optimises ``Q`` for the workload at the per-user ε (Problem 3.12), data-free and cached
   under the workload fingerprint, ε and the optimiser settings; the random start's seed is a hash
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.local import optimizer
-from mechanisms.local.strategy import (
+from dprelease.mechanisms.local import optimizer
+from dprelease.mechanisms.local.strategy import (
     MAX_TABLE_ENTRIES,
     NAME,
     LocalStrategy,
@@ -40,8 +40,8 @@ from mechanisms.local.strategy import (
     rounding_floor,
     workload_root,
 )
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import (
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import (
     CandidateUnavailable,
     Evaluation,
     ItemAnswers,
@@ -56,7 +56,7 @@ from mechanisms.protocol import (
     cache_key,
     require_int,
 )
-from mechanisms.workload import Workload
+from dprelease.mechanisms.primitives.workload import Workload
 
 STORE_VERSION = "1"
 MAX_LDP_CELLS = 2048  # one optimiser step is O(m n^2) with m = 4n (benchmarks/ldp_bench.py)

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from mechanisms.compute_limits import Progress, WorkLimit, report
-from mechanisms.local.estimation import workload_matrix
-from mechanisms.local.randomizer import LDPStrategy, check_size, enforce_row_ratio
-from mechanisms.privacy import check_epsilon
-from mechanisms.threads import single_threaded_blas
+from dprelease.mechanisms.local.estimation import workload_matrix
+from dprelease.mechanisms.local.randomizer import LDPStrategy, check_size, enforce_row_ratio
+from dprelease.mechanisms.primitives.compute_limits import Progress, WorkLimit, report
+from dprelease.mechanisms.primitives.privacy import check_epsilon
+from dprelease.mechanisms.primitives.threads import single_threaded_blas
 
 # Outputs whose lower bound z_o falls to this probability are removed by the optimiser.
 _PRUNE_PROBABILITY = 1e-10

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from mechanisms.privacy import check_epsilon
+from dprelease.mechanisms.primitives.privacy import check_epsilon
 
 # Rounding allowance on |sum_o Q[o, u] - 1| (the exact sum of the stored floats, via math.fsum).
 # Sampling renormalises each column, so the effective privacy loss is at most

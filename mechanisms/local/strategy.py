@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.local import baselines, estimation, randomizer
-from mechanisms.local.randomizer import LDPStrategy
-from mechanisms.noise import NoiseKind
-from mechanisms.operators import kron_dense
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import StoredStrategy
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.local import baselines, estimation, randomizer
+from dprelease.mechanisms.local.randomizer import LDPStrategy
+from dprelease.mechanisms.primitives.noise import NoiseKind
+from dprelease.mechanisms.primitives.operators import kron_dense
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import StoredStrategy
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 NAME = "optimized"
 MAX_TABLE_ENTRIES = 25_000_000  # queries × cells of one item's dense rows (200 MB of float64)

@@ -26,16 +26,16 @@ from functools import cached_property
 
 import numpy as np
 
-from mechanisms.dense import DenseStrategy
-from mechanisms.linalg import l1_sensitivity
-from mechanisms.lrm.decomposition import (
+from dprelease.mechanisms.lrm.decomposition import (
     SupportedMeasurement,
     decompose,
     predict_seconds,
     supported_measurement,
 )
-from mechanisms.operators import kron_dense
-from mechanisms.protocol import (
+from dprelease.mechanisms.primitives.dense import DenseStrategy
+from dprelease.mechanisms.primitives.linalg import l1_sensitivity
+from dprelease.mechanisms.primitives.operators import kron_dense
+from dprelease.mechanisms.primitives.protocol import (
     CandidateUnavailable,
     Evaluation,
     MatrixMechanism,
@@ -45,8 +45,8 @@ from mechanisms.protocol import (
     StrategyCache,
     cache_key,
 )
-from mechanisms.threads import single_threaded_blas
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.threads import single_threaded_blas
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 MAX_CELLS = 4096
 MAX_QUERIES = 4096

@@ -32,7 +32,7 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
-from mechanisms.compute_limits import (
+from dprelease.mechanisms.primitives.compute_limits import (
     DGEMM_FLOPS_PER_SECOND,
     Progress,
     TimeLimitReached,
@@ -42,7 +42,7 @@ from mechanisms.compute_limits import (
     report,
     svd_seconds,
 )
-from mechanisms.linalg import l1_sensitivity
+from dprelease.mechanisms.primitives.linalg import l1_sensitivity
 
 # A row of L whose largest entry is below this fraction of L's largest entry is a dead rank-one
 # component: its B column is zero after the B-step and the alternation can never revive it.
@@ -241,7 +241,7 @@ def decompose(
       with a random row of L1 mass 10⁻³ and the columns rescaled into the ball (the §2.5 guard;
       without it the alternation stalls at τ ≈ 2.1 on Example 2).
 
-    Performance: call it under :func:`mechanisms.threads.single_threaded_blas` (as
+    Performance: call it under :func:`mechanisms.primitives.threads.single_threaded_blas` (as
     :mod:`mechanisms.lrm` does); OpenBLAS's spinning threads make small decompositions many times
     slower under load.
 

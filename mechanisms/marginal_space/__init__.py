@@ -2,12 +2,12 @@
 
 For a workload whose every item is a marginal (each factor ``Identity`` or ``Total``), the plan is
 one weight per attribute subset (bit i of a subset = attribute i; the algebra is in
-:mod:`mechanisms.marginal_strategies`):
+:mod:`mechanisms.primitives.marginal_strategies`):
 
 * Laplace noise (ε-DP, L1): HDMM's marginals template, weights ``w_S`` of plain marginals ``M_S``
-  (``Δ₁ = Σ w_S``), :func:`mechanisms.marginal_strategies.marginal_weights_l1`;
+  (``Δ₁ = Σ w_S``), :func:`mechanisms.primitives.marginal_strategies.marginal_weights_l1`;
 * Gaussian noise (ρ-zCDP, (ε, δ), L2): Eigen-Design in subset space (centred marginals, closed
-  form, equal to the SVD bound), :func:`mechanisms.marginal_strategies.marginal_weights_l2`.
+  form, equal to the SVD bound), :func:`mechanisms.primitives.marginal_strategies.marginal_weights_l2`.
 
 Measuring needs only the measured marginals (:class:`~catalog.confidential.choke_point.ProtectedMarginals`,
 one noise mechanism, charge before noise).  Least squares decouples over the subset lattice: with
@@ -34,8 +34,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from mechanisms.compute_limits import MIN_TIME_LIMIT
-from mechanisms.marginal_strategies import (
+from dprelease.mechanisms.pgm import ConsistentMarginals, consistent_marginals, maximal_masks
+from dprelease.mechanisms.primitives.compute_limits import MIN_TIME_LIMIT
+from dprelease.mechanisms.primitives.marginal_strategies import (
     DEFAULT_L1_RESTARTS,
     SubsetStrategy,
     eigenspace_multiplicities,
@@ -43,15 +44,20 @@ from mechanisms.marginal_strategies import (
     plan_subset_weights,
     summed_out_sizes,
 )
-from mechanisms.pgm import ConsistentMarginals, consistent_marginals, maximal_masks
-from mechanisms.protocol import (
+from dprelease.mechanisms.primitives.protocol import (
     CandidateUnavailable,
     InputKind,
     MatrixMechanism,
     PlanRequest,
     StrategyCache,
 )
-from mechanisms.workload import Workload, WorkloadItem, axes_of, item_subset, mask_of
+from dprelease.mechanisms.primitives.workload import (
+    Workload,
+    WorkloadItem,
+    axes_of,
+    item_subset,
+    mask_of,
+)
 
 # ------------------------------------------------------------------------------------------------
 # Subsets and tables
@@ -104,7 +110,7 @@ class MarginalSpaceStrategy(SubsetStrategy):
     """Weighted (plain or centred) marginals, measured and answered in marginal space.
 
     Planning algebra (sensitivity, per-item error and per-query variances, support) is
-    :class:`~mechanisms.marginal_strategies.SubsetStrategy`'s; ``apply`` and ``answers`` work on
+    :class:`~mechanisms.primitives.marginal_strategies.SubsetStrategy`'s; ``apply`` and ``answers`` work on
     the measured marginals only.  Answers are ordered by ascending subset bitmask, each term
     row-major over its ascending axes (the same order as ``to_union()``).
     """

@@ -3,13 +3,13 @@
 Templates tried, each at unit noise (see :mod:`mechanisms.optimized.search`):
 
 * ``union``: a weighted union of per-item Kronecker strategies of one family (identity,
-  hierarchical or wavelet), weights optimised for the workload (:mod:`mechanisms.union`);
+  hierarchical or wavelet), weights optimised for the workload (:mod:`mechanisms.primitives.union`);
 * ``kron``: optimised per-attribute factors (p-Identity for Laplace, the full-rank optimum for
   Gaussian), alternated over the workload's terms;
 * ``marginals``: one weight per attribute subset (measuring weighted marginals);
 * ``subset``: for workloads of marginals, subset-space Eigen-Design (L2 noise: reaches the SVD
   bound) or HDMM's marginals template (L1), at a cost independent of the domain size
-  (:mod:`mechanisms.marginal_strategies`).
+  (:mod:`mechanisms.primitives.marginal_strategies`).
 
 The winner is kept in the strategy cache under the workload fingerprint with the public seed it
 was optimised with, so a later plan (or another process) rebuilds exactly the same strategy.
@@ -23,9 +23,12 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mechanisms.compute_limits import WorkLimit
-from mechanisms.hierarchical import TreeOptions
-from mechanisms.marginal_strategies import (
+from dprelease.mechanisms.hierarchical import TreeOptions
+from dprelease.mechanisms.optimized.search import OptimizedStrategy, optimize_workload
+from dprelease.mechanisms.optimized.search import predict_seconds as predict_template_seconds
+from dprelease.mechanisms.optimized.templates import PIdentityFactor
+from dprelease.mechanisms.primitives.compute_limits import WorkLimit
+from dprelease.mechanisms.primitives.marginal_strategies import (
     MarginalWeights,
     SubsetStrategy,
     marginal_workload_reason,
@@ -34,12 +37,9 @@ from mechanisms.marginal_strategies import (
     subset_unit_error,
     subset_workload,
 )
-from mechanisms.noise import SENSITIVITY_NORM, NoiseKind
-from mechanisms.operators import Factor, MatrixFactor
-from mechanisms.optimized.search import OptimizedStrategy, optimize_workload
-from mechanisms.optimized.search import predict_seconds as predict_template_seconds
-from mechanisms.optimized.templates import PIdentityFactor
-from mechanisms.protocol import (
+from dprelease.mechanisms.primitives.noise import SENSITIVITY_NORM, NoiseKind
+from dprelease.mechanisms.primitives.operators import Factor, MatrixFactor
+from dprelease.mechanisms.primitives.protocol import (
     CandidateUnavailable,
     MatrixMechanism,
     PlanRequest,
@@ -47,9 +47,9 @@ from mechanisms.protocol import (
     StrategyCache,
     cache_key,
 )
-from mechanisms.strategies import FAMILIES, KronStrategy, identity_strategy
-from mechanisms.threads import single_threaded_blas
-from mechanisms.union import (
+from dprelease.mechanisms.primitives.strategies import FAMILIES, KronStrategy, identity_strategy
+from dprelease.mechanisms.primitives.threads import single_threaded_blas
+from dprelease.mechanisms.primitives.union import (
     UnionStrategy,
     UnionTerm,
     optimize_weights,
@@ -57,8 +57,8 @@ from mechanisms.union import (
     unit_error,
     weight_problem_sizes,
 )
-from mechanisms.union import predict_seconds as predict_union_seconds
-from mechanisms.workload import Workload
+from dprelease.mechanisms.primitives.union import predict_seconds as predict_union_seconds
+from dprelease.mechanisms.primitives.workload import Workload
 
 MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item
 

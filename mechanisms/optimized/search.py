@@ -20,10 +20,10 @@ Templates (each returns a strategy of sensitivity 1):
   is ``Σ_t Π_i tr(G_{t,i} (A_iᵀA_i)⁻¹)`` and sensitivities multiply, so the factors are optimised
   in turn against ``Σ_t c_t G_{t,i}`` with ``c_t = Π_{j≠i} tr(G_{t,j} (A_jᵀA_j)⁻¹)``.
 * ``kind="marginals"``: one nonnegative weight per attribute subset (see
-  :mod:`mechanisms.marginal_strategies`); works for any terms, not only marginal workloads.
+  :mod:`mechanisms.primitives.marginal_strategies`); works for any terms, not only marginal workloads.
 
 :func:`optimize_workload` tries the Kronecker and marginals templates and keeps the lower error;
-:func:`mechanisms.lower_bound.svd_bound` is the matching lower bound.
+:func:`mechanisms.primitives.lower_bound.svd_bound` is the matching lower bound.
 
 *Privacy*: nothing here touches data or consumes budget; strategies are public and may be cached.
 The strategy's ``sensitivity`` is what a mechanism must calibrate noise to (times the dataset's
@@ -46,17 +46,7 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 
-from mechanisms.compute_limits import DGEMM_FLOPS_PER_SECOND, Progress, WorkLimit, report, scaled
-from mechanisms.lower_bound import validate_gram
-from mechanisms.marginal_strategies import (
-    MAX_MARGINAL_ATTRIBUTES,
-    marginals_sensitivity,
-    search_marginal_weights,
-    validate_domain_sizes,
-    workload_projections,
-)
-from mechanisms.operators import Factor, MatrixFactor
-from mechanisms.optimized.templates import (
+from dprelease.mechanisms.optimized.templates import (
     FactorSolution,
     NoiseKind,
     PIdentityFactor,
@@ -67,6 +57,22 @@ from mechanisms.optimized.templates import (
     unit_error,
     validate_noise,
 )
+from dprelease.mechanisms.primitives.compute_limits import (
+    DGEMM_FLOPS_PER_SECOND,
+    Progress,
+    WorkLimit,
+    report,
+    scaled,
+)
+from dprelease.mechanisms.primitives.lower_bound import validate_gram
+from dprelease.mechanisms.primitives.marginal_strategies import (
+    MAX_MARGINAL_ATTRIBUTES,
+    marginals_sensitivity,
+    search_marginal_weights,
+    validate_domain_sizes,
+    workload_projections,
+)
+from dprelease.mechanisms.primitives.operators import Factor, MatrixFactor
 
 Term = tuple[np.ndarray, ...]
 StrategyKind = Literal["pidentity", "fullrank", "kron", "marginals"]
@@ -85,7 +91,7 @@ class OptimizedStrategy:
 
     For every kind except ``"marginals"`` the strategy is the Kronecker product of ``factors``.
     For ``"marginals"`` it stacks ``weights[S] · M_S`` over subsets S (bitmask, bit i = attribute
-    i kept); ``optimized`` measures it as a :class:`mechanisms.marginal_strategies.SubsetStrategy`.
+    i kept); ``optimized`` measures it as a :class:`mechanisms.primitives.marginal_strategies.SubsetStrategy`.
     """
 
     kind: StrategyKind
@@ -353,7 +359,7 @@ def marginals_template(
     progress: Progress | None,
 ) -> OptimizedStrategy:
     """HDMM's marginals template (OPT_M, §6) for workload projections ``tr(WᵀW Q_T)``: the one
-    search, :func:`mechanisms.marginal_strategies.search_marginal_weights`, from random starts.
+    search, :func:`mechanisms.primitives.marginal_strategies.search_marginal_weights`, from random starts.
 
     If ``limit`` has already passed, one L-BFGS-B iteration from one start still runs (every
     point it evaluates keeps the full-identity weight > 0, so the strategy supports the
@@ -460,7 +466,7 @@ def optimize_workload(
 # 2-attribute terms cost about 1.5 single-term runs (measured, all-range × prefix unions, n_1 up
 # to 256; benchmarks/predict_bench.py --calibrate templates).
 _KRON_UNION_FACTOR = 1.5
-# Marginals template (mechanisms.marginal_strategies.search_marginal_weights, 2 starts): per
+# Marginals template (mechanisms.primitives.marginal_strategies.search_marginal_weights, 2 starts): per
 # L-BFGS-B iteration 2e-4 s + 2e-8 s·d·2^d; iterations over both starts ≈ 200 (Laplace) and
 # 50 (Gaussian), measured for all 2-way marginals of d = 4…14 attributes of size 4.
 _MARGINAL_ITERATIONS = {"laplace": 200, "gaussian": 50}

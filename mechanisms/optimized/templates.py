@@ -40,7 +40,8 @@ import numpy as np
 import scipy.linalg
 import scipy.linalg.lapack
 
-from mechanisms.compute_limits import (
+from dprelease.mechanisms.optimized import projected_lbfgs
+from dprelease.mechanisms.primitives.compute_limits import (
     DGEMM_FLOPS_PER_SECOND,
     Progress,
     TimeLimitReached,
@@ -50,9 +51,8 @@ from mechanisms.compute_limits import (
     interruptible,
     report,
 )
-from mechanisms.noise import NoiseKind, validate_noise
-from mechanisms.operators import Factor, check_norm
-from mechanisms.optimized import projected_lbfgs
+from dprelease.mechanisms.primitives.noise import NoiseKind, validate_noise
+from dprelease.mechanisms.primitives.operators import Factor, check_norm
 
 # X ← (1 − ε) X + ε I keeps diag(X) = 1 and costs at most a factor 1/(1 − ε) in error, but makes
 # every returned strategy Gram positive definite (condition number ≤ 1/ε).

@@ -9,8 +9,8 @@ Checked by parsing every production module (``flows/``, ``tasks/``, ``catalog/``
    ``ds.dataset``, ``read_parquet``, ``.to_table()``, ...).  Writing Parquet (``write_table``) is
    not reading and is allowed: released tables are public.
 2. **Sampler.**  The vetted sampler is obtained or run only through ``production_sampler``,
-   ``OpenDPSampler`` and ``noise_shard`` (``mechanisms/noise.py``).  Those names appear only in
-   ``mechanisms/noise.py`` (which defines them) and ``catalog/confidential/choke_point.py`` (which
+   ``OpenDPSampler`` and ``noise_shard`` (``mechanisms/primitives/noise.py``).  Those names appear only in
+   ``mechanisms/primitives/noise.py`` (which defines them) and ``catalog/confidential/choke_point.py`` (which
    charges the ledger before calling them).  Outside those two modules nothing calls a sampler
    (``.add_laplace``, ``.add_gaussian``, ``.apply(..., sampler=...)``).
 
@@ -33,7 +33,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("flows", "tasks", "catalog", "mechanisms")
 CONFIDENTIAL = "catalog/confidential/"
-NOISE_MODULE = "mechanisms/noise.py"
+NOISE_MODULE = "mechanisms/primitives/noise.py"
 CHOKE_POINT = "catalog/confidential/choke_point.py"
 
 DATA_MODULES = {"pyarrow.dataset", "pyarrow.feather", "pyarrow.orc", "dask.dataframe"}
@@ -64,10 +64,19 @@ SAMPLER_METHODS = {"add_laplace", "add_gaussian"}
 
 # (module, what) -> why it may do that outside the confidential package.
 PUBLIC_READS = {
-    ("catalog/release.py", "pq.read_table"): "reads the staged release's own (noised) tables",
-    ("catalog/synthetic.py", "pq.read_table"): "reads a released (noised) table",
-    ("catalog/artifacts.py", "pq.read_metadata"): "verify: footers of the released tables",
-    ("catalog/memory.py", "pq.ParquetFile"): "footer sizes of the input, for the memory prediction",
+    (
+        "catalog/publishing/report.py",
+        "pq.read_table",
+    ): "reads the staged release's own (noised) tables",
+    ("catalog/publishing/synthetic.py", "pq.read_table"): "reads a released (noised) table",
+    (
+        "catalog/publishing/artifacts.py",
+        "pq.read_metadata",
+    ): "verify: footers of the released tables",
+    (
+        "catalog/planning/memory.py",
+        "pq.ParquetFile",
+    ): "footer sizes of the input, for the memory prediction",
     ("flows/watch.py", "pq.read_metadata"): "is an arriving input file complete (footer only)",
 }
 # (module, enclosing function) -> why it may call a sampler it was handed.
@@ -201,7 +210,7 @@ def test_the_boundary_check_can_fail() -> None:
         "import pyarrow.parquet as pq\n"
         "import pyarrow.dataset as ds\n"
         "import dask.dataframe as dd\n"
-        "from mechanisms.noise import production_sampler\n"
+        "from dprelease.mechanisms.primitives.noise import production_sampler\n"
         "table = pq.read_table('x.parquet')\n"
         "rows = ds.dataset('x').to_table()\n"
         "frame = dd.read_parquet('x')\n"

@@ -12,11 +12,11 @@ ROOT = Path(__file__).resolve().parents[2]
 MODULES = sorted(
     [
         *(
-            ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            ".".join(("dprelease", *path.relative_to(ROOT).with_suffix("").parts))
             for path in (ROOT / "mechanisms").rglob("*.py")
             if path.name != "__init__.py"
         ),
-        "catalog.confidential.choke_point",
+        "dprelease.catalog.confidential.choke_point",
     ]
 )
 
@@ -30,6 +30,10 @@ def test_docstring_examples(name: str) -> None:
 
 def test_the_core_has_examples() -> None:
     attempted = 0
-    for name in ("mechanisms.protocol", "mechanisms.registry", "catalog.confidential.choke_point"):
+    for name in (
+        "dprelease.mechanisms.primitives.protocol",
+        "dprelease.mechanisms.registry",
+        "dprelease.catalog.confidential.choke_point",
+    ):
         attempted += doctest.testmod(importlib.import_module(name)).attempted
     assert attempted >= 4

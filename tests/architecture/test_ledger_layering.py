@@ -23,11 +23,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 OUTSIDE = frozenset(
     {
-        "catalog.errors",  # CatalogError, BudgetExceededError
-        "catalog.home",  # where the default SQLite catalog lives
-        "catalog.keys",  # the catalog key and the chain's anchor
-        "catalog.processes",  # is a lease owner alive
-        "mechanisms.privacy",  # PrivacyCost and its conversions
+        "dprelease.catalog.errors",  # CatalogError, BudgetExceededError
+        "dprelease.catalog.home",  # where the default SQLite catalog lives
+        "dprelease.catalog.keys",  # the catalog key and the chain's anchor
+        "dprelease.catalog.processes",  # is a lease owner alive
+        "dprelease.mechanisms.primitives.privacy",  # PrivacyCost and its conversions
     }
 )
 
@@ -43,8 +43,8 @@ def ledger_import_problems(path: Path, known: set[str]) -> list[str]:
         return [f"imports {name}" for name in sorted(imported)]
     problems = []
     for name in sorted(imported):
-        if name.startswith("catalog.ledger."):
-            other = name.removeprefix("catalog.ledger.")
+        if name.startswith("dprelease.catalog.ledger."):
+            other = name.removeprefix("dprelease.catalog.ledger.")
             if _layer(other) >= _layer(path.stem):
                 problems.append(f"imports {name}, which is not in an earlier layer")
         elif name not in OUTSIDE:
@@ -69,13 +69,17 @@ def test_every_ledger_module_has_a_layer() -> None:
 def test_the_ledger_layering_check_can_fail(tmp_path: Path) -> None:
     module = tmp_path / "schema.py"
     module.write_text(
-        "from catalog.ledger.chain import GENESIS\n"
+        "from dprelease.catalog.ledger.chain import GENESIS\n"
         "def f():\n"
-        "    from catalog.ledger.store import Catalog\n"
-        "from catalog import spec\n"
+        "    from dprelease.catalog.ledger.store import Catalog\n"
+        "from dprelease.catalog import spec\n"
     )
-    known = {"catalog.ledger.chain", "catalog.ledger.store", "catalog.spec"}
+    known = {
+        "dprelease.catalog.ledger.chain",
+        "dprelease.catalog.ledger.store",
+        "dprelease.catalog.spec",
+    }
     assert ledger_import_problems(module, known) == [
-        "imports catalog.ledger.store, which is not in an earlier layer",
-        "imports catalog.spec, which the ledger does not need",
+        "imports dprelease.catalog.ledger.store, which is not in an earlier layer",
+        "imports dprelease.catalog.spec, which the ledger does not need",
     ]

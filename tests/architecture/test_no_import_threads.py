@@ -20,8 +20,11 @@ THREAD_FACTORIES = {"Thread", "ThreadPoolExecutor", "start_new_thread", "Timer"}
 REVIEWED = {
     ("catalog/confidential/source.py", 1): "hashes the input files while Arrow reads them",
     ("catalog/confidential/dask_count.py", 1): "hashes the input files while the cluster counts",
-    ("mechanisms/compute_limits.py", 1): "runs one LAPACK call so the caller can be interrupted",
-    ("mechanisms/noise.py", 1): "OpenDP noise shards (the sampler is imported before)",
+    (
+        "mechanisms/primitives/compute_limits.py",
+        1,
+    ): "runs one LAPACK call so the caller can be interrupted",
+    ("mechanisms/primitives/noise.py", 1): "OpenDP noise shards (the sampler is imported before)",
     ("flows/interrupt.py", 2): "the Ctrl-C wake-up fd reader, and its bounded clean-up",
     ("flows/server.py", 1): "touches the server's last-used file while a command runs",
     ("flows/watchdog.py", 2): "the stage monitor, and its bounded clean-up before a hard exit",
@@ -54,7 +57,7 @@ def test_every_thread_production_code_starts_is_reviewed() -> None:
 
 def test_great_expectations_is_never_imported_on_a_background_thread() -> None:
     """The thread that caused the deadlock is gone: GX is imported only where it is used."""
-    source = (ROOT / "catalog" / "gx.py").read_text()
+    source = (ROOT / "catalog" / "validation" / "gx.py").read_text()
     assert "prewarm" not in source and "threading" not in source
     flow = (ROOT / "flows" / "release_flow.py").read_text()
     assert "prewarm" not in flow

@@ -14,21 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from mechanisms import registry
+from dprelease.mechanisms import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE_PACKAGES = ("catalog", "tasks", "flows")
 CORE = (
     "mechanisms/__init__.py",
-    "mechanisms/protocol.py",
-    "mechanisms/protected.py",
-    "mechanisms/noise.py",
-    "mechanisms/privacy.py",
-    "mechanisms/operators.py",
-    "mechanisms/workload.py",
-    "mechanisms/lower_bound.py",
-    "mechanisms/compute_limits.py",
-    "mechanisms/intervals.py",
+    "mechanisms/primitives/protocol.py",
+    "mechanisms/primitives/protected.py",
+    "mechanisms/primitives/noise.py",
+    "mechanisms/primitives/privacy.py",
+    "mechanisms/primitives/operators.py",
+    "mechanisms/primitives/workload.py",
+    "mechanisms/primitives/lower_bound.py",
+    "mechanisms/primitives/compute_limits.py",
+    "mechanisms/primitives/intervals.py",
 )
 
 
@@ -75,14 +75,14 @@ def test_no_concrete_mechanism_outside_the_registry(path: Path) -> None:
 def test_the_boundary_check_can_fail(tmp_path: Path) -> None:
     module = tmp_path / "bad.py"
     module.write_text(
-        "from mechanisms import dawa\nif plan.chosen == 'dawa':\n    pass\n"
-        "from mechanisms.dawa.partition import Partition\n"
+        "from dprelease.mechanisms import dawa\nif plan.chosen == 'dawa':\n    pass\n"
+        "from dprelease.mechanisms.dawa.partition import Partition\n"
     )
-    found = _violations(module, {"dawa"}, {"mechanisms.dawa"})
+    found = _violations(module, {"dawa"}, {"dprelease.mechanisms.dawa"})
     assert sorted(found) == [
-        "line 1: imports mechanisms.dawa",
+        "line 1: imports dprelease.mechanisms.dawa",
         "line 2: the literal 'dawa'",
-        "line 4: imports mechanisms.dawa.partition",
+        "line 4: imports dprelease.mechanisms.dawa.partition",
     ]
 
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from catalog import processes
-from flows import server
-from flows.cli.release import bundled_spec
+from dprelease.catalog import processes
+from dprelease.flows import server
+from dprelease.flows.cli.release import bundled_spec
 from tests.flows.conftest import write_spec
 
 pytestmark = pytest.mark.flow
@@ -83,7 +83,7 @@ def _program(snippet: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 AS_PROGRAM = f"""
 import json, sys
-from flows.cli import app
+from dprelease.flows.cli import app
 sys.argv = ["dprelease", *sys.argv[1:]]
 try:
     app()
@@ -129,10 +129,10 @@ def test_plan_imports_no_orchestration_or_validation_library(tmp_path: Path, hom
 
 def test_internal_error_is_one_line_and_a_log_with_the_traceback(home: Path) -> None:
     snippet = (
-        "import catalog.planning\n"
+        "import dprelease.catalog.planning.planner\n"
         "def broken(*a, **k):\n"
         "    raise ValueError('row 4242 is odd')\n"
-        "catalog.planning.make_plan = broken\n" + AS_PROGRAM
+        "dprelease.catalog.planning.planner.make_plan = broken\n" + AS_PROGRAM
     )
     result = _program(snippet, "plan", str(bundled_spec()))
     assert _verdict(result)["code"] == 1
@@ -239,7 +239,7 @@ def test_a_run_through_the_shared_server_validates_in_its_service(
     tmp_path: Path, tiny_dataset: Path, home: Path
 ) -> None:
     """The server's validation service imports GX once; a `run` then never imports it itself."""
-    started = _program("from flows import server; server.connect()")
+    started = _program("from dprelease.flows import server; server.connect()")
     assert started.returncode == 0, started.stderr[-2000:]
     record = server.read_record(home)
     assert record is not None
@@ -277,7 +277,7 @@ def test_a_stage_past_its_time_limit_fails_the_release_with_a_clear_message(
     own process; every other stage is the real one."""
     spec_path = write_spec(tmp_path, tiny_dataset, mechanism="identity")
     snippet = (
-        "import os, time, catalog.release\n"
+        "import os, time, dprelease.catalog.release\n"
         "def slow_ingest(*args, **kwargs):\n"
         "    for _ in range(2400):\n"
         "        time.sleep(0.05)\n"

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 AS_PROGRAM = """
 import json, sys
-from flows.cli import app
+from dprelease.flows.cli import app
 sys.argv = ["dprelease", *sys.argv[1:]]
 try:
     app()
@@ -24,7 +24,7 @@ try:
 except SystemExit as exc:
     code = exc.code
 loaded = sorted(
-    m for m in ("prefect", "great_expectations", "catalog.planning")
+    m for m in ("prefect", "great_expectations", "dprelease.catalog.planning.planner")
     if m in sys.modules
 )
 print(json.dumps({"code": code, "loaded": loaded}))

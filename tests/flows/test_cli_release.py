@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from dprelease.flows.cli import app
 from tests.flows.conftest import write_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
@@ -55,7 +55,7 @@ def test_a_command_runs_its_flow_without_heartbeats(
     ~0.5-1 s per command); the setting is changed for that flow only."""
     from prefect.settings import get_current_settings
 
-    import flows.release_flow
+    import dprelease.flows.release_flow
 
     seen: dict[str, object] = {}
 
@@ -64,7 +64,7 @@ def test_a_command_runs_its_flow_without_heartbeats(
         raise RuntimeError("stopped by the test")
 
     default = get_current_settings().flows.heartbeat_frequency
-    monkeypatch.setattr(flows.release_flow, "run_release", record_settings)
+    monkeypatch.setattr(dprelease.flows.release_flow, "run_release", record_settings)
     spec_path = write_spec(tmp_path, tiny_dataset, mechanism="identity")
     result = runner.invoke(app, ["run", str(spec_path), "--out", str(tmp_path / "out")])
     assert result.exit_code != 0 and "internal error: RuntimeError" in result.output

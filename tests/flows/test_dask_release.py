@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from catalog.confidential import inputs
-from catalog.engine import Execution
-from flows.cli import app
+from dprelease.catalog.confidential import inputs
+from dprelease.catalog.engine import Execution
+from dprelease.flows.cli import app
 from tests.flows.conftest import write_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
@@ -88,7 +88,7 @@ def _expected(source: Path) -> np.ndarray:
 def test_dask_release_counts_exactly_what_local_counts(
     tmp_path: Path, hive_dataset: Path, dask_address: str, true_cells: list[np.ndarray]
 ) -> None:
-    from flows.release_flow import release_flow, run_release
+    from dprelease.flows.release_flow import release_flow, run_release
 
     spec_path = _spec(tmp_path, hive_dataset)
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
@@ -148,8 +148,8 @@ def test_spec_engine_dask_without_address_starts_a_local_cluster(
     true_cells: list[np.ndarray],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from catalog import engine
-    from flows.release_flow import run_release
+    from dprelease.catalog import engine
+    from dprelease.flows.release_flow import run_release
 
     monkeypatch.setattr(engine, "local_cluster_size", lambda: (2, 1 << 30))
     spec_path = _spec(tmp_path, hive_dataset, engine="dask")

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from catalog import artifacts
-from catalog.ledger.store import Catalog
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -55,7 +55,7 @@ def _spec(tmp_path: Path, source: Path, *, dataset: str, two_d: bool = False) ->
 
 
 def test_dawa_release_reuses_its_partition_and_pays_once(tmp_path: Path, zero_noise) -> None:
-    from flows.release_flow import release_flow
+    from dprelease.flows.release_flow import release_flow
 
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
     dataset = "dawa-" + tmp_path.name[-10:]
@@ -100,7 +100,7 @@ def test_dawa_release_reuses_its_partition_and_pays_once(tmp_path: Path, zero_no
 
 
 def test_dawa_two_dimensional_release(tmp_path: Path, zero_noise) -> None:
-    from flows.release_flow import release_flow
+    from dprelease.flows.release_flow import release_flow
 
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
     source = _data(tmp_path / "c.parquet", 3, two_d=True)

@@ -205,7 +205,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 # --- 1. one Prefect server per database --------------------------------------------------------------
 def test_dprelease_commands_use_the_deploy_server_on_the_same_database(site: Site) -> None:
     probe = (
-        "from flows import server; c = server.connect(); "
+        "from dprelease.flows import server; c = server.connect(); "
         "print(c.url); print(server.read_record() is None)"
     )
     found = _run([sys.executable, "-c", probe], site.env, timeout=120)
@@ -228,7 +228,7 @@ def test_start_server_refuses_while_the_shared_server_serves_the_same_database(
         DPRELEASE_SERVER_PORT=str(free_port()),
     )
     shared = _run(
-        [sys.executable, "-c", "from flows import server; print(server.connect().url)"],
+        [sys.executable, "-c", "from dprelease.flows import server; print(server.connect().url)"],
         env,
         timeout=200,
     )
@@ -368,7 +368,7 @@ def test_deploy_refuses_a_missing_notification_block_then_runs_and_cancels(site:
 # --- 6. worker and watcher; logs and their rotation; stop after DPRELEASE_HOME changed -----------------
 def test_worker_and_watcher_run_log_rotate_and_stop_after_the_home_changed(site: Site) -> None:
     """Runs last in the module: it stops the server too."""
-    from catalog.watch_state import WatchState
+    from dprelease.catalog.watch_state import WatchState
 
     worker = _script("start-worker.sh", env=site.env)
     assert worker.returncode == 0, worker.stdout + worker.stderr
@@ -415,7 +415,7 @@ def test_the_postgresql_path_starts_and_stops_in_the_documented_order(
 ) -> None:
     """deploy/postgres.md: server on PostgreSQL, then worker and watcher with the catalog there,
     with DPRELEASE_HOME changed between the server and the others; stop.sh finds all three."""
-    from catalog.watch_state import WatchState
+    from dprelease.catalog.watch_state import WatchState
 
     prefect_db = postgres_server.create_database("prefect")
     catalog = postgres_server.create_database("catalog")
@@ -470,8 +470,8 @@ def test_the_postgresql_path_starts_and_stops_in_the_documented_order(
 def test_claims_adopted_from_sqlite_are_not_announced_again_on_postgresql(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_server: PostgresServer
 ) -> None:
-    from catalog.watch_state import WatchState
-    from flows.watch import Watcher
+    from dprelease.catalog.watch_state import WatchState
+    from dprelease.flows.watch import Watcher
 
     home, landing = tmp_path / "home", tmp_path / "landing"
     monkeypatch.setenv("DPRELEASE_HOME", str(home))
@@ -508,8 +508,8 @@ def test_claims_adopted_from_sqlite_are_not_announced_again_on_postgresql(
 
 # --- backup and restore of the catalogs with their key and anchor ------------------------------------
 def _charge(url: str, label: str) -> float:
-    from catalog.ledger.store import Catalog
-    from mechanisms.privacy import PrivacyCost
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
     catalog = Catalog(url)
     catalog.ensure_dataset("bk", cap=PrivacyCost(measure="pure", epsilon=5.0))
@@ -684,9 +684,9 @@ def test_a_guide_block_is_found_by_name() -> None:
 def test_adopting_claims_counts_changed_and_missing_files_and_refuses_one_catalog(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from catalog.keys import catalog_key
-    from catalog.watch_state import WatchState
-    from flows.watch import adopt_claims, file_fingerprint
+    from dprelease.catalog.keys import catalog_key
+    from dprelease.catalog.watch_state import WatchState
+    from dprelease.flows.watch import adopt_claims, file_fingerprint
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "home"))
     old_url, new_url = f"sqlite:///{tmp_path / 'old.db'}", f"sqlite:///{tmp_path / 'new.db'}"

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import artifacts
-from catalog.ledger.store import Catalog
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
 from tests.flows.conftest import write_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
 def test_derived_statistics_release_from_the_same_measurement(
     tmp_path: Path, tiny_dataset: Path, zero_noise
 ) -> None:
-    from flows.release_flow import release_flow
+    from dprelease.flows.release_flow import release_flow
 
     spec_path = write_spec(
         tmp_path,

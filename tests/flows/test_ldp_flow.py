@@ -19,12 +19,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from catalog import artifacts, responses
-from catalog.confidential import responses as response_files
-from catalog.ledger.store import Catalog
-from flows.cli import app
-from flows.cli.ldp import ldp_app
-from mechanisms.local.mechanism import COLLECTION_LABEL
+from dprelease.catalog.confidential import responses as response_files
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning import responses
+from dprelease.catalog.publishing import artifacts
+from dprelease.flows.cli import app
+from dprelease.flows.cli.ldp import ldp_app
+from dprelease.mechanisms.local.mechanism import COLLECTION_LABEL
 
 runner = CliRunner()
 USERS = 4000

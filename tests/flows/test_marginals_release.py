@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import artifacts
-from catalog.ledger.store import Catalog
-from catalog.spec.load import load_spec
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
+from dprelease.catalog.spec.load import load_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -28,7 +28,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "flows" / "examples"
 def test_all_two_way_marginals_of_adult_through_the_release_flow(
     tmp_path: Path, zero_noise
 ) -> None:
-    from flows.release_flow import release_flow
+    from dprelease.flows.release_flow import release_flow
 
     spec_path = tmp_path / "adult-marginals.yaml"
     shutil.copy(EXAMPLES / "adult-marginals.yaml", spec_path)

@@ -44,9 +44,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from catalog import artifacts
-from catalog.ledger.store import Catalog
-from catalog.watch_state import ReviewRuns
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
+from dprelease.catalog.watch_state import ReviewRuns
 
 pytestmark = [pytest.mark.flow]
 
@@ -59,8 +59,8 @@ T = TypeVar("T")
 
 def keyed(data: bytes, catalog_url: str | None = None) -> str:
     """The watcher's fingerprint of ``data``: HMAC-SHA256 under the catalog's key."""
-    from catalog.keys import catalog_key
-    from catalog.ledger.database import default_url
+    from dprelease.catalog.keys import catalog_key
+    from dprelease.catalog.ledger.database import default_url
 
     return catalog_key(catalog_url or default_url()).fingerprint([data])
 
@@ -323,8 +323,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_each_spec_becomes_a_deployment_with_its_schedule_trigger_pool_and_parameters(
     tmp_path: Path,
 ) -> None:
-    from catalog.spec.load import load_spec
-    from flows.deployments import build_deployment
+    from dprelease.catalog.spec.load import load_spec
+    from dprelease.flows.deployments import build_deployment
 
     source = tmp_path / "landing"
     path = tmp_path / "monthly.yaml"
@@ -350,7 +350,7 @@ def test_each_spec_becomes_a_deployment_with_its_schedule_trigger_pool_and_param
         interval_seconds=60,
     )
     assert deployment.full_name == "release-deployment/monthly"
-    assert deployment.entrypoint == "flows.deployed_release.release_deployment_flow"
+    assert deployment.entrypoint == "dprelease.flows.deployed_release.release_deployment_flow"
     assert deployment.work_pool_name == POOL
     assert "dataset:census" in deployment.tags
     cron, interval = (s.schedule for s in deployment.schedules)
@@ -379,9 +379,9 @@ def test_each_spec_becomes_a_deployment_with_its_schedule_trigger_pool_and_param
 def test_deploy_prefect_yaml_matches_the_example_specs_and_the_flow() -> None:
     import inspect
 
-    from catalog.spec.load import load_spec
-    from flows.deployed_release import release_deployment_flow
-    from flows.watch import ARRIVAL_EVENT, resource_id
+    from dprelease.catalog.spec.load import load_spec
+    from dprelease.flows.deployed_release import release_deployment_flow
+    from dprelease.flows.watch import ARRIVAL_EVENT, resource_id
 
     config = yaml.safe_load((ROOT / "deploy" / "prefect.yaml").read_text())
     flow_parameters = set(inspect.signature(release_deployment_flow.fn).parameters)
@@ -405,11 +405,11 @@ def test_deploy_prefect_yaml_matches_the_example_specs_and_the_flow() -> None:
 
 
 def test_deployment_validators(tmp_path: Path) -> None:
-    from catalog.errors import CatalogError, SpecError
-    from catalog.spec.load import load_spec
-    from catalog.watch_state import ReviewRun
-    from flows.deployed_release import release_deployment_flow, resume_review
-    from flows.deployments import build_deployment, deploy_specs, find_specs
+    from dprelease.catalog.errors import CatalogError, SpecError
+    from dprelease.catalog.spec.load import load_spec
+    from dprelease.catalog.watch_state import ReviewRun
+    from dprelease.flows.deployed_release import release_deployment_flow, resume_review
+    from dprelease.flows.deployments import build_deployment, deploy_specs, find_specs
 
     with pytest.raises(SpecError, match=r"specs dir '.*nowhere' is not a folder"):
         find_specs(tmp_path / "nowhere")
@@ -447,8 +447,8 @@ def test_budget_shows_the_ledger_as_a_timeline_with_the_cumulative_spend(
 ) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
-    from mechanisms.privacy import PrivacyCost
+    from dprelease.flows.cli import app
+    from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path))
     catalog = Catalog()
@@ -760,8 +760,8 @@ def test_a_file_changed_after_its_announcement_is_refused_before_any_charge(
     from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from catalog.errors import DataError
-    from flows.deployed_release import release_deployment_flow
+    from dprelease.catalog.errors import DataError
+    from dprelease.flows.deployed_release import release_deployment_flow
 
     replaced = ops.base / "data" / "replaced.parquet"
     _write_tiny_parquet(replaced, seed=21)

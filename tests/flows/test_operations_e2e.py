@@ -35,8 +35,8 @@ from uuid import UUID
 import pytest
 import yaml
 
-from catalog.ledger.store import Catalog
-from catalog.watch_state import ReviewRuns
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.watch_state import ReviewRuns
 from tests.flows.test_operations import _children, _free_port, _spec, _write_tiny_parquet
 
 pytestmark = [pytest.mark.flow]
@@ -387,8 +387,8 @@ def test_scheduled_and_arrival_releases_run_reviewed_and_stop_cleanly_on_both_ca
 
 
 def test_every_deployment_of_a_dataset_goes_to_its_one_run_at_a_time_queue(tmp_path: Path) -> None:
-    from catalog.spec.load import load_spec
-    from flows.deployments import build_deployment, dataset_queue_name
+    from dprelease.catalog.spec.load import load_spec
+    from dprelease.flows.deployments import build_deployment, dataset_queue_name
 
     data = tmp_path / "data.parquet"
     _write_tiny_parquet(data, seed=3)
@@ -401,8 +401,8 @@ def test_every_deployment_of_a_dataset_goes_to_its_one_run_at_a_time_queue(tmp_p
 
 
 def test_deploy_prefect_yaml_puts_each_deployment_in_its_dataset_queue() -> None:
-    from catalog.spec.load import load_spec
-    from flows.deployments import dataset_queue_name
+    from dprelease.catalog.spec.load import load_spec
+    from dprelease.flows.deployments import dataset_queue_name
 
     config = yaml.safe_load((ROOT / "deploy" / "prefect.yaml").read_text())
     for entry in config["deployments"]:

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from catalog.spec.load import load_spec
-from flows.cli import app
+from dprelease.catalog.spec.load import load_spec
+from dprelease.flows.cli import app
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
 runner = CliRunner()

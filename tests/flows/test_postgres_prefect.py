@@ -17,8 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from catalog.errors import CatalogError
-from catalog.ledger.store import Catalog
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.store import Catalog
 from tests.flows.test_operations import _stop
 from tests.pg_server import PostgresServer, free_port
 
@@ -31,8 +31,8 @@ SERVER_START_TIMEOUT = 300.0  # s: migrations of a fresh database on a loaded 2-
 FLOW = """
 from prefect import flow
 from prefect.runtime import flow_run
-from catalog.ledger.store import Catalog
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
 
 @flow(name="charge-on-postgres")

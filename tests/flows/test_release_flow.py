@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import artifacts
-from catalog.errors import BudgetExceededError, VerificationError
-from catalog.ledger.store import Catalog
-from catalog.review import review
+from dprelease.catalog.errors import BudgetExceededError, VerificationError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
+from dprelease.catalog.review.decisions import review
 from tests.flows.conftest import write_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
@@ -41,7 +41,7 @@ def _exact_answers(parquet: Path) -> dict[str, np.ndarray]:
 def test_zero_noise_release_equals_exact_answers(
     tmp_path: Path, tiny_dataset: Path, zero_noise
 ) -> None:
-    from flows.release_flow import release_flow
+    from dprelease.flows.release_flow import release_flow
 
     spec_path = write_spec(tmp_path, tiny_dataset)
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
@@ -100,13 +100,13 @@ def test_zero_noise_release_equals_exact_answers(
 def test_over_budget_is_refused_before_reading_data(
     tmp_path: Path, tiny_dataset: Path, zero_noise, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import catalog.confidential.source
-    from flows.release_flow import release_flow
+    import dprelease.catalog.confidential.source
+    from dprelease.flows.release_flow import release_flow
 
     reads: list[str] = []
-    original = catalog.confidential.source.count_cells
+    original = dprelease.catalog.confidential.source.count_cells
     monkeypatch.setattr(
-        catalog.confidential.source,
+        dprelease.catalog.confidential.source,
         "count_cells",
         lambda spec, **kwargs: reads.append("read") or original(spec, **kwargs),
     )
@@ -128,13 +128,13 @@ def test_over_budget_is_refused_before_reading_data(
 def test_failure_after_charge_keeps_the_charge(
     tmp_path: Path, tiny_dataset: Path, zero_noise, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tasks.stages
-    from flows.release_flow import release_flow
+    import dprelease.tasks.stages
+    from dprelease.flows.release_flow import release_flow
 
     def crash(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("simulated crash after the charge")
 
-    monkeypatch.setattr(tasks.stages.release, "reconstruct", crash)
+    monkeypatch.setattr(dprelease.tasks.stages.release, "reconstruct", crash)
     spec_path = write_spec(tmp_path, tiny_dataset)
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -152,20 +152,20 @@ def test_plan_is_cached_by_workload_and_a_changed_workload_misses(
 ) -> None:
     from prefect import flow
 
-    import tasks.stages
-    from catalog.spec.load import load_spec
+    import dprelease.tasks.stages
+    from dprelease.catalog.spec.load import load_spec
 
     calls: list[str] = []
-    original = tasks.stages.make_plan
+    original = dprelease.tasks.stages.make_plan
     monkeypatch.setattr(
-        tasks.stages, "make_plan", lambda spec: calls.append(spec.name) or original(spec)
+        dprelease.tasks.stages, "make_plan", lambda spec: calls.append(spec.name) or original(spec)
     )
 
     @flow
     def plan_twice(path: str) -> list[str]:
         spec = load_spec(path)
-        first = tasks.stages.plan_task(spec)
-        second = tasks.stages.plan_task(spec)
+        first = dprelease.tasks.stages.plan_task(spec)
+        second = dprelease.tasks.stages.plan_task(spec)
         return [first.chosen, second.chosen]
 
     unique = tmp_path.name[-8:].replace("_", "")  # a workload no earlier test has planned

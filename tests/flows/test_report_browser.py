@@ -25,9 +25,9 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.ledger.store import Catalog
-from catalog.report import _cost, _fmt
-from catalog.review import review
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing.report import _cost, _fmt
+from dprelease.catalog.review.decisions import review
 from tests.flows.chromium import CHROMIUM, Browser
 from tests.flows.conftest import write_spec
 
@@ -111,7 +111,7 @@ def expected_rows(path: Path, start: int, stop: int) -> list[list[str]]:
 def test_the_audit_report_renders_offline_in_headless_chromium(
     tmp_path: Path, tiny_dataset: Path, zero_noise, prefect_harness
 ) -> None:
-    from flows.release_flow import release_flow
+    from dprelease.flows.release_flow import release_flow
 
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"
     domain = {

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from dprelease.flows.cli import app
 from tests.flows.conftest import write_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]

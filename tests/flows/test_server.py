@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from catalog import processes
-from flows import server
-from flows.cli import app
+from dprelease.catalog import processes
+from dprelease.flows import server
+from dprelease.flows.cli import app
 
 pytestmark = pytest.mark.flow
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +155,13 @@ def test_orphan_alive_but_unhealthy_is_stopped_on_the_next_start(home: Path) -> 
     # A process that looks like our supervisor (its command line names flows.server) but never
     # answers: what a server wedged by an earlier crash looks like.
     orphan = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(600)", "flows.server", "supervise"],
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(600)",
+            "dprelease.flows.server",
+            "supervise",
+        ],
         start_new_session=True,
     )
     try:
@@ -236,7 +242,7 @@ def test_a_configured_api_url_starts_nothing(home: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from flows import server; c = server.connect(); print(c.url, c.record)",
+            "from dprelease.flows import server; c = server.connect(); print(c.url, c.record)",
         ],
         env={**os.environ, "PREFECT_API_URL": url},
         cwd=ROOT,
@@ -297,11 +303,11 @@ def test_prepare_migrates_once_and_a_new_home_starts_from_it(
 
 NOTIFY_ROUND_TRIP = """
 import json, os
-from flows import server
+from dprelease.flows import server
 connection = server.connect()
 os.environ["PREFECT_API_URL"] = connection.url  # read when prefect is imported
 from prefect.client.orchestration import get_client
-from flows import notify
+from dprelease.flows import notify
 with get_client(sync_client=True) as client:
     before = sorted(t.slug for t in client.read_block_types())
 reference = notify.save_webhook_block("reviewers", url="http://127.0.0.1:9/hook")

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
-from catalog import artifacts
-from catalog.ledger.store import Catalog
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
 from tests.flows.test_operations import (
     RUN_TIMEOUT,
     Operations,
@@ -116,7 +116,7 @@ def _final_runs(ops: Operations, name: str, count: int) -> list[Any]:
 
 
 def test_two_arrivals_of_the_same_content_start_one_release(ops: Operations) -> None:
-    from flows.watch import ArrivalEvent, prefect_emitter
+    from dprelease.flows.watch import ArrivalEvent, prefect_emitter
     from tests.flows.test_operations import keyed
 
     arrived = ops.landing / "sk-arrival" / "2026-11.parquet"
@@ -173,10 +173,10 @@ def test_disjoint_arrivals_are_charged_per_partition(ops: Operations) -> None:
 
     # the whole folder (a run by hand of the same spec): it would charge both partitions
     # (2.0 > 1.5), so it is refused before any data is read, and nothing is charged
-    from catalog import release
-    from catalog.errors import BudgetExceededError
-    from catalog.planning import make_plan
-    from catalog.spec.load import load_spec
+    from dprelease.catalog import release
+    from dprelease.catalog.errors import BudgetExceededError
+    from dprelease.catalog.planning.planner import make_plan
+    from dprelease.catalog.spec.load import load_spec
 
     spec = load_spec(ops.specs["partitioned"])
     with pytest.raises(BudgetExceededError, match=r"partition '2026-1[01]\.parquet' would be"):

@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 import scipy.sparse as sp
 
-from catalog import artifacts
-from catalog.ledger.store import Catalog
-from mechanisms import registry
-from mechanisms.operators import MatrixFactor
-from mechanisms.protocol import MatrixMechanism, PlanRequest, StrategyCache
-from mechanisms.strategies import KronStrategy
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
+from dprelease.mechanisms import registry
+from dprelease.mechanisms.primitives.operators import MatrixFactor
+from dprelease.mechanisms.primitives.protocol import MatrixMechanism, PlanRequest, StrategyCache
+from dprelease.mechanisms.primitives.strategies import KronStrategy
 from tests.flows.conftest import write_spec
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
@@ -51,7 +51,7 @@ def toy() -> Iterator[DoubledIdentity]:
 def test_a_registered_toy_mechanism_runs_end_to_end(
     tmp_path: Path, tiny_dataset: Path, zero_noise, toy: DoubledIdentity
 ) -> None:
-    from flows.release_flow import release_flow
+    from dprelease.flows.release_flow import release_flow
 
     spec_path = write_spec(tmp_path, tiny_dataset, mechanism=toy.name)
     catalog_url = f"sqlite:///{tmp_path / 'catalog.db'}"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.errors import DprReleaseError
-from catalog.ledger.database import redacted
-from catalog.ledger.store import Catalog
+from dprelease.catalog.errors import DprReleaseError
+from dprelease.catalog.ledger.database import redacted
+from dprelease.catalog.ledger.store import Catalog
 
 
 def test_redacted_hides_only_the_password() -> None:

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from catalog import keys
-from catalog.errors import CatalogError
-from catalog.ledger.chain import GENESIS, entry_digest
-from catalog.ledger.schema import SCHEMA_VERSION
-from catalog.ledger.store import Catalog
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog import keys
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.chain import GENESIS, entry_digest
+from dprelease.catalog.ledger.schema import SCHEMA_VERSION
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.privacy.test_ledger_concurrency import CHARGER, python, wait_for
 
 CHARGES = 4

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from catalog.ledger.store import Catalog
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
 REPO = Path(__file__).resolve().parents[2]
 CAP = 5.0
@@ -27,9 +27,9 @@ ATTEMPTS = 10  # per process: 20 attempts in all, room for floor(5.0 / 0.6) = 8
 CHARGER = """
 import json, sys, time
 from pathlib import Path
-from catalog.errors import BudgetExceededError
-from catalog.ledger.store import Catalog
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.errors import BudgetExceededError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
 url, name, ready, go, attempts, charge = sys.argv[1:7]
 catalog = Catalog(url)
@@ -57,8 +57,8 @@ print(json.dumps({"granted": granted, "refused": refused}))
 
 CRASH_AFTER_CHARGE = """
 import os, sys
-from catalog.ledger.store import Catalog
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
 catalog = Catalog(sys.argv[1])
 receipt = catalog.charge(

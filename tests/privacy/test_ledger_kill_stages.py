@@ -24,17 +24,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.errors import BudgetExceededError
-from catalog.ledger.store import Catalog
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.errors import BudgetExceededError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.privacy.test_ledger_concurrency import python
 
 CHILD = """
 import os, signal, sys
 import sqlalchemy as sa
-from catalog import keys
-from catalog.ledger.store import Catalog
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog import keys
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
 url, stage = sys.argv[1:3]
 armed = False
@@ -107,10 +107,10 @@ def test_kill_at_each_stage_of_a_charge_loses_no_charge(catalog_url: str, stage:
 RELEASE_CHILD = """
 import json, os, signal, sys
 from pathlib import Path
-from catalog import release
-from catalog.ledger.store import Catalog
-from catalog.planning import make_plan
-from catalog.spec.load import parse_spec
+from dprelease.catalog import release
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.spec.load import parse_spec
 
 url, spec_path, stop_after = sys.argv[1:4]
 spec = parse_spec(json.loads(Path(spec_path).read_text()))

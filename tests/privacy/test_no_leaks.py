@@ -38,10 +38,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from catalog.confidential.check import check_data, format_report
-from catalog.confidential.source import count_cells
-from catalog.errors import DataError
-from catalog.spec.load import load_spec
+from dprelease.catalog.confidential.check import check_data, format_report
+from dprelease.catalog.confidential.source import count_cells
+from dprelease.catalog.errors import DataError
+from dprelease.catalog.spec.load import load_spec
 
 NORMAL_ROWS = 1000  # in-domain rows in every file: ages 20..69, one person each
 

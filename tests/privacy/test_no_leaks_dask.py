@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from catalog.confidential.dask_count import count_cells_dask
-from catalog.confidential.source import count_cells
-from catalog.errors import DataError
-from catalog.spec.load import load_spec
+from dprelease.catalog.confidential.dask_count import count_cells_dask
+from dprelease.catalog.confidential.source import count_cells
+from dprelease.catalog.errors import DataError
+from dprelease.catalog.spec.load import load_spec
 from tests.privacy.test_no_leaks import CASES, Case, leaks, leaks_in, read_tree, write_case
 
 

@@ -39,10 +39,16 @@ import pytest
 from prefect import flow, get_run_logger
 from typer.testing import CliRunner
 
-from catalog.errors import DataError
-from catalog.ledger.store import Catalog
-from catalog.watch_state import Announcement, ReviewRuns, WatchState
-from flows.watch import ARRIVAL_EVENT, ArrivalEvent, SpecResolver, Watcher, prefect_emitter
+from dprelease.catalog.errors import DataError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.watch_state import Announcement, ReviewRuns, WatchState
+from dprelease.flows.watch import (
+    ARRIVAL_EVENT,
+    ArrivalEvent,
+    SpecResolver,
+    Watcher,
+    prefect_emitter,
+)
 from tests.privacy.test_no_leaks import (
     ALL_SENTINELS,
     CASES,
@@ -194,7 +200,7 @@ def _release_each_announcement(
     """What the arrival trigger runs for each event, one release per case, in this process."""
     from prefect.client.orchestration import get_client
 
-    from flows.deployed_release import release_deployment_flow
+    from dprelease.flows.deployed_release import release_deployment_flow
 
     outcomes = []
     problems: list[str] = []
@@ -233,7 +239,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Deployed:
     from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL
 
-    from flows.cli import app
+    from dprelease.flows.cli import app
 
     root = tmp_path_factory.mktemp("leaks-deployed")
     landing, specs = root / "landing", root / "specs"

@@ -8,10 +8,15 @@ import numpy as np
 import opendp.prelude as dp
 import pytest
 
-from catalog.confidential.choke_point import ProtectedCells
-from mechanisms import noise
-from mechanisms.noise import NoiseMechanism, OpenDPSampler, calibrate, production_sampler
-from mechanisms.privacy import (
+from dprelease.catalog.confidential.choke_point import ProtectedCells
+from dprelease.mechanisms.primitives import noise
+from dprelease.mechanisms.primitives.noise import (
+    NoiseMechanism,
+    OpenDPSampler,
+    calibrate,
+    production_sampler,
+)
+from dprelease.mechanisms.primitives.privacy import (
     BudgetExceededError,
     MeasureMismatchError,
     PrivacyCost,
@@ -19,7 +24,7 @@ from mechanisms.privacy import (
     cost_from_dict,
     rho_for_epsilon_delta,
 )
-from mechanisms.strategies import build_kron_strategy
+from dprelease.mechanisms.primitives.strategies import build_kron_strategy
 
 dp.enable_features("contrib")
 

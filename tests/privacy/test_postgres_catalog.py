@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from catalog.errors import CatalogError
-from catalog.ledger.chain import GENESIS
-from catalog.ledger.schema import catalog_meta, metadata, releases
-from catalog.ledger.store import Catalog
-from catalog.watch_state import WatchState
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.chain import GENESIS
+from dprelease.catalog.ledger.schema import catalog_meta, metadata, releases
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.watch_state import WatchState
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.pg_server import PostgresServer
 from tests.privacy.test_ledger_concurrency import python, wait_for
 
@@ -105,8 +105,8 @@ def test_of_two_concurrent_reviews_only_the_first_is_recorded(catalog: Catalog) 
 OPEN_FRESH = """
 import sys, time
 from pathlib import Path
-from catalog.ledger.store import Catalog
-from catalog.watch_state import ReviewRuns, WatchState
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.watch_state import ReviewRuns, WatchState
 
 url, ready, go = sys.argv[1:4]
 Path(ready).touch()

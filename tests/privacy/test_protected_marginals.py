@@ -10,17 +10,17 @@ import pickle
 import numpy as np
 import pytest
 
-from catalog.confidential.choke_point import ProtectedCells, ProtectedMarginals
-from mechanisms import noise
-from mechanisms.marginal_space import MarginalSpaceStrategy, marginal_of
-from mechanisms.marginal_strategies import (
+from dprelease.catalog.confidential.choke_point import ProtectedCells, ProtectedMarginals
+from dprelease.mechanisms.marginal_space import MarginalSpaceStrategy, marginal_of
+from dprelease.mechanisms.primitives import noise
+from dprelease.mechanisms.primitives.marginal_strategies import (
     marginal_weights_l1,
     marginal_weights_l2,
     subset_workload,
 )
-from mechanisms.operators import Identity, Total
-from mechanisms.privacy import BudgetExceededError, PrivacyCost
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.operators import Identity, Total
+from dprelease.mechanisms.primitives.privacy import BudgetExceededError, PrivacyCost
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 from tests.privacy.test_noise_and_session import _SpyAccountant, _SpySampler
 
 SHAPE = (2, 3, 4)

@@ -21,29 +21,29 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 
-from catalog import release
-from catalog.confidential.choke_point import (
+from dprelease.catalog import release
+from dprelease.catalog.confidential.choke_point import (
     NoisyMeasurement,
     ProtectedCells,
     ProtectedMarginals,
     ShardedNoiseError,
     ShardFailedError,
 )
-from catalog.confidential.distributed_noise import (
+from dprelease.catalog.confidential.distributed_noise import (
     DaskShardMapper,
     noise_cluster,
     processing_counts,
     sharded,
 )
-from catalog.engine import Execution
-from catalog.ledger.store import Catalog
-from catalog.planning import make_plan
-from catalog.spec.load import parse_spec
-from mechanisms import noise
-from mechanisms.marginal_space import marginal_of
-from mechanisms.noise import NoiseShard, NoisyShard, noise_shard
-from mechanisms.privacy import PrivacyCost
-from mechanisms.strategies import KronStrategy, build_kron_strategy
+from dprelease.catalog.engine import Execution
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.mechanisms.marginal_space import marginal_of
+from dprelease.mechanisms.primitives import noise
+from dprelease.mechanisms.primitives.noise import NoiseShard, NoisyShard, noise_shard
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.strategies import KronStrategy, build_kron_strategy
 from tests.privacy.test_noise_and_session import _SpyAccountant
 from tests.privacy.test_protected_marginals import SHAPE, _strategy
 
@@ -380,7 +380,7 @@ def test_on_a_cluster_a_shard_the_scheduler_ran_twice_is_detected(client: Client
 def test_on_a_cluster_the_mapper_refuses_a_shard_the_scheduler_ran_twice(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import catalog.confidential.distributed_noise as distributed_noise
+    import dprelease.catalog.confidential.distributed_noise as distributed_noise
 
     monkeypatch.setattr(distributed_noise, "processing_counts", lambda _c, keys: [1, 2, 1])
     shards = [
@@ -442,7 +442,7 @@ def test_a_dask_release_is_charged_once_and_noised_on_the_cluster(
 def test_a_dask_release_whose_shard_fails_returns_nothing_and_keeps_its_charge(
     tmp_path: Path, dask_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import catalog.confidential.distributed_noise as distributed_noise
+    import dprelease.catalog.confidential.distributed_noise as distributed_noise
 
     monkeypatch.setattr(distributed_noise, "processing_counts", lambda _c, keys: [2] * len(keys))
     measure, catalog, dataset_id = _dask_release(tmp_path, dask_address)

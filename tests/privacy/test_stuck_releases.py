@@ -20,19 +20,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from catalog.errors import CatalogError
-from catalog.ledger.leases import ReleaseRecord
-from catalog.ledger.store import Catalog
-from flows.cli import app
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.leases import ReleaseRecord
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.flows.cli import app
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.privacy.test_ledger_concurrency import python
 
 LEASE = 60.0
 
 MEASURING_THEN_HANG = """
 import sys, time
-from catalog.ledger.store import Catalog
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
 catalog = Catalog(sys.argv[1])
 catalog.create_release(

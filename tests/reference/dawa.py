@@ -16,8 +16,8 @@ from typing import get_args
 import numpy as np
 import scipy.sparse as sp
 
-from mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
-from mechanisms.dawa.partition import (
+from dprelease.mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
+from dprelease.mechanisms.dawa.partition import (
     IntervalFamily,
     IntervalWorkload,
     Partition,
@@ -31,8 +31,8 @@ from mechanisms.dawa.partition import (
     _readonly,
     split_budget,
 )
-from mechanisms.noise import NoiseSampler
-from mechanisms.privacy import check_epsilon
+from dprelease.mechanisms.primitives.noise import NoiseSampler
+from dprelease.mechanisms.primitives.privacy import check_epsilon
 
 
 def window_deviations(x: np.ndarray, *, length: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import scipy.fft
 
-from mechanisms.eigen.design import (
+from dprelease.mechanisms.eigen.design import (
     DEFAULT_EIGENVALUE_RTOL,
     EigenDesignStrategy,
     Weighting,
@@ -36,11 +36,15 @@ from mechanisms.eigen.design import (
     minimize_workload,
     weights_full,
 )
-from mechanisms.linalg import l1_sensitivity
-from mechanisms.lower_bound import svd_bound_from_eigenvalues, svd_bound_gram, validate_gram
-from mechanisms.noise import NoiseKind, validate_noise
-from mechanisms.operators import AllRanges, Identity, Prefix, Total
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.linalg import l1_sensitivity
+from dprelease.mechanisms.primitives.lower_bound import (
+    svd_bound_from_eigenvalues,
+    svd_bound_gram,
+    validate_gram,
+)
+from dprelease.mechanisms.primitives.noise import NoiseKind, validate_noise
+from dprelease.mechanisms.primitives.operators import AllRanges, Identity, Prefix, Total
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 
 def _validated_strategy(strategy: np.ndarray, n_cells: int | None = None) -> np.ndarray:
@@ -66,7 +70,7 @@ def l2_sensitivity(strategy: np.ndarray) -> float:
 class MeasurableDesign:
     """An Eigen-Design result measured directly (``name``, ``num_queries``, ``sensitivity``,
     ``apply``, ``least_squares``), as the thesis's experiments do; the product measures ``A`` as a
-    :class:`~mechanisms.dense.DenseStrategy`."""
+    :class:`~mechanisms.primitives.dense.DenseStrategy`."""
 
     design: EigenDesignStrategy
     name: str = "eigen_design"

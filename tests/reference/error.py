@@ -13,8 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
-from mechanisms.strategies import KronStrategy
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.strategies import KronStrategy
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 
 @dataclass(frozen=True, kw_only=True)

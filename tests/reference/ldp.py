@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from mechanisms.local.estimation import (
+from dprelease.mechanisms.local.estimation import (
     _check_factorization,
     _strategy_matrix,
     per_type_variance,
     reconstruction,
     workload_matrix,
 )
-from mechanisms.local.randomizer import LDPStrategy, check_indices, check_size, check_strategy
-from mechanisms.threads import single_threaded_blas
+from dprelease.mechanisms.local.randomizer import (
+    LDPStrategy,
+    check_indices,
+    check_size,
+    check_strategy,
+)
+from dprelease.mechanisms.primitives.threads import single_threaded_blas
 
 
 def worst_case_variance(

@@ -1,6 +1,6 @@
 """The SVD lower bound of a union of dense Kronecker Gram terms (Li thesis §4.2.1), for tests.
 
-The product bounds a :class:`~mechanisms.workload.Workload` (:func:`mechanisms.lower_bound.svd_bound`)
+The product bounds a :class:`~mechanisms.primitives.workload.Workload` (:func:`mechanisms.primitives.lower_bound.svd_bound`)
 by the same split method; this entry point takes the per-attribute Grams directly.
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mechanisms.lower_bound import AttributePart, _svd_bound, validate_gram
-from mechanisms.operators import gram_ij_parts
+from dprelease.mechanisms.primitives.lower_bound import AttributePart, _svd_bound, validate_gram
+from dprelease.mechanisms.primitives.operators import gram_ij_parts
 
 
 def svd_bound_terms(terms: Sequence[Sequence[np.ndarray]]) -> float:

@@ -14,15 +14,15 @@ from numbers import Real
 
 import numpy as np
 
-from mechanisms.linalg import l1_sensitivity
-from mechanisms.lrm.decomposition import (
+from dprelease.mechanisms.lrm.decomposition import (
     LowRankDecomposition,
     _finite_matrix,
     _positive_int,
     _project_rows,
 )
-from mechanisms.noise import NoiseSampler
-from mechanisms.privacy import check_epsilon
+from dprelease.mechanisms.primitives.linalg import l1_sensitivity
+from dprelease.mechanisms.primitives.noise import NoiseSampler
+from dprelease.mechanisms.primitives.privacy import check_epsilon
 
 
 def project_columns_to_l1_ball(matrix: np.ndarray, *, radius: float = 1.0) -> np.ndarray:

@@ -1,8 +1,8 @@
 """Reference implementations of the weighted-marginals Gram algebra applied to data-sized vectors.
 
 The product never needs these (strategies are measured through
-:class:`~mechanisms.union.UnionStrategy` or marginal by marginal); the tests check the subset-space
-algebra of :mod:`mechanisms.marginal_strategies` against them and the dense matrices, and
+:class:`~mechanisms.primitives.union.UnionStrategy` or marginal by marginal); the tests check the subset-space
+algebra of :mod:`mechanisms.primitives.marginal_strategies` against them and the dense matrices, and
 ``benchmarks/strategy_bench.py`` times the pseudo-inverse apply.  Ideas: McKenna et al., HDMM,
 PVLDB 11(10) 2018, §6; the code is ours.
 """
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from mechanisms.marginal_strategies import (
+from dprelease.mechanisms.primitives.marginal_strategies import (
     eigenspace_multiplicities,
     gram_eigenvalues,
     summed_out_sizes,

@@ -14,22 +14,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from mechanisms.compute_limits import Progress, WorkLimit
-from mechanisms.lower_bound import validate_gram
-from mechanisms.marginal_strategies import (
-    marginals_sensitivity,
-    marginals_unit_error,
-    validate_domain_sizes,
-    workload_projections,
-)
-from mechanisms.optimized.search import (
+from dprelease.mechanisms.optimized.search import (
     OptimizedStrategy,
     kron_template,
     marginals_template,
     validate_restarts,
     validate_terms,
 )
-from mechanisms.optimized.templates import (
+from dprelease.mechanisms.optimized.templates import (
     FACTOR_TEMPLATES,
     FullRankSolution,
     NoiseKind,
@@ -41,6 +33,14 @@ from mechanisms.optimized.templates import (
     strategy_from_gram,
     unit_error,
     validate_noise,
+)
+from dprelease.mechanisms.primitives.compute_limits import Progress, WorkLimit
+from dprelease.mechanisms.primitives.lower_bound import validate_gram
+from dprelease.mechanisms.primitives.marginal_strategies import (
+    marginals_sensitivity,
+    marginals_unit_error,
+    validate_domain_sizes,
+    workload_projections,
 )
 from tests.reference.marginal_algebra import subsets_projections
 
@@ -255,7 +255,7 @@ def optimize_marginals(
     the marginals algebra) or subsets of attribute indices, meaning the workload of those
     marginals.  The objective is O(d 2^d) per evaluation and never touches N-sized arrays.
     ``time_limit`` (seconds) and ``progress`` as in
-    :func:`mechanisms.marginal_strategies.search_marginal_weights`.
+    :func:`mechanisms.primitives.marginal_strategies.search_marginal_weights`.
 
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
 

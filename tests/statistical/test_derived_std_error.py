@@ -4,7 +4,7 @@ cell at least 95% of the time.
 
 Each release goes through the real path: a spec with derived items → workload with their support
 queries → the hierarchical mechanism's plan → ProtectedCells.measure with a seeded test sampler →
-the mechanism's reconstruct → :func:`catalog.tables.derived_tables`.  The domain is sex (2) × age
+the mechanism's reconstruct → :func:`catalog.publishing.tables.derived_tables`.  The domain is sex (2) × age
 0..49 in cells of 5 (10 cells) × region (3), ~2,400 people per sex, at ε = 1 (Laplace) and
 ρ = 0.5 (Gaussian).  "Truth" is the statistic of the binned data (the representative values): the
 binning error is reported separately and is not noise.
@@ -28,16 +28,17 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from catalog.confidential.choke_point import ProtectedCells
-from catalog.planning import build_workload
-from catalog.spec.load import parse_spec
-from catalog.spec.model import derived_column
-from catalog.strategy_store import StrategyStore
-from catalog.tables import derived_tables
-from mechanisms import derived, noise
-from mechanisms.hierarchical import MECHANISM
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import ItemAnswers, MeasureContext, PlanRequest
+from dprelease.catalog.confidential.choke_point import ProtectedCells
+from dprelease.catalog.planning.planner import build_workload
+from dprelease.catalog.planning.strategy_store import StrategyStore
+from dprelease.catalog.publishing.tables import derived_tables
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import derived_column
+from dprelease.mechanisms import derived
+from dprelease.mechanisms.hierarchical import MECHANISM
+from dprelease.mechanisms.primitives import noise
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import ItemAnswers, MeasureContext, PlanRequest
 from tests.samplers import SeededNumpyNoise
 
 pytestmark = pytest.mark.statistical

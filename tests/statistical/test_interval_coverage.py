@@ -4,7 +4,7 @@ Data: the bundled UCI Adult sample (``flows/examples/adult.parquet``, public tes
 here with numpy over age (85 codes) × education-num (16 codes).  Each mechanism runs through its
 pure pieces — the registered mechanism's ``plan`` and ``reconstruct`` (DAWA: ``tests.reference.dawa``'s
 ``dawa`` and ``mechanisms.dawa.uncertainty``'s ``query_uncertainty``), the seeded test sampler in place of the choke point, and
-``catalog.tables.build_table`` — never a Prefect flow.  Every row's interval is checked against the
+``catalog.publishing.tables.build_table`` — never a Prefect flow.  Every row's interval is checked against the
 true answer computed here from the counts and the row's *labels*, so the truth does not go through
 the code under test.  ε = 1 for the data-independent mechanisms (their coverage does not depend on
 ε or the data); DAWA at ε = 0.1 (its coverage depends on both; other ε are measured in the report
@@ -49,19 +49,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.planning import build_workload, plan_request
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
-from catalog.strategy_store import StrategyStore
-from catalog.tables import build_table
-from mechanisms import registry
-from mechanisms.dawa.hilbert import HilbertLayout
-from mechanisms.dawa.partition import IntervalWorkload
-from mechanisms.dawa.uncertainty import QueryUncertainty, cell_coordinates, query_uncertainty
-from mechanisms.intervals import interval_half_widths, normal_quantile
-from mechanisms.noise import NoiseMechanism, calibrate
-from mechanisms.protocol import Measurement, NoiseDescription
-from mechanisms.workload import Workload
+from dprelease.catalog.planning.planner import build_workload, plan_request
+from dprelease.catalog.planning.strategy_store import StrategyStore
+from dprelease.catalog.publishing.tables import build_table
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.mechanisms import registry
+from dprelease.mechanisms.dawa.hilbert import HilbertLayout
+from dprelease.mechanisms.dawa.partition import IntervalWorkload
+from dprelease.mechanisms.dawa.uncertainty import (
+    QueryUncertainty,
+    cell_coordinates,
+    query_uncertainty,
+)
+from dprelease.mechanisms.primitives.intervals import interval_half_widths, normal_quantile
+from dprelease.mechanisms.primitives.noise import NoiseMechanism, calibrate
+from dprelease.mechanisms.primitives.protocol import Measurement, NoiseDescription
+from dprelease.mechanisms.primitives.workload import Workload
 from tests.reference.dawa import (
     DawaResult,
     answer,

@@ -13,7 +13,7 @@ import pytest
 import scipy.stats
 import threadpoolctl
 
-from mechanisms.local import baselines, estimation, randomizer
+from dprelease.mechanisms.local import baselines, estimation, randomizer
 
 pytestmark = pytest.mark.statistical
 

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from catalog.confidential.choke_point import ProtectedMarginals
-from mechanisms import noise
-from mechanisms.marginal_space import MECHANISM, marginal_of
-from mechanisms.operators import Identity, Total
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import MeasureContext, PlanRequest, StoredStrategy
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.catalog.confidential.choke_point import ProtectedMarginals
+from dprelease.mechanisms.marginal_space import MECHANISM, marginal_of
+from dprelease.mechanisms.primitives import noise
+from dprelease.mechanisms.primitives.operators import Identity, Total
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import MeasureContext, PlanRequest, StoredStrategy
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 from tests.samplers import SeededNumpyNoise
 
 pytestmark = pytest.mark.statistical

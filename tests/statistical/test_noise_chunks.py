@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms import noise
-from mechanisms.noise import OpenDPSampler
+from dprelease.mechanisms.primitives import noise
+from dprelease.mechanisms.primitives.noise import OpenDPSampler
 
 ALPHA = 1e-6
 DRAWS = 20_000

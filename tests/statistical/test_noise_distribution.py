@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms.noise import OpenDPSampler
+from dprelease.mechanisms.primitives.noise import OpenDPSampler
 
 ALPHA = 1e-6
 DRAWS = 20_000

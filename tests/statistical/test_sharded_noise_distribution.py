@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from catalog.confidential.choke_point import ProtectedCells
-from mechanisms.noise import NoiseShard, NoisyShard
-from mechanisms.privacy import PrivacyCost
-from mechanisms.strategies import build_kron_strategy
+from dprelease.catalog.confidential.choke_point import ProtectedCells
+from dprelease.mechanisms.primitives.noise import NoiseShard, NoisyShard
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.strategies import build_kron_strategy
 from tests.privacy.test_noise_and_session import _SpyAccountant
 
 ALPHA = 1e-6

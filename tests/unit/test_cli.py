@@ -13,15 +13,15 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from catalog import review as review_module
-from catalog.review_policy import OPERATOR_ENV, record_policy
-from catalog.spec.load import parse_spec
-from flows.cli import app
-from flows.cli import budget as budget_cli
-from flows.cli import review as review_cli
-from flows.cli.release import bundled_spec
-from mechanisms import registry
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.review import decisions as review_module
+from dprelease.catalog.review.policy import OPERATOR_ENV, record_policy
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.flows.cli import app
+from dprelease.flows.cli import budget as budget_cli
+from dprelease.flows.cli import review as review_cli
+from dprelease.flows.cli.release import bundled_spec
+from dprelease.mechanisms import registry
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.unit.catalog.test_review import Staged, build_staged, fake_report, policy_spec
 
 runner = CliRunner()
@@ -170,8 +170,8 @@ def test_a_user_error_is_one_short_block_with_what_to_do(tmp_path: Path, state_h
 
 
 def test_a_long_message_is_cut_to_a_bounded_block(tmp_path: Path, state_home: Path) -> None:
-    from catalog.errors import SpecError
-    from flows import errors
+    from dprelease.catalog.errors import SpecError
+    from dprelease.flows import errors
 
     message = "spec.yaml: invalid release spec:\n" + "\n".join(f"  - item {i}" for i in range(40))
     console = _capture_console()
@@ -184,12 +184,12 @@ def test_a_long_message_is_cut_to_a_bounded_block(tmp_path: Path, state_home: Pa
 def test_an_internal_error_points_to_a_log_with_the_traceback(
     state_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import catalog.planning
+    import dprelease.catalog.planning.planner
 
     def broken(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("planner exploded on value 4242")  # a foreign message: withheld
 
-    monkeypatch.setattr(catalog.planning, "make_plan", broken)
+    monkeypatch.setattr(dprelease.catalog.planning.planner, "make_plan", broken)
     result = runner.invoke(app, ["plan", str(bundled_spec())])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
@@ -207,12 +207,12 @@ def test_an_internal_error_points_to_a_log_with_the_traceback(
 def test_debug_shows_the_traceback_on_the_terminal(
     state_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import catalog.planning
+    import dprelease.catalog.planning.planner
 
     def broken(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(catalog.planning, "make_plan", broken)
+    monkeypatch.setattr(dprelease.catalog.planning.planner, "make_plan", broken)
     result = runner.invoke(app, ["--debug", "plan", str(bundled_spec())])
     assert result.exit_code == 1
     assert (
@@ -230,8 +230,8 @@ def test_debug_shows_a_user_errors_traceback_too(tmp_path: Path, state_home: Pat
 
 
 def test_our_messages_are_logged_in_full(state_home: Path) -> None:
-    from catalog.errors import DprReleaseError
-    from flows import errors
+    from dprelease.catalog.errors import DprReleaseError
+    from dprelease.flows import errors
 
     class Unexpected(DprReleaseError):
         pass
@@ -251,7 +251,7 @@ def test_our_messages_are_logged_in_full(state_home: Path) -> None:
 
 
 def test_an_unusable_path_is_a_user_error(state_home: Path) -> None:
-    from flows import errors
+    from dprelease.flows import errors
 
     console = _capture_console()
     code = errors.report(PermissionError(13, "Permission denied", "/srv/out"), console)
@@ -262,12 +262,12 @@ def test_an_unusable_path_is_a_user_error(state_home: Path) -> None:
 def test_ctrl_c_in_a_command_exits_130_without_traceback(
     state_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import catalog.planning
+    import dprelease.catalog.planning.planner
 
     def interrupted(*_args: object, **_kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(catalog.planning, "make_plan", interrupted)
+    monkeypatch.setattr(dprelease.catalog.planning.planner, "make_plan", interrupted)
     result = runner.invoke(app, ["plan", str(bundled_spec())])
     assert result.exit_code == 130
     assert result.output.strip() == "interrupted" and "Traceback" not in result.output
@@ -296,7 +296,7 @@ def test_server_status_and_stop_without_a_server(state_home: Path) -> None:
 
 
 def test_bad_idle_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows import server
+    from dprelease.flows import server
 
     for bad in ("0", "-5", "soon", "inf", "nan"):
         monkeypatch.setenv("DPRELEASE_SERVER_IDLE_SECONDS", bad)
@@ -511,7 +511,7 @@ def test_show_of_an_unknown_release_is_a_user_error(staged_home: Staged) -> None
 def test_a_refused_reviewer_never_resumes_a_paused_run(
     staged_home: Staged, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from catalog.watch_state import ReviewRuns
+    from dprelease.catalog.watch_state import ReviewRuns
 
     monkeypatch.setenv(OPERATOR_ENV, "Olga")
     record_policy(staged_home.catalog, release_id=LONG_ID, spec=policy_spec(approvers=2))

@@ -13,15 +13,15 @@ import re
 import numpy as np
 import pytest
 
-from mechanisms.dawa.greedy_h import (
+from dprelease.mechanisms.dawa.greedy_h import (
     HierarchicalStrategy,
     _BucketPieces,
     _sherman_morrison,
     greedy_h_local_error,
     greedy_h_strategy,
 )
-from mechanisms.dawa.hilbert import HilbertLayout, hilbert_order
-from mechanisms.dawa.partition import (
+from dprelease.mechanisms.dawa.hilbert import HilbertLayout, hilbert_order
+from dprelease.mechanisms.dawa.partition import (
     ALL_INTERVALS_MAX_CELLS,
     IntervalWorkload,
     Partition,

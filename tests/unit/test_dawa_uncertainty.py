@@ -1,4 +1,4 @@
-"""DAWA's per-query uncertainty (mechanisms/dawa/partition.py) and the interval quantiles (mechanisms/intervals.py).
+"""DAWA's per-query uncertainty (mechanisms/dawa/partition.py) and the interval quantiles (mechanisms/primitives/intervals.py).
 
 Every fast path of :func:`query_uncertainty` (sparse coverage rows, cut detection from piece ends,
 grid-edge slope samples, prefix sums of coordinates) is checked against a dense, brute-force
@@ -14,24 +14,28 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
-from mechanisms.dawa.hilbert import HilbertLayout
-from mechanisms.dawa.partition import IntervalWorkload, Partition
-from mechanisms.dawa.uncertainty import (
+from dprelease.mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
+from dprelease.mechanisms.dawa.hilbert import HilbertLayout
+from dprelease.mechanisms.dawa.partition import IntervalWorkload, Partition
+from dprelease.mechanisms.dawa.uncertainty import (
     QueryUncertainty,
     bucket_covariance,
     cell_coordinates,
     query_uncertainty,
 )
-from mechanisms.intervals import (
+from dprelease.mechanisms.primitives.intervals import (
     interval_half_widths,
     kron_single_term_rows,
     laplace_quantile,
     normal_quantile,
     single_term_rows,
 )
-from mechanisms.operators import Identity, Prefix, Total
-from mechanisms.strategies import hierarchical_strategy, identity_strategy, total_strategy
+from dprelease.mechanisms.primitives.operators import Identity, Prefix, Total
+from dprelease.mechanisms.primitives.strategies import (
+    hierarchical_strategy,
+    identity_strategy,
+    total_strategy,
+)
 from tests.reference.dawa import answer, matrix_workload, query_matrix, ranges_workload
 from tests.unit.test_dawa import dense_strategy_matrix
 

@@ -17,17 +17,17 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from catalog.confidential.choke_point import ProtectedCells
-from mechanisms.eigen.design import (
+from dprelease.catalog.confidential.choke_point import ProtectedCells
+from dprelease.mechanisms.eigen.design import (
     EigenDesignStrategy,
     WorkloadSpectrum,
     eigen_design,
     minimize_workload,
     workload_spectrum,
 )
-from mechanisms.linalg import l1_sensitivity
-from mechanisms.lower_bound import svd_bound_gram as svd_bound
-from mechanisms.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.linalg import l1_sensitivity
+from dprelease.mechanisms.primitives.lower_bound import svd_bound_gram as svd_bound
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.reference.eigen import (
     MeasurableDesign,
     all_range_gram,
@@ -282,7 +282,7 @@ def test_total_error_l2_matches_frobenius_definition():
 @pytest.mark.parametrize("gram_as_factor", [True, False], ids=["factor", "dense"])
 def test_singular_strategy_path_matches_eigendecomposition(gram_as_factor):
     # Pivoted-Cholesky shortcut for singular A^T A against the eigen-decomposition pseudo-inverse.
-    from mechanisms.eigen.design import _trace_gram_pinv, _trace_gram_pinv_eigh
+    from dprelease.mechanisms.eigen.design import _trace_gram_pinv, _trace_gram_pinv_eigh
 
     rng = np.random.default_rng(5)
     basis = rng.standard_normal((30, 12))
@@ -353,7 +353,7 @@ def test_weighting_program_matches_generic_solver(noise):
 def test_constraint_generation_matches_the_direct_dual(power):
     # Many more cells than variables (the principal-vector program): the working-set solver must
     # reach the same optimum as the dual over all cells, with a valid certificate.
-    from mechanisms.eigen.design import _solve_weighting, _solve_weighting_dual
+    from dprelease.mechanisms.eigen.design import _solve_weighting, _solve_weighting_dual
 
     spectrum = all_range_spectrum(256)
     q, sigma = spectrum.eigenvectors, spectrum.eigenvalues
@@ -560,7 +560,7 @@ def test_l1_variant_has_unit_l1_sensitivity_and_exact_error():
 
 
 # ------------------------------------------------------------------------------------------------
-# The strategy as a measurable object (mechanisms.protected.MeasurableStrategy)
+# The strategy as a measurable object (mechanisms.primitives.protected.MeasurableStrategy)
 # ------------------------------------------------------------------------------------------------
 
 

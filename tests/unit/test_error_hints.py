@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from catalog.errors import (
+from dprelease.catalog.errors import (
     CatalogError,
     DataError,
     DprReleaseError,
@@ -18,9 +18,9 @@ from catalog.errors import (
     ValidationFailedError,
     VerificationError,
 )
-from flows import errors
-from flows.cli import app
-from mechanisms.privacy import BudgetExceededError, PrivacyError
+from dprelease.flows import errors
+from dprelease.flows.cli import app
+from dprelease.mechanisms.primitives.privacy import BudgetExceededError, PrivacyError
 
 runner = CliRunner()
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from catalog.ledger import schema
-from catalog.ledger.store import Catalog
-from flows import interrupt
+from dprelease.catalog.ledger import schema
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.flows import interrupt
 
 
 def _release(catalog: Catalog, release_id: str) -> None:
@@ -113,7 +113,7 @@ def test_nothing_measured_says_nothing_was_charged(catalog: Catalog) -> None:
 
 STOP_CHILDREN = """
 import json, subprocess, sys
-from flows import interrupt
+from dprelease.flows import interrupt
 sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
 child = subprocess.Popen(sleeper)
 grandchild_parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "

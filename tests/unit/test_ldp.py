@@ -17,7 +17,7 @@ import pytest
 import scipy.linalg
 import threadpoolctl
 
-from mechanisms.local import baselines, estimation, optimizer, randomizer
+from dprelease.mechanisms.local import baselines, estimation, optimizer, randomizer
 from tests.fake_clock import install_fake_clock
 from tests.reference import ldp as ldp_reference
 

@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import mechanisms.lrm as lrm_mechanism
-from mechanisms.linalg import l1_sensitivity
-from mechanisms.lrm import MECHANISM as LRM
-from mechanisms.lrm.decomposition import (
+import dprelease.mechanisms.lrm as lrm_mechanism
+from dprelease.mechanisms.lrm import MECHANISM as LRM
+from dprelease.mechanisms.lrm.decomposition import (
     LowRankDecomposition,
     SupportedMeasurement,
     _b_step,
@@ -31,17 +30,18 @@ from mechanisms.lrm.decomposition import (
     predict_seconds,
     supported_measurement,
 )
-from mechanisms.noise import calibrate
-from mechanisms.operators import Identity, Prefix, Total
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import (
+from dprelease.mechanisms.primitives.linalg import l1_sensitivity
+from dprelease.mechanisms.primitives.noise import calibrate
+from dprelease.mechanisms.primitives.operators import Identity, Prefix, Total
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import (
     CandidateUnavailable,
     ItemAnswers,
     Measurement,
     NoiseDescription,
     PlanRequest,
 )
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 from tests.fake_clock import install_fake_clock
 from tests.reference.lrm import (
     default_rank,
@@ -1076,8 +1076,8 @@ def test_support_residual_is_the_entrywise_estimator_bias() -> None:
 def test_item_variances_stay_exact_with_a_near_dead_direction() -> None:
     """σ_min ~ 1e-11 (seen in an auto plan): the covariance route cancels to negative variances;
     the squared rows of W·A⁺ match the exact SVD value."""
-    from mechanisms.dense import DenseStrategy
-    from mechanisms.operators import MatrixFactor
+    from dprelease.mechanisms.primitives.dense import DenseStrategy
+    from dprelease.mechanisms.primitives.operators import MatrixFactor
 
     rng = np.random.default_rng(3)  # public randomness: a test matrix
     n = 12
@@ -1100,7 +1100,7 @@ def test_item_variances_stay_exact_with_a_near_dead_direction() -> None:
 def test_example_2_released_strategy_total_variance_at_most_38_4(seed: int) -> None:
     """Issue 26: the released least-squares strategy (not only B·L) reaches ≈38/ε² for every
     seed; before pruning near-dead rows of L it gave 38.2–1421 depending on the seed."""
-    from mechanisms.lrm import _least_variance_measurement, _unit_total
+    from dprelease.mechanisms.lrm import _least_variance_measurement, _unit_total
 
     decomposition = decompose(EXAMPLE_2_W, rng=np.random.default_rng(seed))
     chosen = _least_variance_measurement(EXAMPLE_2_W, decomposition.L)
@@ -1111,7 +1111,7 @@ def test_example_2_released_strategy_total_variance_at_most_38_4(seed: int) -> N
 
 @pytest.mark.parametrize("seed", range(5))
 def test_released_strategy_never_worse_than_identity(seed: int) -> None:
-    from mechanisms.lrm import _least_variance_measurement, _unit_total
+    from dprelease.mechanisms.lrm import _least_variance_measurement, _unit_total
 
     rng = np.random.default_rng(100 + seed)
     workload = rng.integers(-2, 3, size=(5, 6)).astype(np.float64)

@@ -17,25 +17,13 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from mechanisms.lower_bound import validate_gram
-from mechanisms.marginal_strategies import (
-    eigenspace_multiplicities,
-    gram_eigenvalues,
-    marginals_loss_and_gradient,
-    marginals_sensitivity,
-    marginals_unit_error,
-    superset_differences,
-    superset_sums,
-    validate_domain_sizes,
-    workload_projections,
-)
-from mechanisms.optimized.search import (
+from dprelease.mechanisms.optimized.search import (
     OptimizedStrategy,
     optimize_workload,
     predict_seconds,
     validate_terms,
 )
-from mechanisms.optimized.templates import (
+from dprelease.mechanisms.optimized.templates import (
     PIdentityFactor,
     column_sensitivity,
     gaussian_dual,
@@ -45,6 +33,18 @@ from mechanisms.optimized.templates import (
     predict_pidentity_seconds,
     structured_gram,
     unit_error,
+)
+from dprelease.mechanisms.primitives.lower_bound import validate_gram
+from dprelease.mechanisms.primitives.marginal_strategies import (
+    eigenspace_multiplicities,
+    gram_eigenvalues,
+    marginals_loss_and_gradient,
+    marginals_sensitivity,
+    marginals_unit_error,
+    superset_differences,
+    superset_sums,
+    validate_domain_sizes,
+    workload_projections,
 )
 from tests.fake_clock import install_fake_clock
 from tests.reference.lower_bound import svd_bound_terms as svd_bound

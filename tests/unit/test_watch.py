@@ -21,9 +21,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from catalog.errors import CatalogError
-from catalog.watch_state import ReviewRuns, WatchState
-from flows.watch import (
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.watch_state import ReviewRuns, WatchState
+from dprelease.flows.watch import (
     ARRIVAL_EVENT,
     ArrivalEvent,
     SpecResolver,
@@ -39,8 +39,8 @@ DATASET = "census"
 
 def keyed(data: bytes) -> str:
     """The watcher's fingerprint of ``data``: HMAC-SHA256 under the current catalog's key."""
-    from catalog.keys import catalog_key
-    from catalog.ledger.database import default_url
+    from dprelease.catalog.keys import catalog_key
+    from dprelease.catalog.ledger.database import default_url
 
     return catalog_key(default_url()).fingerprint([data])
 
@@ -301,20 +301,20 @@ def test_an_unreadable_file_is_skipped_and_the_watcher_keeps_going(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import flows.watch
+    import dprelease.flows.watch
 
     locked = landing / DATASET / "locked.parquet"
     locked.write_bytes(parquet_bytes(tmp_path, seed=13))
     good = landing / DATASET / "good.parquet"
     good.write_bytes(parquet_bytes(tmp_path, seed=14))
-    real_verdict = flows.watch.parquet_verdict
+    real_verdict = dprelease.flows.watch.parquet_verdict
 
     def verdict(path: Path) -> str:
         if path.name == "locked.parquet":
             raise PermissionError(13, "Permission denied")
         return real_verdict(path)
 
-    monkeypatch.setattr(flows.watch, "parquet_verdict", verdict)
+    monkeypatch.setattr(dprelease.flows.watch, "parquet_verdict", verdict)
     emitter = RecordingEmitter()
     watcher = make_watcher(landing, state_url, emitter)
     watcher.poll()
@@ -392,7 +392,7 @@ def test_validators(tmp_path: Path, landing: Path, state_url: str) -> None:
 def test_watch_cli_dry_run_announces_nothing_for_real(
     tmp_path: Path, landing: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flows.cli import app
+    from dprelease.flows.cli import app
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "home"))
     (landing / DATASET / "f.parquet").write_bytes(parquet_bytes(tmp_path, seed=12))
@@ -414,7 +414,7 @@ def test_watch_and_deploy_cli_need_a_prefect_server(
 ) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.cli import app
+    from dprelease.flows.cli import app
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "home"))
     runner = CliRunner()

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from catalog.processes import process_start
-from flows import watchdog
-from flows.watchdog import (
+from dprelease.catalog.processes import process_start
+from dprelease.flows import watchdog
+from dprelease.flows.watchdog import (
     STAGE_TIMEOUT_ENV,
     RunRecord,
     WatchdogSettingError,
@@ -38,7 +38,7 @@ CASE_SECONDS = 60  # bounded wait for every child; each case ends in a few secon
 PRELUDE = """
 import ctypes, os, sys, threading, time
 from pathlib import Path
-from flows import watchdog
+from dprelease.flows import watchdog
 watchdog.STOP_GRACE_SECONDS = 1.0
 watchdog.NATIVE_MARGIN_SECONDS = 1.0
 home = Path(sys.argv[1])

@@ -1,4 +1,4 @@
-"""Release directories and offline verification (``catalog.artifacts.verify``).
+"""Release directories and offline verification (``catalog.publishing.artifacts.verify``).
 
 One release is built per module with the real stage functions (no Prefect): register → count →
 measure → reconstruct → validate → stage, on a tiny synthetic Parquet file, with the zero-noise
@@ -21,14 +21,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import artifacts, release
-from catalog.artifacts import verify
-from catalog.errors import BudgetExceededError, VerificationError
-from catalog.ledger.store import Catalog
-from catalog.planning import Plan, build_workload, make_plan
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
-from mechanisms import noise, registry
+from dprelease.catalog import release
+from dprelease.catalog.errors import BudgetExceededError, VerificationError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning.planner import Plan, build_workload, make_plan
+from dprelease.catalog.publishing import artifacts
+from dprelease.catalog.publishing.artifacts import verify
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.mechanisms import registry
+from dprelease.mechanisms.primitives import noise
 from tests.samplers import ZeroNoise
 
 ROWS = 400

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from catalog.errors import CatalogError
-from catalog.ledger import database
-from catalog.ledger.store import Catalog
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger import database
+from dprelease.catalog.ledger.store import Catalog
 
 
 @pytest.fixture

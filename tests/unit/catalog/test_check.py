@@ -20,11 +20,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from catalog.confidential.check import CONFIDENTIAL, check_data, format_report
-from catalog.confidential.source import count_cells
-from catalog.errors import DataError, SpecError
-from catalog.spec.load import load_spec, parse_spec
-from flows.cli import app
+from dprelease.catalog.confidential.check import CONFIDENTIAL, check_data, format_report
+from dprelease.catalog.confidential.source import count_cells
+from dprelease.catalog.errors import DataError, SpecError
+from dprelease.catalog.spec.load import load_spec, parse_spec
+from dprelease.flows.cli import app
 
 REPO = Path(__file__).resolve().parents[3]
 DOMAIN: dict[str, Any] = {
@@ -225,7 +225,7 @@ def test_cli_runs_without_prefect_and_writes_nothing(tmp_path: Path) -> None:
     before = tree(tmp_path)
     probe = (
         "import sys\n"
-        "from flows.cli import app\n"
+        "from dprelease.flows.cli import app\n"
         "try:\n"
         f"    app(['check', {str(spec)!r}])\n"
         "except SystemExit as exit:\n"

@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.confidential.dask_count import count_cells_dask, count_marginals_dask
-from catalog.confidential.marginal_source import count_marginals
-from catalog.confidential.source import count_cells
-from catalog.errors import DataError, SpecError
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog.confidential.dask_count import count_cells_dask, count_marginals_dask
+from dprelease.catalog.confidential.marginal_source import count_marginals
+from dprelease.catalog.confidential.source import count_cells
+from dprelease.catalog.errors import DataError, SpecError
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
 
 DOMAIN: dict[str, Any] = {
     "region": {"values": ["n", "s", "e"]},
@@ -194,7 +194,7 @@ def test_empty_input_is_refused_like_local(tmp_path: Path, dask_address: str) ->
 def test_sparse_partial_cells_equal_dense_bincount(
     size: int, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from catalog.confidential import dask_count
+    from dprelease.catalog.confidential import dask_count
 
     monkeypatch.setattr(dask_count, "COMPACT_ENTRIES", 50)  # exercise compaction too
     partial = dask_count.CellCounts(size=size)
@@ -238,8 +238,8 @@ def test_binned_nulls_nans_and_edges_equal_local(
     "bins", [[0.0, 20.0, 40.0, 100.0], [-5.0, 5.0], [[0.0, 10.0], [10.0, 20.0], [30.0, 40.0]]]
 )
 def test_bin_codes_equal_the_domains_encode(bins: list[Any], rng: np.random.Generator) -> None:
-    from catalog.confidential.dask_count import bin_codes
-    from catalog.spec.domain import NumericBins
+    from dprelease.catalog.confidential.dask_count import bin_codes
+    from dprelease.catalog.spec.domain import NumericBins
 
     attribute = NumericBins(bins=bins)
     flat = np.ravel(bins)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from catalog import gx
-from catalog.gx import OfflineDocsError, external_references, make_docs_offline
-from catalog.validation import table_expectations
+from dprelease.catalog.validation import gx
+from dprelease.catalog.validation.checks import table_expectations
+from dprelease.catalog.validation.gx import OfflineDocsError, external_references, make_docs_offline
 
 GX_STYLE = """.navbar-brand a {
     background: url('https://great-expectations-web-assets.s3.us-east-2.amazonaws.com/full_logo_dark.png') 0 0 no-repeat;

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from catalog import engine
-from catalog.engine import (
+from dprelease.catalog import engine
+from dprelease.catalog.engine import (
     LOCAL,
     ClusterUnreachableError,
     Execution,
@@ -19,8 +19,8 @@ from catalog.engine import (
     resolve_execution,
     with_execution,
 )
-from catalog.errors import SpecError
-from catalog.spec.load import parse_spec
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.spec.load import parse_spec
 
 
 def _spec(**top: Any):
@@ -116,8 +116,8 @@ def test_local_opens_nothing_and_never_imports_dask() -> None:
         assert client is None
     probe = (
         "import sys\n"
-        "from catalog.engine import LOCAL, open_cluster\n"
-        "import catalog.spec.load, catalog.confidential.inputs, catalog.confidential.dask_count\n"
+        "from dprelease.catalog.engine import LOCAL, open_cluster\n"
+        "import dprelease.catalog.spec.load, dprelease.catalog.confidential.inputs, dprelease.catalog.confidential.dask_count\n"
         "with open_cluster(LOCAL) as client:\n"
         "    assert client is None\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))\n"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from catalog import keys
-from catalog.confidential.source import content_fingerprint, list_source_files
-from catalog.errors import CatalogError
-from catalog.ledger.store import Catalog
+from dprelease.catalog import keys
+from dprelease.catalog.confidential.source import content_fingerprint, list_source_files
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.store import Catalog
 
 
 def url_in(directory: Path, name: str = "catalog.db") -> str:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from catalog import ledger as ledger_package
-from catalog.errors import BudgetExceededError, CatalogError, MeasureMismatchError
-from catalog.ledger.budget import DatasetAccountant
-from catalog.ledger.store import Catalog
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog import ledger as ledger_package
+from dprelease.catalog.errors import BudgetExceededError, CatalogError, MeasureMismatchError
+from dprelease.catalog.ledger.budget import DatasetAccountant
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
 
 def pure(epsilon: float) -> PrivacyCost:

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.confidential import marginal_source
-from catalog.confidential.marginal_source import check_marginals_runnable, count_marginals
-from catalog.confidential.source import count_cells
-from catalog.errors import DataError, SpecError
-from catalog.keys import catalog_key
-from catalog.spec.load import parse_spec
-from mechanisms.marginal_space import marginal_of
+from dprelease.catalog.confidential import marginal_source
+from dprelease.catalog.confidential.marginal_source import check_marginals_runnable, count_marginals
+from dprelease.catalog.confidential.source import count_cells
+from dprelease.catalog.errors import DataError, SpecError
+from dprelease.catalog.keys import catalog_key
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.mechanisms.marginal_space import marginal_of
 
 SUBSETS = [(), (0,), (0, 1), (1, 2), (0, 1, 2)]
 
@@ -117,9 +117,9 @@ def test_refusals_before_any_read_name_sizes_and_limits(
 def test_zero_noise_release_stages_answer_every_marginal_exactly(
     tmp_path: Path, rng: np.random.Generator, zero_noise, privacy: dict[str, float]
 ) -> None:
-    from catalog import release
-    from catalog.ledger.store import Catalog
-    from catalog.planning import make_plan
+    from dprelease.catalog import release
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.planning.planner import make_plan
 
     source = _random_source(tmp_path, rng, 300)
     budget = {"epsilon": 5.0} if "epsilon" in privacy else {"rho": 5.0}

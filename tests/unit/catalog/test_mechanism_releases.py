@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import release
-from catalog.ledger.store import Catalog
-from catalog.planning import make_plan
-from catalog.spec.load import parse_spec
+from dprelease.catalog import release
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.spec.load import parse_spec
 
 
 def _release(tmp_path: Path, mechanism: str, privacy: dict) -> tuple[dict, np.ndarray]:

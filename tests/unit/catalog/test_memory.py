@@ -9,12 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import memory, release
-from catalog.errors import MemoryLimitError, SettingError
-from catalog.ledger.store import Catalog
-from catalog.planning import make_plan
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog import release
+from dprelease.catalog.errors import MemoryLimitError, SettingError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning import memory
+from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
 
 
 def make_spec(source: Path) -> ReleaseSpec:

@@ -13,13 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import artifacts, partitions
-from catalog.errors import BudgetExceededError, CatalogError, SpecError
-from catalog.ledger.chain import GENESIS, entry_digest
-from catalog.ledger.schema import SCHEMA_VERSION
-from catalog.ledger.spending import MAX_PARTITIONS_PER_RELEASE, running_spend
-from catalog.ledger.store import Catalog
-from catalog.spec.load import parse_spec
+from dprelease.catalog import partitions
+from dprelease.catalog.errors import BudgetExceededError, CatalogError, SpecError
+from dprelease.catalog.ledger.chain import GENESIS, entry_digest
+from dprelease.catalog.ledger.schema import SCHEMA_VERSION
+from dprelease.catalog.ledger.spending import MAX_PARTITIONS_PER_RELEASE, running_spend
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
+from dprelease.catalog.spec.load import parse_spec
 from tests.privacy.test_ledger_chain import V1_SCHEMA, pure, sql
 from tests.stages import release_stages
 
@@ -362,7 +363,7 @@ def test_budget_shows_the_spending_per_partition(
 
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from dprelease.flows.cli import app
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path))
     catalog = Catalog()

@@ -13,15 +13,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import release, review
-from catalog.errors import CatalogError, SpecError
-from catalog.ledger.store import Catalog
-from catalog.planning import make_plan
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
-from catalog.synthetic import synthesize, synthetic_records
-from mechanisms import noise
-from mechanisms.workload import axes_of, item_subset
+from dprelease.catalog import release
+from dprelease.catalog.errors import CatalogError, SpecError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.publishing.synthetic import synthesize, synthetic_records
+from dprelease.catalog.review import decisions as review
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.mechanisms.primitives import noise
+from dprelease.mechanisms.primitives.workload import axes_of, item_subset
 from tests.samplers import SeededNumpyNoise
 from tests.stages import release_stages
 
@@ -228,7 +229,7 @@ def test_the_synth_command_writes_and_reports(
 ) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from dprelease.flows.cli import app
 
     monkeypatch.setenv("DPRELEASE_CATALOG_URL", published.catalog.url)
     out = tmp_path / "cli.parquet"
@@ -245,7 +246,7 @@ def test_the_synth_command_writes_and_reports(
 def test_pgm_too_large_for_one_machine_is_refused_and_auto_falls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from catalog import estimators
+    from dprelease.catalog.planning import estimators
 
     spec = parse_spec(
         {

@@ -8,11 +8,16 @@ from typing import Any
 
 import pytest
 
-from catalog import planning
-from catalog.errors import SpecError
-from catalog.spec.load import parse_spec
-from mechanisms import registry
-from mechanisms.protocol import CandidateUnavailable, MatrixMechanism, PlanRequest, StrategyCache
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.planning import planner as planning
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.mechanisms import registry
+from dprelease.mechanisms.primitives.protocol import (
+    CandidateUnavailable,
+    MatrixMechanism,
+    PlanRequest,
+    StrategyCache,
+)
 
 
 def _spec(**overrides: Any) -> Any:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from catalog import processes
+from dprelease.catalog import processes
 
 pytestmark = pytest.mark.skipif(not processes.procfs_available(), reason="needs Linux procfs")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from catalog.errors import SpecError
-from catalog.spec.load import check_runnable_before_planning, parse_spec
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.spec.load import check_runnable_before_planning, parse_spec
 
 HUGE = {f"a{k}": {"min": 1, "max": n} for k, n in enumerate([10_000, 10_000, 10_000, 100])}
 
@@ -76,7 +76,7 @@ def test_the_flow_s_load_spec_stage_refuses_it_too(tmp_path: Any) -> None:
     stage refuses the same spec before the plan stage, also with an arrived file as source."""
     import yaml
 
-    from tasks.stages import load_spec_task
+    from dprelease.tasks.stages import load_spec_task
 
     path = tmp_path / "huge.yaml"
     path.write_text(

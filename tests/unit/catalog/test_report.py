@@ -1,4 +1,4 @@
-"""The audit report as a publication (catalog/report.py, catalog/report_charts.py): complete
+"""The audit report as a publication (catalog/publishing/report.py, catalog/publishing/report_charts.py): complete
 tables in compact page data, charts chosen from the table model, categorical labels, the
 validation summary, CSV next to Parquet, and Data Docs rewritten to bundled assets."""
 
@@ -16,19 +16,19 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pytest
 
-from catalog import report
-from catalog.artifacts import write_table
-from catalog.gx import (
+from dprelease.catalog.planning.planner import build_workload
+from dprelease.catalog.publishing import report
+from dprelease.catalog.publishing.artifacts import write_table
+from dprelease.catalog.publishing.report_charts import chart_for, png_rgb, table_model
+from dprelease.catalog.publishing.tables import build_table
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.validation.gx import (
     ASSETS,
     LOCAL_COPIES,
     OfflineDocsError,
     external_references,
     make_docs_offline,
 )
-from catalog.planning import build_workload
-from catalog.report_charts import chart_for, png_rgb, table_model
-from catalog.spec.load import parse_spec
-from catalog.tables import build_table
 
 
 def spec_with(domain: dict[str, Any], workload: list[dict[str, Any]]):
@@ -417,7 +417,11 @@ def test_an_unknown_cdn_resource_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_candidates_budget_and_partition_charts_are_inline_svg() -> None:
-    from catalog.report import _partition_plot, budget_timeline_plot, error_plot
+    from dprelease.catalog.publishing.report import (
+        _partition_plot,
+        budget_timeline_plot,
+        error_plot,
+    )
 
     plan = {
         "candidates": [
@@ -447,7 +451,7 @@ def test_the_report_charts_do_not_import_matplotlib() -> None:
 
     code = (
         "import sys\n"
-        "from catalog.report import error_plot, budget_timeline_plot, _partition_plot\n"
+        "from dprelease.catalog.publishing.report import error_plot, budget_timeline_plot, _partition_plot\n"
         "error_plot({'candidates': [{'mechanism': 'identity', 'rmse': 2.0}], 'chosen': 'identity'})\n"
         "_partition_plot([0, 2, 5])\n"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'\n"
@@ -457,7 +461,7 @@ def test_the_report_charts_do_not_import_matplotlib() -> None:
 
 
 def test_a_table_longer_than_the_embed_limit_pages_its_first_rows_and_says_so() -> None:
-    from catalog import report
+    from dprelease.catalog.publishing import report
 
     table = pa.table({"a": pa.array(range(45), pa.int64()), "estimate": pa.array([1.5] * 45)})
     section = report.table_section(0, "long", table, max_rows=30)

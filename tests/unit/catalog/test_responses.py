@@ -13,20 +13,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import release, responses
-from catalog.confidential import inputs
-from catalog.confidential import responses as response_files
-from catalog.errors import BudgetExceededError, DataError, SpecError
-from catalog.ledger.store import Catalog
-from catalog.planning import Plan, make_plan
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
-from catalog.strategy_store import StrategyStore
-from mechanisms.local import baselines, randomizer
-from mechanisms.local.mechanism import COLLECTION_LABEL
-from mechanisms.local.strategy import LocalStrategy, describe
-from mechanisms.operators import Prefix
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.catalog import release
+from dprelease.catalog.confidential import inputs
+from dprelease.catalog.confidential import responses as response_files
+from dprelease.catalog.errors import BudgetExceededError, DataError, SpecError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning import responses
+from dprelease.catalog.planning.planner import Plan, make_plan
+from dprelease.catalog.planning.strategy_store import StrategyStore
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.mechanisms.local import baselines, randomizer
+from dprelease.mechanisms.local.mechanism import COLLECTION_LABEL
+from dprelease.mechanisms.local.strategy import LocalStrategy, describe
+from dprelease.mechanisms.primitives.operators import Prefix
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 FAST = {"iterations": 60}
 

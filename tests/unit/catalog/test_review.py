@@ -1,4 +1,4 @@
-"""Audited review (``catalog.review``): idempotent approval and normalised reviewer names.
+"""Audited review (``catalog.review.decisions``): idempotent approval and normalised reviewer names.
 
 A staged release is built by hand (a table, validation results, a report, a manifest recorded in
 the catalog, one ledger charge) so these tests depend only on the catalog and artifacts layers.  The
@@ -22,18 +22,18 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from catalog import artifacts
-from catalog import review as review_module
-from catalog.artifacts import verify
-from catalog.errors import CatalogError, SpecError, VerificationError
-from catalog.ledger.names import normalize_reviewer, same_person
-from catalog.ledger.store import Catalog
-from catalog.review import review
-from catalog.review_policy import OPERATOR_ENV, current_operator, policy_of, record_policy
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
-from flows.cli.release import bundled_spec
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.errors import CatalogError, SpecError, VerificationError
+from dprelease.catalog.ledger.names import normalize_reviewer, same_person
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
+from dprelease.catalog.publishing.artifacts import verify
+from dprelease.catalog.review import decisions as review_module
+from dprelease.catalog.review.decisions import review
+from dprelease.catalog.review.policy import OPERATOR_ENV, current_operator, policy_of, record_policy
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.flows.cli.release import bundled_spec
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.privacy.test_stuck_releases import measuring
 
 RELEASE = "rel-1"
@@ -64,7 +64,7 @@ def build_staged(root: Path, *, release_id: str = RELEASE) -> Staged:
     measuring(catalog, release_id)  # registered and charged 0.5
     input_path = root / "input.parquet"
     pq.write_table(pa.table({"age": [1, 2, 3]}), input_path)
-    from catalog.confidential.source import content_fingerprint
+    from dprelease.catalog.confidential.source import content_fingerprint
 
     directory = root / "releases" / release_id
     (directory / "tables").mkdir(parents=True)

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import release
-from catalog.errors import BudgetExceededError, CatalogError, SpecError
-from catalog.ledger.budget import DatasetAccountant
-from catalog.ledger.store import Catalog, SkippedRelease
-from catalog.planning import make_plan
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
+from dprelease.catalog import release
+from dprelease.catalog.errors import BudgetExceededError, CatalogError, SpecError
+from dprelease.catalog.ledger.budget import DatasetAccountant
+from dprelease.catalog.ledger.store import Catalog, SkippedRelease
+from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
 from tests.privacy.test_ledger_chain import pure
 
 
@@ -151,7 +151,7 @@ def test_register_skips_an_unchanged_input_before_the_budget_check(tmp_path: Pat
 
 
 def test_how_a_deployed_run_started_decides_the_policy() -> None:
-    from flows.deployed_release import started_by, unchanged_policy
+    from dprelease.flows.deployed_release import started_by, unchanged_policy
 
     assert started_by(None) == "hand"
     assert started_by(SimpleNamespace(auto_scheduled=True, created_by=None)) == "schedule"

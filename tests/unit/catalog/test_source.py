@@ -18,13 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.confidential import source
-from catalog.confidential.source import CountResult, count_cells
-from catalog.errors import DataError, SpecError
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
-from mechanisms.privacy import PrivacyCost
-from mechanisms.strategies import build_kron_strategy
+from dprelease.catalog.confidential import source
+from dprelease.catalog.confidential.source import CountResult, count_cells
+from dprelease.catalog.errors import DataError, SpecError
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.strategies import build_kron_strategy
 from tests.samplers import ZeroNoise
 
 HOURS_EDGES = [0.0, 20.0, 40.0, 60.0, 100.0]

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from catalog.errors import SpecError
-from catalog.spec.domain import Categorical, IntegerRange, NumericBins
-from catalog.spec.load import load_spec, parse_spec
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.spec.domain import Categorical, IntegerRange, NumericBins
+from dprelease.catalog.spec.load import load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[3]
 DELETE = object()
@@ -576,7 +576,7 @@ def test_fingerprints_change_with_the_spec(changes: dict[str, Any], workload_cha
 
 
 def test_a_domain_too_large_to_count_is_valid_for_plan_but_refused_by_count() -> None:
-    from catalog.confidential.source import count_cells
+    from dprelease.catalog.confidential.source import count_cells
 
     spec = parse_spec(
         {

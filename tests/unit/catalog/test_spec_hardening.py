@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import yaml
 
-from catalog.errors import SpecError
-from catalog.spec.limits import (
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.spec.limits import (
     BUDGET_EPSILON_RANGE,
     BUDGET_RHO_RANGE,
     DELTA_RANGE,
@@ -33,8 +33,8 @@ from catalog.spec.limits import (
     MAX_SPEC_DEPTH,
     RHO_RANGE,
 )
-from catalog.spec.load import check_runnable, load_spec, parse_spec
-from catalog.spec.model import item_num_queries
+from dprelease.catalog.spec.load import check_runnable, load_spec, parse_spec
+from dprelease.catalog.spec.model import item_num_queries
 
 
 def base() -> dict[str, Any]:
@@ -356,7 +356,7 @@ def test_privacy_parameters_outside_the_supported_range_are_refused(
 def test_the_ends_of_the_ranges_calibrate_finite_noise(privacy: dict[str, float]) -> None:
     """The ranges are what the arithmetic carries: at each end, with the largest contribution
     bound times a large strategy sensitivity, the calibrated noise and its variance are finite."""
-    from mechanisms.noise import calibrate
+    from dprelease.mechanisms.primitives.noise import calibrate
 
     budget = (
         {"rho": BUDGET_RHO_RANGE[1]} if "rho" in privacy else {"epsilon": BUDGET_EPSILON_RANGE[1]}
@@ -489,7 +489,7 @@ def test_output_rows_match_the_planning_workload(tmp_path: Path) -> None:
             ],
         )
     )
-    from catalog.planning import build_workload
+    from dprelease.catalog.planning.planner import build_workload
 
     workload = build_workload(spec)
     expected = {item.name: item.num_queries for item in workload.items}

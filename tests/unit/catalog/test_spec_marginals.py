@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from catalog.errors import SpecError
-from catalog.planning import build_workload, make_plan
-from catalog.spec import model as spec_module
-from catalog.spec.load import parse_spec
-from catalog.spec.model import expand_item, item_num_queries
-from mechanisms.operators import Identity, Total
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.planning.planner import build_workload, make_plan
+from dprelease.catalog.spec import model as spec_module
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import expand_item, item_num_queries
+from dprelease.mechanisms.primitives.operators import Identity, Total
 
 DOMAIN = {
     "age": {"min": 0, "max": 9},

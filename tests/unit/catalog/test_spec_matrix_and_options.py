@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import yaml
 
-from catalog.errors import SpecError
-from catalog.planning import build_workload, make_plan
-from catalog.spec.load import load_spec, parse_spec
-from catalog.tables import label_columns
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.planning.planner import build_workload, make_plan
+from dprelease.catalog.publishing.tables import label_columns
+from dprelease.catalog.spec.load import load_spec, parse_spec
 
 
 def _spec(**overrides: Any) -> dict[str, Any]:

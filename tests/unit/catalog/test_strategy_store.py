@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from catalog import planning
-from catalog.spec.load import parse_spec
-from catalog.strategy_store import StrategyStore
-from mechanisms import optimized as optimized_mechanism
-from mechanisms.noise import SENSITIVITY_NORM
-from mechanisms.operators import MatrixFactor
-from mechanisms.protocol import StoredStrategy, cache_key
+from dprelease.catalog.planning import planner as planning
+from dprelease.catalog.planning.strategy_store import StrategyStore
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.mechanisms import optimized as optimized_mechanism
+from dprelease.mechanisms.primitives.noise import SENSITIVITY_NORM
+from dprelease.mechanisms.primitives.operators import MatrixFactor
+from dprelease.mechanisms.primitives.protocol import StoredStrategy, cache_key
 
 
 def test_save_load_and_key_sensitivity(tmp_path: Path) -> None:
@@ -84,9 +84,9 @@ def test_optimized_plan_is_reused_from_the_store(
 
 
 def test_dense_strategy_matches_numpy(rng: np.random.Generator) -> None:
-    from mechanisms.dense import DenseStrategy
-    from mechanisms.operators import Identity, Prefix
-    from mechanisms.workload import Workload, WorkloadItem
+    from dprelease.mechanisms.primitives.dense import DenseStrategy
+    from dprelease.mechanisms.primitives.operators import Identity, Prefix
+    from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
     matrix = rng.normal(size=(9, 6))
     strategy = DenseStrategy(name="d", matrix=matrix)
@@ -166,8 +166,8 @@ def test_kron_template_is_stored_as_theta_and_restored_exactly(rng: np.random.Ge
     """A Kronecker template keeps Θ for p-Identity factors, nothing for identity ones and dense
     matrices otherwise; restoring gives the same factors, and entries written before Θ was kept
     (dense ``factor_i`` for every attribute) still restore."""
-    from mechanisms.optimized.templates import PIdentityFactor
-    from mechanisms.strategies import KronStrategy, identity_strategy
+    from dprelease.mechanisms.optimized.templates import PIdentityFactor
+    from dprelease.mechanisms.primitives.strategies import KronStrategy, identity_strategy
 
     pidentity = PIdentityFactor(rng.random((2, 6)), noise="laplace")
     other = MatrixFactor(rng.random((5, 4)))

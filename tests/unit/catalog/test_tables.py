@@ -1,4 +1,4 @@
-"""Release tables (catalog/tables.py): interval quantile per row, uncertainty labels, no-interval rows."""
+"""Release tables (catalog/publishing/tables.py): interval quantile per row, uncertainty labels, no-interval rows."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from catalog.planning import build_workload
-from catalog.spec.load import parse_spec
-from catalog.spec.model import ReleaseSpec
-from catalog.tables import build_table
+from dprelease.catalog.planning.planner import build_workload
+from dprelease.catalog.publishing.tables import build_table
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import ReleaseSpec
 
 Z = 1.959963984540054
 LAPLACE = math.log(20.0) / math.sqrt(2.0)  # b·ln 20 in units of σ = √2·b

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from catalog.validation import BATCH_FROM_TABLES, TABLES_SUITE, validate_tables
+from dprelease.catalog.validation.checks import BATCH_FROM_TABLES, TABLES_SUITE, validate_tables
 
 
 def _table(rows: int, *, label: str = "noise") -> pa.Table:

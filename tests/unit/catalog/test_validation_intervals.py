@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from catalog.validation import validate_tables
+from dprelease.catalog.validation.checks import validate_tables
 
 
 def _table(labels: list[str]) -> pa.Table:

@@ -1,4 +1,4 @@
-"""The validation service (catalog/validation_service.py) as a real process on a Unix socket.
+"""The validation service (catalog/validation/service.py) as a real process on a Unix socket.
 
 It must give exactly the summaries in-process validation gives, write the Data Docs where the
 client asks, refuse nobody's release (every failure falls back to validating in the caller's
@@ -24,8 +24,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from catalog import gx, validation_service
-from catalog.validation import table_expectations
+from dprelease.catalog.validation import gx
+from dprelease.catalog.validation import service as validation_service
+from dprelease.catalog.validation.checks import table_expectations
 
 ROOT = Path(__file__).resolve().parents[3]
 READY_SECONDS = 120.0  # GX's import on a busy 2-core machine
@@ -38,7 +39,7 @@ def _start(path: Path, *, parent_pid: int | None = None) -> subprocess.Popen[byt
             [
                 sys.executable,
                 "-m",
-                "catalog.validation_service",
+                "dprelease.catalog.validation.service",
                 "--socket",
                 str(path),
                 "--parent-pid",
@@ -123,7 +124,7 @@ def test_every_service_failure_falls_back_to_this_process(
     with pytest.raises(validation_service.ServiceUnavailable, match="ConnectionRefusedError"):
         validation_service.validate_remotely(dead, _jobs(), docs_dir=None)
     monkeypatch.setenv(validation_service.SOCKET_ENV, str(dead))
-    with caplog.at_level(logging.WARNING, logger="catalog.gx"):
+    with caplog.at_level(logging.WARNING, logger="dprelease.catalog.validation.gx"):
         assert validation_service.run_suites(_jobs()) == gx.run_suites_here(_jobs())
     assert "validating in this process" in caplog.text
 

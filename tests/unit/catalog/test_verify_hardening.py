@@ -19,12 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import artifacts
-from catalog import review as review_module
-from catalog.artifacts import verify
-from catalog.errors import VerificationError
-from catalog.ledger.store import Catalog
-from catalog.review import review
+from dprelease.catalog.errors import VerificationError
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.publishing import artifacts
+from dprelease.catalog.publishing.artifacts import verify
+from dprelease.catalog.review import decisions as review_module
+from dprelease.catalog.review.decisions import review
 from tests.unit.catalog.test_review import RELEASE, Staged, build_staged, fake_report
 
 

@@ -1,4 +1,4 @@
-"""mechanisms.privacy.check_epsilon: the one privacy-parameter check fires on every bad value, naming it."""
+"""mechanisms.primitives.privacy.check_epsilon: the one privacy-parameter check fires on every bad value, naming it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from mechanisms.privacy import check_epsilon
+from dprelease.mechanisms.primitives.privacy import check_epsilon
 
 
 @pytest.mark.parametrize(

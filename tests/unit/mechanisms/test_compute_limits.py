@@ -1,4 +1,4 @@
-"""Deadlines, progress reports, interruptible heavy calls and cost models (mechanisms.compute_limits)."""
+"""Deadlines, progress reports, interruptible heavy calls and cost models (mechanisms.primitives.compute_limits)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from mechanisms import compute_limits
-from mechanisms.compute_limits import (
+from dprelease.mechanisms.primitives import compute_limits
+from dprelease.mechanisms.primitives.compute_limits import (
     BLOCK_FLOPS,
     LAPACK_THREAD_FLOPS,
     TimeLimitReached,

@@ -8,15 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from catalog.errors import SpecError
-from catalog.planning import build_workload
-from catalog.spec.load import parse_spec
-from catalog.spec.model import derived_rows, item_num_queries
-from catalog.tables import DERIVED_VALUE_COLUMNS, derived_tables
-from mechanisms import derived
-from mechanisms.derived import Z95, BinnedColumn
-from mechanisms.operators import kron_dense
-from mechanisms.protocol import ItemAnswers
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.planning.planner import build_workload
+from dprelease.catalog.publishing.tables import DERIVED_VALUE_COLUMNS, derived_tables
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.model import derived_rows, item_num_queries
+from dprelease.mechanisms import derived
+from dprelease.mechanisms.derived import Z95, BinnedColumn
+from dprelease.mechanisms.primitives.operators import kron_dense
+from dprelease.mechanisms.primitives.protocol import ItemAnswers
 
 AGES = BinnedColumn.of_cells(np.arange(0, 50, 10), np.arange(9, 50, 10), integer=True)
 """Five integer cells 0-9, …, 40-49: representative 4.5, …, 44.5; records off by ≤ 4.5."""

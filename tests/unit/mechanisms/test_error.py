@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mechanisms.lower_bound import svd_bound
-from mechanisms.operators import AllRanges, Identity, Prefix, Total, kron_dense
-from mechanisms.strategies import FAMILIES, build_kron_strategy
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.lower_bound import svd_bound
+from dprelease.mechanisms.primitives.operators import AllRanges, Identity, Prefix, Total, kron_dense
+from dprelease.mechanisms.primitives.strategies import FAMILIES, build_kron_strategy
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 from tests.reference.error import expected_error, support_residual
 
 

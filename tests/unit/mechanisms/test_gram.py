@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mechanisms.dense import DenseStrategy
-from mechanisms.operators import (
+from dprelease.mechanisms.primitives.dense import DenseStrategy
+from dprelease.mechanisms.primitives.operators import (
     AllRanges,
     Centring,
     Factor,
@@ -33,8 +33,8 @@ from mechanisms.operators import (
     kron_matrices,
     kron_query_variances,
 )
-from mechanisms.strategies import hierarchical_strategy, wavelet_strategy
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.strategies import hierarchical_strategy, wavelet_strategy
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 RNG = np.random.default_rng(20261122)
 _LO = RNG.integers(0, 40, size=3000)

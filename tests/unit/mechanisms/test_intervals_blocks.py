@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from mechanisms import intervals
-from mechanisms.intervals import kron_single_term_rows, single_term_rows
-from mechanisms.operators import AllRanges, Identity, Ranges
-from mechanisms.strategies import hierarchical_strategy, identity_strategy
+from dprelease.mechanisms.primitives import intervals
+from dprelease.mechanisms.primitives.intervals import kron_single_term_rows, single_term_rows
+from dprelease.mechanisms.primitives.operators import AllRanges, Identity, Ranges
+from dprelease.mechanisms.primitives.strategies import hierarchical_strategy, identity_strategy
 
 
 def test_blocked_range_rows_match_dense(monkeypatch) -> None:

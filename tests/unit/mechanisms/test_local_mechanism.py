@@ -13,15 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mechanisms import registry
-from mechanisms.local import baselines, estimation, randomizer
-from mechanisms.local import mechanism as local_mechanism
-from mechanisms.local import strategy as local_strategy
-from mechanisms.local.mechanism import MECHANISM, LocalOptions
-from mechanisms.local.strategy import LocalStrategy, ResponseCounts, describe
-from mechanisms.operators import AllRanges, Identity, Prefix, Total, kron_dense
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import (
+from dprelease.mechanisms import registry
+from dprelease.mechanisms.local import baselines, estimation, randomizer
+from dprelease.mechanisms.local import mechanism as local_mechanism
+from dprelease.mechanisms.local import strategy as local_strategy
+from dprelease.mechanisms.local.mechanism import MECHANISM, LocalOptions
+from dprelease.mechanisms.local.strategy import LocalStrategy, ResponseCounts, describe
+from dprelease.mechanisms.primitives.operators import AllRanges, Identity, Prefix, Total, kron_dense
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import (
     CandidateUnavailable,
     MeasureContext,
     Measurement,
@@ -29,14 +29,14 @@ from mechanisms.protocol import (
     PlanRequest,
     StoredStrategy,
 )
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 from tests.reference import ldp as ldp_reference
 
 FAST = {"iterations": 60}
 
 
 class MemoryCache:
-    """An in-memory :class:`~mechanisms.protocol.StrategyCache`."""
+    """An in-memory :class:`~mechanisms.primitives.protocol.StrategyCache`."""
 
     def __init__(self) -> None:
         self.entries: dict[str, StoredStrategy] = {}

@@ -1,4 +1,4 @@
-"""The one SVD-bound implementation (mechanisms.lower_bound) against dense eigenvalues and the
+"""The one SVD-bound implementation (mechanisms.primitives.lower_bound) against dense eigenvalues and the
 reference values of seed-eigen.md §4 item 6 and §9 (moved here from test_optimized.py and
 test_error.py when the three copies were merged)."""
 
@@ -11,13 +11,13 @@ import re
 import numpy as np
 import pytest
 
-from mechanisms.lower_bound import (
+from dprelease.mechanisms.primitives.lower_bound import (
     DENSE_BOUND_LIMIT,
     svd_bound,
     svd_bound_from_eigenvalues,
     svd_bound_gram,
 )
-from mechanisms.operators import (
+from dprelease.mechanisms.primitives.operators import (
     AllRanges,
     Centring,
     Identity,
@@ -28,7 +28,7 @@ from mechanisms.operators import (
     kron_dense,
     kron_matrices,
 )
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 from tests.reference.lower_bound import svd_bound_terms
 
 ALL_RANGE_SVDB = {16: 404.4829, 64: 10787.15, 512: 1.330722e6, 2048: 3.034182e7}

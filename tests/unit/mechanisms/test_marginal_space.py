@@ -13,21 +13,26 @@ import itertools
 import numpy as np
 import pytest
 
-from mechanisms.marginal_space import (
+from dprelease.mechanisms.marginal_space import (
     MECHANISM,
     MarginalSpaceStrategy,
     down_closure,
     marginal_of,
 )
-from mechanisms.marginal_strategies import (
+from dprelease.mechanisms.primitives.marginal_strategies import (
     marginal_weights_l1,
     marginal_weights_l2,
     subset_workload,
 )
-from mechanisms.operators import Identity, Prefix, Total
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import CandidateUnavailable, MatrixMechanism, PlanRequest, StoredStrategy
-from mechanisms.workload import Workload, WorkloadItem, axes_of, item_subset
+from dprelease.mechanisms.primitives.operators import Identity, Prefix, Total
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import (
+    CandidateUnavailable,
+    MatrixMechanism,
+    PlanRequest,
+    StoredStrategy,
+)
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem, axes_of, item_subset
 
 
 def marginal_item(shape: tuple[int, ...], axes: tuple[int, ...], name: str) -> WorkloadItem:

@@ -1,4 +1,4 @@
-"""Subset-space strategies (mechanisms.marginal_strategies) against dense matrices.
+"""Subset-space strategies (mechanisms.primitives.marginal_strategies) against dense matrices.
 
 On small domains every subset-space quantity (projections, strategy Gram eigenvalues, sensitivity
 in both norms, total and per-query error, support) is compared with the explicit strategy matrix
@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.lower_bound import svd_bound, svd_bound_gram
-from mechanisms.marginal_strategies import (
+from dprelease.mechanisms.primitives.lower_bound import svd_bound, svd_bound_gram
+from dprelease.mechanisms.primitives.marginal_strategies import (
     MarginalWeights,
     SubsetWorkload,
     marginal_weights_l1,
@@ -26,8 +26,15 @@ from mechanisms.marginal_strategies import (
     subset_workload,
     superset_differences,
 )
-from mechanisms.operators import AllRanges, Identity, Prefix, Total, kron_dense, kron_matrices
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.operators import (
+    AllRanges,
+    Identity,
+    Prefix,
+    Total,
+    kron_dense,
+    kron_matrices,
+)
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 SHAPE = (2, 3, 4)
 

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from catalog import planning
-from catalog.spec.load import parse_spec
-from mechanisms import eigen, marginal_space, optimized
-from mechanisms.privacy import PrivacyCost
+from dprelease.catalog.planning import planner as planning
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.mechanisms import eigen, marginal_space, optimized
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 
 # Computed with the code before the rename (fingerprint "0123456789abcdef" * 4).
 KEYS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mechanisms.operators import (
+from dprelease.mechanisms.primitives.operators import (
     AllRanges,
     Factor,
     Identity,
@@ -17,7 +17,11 @@ from mechanisms.operators import (
     kron_apply_transpose,
     kron_dense,
 )
-from mechanisms.strategies import hierarchical_strategy, identity_strategy, wavelet_strategy
+from dprelease.mechanisms.primitives.strategies import (
+    hierarchical_strategy,
+    identity_strategy,
+    wavelet_strategy,
+)
 
 ZOO: dict[str, Factor] = {
     "identity-5": Identity(5),

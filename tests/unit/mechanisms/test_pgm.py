@@ -9,11 +9,8 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from mechanisms.marginal_space import MarginalSpaceStrategy, down_closure, marginal_of
-from mechanisms.marginal_strategies import MarginalWeights
-from mechanisms.noise import NoiseKind
-from mechanisms.operators import Identity, Total
-from mechanisms.pgm import (
+from dprelease.mechanisms.marginal_space import MarginalSpaceStrategy, down_closure, marginal_of
+from dprelease.mechanisms.pgm import (
     _Lattice,
     chow_liu_tree,
     consistent_marginals,
@@ -21,7 +18,10 @@ from mechanisms.pgm import (
     mutual_information,
     sample_tree,
 )
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.marginal_strategies import MarginalWeights
+from dprelease.mechanisms.primitives.noise import NoiseKind
+from dprelease.mechanisms.primitives.operators import Identity, Total
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 SHAPE = (2, 3, 2)
 CLIQUES = [0b011, 0b101, 0b110]  # all pairs of three attributes: a loop (local ≠ marginal polytope)

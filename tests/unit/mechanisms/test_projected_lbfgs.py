@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from mechanisms.optimized import projected_lbfgs
+from dprelease.mechanisms.optimized import projected_lbfgs
 
 
 def _least_squares(matrix: np.ndarray, target: np.ndarray) -> projected_lbfgs.Objective:

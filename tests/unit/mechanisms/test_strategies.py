@@ -7,17 +7,24 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.linalg import psd_inverse
-from mechanisms.operators import AllRanges, MatrixFactor, Ranges, Total, kron_apply, kron_dense
-from mechanisms.optimized.templates import PIdentityFactor
-from mechanisms.strategies import (
+from dprelease.mechanisms.optimized.templates import PIdentityFactor
+from dprelease.mechanisms.primitives.linalg import psd_inverse
+from dprelease.mechanisms.primitives.operators import (
+    AllRanges,
+    MatrixFactor,
+    Ranges,
+    Total,
+    kron_apply,
+    kron_dense,
+)
+from dprelease.mechanisms.primitives.strategies import (
     KronStrategy,
     build_kron_strategy,
     hierarchical_strategy,
     identity_strategy,
     wavelet_strategy,
 )
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 from tests.reference.error import item_unit_total, item_unit_variances
 
 H4 = np.array(

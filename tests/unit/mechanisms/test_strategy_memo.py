@@ -7,10 +7,10 @@ import pickle
 
 import numpy as np
 
-from mechanisms.dense import DenseStrategy
-from mechanisms.operators import Prefix
-from mechanisms.strategies import build_kron_strategy
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.dense import DenseStrategy
+from dprelease.mechanisms.primitives.operators import Prefix
+from dprelease.mechanisms.primitives.strategies import build_kron_strategy
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 WORKLOAD = Workload(domain_shape=(6,), items=(WorkloadItem(name="cdf", factors=(Prefix(6),)),))
 

@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from catalog.strategy_store import StrategyStore
-from mechanisms import marginal_strategies
-from mechanisms.marginal_space import MECHANISM as MARGINAL_SPACE
-from mechanisms.marginal_strategies import MarginalWeights, SubsetStrategy
-from mechanisms.operators import Identity, Prefix, Total
-from mechanisms.optimized import MECHANISM as OPTIMIZED
-from mechanisms.privacy import PrivacyCost
-from mechanisms.protocol import PlanRequest, StoredStrategy, cache_key
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.catalog.planning.strategy_store import StrategyStore
+from dprelease.mechanisms.marginal_space import MECHANISM as MARGINAL_SPACE
+from dprelease.mechanisms.optimized import MECHANISM as OPTIMIZED
+from dprelease.mechanisms.primitives import marginal_strategies
+from dprelease.mechanisms.primitives.marginal_strategies import MarginalWeights, SubsetStrategy
+from dprelease.mechanisms.primitives.operators import Identity, Prefix, Total
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import PlanRequest, StoredStrategy, cache_key
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 SHAPE = (3, 4, 2)
 FINGERPRINT = "cd" * 32

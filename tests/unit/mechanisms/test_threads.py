@@ -1,11 +1,11 @@
-"""mechanisms.threads: the one BLAS thread policy applies inside the block and is undone after."""
+"""mechanisms.primitives.threads: the one BLAS thread policy applies inside the block and is undone after."""
 
 from __future__ import annotations
 
 import numpy as np
 import threadpoolctl
 
-from mechanisms.threads import BLAS_THREADS, single_threaded_blas
+from dprelease.mechanisms.primitives.threads import BLAS_THREADS, single_threaded_blas
 
 
 def _blas_threads() -> list[int]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mechanisms.noise import NoiseKind
-from mechanisms.operators import (
+from dprelease.mechanisms.primitives.noise import NoiseKind
+from dprelease.mechanisms.primitives.operators import (
     AllRanges,
     Identity,
     MatrixFactor,
@@ -15,13 +15,13 @@ from mechanisms.operators import (
     Total,
     kron_dense,
 )
-from mechanisms.strategies import (
+from dprelease.mechanisms.primitives.strategies import (
     hierarchical_strategy,
     identity_strategy,
     total_strategy,
     wavelet_strategy,
 )
-from mechanisms.union import (
+from dprelease.mechanisms.primitives.union import (
     UnionStrategy,
     UnionTerm,
     ij_coefficients,
@@ -29,7 +29,7 @@ from mechanisms.union import (
     per_item_terms,
     unit_error,
 )
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 SHAPE = (6, 2, 3)
 WORKLOAD = Workload(
@@ -177,7 +177,7 @@ def test_validation_fires() -> None:
 
 @pytest.mark.parametrize("noise", ["laplace", "gaussian"])
 def test_weight_objective_gradient_matches_finite_differences(noise: NoiseKind) -> None:
-    from mechanisms.union import _WeightProblem
+    from dprelease.mechanisms.primitives.union import _WeightProblem
 
     terms = per_item_terms(WORKLOAD, ordered=(True, False, False), family="hierarchical")
     problem = _WeightProblem(WORKLOAD, terms, noise=noise)
@@ -196,7 +196,7 @@ def test_weight_objective_gradient_matches_finite_differences(noise: NoiseKind) 
 def test_weight_objective_on_range_bases_equals_the_unit_error(noise: NoiseKind) -> None:
     """The weight problem inverts each block on a basis of its (weight-independent) range; its
     value equals the union's unit error computed from the full singular blocks, at any weights."""
-    from mechanisms.union import _WeightProblem
+    from dprelease.mechanisms.primitives.union import _WeightProblem
 
     terms = per_item_terms(WORKLOAD, ordered=(True, False, False), family="hierarchical")
     problem = _WeightProblem(WORKLOAD, terms, noise=noise)

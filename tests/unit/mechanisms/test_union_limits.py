@@ -8,15 +8,15 @@ import re
 import numpy as np
 import pytest
 
-from mechanisms.operators import AllRanges, Identity, Prefix, Total
-from mechanisms.union import (
+from dprelease.mechanisms.primitives.operators import AllRanges, Identity, Prefix, Total
+from dprelease.mechanisms.primitives.union import (
     optimize_weights,
     per_item_terms,
     predict_seconds,
     unit_error,
     weight_problem_sizes,
 )
-from mechanisms.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 from tests.fake_clock import install_fake_clock
 
 SHAPE = (5, 2, 2)

@@ -1,0 +1,430 @@
+"""From a spec to a workload, the registry's candidate strategies, their expected errors, the bound.
+
+Planning is data-free: it reads only the spec (public) and spends nothing.  ``plan --json`` prints
+:meth:`Plan.to_json`.  ``rmse`` is √(mean per-query expected squared error) over all queries of all
+items, unweighted, at the spec's privacy level (noise calibrated exactly as a release would be,
+including OpenDP's discretisation slack); ``total_variance`` is the sum.
+
+Only what is needed is planned: a spec that names a mechanism plans that one; ``auto`` plans the
+registry's mechanisms cheapest first (predicted from sizes), stops once one is within
+:data:`EARLY_STOP` of the SVD lower bound, and skips those predicted to exceed the time budget
+(once one candidate is planned, so a plan always exists). Every skipped or unavailable candidate is
+listed with its reason. The chosen strategy travels in the plan: measure and reconstruct use that
+object, they never rebuild it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dprelease.catalog.errors import SpecError
+from dprelease.catalog.planning.strategy_store import StrategyStore
+from dprelease.catalog.spec.limits import MAX_RELEASE_CELLS
+from dprelease.catalog.spec.model import ReleaseSpec, derived_rows, derived_support
+from dprelease.catalog.spec.sections import WorkloadItemSpec
+from dprelease.mechanisms import registry
+from dprelease.mechanisms.primitives.compute_limits import MIN_TIME_LIMIT
+from dprelease.mechanisms.primitives.lower_bound import svd_bound
+from dprelease.mechanisms.primitives.noise import calibrate, noise_kind_for
+from dprelease.mechanisms.primitives.operators import (
+    AllRanges,
+    Factor,
+    Identity,
+    MatrixFactor,
+    Prefix,
+    Ranges,
+    Total,
+)
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import (
+    CALIBRATION_SIZE_LIMIT,
+    CandidateUnavailable,
+    Evaluation,
+    Mechanism,
+    PlanRequest,
+    Progress,
+    StrategyCache,
+)
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
+
+MAX_MEASURED_ANSWERS = 1_000_000_000
+SUPPORT_TOLERANCE = 1e-4  # relative; an unsupported query leaves a residual of order 1
+EARLY_STOP = 0.005  # auto stops once a candidate's rmse is within 0.5% of the lower bound
+DEFAULT_TIME_BUDGET = 120.0  # seconds of predicted planning work auto may spend on candidates
+
+
+def build_workload(spec: ReleaseSpec) -> Workload:
+    """The spec's workload as Kronecker items over the spec's domain (attribute order = spec order)."""
+    return Workload(
+        domain_shape=spec.domain_shape,
+        items=tuple(_build_item(spec, item) for item in spec.expanded_workload()),
+    )
+
+
+def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
+    if item.derived_column is not None:  # mean/sum/quantiles: their support queries
+        return derived_support(spec, item)
+    factors: list[Factor] = []
+    for name, attribute in spec.domain.items():
+        n = attribute.size
+        factor: Factor = Total(n)
+        if item.marginal is not None and name in item.marginal:
+            factor = Identity(n)
+        elif item.prefix == name:
+            factor = Prefix(n)
+        elif item.all_ranges is not None and name in item.all_ranges:
+            factor = AllRanges(n)
+        elif item.attributes is not None and name in item.attributes:
+            try:
+                factor = MatrixFactor(item.load_matrix(columns=n))
+            except ValueError as exc:
+                raise SpecError(str(exc)) from None
+        elif item.ranges is not None and name in item.ranges:
+            pairs = item.ranges[name]
+            lo = [attribute.value_to_cell(pair[0], edge="low") for pair in pairs]
+            hi = [attribute.value_to_cell(pair[1], edge="high") for pair in pairs]
+            factor = Ranges(n, lo, hi)
+        factors.append(factor)
+    return WorkloadItem(name=item.name, factors=tuple(factors))
+
+
+def plan_request(
+    spec: ReleaseSpec,
+    *,
+    workload: Workload,
+    requested: bool,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
+) -> PlanRequest:
+    return PlanRequest(
+        workload=workload,
+        ordered=tuple(getattr(a, "ordered", True) for a in spec.domain.values()),
+        target=spec.privacy_target(),
+        contribution_bound=spec.privacy_unit.contribution_bound,
+        options=dict(spec.mechanism_options),
+        workload_fingerprint=spec.workload_fingerprint(),
+        requested=requested,
+        time_limit=time_limit,
+        progress=progress,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One candidate mechanism: its expected error at the spec's privacy level, or why not."""
+
+    mechanism: str
+    rmse: float | None
+    total_variance: float | None
+    seconds: float
+    sensitivity: float | None = None
+    noise_scale: float | None = None
+    note: str | None = None
+    status: str = "planned"
+    """``planned`` (evaluated), ``unavailable`` (cannot serve the workload) or ``skipped``."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mechanism": self.mechanism,
+            "rmse": self.rmse,
+            "total_variance": self.total_variance,
+            "seconds": round(self.seconds, 6),
+            "sensitivity": self.sensitivity,
+            "noise_scale": self.noise_scale,
+            "status": self.status,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The data-free plan of a release: candidates, the choice and why, the lower bound, and the
+    chosen mechanism's planned strategy (public; used as is by measure and reconstruct)."""
+
+    model: str
+    chosen: str
+    reason: str
+    candidates: tuple[Candidate, ...]
+    lower_bound_rmse: float | None
+    lower_bound_note: str
+    privacy: dict[str, float]
+    expected_cost: PrivacyCost
+    noise_kind: str
+    workload_fingerprint: str
+    num_queries: int
+    num_cells: int
+    item_queries: dict[str, int]
+    strategy_parameters: dict[str, Any]
+    strategy: Any = field(default=None, repr=False, compare=False)
+    workload: Workload | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def mechanism(self) -> Mechanism:
+        return registry.get(self.chosen, model=self.model)
+
+    def candidate(self, mechanism: str) -> Candidate:
+        for candidate in self.candidates:
+            if candidate.mechanism == mechanism:
+                return candidate
+        raise KeyError(mechanism)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "chosen": self.chosen,
+            "reason": self.reason,
+            "lower_bound_rmse": self.lower_bound_rmse,
+            "lower_bound_note": self.lower_bound_note,
+            "privacy": dict(self.privacy),
+            "cost": self.expected_cost.as_dict(),
+            "noise": self.noise_kind,
+            "num_queries": self.num_queries,
+            "num_cells": self.num_cells,
+            "workload_fingerprint": self.workload_fingerprint,
+            "strategy_parameters": self.strategy_parameters,
+            "candidates": [candidate.to_json() for candidate in self.candidates],
+        }
+
+
+@dataclass(kw_only=True)
+class _Planned:
+    candidate: Candidate
+    evaluation: Evaluation | None = None
+    strategy: Any = None
+
+
+def make_plan(
+    spec: ReleaseSpec,
+    *,
+    time_budget: float = DEFAULT_TIME_BUDGET,
+    cache: StrategyCache | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
+    """Plan the candidates the spec calls for and choose (auto: least expected total error)."""
+    if not time_budget > 0:
+        raise SpecError(f"the time budget ({time_budget!r} s) must be > 0")
+    cache = cache if cache is not None else StrategyStore()
+    progress_callback = _optimiser_progress(progress)
+    workload = build_workload(spec)
+    lower_rmse, lower_note = _lower_bound(spec, workload)
+    mechanisms = _by_predicted_cost(spec, workload)
+    deadline = time.monotonic() + time_budget
+    planned: list[_Planned] = []
+    stop_reason: str | None = None
+    for mechanism, predicted in mechanisms:
+        # auto's only candidate (e.g. the local model's) is as good as requested: nothing to skip
+        requested = spec.mechanism == mechanism.name or len(mechanisms) == 1
+        request = plan_request(
+            spec,
+            workload=workload,
+            requested=requested,
+            # optimisers stop at the deadline with their best strategy so far (never unbounded)
+            time_limit=max(MIN_TIME_LIMIT, deadline - time.monotonic()),
+            progress=progress_callback,
+        )
+        unavailable = mechanism.unavailable_reason(request)
+        if unavailable is not None:
+            if requested:
+                raise SpecError(
+                    f"mechanism {mechanism.name!r} cannot run on this spec: {unavailable}"
+                )
+            planned.append(
+                _Planned(candidate=_not_planned(mechanism, unavailable, status="unavailable"))
+            )
+            continue
+        has_fallback = any(p.candidate.total_variance is not None for p in planned)
+        skip = stop_reason or (
+            _over_time_budget(mechanism, request, predicted, deadline) if has_fallback else None
+        )
+        if skip is not None:
+            planned.append(_Planned(candidate=_not_planned(mechanism, skip, status="skipped")))
+            continue
+        if progress is not None:
+            progress(f"planning {mechanism.name} (predicted {predicted:.2g} s)")
+        result = _plan_one(mechanism, request, cache, requested=requested)
+        planned.append(result)
+        rmse = result.candidate.rmse
+        if (
+            spec.mechanism == registry.AUTO
+            and rmse is not None
+            and lower_rmse is not None
+            and rmse <= (1 + EARLY_STOP) * lower_rmse
+        ):
+            stop_reason = (
+                f"not needed: {mechanism.name} is within {EARLY_STOP:.1%} of the SVD lower bound"
+            )
+    chosen, reason = _choose(spec, planned)
+    return Plan(
+        model=spec.model,
+        chosen=chosen.candidate.mechanism,
+        reason=reason,
+        candidates=tuple(p.candidate for p in planned),
+        lower_bound_rmse=lower_rmse,
+        lower_bound_note=lower_note,
+        privacy=dict(spec.privacy),
+        expected_cost=chosen.evaluation.cost,  # type: ignore[union-attr]
+        noise_kind=noise_kind_for(spec.privacy_target().measure),
+        workload_fingerprint=spec.workload_fingerprint(),
+        num_queries=workload.num_queries,
+        num_cells=workload.num_cells,
+        item_queries={
+            **{item.name: item.num_queries for item in workload.items},
+            **{i.name: derived_rows(spec, i) for i in spec.workload if i.derived_column},
+        },
+        strategy_parameters=dict(chosen.strategy.parameters),
+        strategy=chosen.strategy,
+        workload=workload,
+    )
+
+
+def _optimiser_progress(progress: Callable[[str], None] | None) -> Progress | None:
+    if progress is None:
+        return None
+
+    def report(fraction: float, message: str) -> None:
+        done = "" if fraction != fraction else f" ({fraction:.0%})"  # NaN: unknown fraction
+        progress(f"{message}{done}")
+
+    return report
+
+
+def _by_predicted_cost(spec: ReleaseSpec, workload: Workload) -> list[tuple[Mechanism, float]]:
+    """The candidates with their predicted planning seconds, cheapest first (stable)."""
+    try:
+        mechanisms = registry.candidates(requested=spec.mechanism, model=spec.model)
+    except registry.UnknownMechanism as exc:
+        raise SpecError(str(exc)) from None
+    request = plan_request(spec, workload=workload, requested=False)
+    predicted = [(m, float(m.predicted_seconds(request))) for m in mechanisms]
+    return sorted(predicted, key=lambda pair: pair[1])
+
+
+def _over_time_budget(
+    mechanism: Mechanism, request: PlanRequest, predicted: float, deadline: float
+) -> str | None:
+    remaining = deadline - time.monotonic()
+    if not request.requested and predicted > remaining:
+        return (
+            f"predicted {predicted:.3g} s exceeds the remaining time budget {remaining:.3g} s "
+            f"(raise it with plan --time-budget, or ask for it with mechanism: {mechanism.name})"
+        )
+    return None
+
+
+def _plan_one(
+    mechanism: Mechanism, request: PlanRequest, cache: StrategyCache, *, requested: bool
+) -> _Planned:
+    """Plan and evaluate one mechanism.  Only :class:`CandidateUnavailable` means "not a
+    candidate"; any other exception is a bug and propagates."""
+    started = time.perf_counter()
+    try:
+        strategy = mechanism.plan(request, cache=cache)
+    except CandidateUnavailable as exc:
+        if requested:
+            raise SpecError(
+                f"mechanism {mechanism.name!r} cannot run on this spec: {exc.reason}"
+            ) from None
+        return _Planned(
+            candidate=_not_planned(
+                mechanism, exc.reason, status="unavailable", seconds=time.perf_counter() - started
+            )
+        )
+    if mechanism.data_independent:
+        residual = strategy.support_residual(request.workload)
+        if residual > SUPPORT_TOLERANCE:
+            note = f"does not support the workload (residual {residual:.2e})"
+            if requested:
+                raise SpecError(f"mechanism {mechanism.name!r} cannot run on this spec: {note}")
+            return _Planned(
+                candidate=_not_planned(
+                    mechanism, note, status="unavailable", seconds=time.perf_counter() - started
+                )
+            )
+    evaluation = mechanism.evaluate(strategy, request)
+    note = evaluation.note
+    status = "planned"
+    num_answers = getattr(strategy, "num_queries", 0)
+    if num_answers > MAX_MEASURED_ANSWERS:
+        note = f"plan only: {num_answers:,} noisy answers is too many to measure"
+        status = "plan-only"
+    elif (
+        not requested
+        and mechanism.input_kind == "cells"
+        and request.workload.num_cells > MAX_RELEASE_CELLS
+    ):
+        note = (
+            f"plan only: it measures the full cell vector ({request.workload.num_cells:,} cells; "
+            f"a release counts at most {MAX_RELEASE_CELLS:,})"
+        )
+        status = "plan-only"
+    return _Planned(
+        candidate=Candidate(
+            mechanism=mechanism.name,
+            rmse=evaluation.rmse,
+            total_variance=evaluation.total_variance,
+            seconds=time.perf_counter() - started,
+            sensitivity=evaluation.sensitivity,
+            noise_scale=evaluation.noise_scale,
+            note=note,
+            status=status,
+        ),
+        evaluation=evaluation,
+        strategy=strategy,
+    )
+
+
+def _not_planned(
+    mechanism: Mechanism, reason: str, *, status: str, seconds: float = 0.0
+) -> Candidate:
+    prefix = "not available: " if status == "unavailable" else ""
+    return Candidate(
+        mechanism=mechanism.name,
+        rmse=None,
+        total_variance=None,
+        seconds=seconds,
+        note=f"{prefix}{reason}",
+        status=status,
+    )
+
+
+def _choose(spec: ReleaseSpec, planned: list[_Planned]) -> tuple[_Planned, str]:
+    runnable = [p for p in planned if p.candidate.status == "planned"]
+    scored = [p for p in runnable if p.candidate.total_variance is not None]
+    if spec.mechanism != registry.AUTO:
+        if not runnable:
+            raise SpecError(f"mechanism {spec.mechanism!r} does not support this workload")
+        chosen = runnable[0]
+        return (
+            chosen,
+            f"requested by the spec: {registry.get(spec.mechanism, model=spec.model).summary}",
+        )
+    if not scored:  # nothing runnable (e.g. a domain too large to count): plan the best anyway
+        scored = [p for p in planned if p.candidate.total_variance is not None]
+    if not scored:
+        raise SpecError("no candidate mechanism supports this workload")
+    chosen = min(scored, key=lambda p: p.candidate.total_variance or float("inf"))
+    names = ", ".join(p.candidate.mechanism for p in scored)
+    return chosen, f"auto: least expected total error among {names}"
+
+
+def _lower_bound(spec: ReleaseSpec, workload: Workload) -> tuple[float | None, str]:
+    """√(P·SVDB/m): P is the noise variance a sensitivity-1 strategy gets (× the contribution bound²)."""
+    if spec.model != "central":
+        return None, "not computed: the SVD bound is for the central model"
+    bound = svd_bound(workload)
+    if bound is None:
+        return None, (
+            f"not computed: the exact SVD bound of a union of items needs at most "
+            f"4096 cells (this domain has {workload.num_cells})"
+        )
+    unit = calibrate(
+        target=spec.privacy_target(),
+        sensitivity=float(spec.privacy_unit.contribution_bound),
+        size=min(workload.num_cells, CALIBRATION_SIZE_LIMIT),
+    )
+    return float((unit.variance * bound / workload.num_queries) ** 0.5), (
+        "SVD bound (Li thesis Thm 4.1): no matrix-mechanism strategy has lower total error"
+    )

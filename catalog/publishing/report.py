@@ -1,0 +1,672 @@
+"""The audit report (``report.html``): a statistical publication of one release, readable offline.
+
+It shows what was released (every table complete, paged, with its CSV in ``tables/``, and a chart
+that fits the table's model), from which input (keyed fingerprint) under which spec, the privacy
+budget before and after with the dataset's ledger, the mechanism chosen and why against the
+alternatives and the SVD lower bound, a summary of output validation (failures in detail, passes
+folded) with a link to the Great Expectations Data Docs, and the review trail.
+
+Privacy: every number in it is public — released (noisy) values, their error model, the spec, the
+domain and the budget.  Nothing here reads the confidential data or the true cell vector.
+
+Cost: O(total rows) to format the tables; charts are inline SVG (:mod:`catalog.publishing.report_charts`), so
+a release of 91 tables renders and loads in a browser quickly (``benchmarks/report_bench.py``
+measures both).  No matplotlib: the candidates, budget and partition charts are inline SVG too
+(importing matplotlib slowed every release).
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from dprelease.catalog.ledger.store import Catalog
+
+from dprelease.catalog.publishing.report_charts import Axis, chart_for, table_model, value_chart
+
+PAGE_ROWS = 25
+WHOLE_FROM = 999.95  # shown as whole numbers from here (where four significant digits reach 1000)
+PAGE_SIZES = (25, 100, 500)
+EMBED_MAX_ROWS = 100_000
+"""Rows of one table the page itself carries at most (the CSV always has all of them)."""
+EMBED_TOTAL_ROWS = 1_000_000
+"""Rows the page carries over all its tables, shared evenly (91 two-way Adult tables: every row)."""
+DATA_DOCS = "validation/docs/index.html"  # relative to the report, in the release directory
+HEADINGS = {
+    "estimate": "estimate",
+    "std_error": "std. error",
+    "ci_low": "95% low",
+    "ci_high": "95% high",
+    "uncertainty": "uncertainty",
+}
+
+
+def error_plot(plan: dict[str, Any]) -> str:
+    """Bar chart (inline SVG): expected RMSE per candidate, the SVD lower bound dashed."""
+    scored = [c for c in plan["candidates"] if c.get("rmse") is not None]
+    values = np.array([float(c["rmse"]) for c in scored])
+    missing = np.full(values.shape, np.nan)
+    bound = plan.get("lower_bound_rmse")
+    return value_chart(
+        "bars",
+        [("* " if c["mechanism"] == plan["chosen"] else "") + c["mechanism"] for c in scored],
+        values,
+        missing,
+        missing,
+        x_title="candidate mechanism (* chosen)",
+        y_title="expected RMSE per query",
+        reference=(float(bound), "SVD lower bound") if bound else None,
+    )
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if not np.isfinite(value):
+            return "" if np.isnan(value) else str(value)
+        if abs(value) >= WHOLE_FROM:
+            return f"{value:,.0f}"
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def _table_html(rows: list[dict[str, Any]], columns: list[str], *, classes: str = "") -> str:
+    def kind(value: Any) -> str:
+        return "num" if isinstance(value, int | float) else "lab"
+
+    first = {c: next((r[c] for r in rows if r.get(c) is not None), None) for c in columns}
+    head = "".join(f"<th class='{kind(first[c])}'>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='{kind(row.get(c))}'>{html.escape(_fmt(row.get(c)))}</td>" for c in columns
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table class='{classes}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def heading(column: str, axes: list[Axis]) -> str:
+    """A column's heading in the report: ``age_upper`` reads ``age ≤``, ranges ``from``/``to``."""
+    for axis in axes:
+        if axis.kind == "cumulative" and column == axis.columns[0]:
+            return f"{axis.name} ≤"
+        if axis.kind == "range" and column in axis.columns:
+            return f"{axis.name} {'from' if column == axis.columns[0] else 'to'}"
+    return HEADINGS.get(column, column)
+
+
+def describe(table: pa.Table, axes: list[Axis]) -> str:
+    """What the rows of a table are, from its model alone."""
+    if not axes:
+        return "one row"
+    parts = []
+    for axis in axes:
+        if axis.kind == "cumulative":
+            parts.append(f"cumulative over {axis.name} (each row: {axis.name} ≤ its value)")
+        elif axis.kind == "range":
+            parts.append(f"ranges of {axis.name} (from–to, inclusive)")
+        else:
+            parts.append(axis.name)
+    return " × ".join(parts)
+
+
+def column_text(column: pa.ChunkedArray) -> list[str]:
+    """Display strings of a label (non-float) column. O(rows)."""
+    return ["" if v is None else str(v) for v in column.to_pylist()]
+
+
+def display_numbers(column: pa.ChunkedArray) -> list[float | None]:
+    """A float column rounded to what the report shows (see :func:`_fmt`): whole numbers from
+    1000 on, four significant digits below; nulls and non-finite values become None. O(rows)."""
+    values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+    finite = np.isfinite(values)
+    safe = np.where(finite & (values != 0), np.abs(values), 1.0)
+    scale = 10.0 ** (3 - np.floor(np.log10(safe)))
+    rounded = np.where(
+        np.abs(values) >= WHOLE_FROM, np.round(values), np.round(values * scale) / scale
+    )
+    return [
+        float(v) if ok else None for v, ok in zip(rounded.tolist(), finite.tolist(), strict=True)
+    ]
+
+
+def encode_numbers(values: list[float | None]) -> float | dict[str, Any] | None:
+    """One number if the column is constant, else ``{n: [...]}``."""
+    if values and all(v == values[0] for v in values):
+        return values[0]
+    return {"n": values}
+
+
+def encode_column(values: list[str]) -> str | list[str] | dict[str, Any]:
+    """Compact JSON for a label column: one string if constant, ``{l: levels, r: repeat}`` if it
+    is a row-major grid axis (``l[floor(i / r) % len(l)]``), else the list. O(rows)."""
+    if not values:
+        return values
+    if all(v == values[0] for v in values):
+        return values[0]
+    repeat = next((k for k, v in enumerate(values) if v != values[0]), len(values))
+    levels = values[::repeat]
+    period = len(levels)
+    for k in range(1, len(levels)):
+        if levels[k] == levels[0]:
+            period = k
+            break
+    levels = levels[:period]
+    if len(values) % (repeat * period) == 0 and len(levels) == len(set(levels)):
+        rebuilt = [levels[(i // repeat) % period] for i in range(len(values))]
+        if rebuilt == values:
+            return {"l": levels, "r": repeat}
+    return values
+
+
+def _cell(encoded: Any, index: int) -> str:
+    """Row ``index`` of an encoded column as displayed (the page script does the same)."""
+    if isinstance(encoded, dict):
+        if "n" in encoded:
+            return _fmt(encoded["n"][index])
+        return encoded["l"][(index // encoded["r"]) % len(encoded["l"])]
+    if isinstance(encoded, list):
+        return encoded[index]
+    return _fmt(encoded) if isinstance(encoded, float) or encoded is None else encoded
+
+
+def _json_script(element_id: str, payload: Any) -> str:
+    # "<" escaped so a label can never close the script element
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
+    return f"<script type='application/json' id='{element_id}'>{text}</script>"
+
+
+def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMBED_MAX_ROWS) -> str:
+    """One released table: caption, chart, the first page, a pager over every row, the CSV link.
+
+    A table longer than ``max_rows`` pages through its first rows only and says so;
+    its CSV and Parquet hold every row (364 three-way Adult marginals are 20.9M rows: embedded,
+    no browser could open the page; ``benchmarks/report_bench.py`` times its load).
+    """
+    axes = table_model(table)
+    columns = table.column_names
+    numeric = [pa.types.is_floating(table[c].type) for c in columns]
+    shown = table.slice(0, max_rows)  # O(1): a view
+    encoded = [
+        encode_numbers(display_numbers(shown[c])) if n else encode_column(column_text(shown[c]))
+        for c, n in zip(columns, numeric, strict=True)
+    ]
+    chart = chart_for(table, title=name)
+    rows = shown.num_rows
+    cut = (
+        f" The page shows the first {rows:,} of {table.num_rows:,} rows; every row is in the CSV."
+        if table.num_rows > rows
+        else ""
+    )
+    first = min(rows, PAGE_ROWS)
+    head = "".join(
+        f"<th class='{'num' if n else 'lab'}' title='{html.escape(c, quote=True)}'>"
+        f"{html.escape(heading(c, axes))}</th>"
+        for c, n in zip(columns, numeric, strict=True)
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='{'num' if n else 'lab'}'>{html.escape(_cell(e, i))}</td>"
+            for e, n in zip(encoded, numeric, strict=True)
+        )
+        + "</tr>"
+        for i in range(first)
+    )
+    options = (
+        "".join(
+            f"<option value='{size}'>{size} rows</option>" for size in PAGE_SIZES if size < rows
+        )
+        + f"<option value='{rows}'>all {rows:,} rows</option>"
+    )
+    pager = (
+        f"<div class='pager-bar'><button type='button' data-go='first'>«</button>"
+        f"<button type='button' data-go='prev'>‹ previous</button>"
+        f"<span class='pos'>rows 1–{first:,} of {rows:,}</span>"
+        f"<button type='button' data-go='next'>next ›</button>"
+        f"<button type='button' data-go='last'>»</button>"
+        f"<select aria-label='rows per page'>{options}</select></div>"
+        if rows > PAGE_ROWS
+        else f"<div class='pager-bar'><span class='muted'>all {rows:,} rows</span></div>"
+    )
+    csv = f"tables/{name}.csv"
+    chart_html = (
+        # drawn when scrolled near (page script): 91 charts parsed inert, not laid out at load
+        f"<figure class='lazy'><template>{chart.svg}</template>"
+        f"<figcaption>{html.escape(chart.note)}</figcaption></figure>"
+        if chart.svg
+        else f"<p class='muted'>No chart: {html.escape(chart.note)}.</p>"
+    )
+    return (
+        f"<section class='tbl' id='t{index}'>"
+        f"<h3>{html.escape(name)} <small>{table.num_rows:,} rows</small></h3>"
+        f"<p class='muted'>Rows: {html.escape(describe(table, axes))}. "
+        f"<a class='csv' href='{html.escape(csv, quote=True)}' download>Download CSV</a> "
+        f"(every row, full precision; also <code>tables/{html.escape(name)}.parquet</code>)."
+        f"{html.escape(cut)}</p>"
+        f"{chart_html}"
+        f"<div class='pager' data-table='{index}' data-rows='{rows}' data-page='0'>{pager}"
+        f"<div class='scroll'><table class='data'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table></div></div>"
+        + _json_script(
+            f"data-{index}",
+            {"n": rows, "c": encoded, "k": ["num" if n else "lab" for n in numeric]},
+        )
+        + "</section>"
+    )
+
+
+def tables_index(tables: dict[str, pa.Table]) -> str:
+    rows = []
+    for index, (name, table) in enumerate(tables.items()):
+        axes = table_model(table)
+        rows.append(
+            f"<tr><td class='lab'><a href='#t{index}'>{html.escape(name)}</a></td>"
+            f"<td class='lab'>{html.escape(describe(table, axes))}</td>"
+            f"<td class='num'>{table.num_rows:,}</td>"
+            f"<td class='lab'><a href='{html.escape(f'tables/{name}.csv', quote=True)}' download>CSV</a></td></tr>"
+        )
+    return (
+        "<div class='scroll short'><table class='data'><thead><tr><th class='lab'>table</th>"
+        "<th class='lab'>rows are</th><th>rows</th><th class='lab'>download</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table></div>"
+    )
+
+
+_ASSETS = Path(__file__).resolve().parents[1] / "assets" / "report"
+PAGER_SCRIPT = (_ASSETS / "pager.js").read_text(encoding="utf-8")
+"""Pages through every table's embedded rows and draws charts when scrolled near."""
+STYLE = (_ASSETS / "report.css").read_text(encoding="utf-8")
+
+
+def describe_check(result: dict[str, Any]) -> str:
+    """A validation check in words, from its GX type and parameters."""
+    kind = result.get("expectation", "")
+    kwargs = result.get("kwargs") or {}
+    column = kwargs.get("column") or result.get("column") or ""
+    if kind == "expect_table_columns_to_match_set":
+        return "the columns are exactly the table's schema"
+    if kind == "expect_table_row_count_to_equal":
+        return "one row per query (row count as planned)"
+    if kind == "expect_column_to_exist":
+        return f"column {column} exists"
+    if kind == "expect_column_values_to_not_be_null":
+        condition = kwargs.get("row_condition")
+        if isinstance(condition, dict) and condition.get("operator") == "!=":
+            other = (condition.get("column") or {}).get("name", "")
+            return (
+                f"{column} is never missing (except where {other} is {condition.get('parameter')})"
+            )
+        return f"{column} is never missing"
+    if kind == "expect_column_values_to_be_between":
+        low, high = kwargs.get("min_value"), kwargs.get("max_value")
+        if low is not None and high is not None and -low == high and high >= 1e300:
+            return f"{column} is finite"
+        if high is None and low is not None:
+            return f"{column} {'>' if kwargs.get('strict_min') else '≥'} {_fmt(float(low))}"
+        return f"{column} between {_fmt(low)} and {_fmt(high)}"
+    if kind == "expect_column_values_to_be_in_set":
+        return f"{column} is one of {', '.join(map(str, kwargs.get('value_set', [])))}"
+    if kind == "expect_column_pair_values_a_to_be_greater_than_b":
+        sign = "≥" if kwargs.get("or_equal") else ">"
+        return f"{kwargs.get('column_A')} {sign} {kwargs.get('column_B')}"
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
+    return f"{kind} ({shown})"
+
+
+def validation_section(validation: dict[str, Any]) -> list[str]:
+    """What was checked (passes folded), what failed with details, and the Data Docs link."""
+    checks: dict[str, dict[str, Any]] = {}
+    failures: list[dict[str, Any]] = []
+    tables = validation.get("tables", {})
+    for table_name, summary in tables.items():
+        for result in summary.get("results", []):
+            text = describe_check(result)
+            entry = checks.setdefault(text, {"tables": 0, "passed": 0, "failed": 0})
+            entry["tables"] += 1
+            entry["passed" if result.get("success") else "failed"] += 1
+            if not result.get("success"):
+                failures.append(
+                    {
+                        "table": table_name,
+                        "check": text,
+                        "GX expectation": result.get("expectation"),
+                        "observed": _observed(result.get("observed_value")),
+                        "rows failing": result.get("unexpected_count"),
+                    }
+                )
+    total = sum(e["tables"] for e in checks.values())
+    failed = len(failures)
+    verdict = (
+        f"<p class='ok'>All {total:,} checks on {len(tables):,} tables passed.</p>"
+        if not failed
+        else f"<p class='bad'>{failed:,} of {total:,} checks failed on "
+        f"{len({f['table'] for f in failures}):,} of {len(tables):,} tables.</p>"
+    )
+    parts = [
+        verdict,
+        "<p class='muted'>Every table is checked with Great Expectations on the released values and "
+        "public metadata only (a check on true values would itself be a release): the schema, one "
+        "row per query, finite values, a positive standard error, the estimate inside its "
+        "interval, and the uncertainty label.</p>",
+    ]
+    if failures:
+        parts.append("<h3>Failed checks</h3>")
+        parts.append(
+            _table_html(
+                failures,
+                ["table", "check", "GX expectation", "observed", "rows failing"],
+                classes="fail",
+            )
+        )
+    rows = [
+        {"check": text, "tables checked": e["tables"], "passed": e["passed"], "failed": e["failed"]}
+        for text, e in checks.items()
+    ]
+    parts.append(
+        f"<details><summary>What was checked: {len(checks)} kinds of check, "
+        f"{total - failed:,} passed</summary>"
+        + _table_html(rows, ["check", "tables checked", "passed", "failed"])
+        + "</details>"
+    )
+    parts.append(
+        f"<p>Full results per table: <a href='{DATA_DOCS}'>Great Expectations Data Docs</a> "
+        "(opens offline; its styles and scripts are bundled in the release) and "
+        "<code>validation/results.json</code>.</p>"
+    )
+    return parts
+
+
+def _observed(value: Any) -> str:
+    if value is None:
+        return ""
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _assumptions(manifest: dict[str, Any]) -> list[str]:
+    """Assumptions a release states in its manifest (e.g. disjoint partitions), shown verbatim."""
+    parts = []
+    for key in ("assumptions", "partitions"):
+        value = manifest.get(key)
+        if not value:
+            continue
+        if isinstance(value, dict):
+            parts.append(_kv({k.replace("_", " "): v for k, v in value.items()}))
+        elif isinstance(value, list):
+            parts.append(
+                "<ul>" + "".join(f"<li>{html.escape(str(v))}</li>" for v in value) + "</ul>"
+            )
+        else:
+            parts.append(f"<p>{html.escape(str(value))}</p>")
+    return ["<h3>Stated assumptions</h3>", *parts] if parts else []
+
+
+def render_report(
+    *,
+    manifest: dict[str, Any],
+    plan: dict[str, Any],
+    tables: dict[str, pa.Table],
+    validation: dict[str, Any],
+    budget: dict[str, Any],
+    ledger_rows: list[dict[str, Any]],
+    reviews: list[dict[str, Any]],
+) -> str:
+    """The whole report as one HTML string (its CSV links point at ``tables/<name>.csv``)."""
+    release_id = html.escape(manifest["release_id"])
+    status = manifest.get("review", {}).get("status", "staged")
+    valid = validation.get("success")
+    noise = manifest["mechanism"]["noise"]
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>{html.escape(manifest['name'])} — differentially private release {release_id}</title>",
+        f"<style>{STYLE}</style></head><body>",
+        "<nav class='toc'><a href='#summary'>Summary</a><a href='#budget'>Privacy budget</a>"
+        "<a href='#method'>Method and error</a>"
+        f"<a href='#tables'>Tables ({len(tables)})</a><a href='#validation'>Validation</a>"
+        "<a href='#review'>Review</a></nav><main>",
+        f"<h1>{html.escape(manifest['name'])}: differentially private release "
+        f"<code>{release_id}</code></h1>",
+        "<section id='summary'><div class='summary'>",
+        f"<div class='card'>status<b>{html.escape(status)}</b></div>",
+        f"<div class='card'>tables<b>{len(tables)}</b></div>",
+        f"<div class='card'>mechanism<b>{html.escape(manifest['mechanism']['name'])}</b></div>",
+        f"<div class='card'>privacy charged<b>{html.escape(_cost(manifest['privacy']['charged']))}</b></div>",
+        f"<div class='card'>validation<b class='{'ok' if valid else 'bad'}'>"
+        f"{'passed' if valid else 'FAILED'}</b></div>",
+        "</div>",
+        "<h2>What was released</h2>",
+        _kv(
+            {
+                "release series": manifest["name"],
+                "dataset": manifest["dataset_id"],
+                "created (UTC)": manifest["created_at"],
+                "spec fingerprint (sha256)": manifest["spec_fingerprint"],
+                "input fingerprint (keyed HMAC-SHA256 of the input files)": manifest[
+                    "input_fingerprint"
+                ],
+                "code version": f"{manifest['code_version'].get('package')} (git {manifest['code_version'].get('git_commit') or 'n/a'})",
+                "tables": f"{len(tables)} (see Tables below)",
+                "privacy unit": manifest["privacy_unit"],
+            }
+        ),
+        *_assumptions(manifest),
+        "</section><section id='budget'><h2>Privacy budget</h2>",
+        _kv(
+            {
+                "requested by the spec": _cost(manifest["privacy"]["requested"]),
+                "charged (OpenDP privacy map, incl. discretisation slack)": _cost(
+                    manifest["privacy"]["charged"]
+                ),
+                "dataset cap": _cost(budget["cap"]),
+                "spent before this release": _cost(budget["before"]),
+                "spent after this release": _cost(budget["after"]),
+                "remaining": _cost(budget["remaining"]),
+                "noise": f"{noise['kind']} with scale {noise['scale']:.6g} on {noise['size']:,} "
+                f"strategy answers (sensitivity {noise['sensitivity']:.6g})",
+            }
+        ),
+        "<p>Ledger of this dataset (append-only; charges are never refunded):</p>",
+        *_budget_timeline(ledger_rows, budget["cap"], manifest["release_id"]),
+        _table_html(ledger_rows, ["seq", "created_at", "release_id", "label", "cost"]),
+        "</section><section id='method'><h2>Mechanism and expected error</h2>",
+        f"<p>Chosen: <b>{html.escape(plan['chosen'])}</b> — {html.escape(plan['reason'])}.</p>",
+        _table_html(
+            [
+                {
+                    **c,
+                    "ratio to bound": (c["rmse"] / plan["lower_bound_rmse"])
+                    if c.get("rmse") and plan.get("lower_bound_rmse")
+                    else None,
+                }
+                for c in plan["candidates"]
+            ],
+            [
+                "mechanism",
+                "rmse",
+                "total_variance",
+                "ratio to bound",
+                "sensitivity",
+                "noise_scale",
+                "note",
+            ],
+        ),
+        f"<p>SVD lower bound on RMSE: <b>{_fmt(plan.get('lower_bound_rmse'))}</b> "
+        f"({html.escape(plan.get('lower_bound_note', ''))}).</p>",
+        *(
+            [f"<figure aria-label='expected error by candidate'>{error_plot(plan)}</figure>"]
+            if any(c.get("rmse") is not None for c in plan["candidates"])
+            else []  # data-dependent candidates only: no expected error to draw
+        ),
+        *_details_section(manifest),
+        "</section><section id='tables'><h2>Released tables</h2>",
+        "<p>Every table is complete below (paged; choose the page size, or download the CSV). "
+        "95% intervals come from each row's error model (column <code>uncertainty</code> says what "
+        "<code>std_error</code> covers): estimate ± 1.96 · std_error where the error is close to "
+        "normal, the exact Laplace quantile (± 2.12 · std_error) where a row is one measured answer "
+        "plus one Laplace draw, and no interval on rows labelled <i>noise-only</i> (their "
+        "std_error omits a bias the release cannot estimate).</p>",
+        tables_index(tables),
+        "</section>",
+    ]
+    per_table = min(EMBED_MAX_ROWS, max(PAGE_SIZES[-1], EMBED_TOTAL_ROWS // max(1, len(tables))))
+    parts += [
+        table_section(index, name, table, max_rows=per_table)
+        for index, (name, table) in enumerate(tables.items())
+    ]
+    parts.append("<section id='validation'>")
+    parts.append("<h2>Validation (released values and public metadata only)</h2>")
+    parts += validation_section(validation)
+    parts.append("</section><section id='review'><h2>Review trail</h2>")
+    if reviews:
+        parts.append(_table_html(reviews, ["at", "decision", "reviewer", "note"]))
+    else:
+        parts.append("<p>Awaiting review: staged releases are published only after approval.</p>")
+    parts.append(f"</section></main><script>{PAGER_SCRIPT}</script></body></html>")
+    return "\n".join(parts)
+
+
+def _cost(cost: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.6g}" for k, v in cost.items())
+
+
+def _kv(values: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(str(k))}</td><td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+        for k, v in values.items()
+    )
+    return f"<table class='kv'>{rows}</table>"
+
+
+def _details_section(manifest: dict[str, Any]) -> list[str]:
+    """The mechanism's public details (e.g. a privately released partition and its reuse)."""
+    details = manifest["mechanism"].get("details") or {}
+    if not details:
+        return []
+    shown = {
+        key.replace("_", " "): (f"{len(value)} values" if isinstance(value, list) else value)
+        for key, value in details.items()
+    }
+    parts = [
+        f"<h3>{html.escape(manifest['mechanism']['name'])}: details of the measurement</h3>",
+        _kv(shown),
+    ]
+    boundaries = details.get("boundaries")
+    if boundaries:
+        parts.append(
+            f"<figure aria-label='released partition'>{_partition_plot(boundaries)}</figure>"
+        )
+    return parts
+
+
+def _partition_plot(boundaries: list[int]) -> str:
+    """Bucket sizes of a privately released partition of the (1-D ordered) cells (inline SVG)."""
+    edges = np.asarray(boundaries)
+    sizes = np.diff(edges).astype(float)
+    missing = np.full(sizes.shape, np.nan)
+    labels = [f"{lo}–{hi - 1}" for lo, hi in itertools.pairwise(edges.tolist())]
+    return value_chart(
+        "bars",
+        labels,
+        sizes,
+        missing,
+        missing,
+        x_title=f"released partition: {sizes.size} buckets (cells, measurement order)",
+        y_title="bucket size",
+    )
+
+
+def _cost_values(cost: str | dict[str, float]) -> dict[str, float]:
+    """A ledger row's cost as numbers: a dict, or the ``"epsilon=0.5, delta=1e-09"`` text form."""
+    if isinstance(cost, dict):
+        return {str(k): float(v) for k, v in cost.items()}
+    values = {}
+    for part in cost.split(","):
+        name, _, number = part.strip().partition("=")
+        if name and number:
+            values[name] = float(number)
+    return values
+
+
+def budget_timeline_plot(
+    ledger_rows: list[dict[str, Any]], cap: dict[str, float], release_id: str
+) -> str:
+    """Cumulative spend of the dataset's budget, entry by entry (step curve), against the cap.
+
+    The measure plotted is the cap's first component (epsilon for ε-DP and (ε, δ), rho for zCDP);
+    this release's entries are starred.  Inline SVG, O(entries).
+    """
+    measure = next(iter(cap))
+    charges = np.array([_cost_values(row["cost"]).get(measure, 0.0) for row in ledger_rows])
+    cumulative = np.cumsum(charges)
+    missing = np.full(cumulative.shape, np.nan)
+    labels = [
+        ("* " if row["release_id"] == release_id else "")
+        + str(row["created_at"])[5:16].replace("T", " ")
+        for row in ledger_rows
+    ]
+    return value_chart(
+        "step",
+        labels,
+        cumulative,
+        missing,
+        missing,
+        x_title="ledger entries in order (UTC month-day time; * this release)",
+        y_title=f"{measure} spent",
+        reference=(float(cap[measure]), f"cap ({measure}={cap[measure]:.6g})"),
+    )
+
+
+def _budget_timeline(
+    ledger_rows: list[dict[str, Any]], cap: dict[str, float], release_id: str
+) -> list[str]:
+    if not ledger_rows or not cap:
+        return []
+    return [
+        "<figure aria-label='privacy budget spent over time against the cap'>"
+        f"{budget_timeline_plot(ledger_rows, cap, release_id)}</figure>"
+    ]
+
+
+def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) -> None:
+    """(Re)render ``report.html`` from the manifest, the tables and the validation results."""
+    import pyarrow.parquet as pq
+
+    tables = {
+        name: pq.read_table(directory / "tables" / f"{name}.parquet") for name in manifest["tables"]
+    }
+    validation = json.loads((directory / "validation" / "results.json").read_text())
+    ledger_rows = [
+        {
+            "seq": entry.seq,
+            "created_at": entry.created_at,
+            "release_id": entry.release_id,
+            "label": entry.label,
+            "cost": entry.cost.describe(),
+        }
+        for entry in catalog.ledger_entries(manifest["dataset_id"])
+    ]
+    reviews = [
+        {"at": r["at"], "decision": r["decision"], "reviewer": r["reviewer"], "note": r["note"]}
+        for r in manifest["review"]["trail"]
+    ]
+    html_text = render_report(
+        manifest=manifest,
+        plan=manifest["plan"],
+        tables=tables,
+        validation=validation,
+        budget=manifest["budget"],
+        ledger_rows=ledger_rows,
+        reviews=reviews,
+    )
+    (directory / "report.html").write_text(html_text)

@@ -1,0 +1,162 @@
+"""Who ran a release and who must approve it: the review policy recorded when a release registers.
+
+One small table in the catalog database (``review_policies``, its own ``MetaData`` like
+``catalog.watch_state``): per release, the operator (the person who ran it), the number of distinct
+approvals it needs, whether the operator is excluded from approving (always, unless the spec says
+``review: {allow_self_approval: true}``), and the Prefect notification block that tells reviewers it
+is staged.  It is written once, by the process that registers the release, from the spec it ran, so
+a later edit of the spec or the manifest cannot lower the bar.  A release without a row (registered
+before this table existed) needs one approval by anyone, as before.
+
+The operator is ``DPRELEASE_OPERATOR`` when set (a deployment's worker runs as a service account:
+set it to the person or role responsible), else the login name.  Names are self-declared, as
+reviewer names are: the rule stops a release engineer approving their own release by mistake and
+leaves every decision in the audit trail; it does not authenticate anyone.
+
+Everything stored here is public: names, a count of approvals, a block name.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import weakref
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.leases import process_owner
+from dprelease.catalog.ledger.names import normalize_reviewer, same_person
+from dprelease.catalog.ledger.schema import create_tables, now
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.spec.model import ReleaseSpec
+
+OPERATOR_ENV = "DPRELEASE_OPERATOR"
+
+policy_metadata = sa.MetaData()
+
+review_policies = sa.Table(
+    "review_policies",
+    policy_metadata,
+    sa.Column("release_id", sa.String(128), primary_key=True),
+    sa.Column("operator", sa.String(128), nullable=False),
+    sa.Column("operator_host", sa.String(255)),
+    sa.Column("required_approvals", sa.Integer, nullable=False),
+    sa.Column("exclude_operator", sa.Boolean, nullable=False),
+    sa.Column("notify", sa.String(128)),
+    sa.Column("recorded_at", sa.String(40), nullable=False),
+    sa.Column("notified_at", sa.String(40)),
+    sa.Column("notify_error", sa.Text),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReviewPolicyRecord:
+    """What a release's review needs (public)."""
+
+    release_id: str
+    operator: str | None
+    operator_host: str | None
+    required_approvals: int
+    exclude_operator: bool
+    notify: str | None
+    recorded_at: str | None
+    notified_at: str | None = None
+    """When reviewers were last told (through ``notify``) that the release is staged."""
+    notify_error: str | None = None
+    """Why the last notification failed (the release stays staged; notify again)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def refusal(self, reviewer: str) -> str | None:
+        """Why ``reviewer`` (normalised) may not approve this release, or None."""
+        if self.exclude_operator and self.operator and same_person(reviewer, self.operator):
+            return (
+                f"reviewer {reviewer!r} ran release {self.release_id!r} (operator "
+                f"{self.operator!r}) and may not approve it: it needs "
+                f"{self.required_approvals} approval(s) by someone other than the person who "
+                "ran it; ask another reviewer (a one-person setup sets review: "
+                "{allow_self_approval: true} in the spec, for releases run after that)"
+            )
+        return None
+
+
+def current_operator() -> str:
+    """The person running this process: ``DPRELEASE_OPERATOR``, else the login name."""
+    declared = os.environ.get(OPERATOR_ENV, "")
+    if declared.strip():
+        try:
+            return normalize_reviewer(declared)
+        except CatalogError as exc:
+            raise CatalogError(f"{OPERATOR_ENV}: {exc}") from None
+    try:
+        login = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers): the uid still identifies
+        login = f"uid-{os.getuid()}"
+    return normalize_reviewer(login)
+
+
+_prepared: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _engine(catalog: Catalog) -> Engine:
+    """The catalog's engine, with the table created on first use (once per engine)."""
+    if catalog.engine not in _prepared:
+        create_tables(catalog.engine, policy_metadata)
+        _prepared.add(catalog.engine)
+    return catalog.engine
+
+
+def record_policy(catalog: Catalog, *, release_id: str, spec: ReleaseSpec) -> ReviewPolicyRecord:
+    """Record who runs ``release_id`` (this process's operator) and what its review needs."""
+    policy = spec.review
+    record = ReviewPolicyRecord(
+        release_id=release_id,
+        operator=current_operator(),
+        operator_host=str(process_owner()["owner_host"]),
+        required_approvals=1 if policy is None else policy.approvers,
+        exclude_operator=policy is None or not policy.allow_self_approval,
+        notify=None if policy is None else policy.notify,
+        recorded_at=now(),
+    )
+    with _engine(catalog).begin() as conn:
+        conn.execute(review_policies.insert().values(**record.as_dict()))
+    return record
+
+
+def policy_of(catalog: Catalog, release_id: str) -> ReviewPolicyRecord:
+    """The recorded policy of ``release_id``; one approval by anyone when none was recorded."""
+    with _engine(catalog).connect() as conn:
+        row = conn.execute(
+            sa.select(review_policies).where(review_policies.c.release_id == release_id)
+        ).first()
+    if row is None:
+        return ReviewPolicyRecord(
+            release_id=release_id,
+            operator=None,
+            operator_host=None,
+            required_approvals=1,
+            exclude_operator=False,
+            notify=None,
+            recorded_at=None,
+        )
+    return ReviewPolicyRecord(**row._asdict())
+
+
+def record_notification(catalog: Catalog, release_id: str, *, error: str | None) -> None:
+    """Record that reviewers of ``release_id`` were notified (``error`` None) or why not."""
+    values: dict[str, Any] = {"notify_error": error}
+    if error is None:
+        values["notified_at"] = now()
+    with _engine(catalog).begin() as conn:
+        result = conn.execute(
+            review_policies.update()
+            .where(review_policies.c.release_id == release_id)
+            .values(**values)
+        )
+    if result.rowcount != 1:
+        raise CatalogError(f"release {release_id!r} has no recorded review policy")

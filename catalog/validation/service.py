@@ -1,0 +1,278 @@
+"""A long-lived process that keeps Great Expectations imported for the commands of one state home.
+
+Importing GX costs seconds per command, a large share of a warm ``run``
+(``benchmarks/demo_bench.py`` times the import and each stage).  The shared server's supervisor
+(``flows.server``) therefore also starts ``python -m dprelease.catalog.validation.service`` in its process
+group: it imports GX once, then listens on ``$DPRELEASE_HOME/validation.sock`` (mode 0600, created
+once GX is loaded) and runs :func:`catalog.validation.gx.run_suites_here` for each request.  While it imports,
+``<socket>.starting`` holds its pid: a command that reaches validation then waits for it (at most
+:data:`STARTUP_WAIT_SECONDS`) instead of importing GX itself (on a fresh home two imports would
+compete for the cores; ``benchmarks/demo_bench.py`` runs the demo on fresh homes).  It stops with
+the supervisor (same process group, and it exits when its parent changes) or on SIGTERM.
+
+Privacy: exactly what ``run_suites_here`` may see crosses the socket, released (noisy) tables and public
+expectations (``catalog.validation.checks`` builds both); the socket is a file only its owner may open.
+
+Protocol, one request per connection: the client sends one JSON line ``{"docs_dir": str | null,
+"jobs": [{"name", "expectations": [[type, kwargs], ...], "frame_bytes": n}, ...]}`` and then each
+job's frame as an Arrow IPC stream of exactly ``frame_bytes`` bytes; the service answers one JSON
+line, ``{"ok": true, "summaries": {...}}`` or ``{"ok": false, "error": "<exception type>"}``.
+Any failure on the client's side (no socket, refused, closed, an error answer) means: validate in
+this process instead, which reports a real error itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from dprelease.catalog.processes import command_line, is_alive
+from dprelease.catalog.validation.gx import Jobs
+
+SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"
+"""Set by ``flows.server.connect`` for a command that uses the shared server: the socket to try
+(``flows.server`` keeps its own copy of the name: the supervisor imports only the standard-library
+``catalog.processes`` of the catalog)."""
+CONNECT_SECONDS = 2.0
+REQUEST_SECONDS = 600.0  # an answer later than this means a hung service: validate here instead
+ACCEPT_POLL_SECONDS = 1.0
+STARTUP_WAIT_SECONDS = 30.0
+"""How long a command waits for a service that is still importing GX (niced, on a busy 2-core
+machine up to ~10 s) before it validates in its own process."""
+NICENESS = 10
+
+
+class ServiceUnavailable(RuntimeError):
+    """The validation service could not validate this request (the caller validates itself)."""
+
+
+def run_suites(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """:func:`catalog.validation.gx.run_suites_here`, in the shared validation service when this command has
+    one (GX already imported there, or being imported: then it waits for it, bounded), else in
+    this process."""
+    service = wait_for_socket()
+    if service is not None:
+        try:
+            return validate_remotely(service, jobs, docs_dir=docs_dir)
+        except ServiceUnavailable as exc:  # public: names no value
+            logging.getLogger(__name__).warning("validating in this process: %s", exc)
+    from dprelease.catalog.validation import gx
+
+    return gx.run_suites_here(jobs, docs_dir=docs_dir)
+
+
+def expected() -> bool:
+    """True when this command's service listens or is still importing GX (a live start marker):
+    importing GX here as well would only compete with it for the CPU."""
+    path = _configured_path()
+    return path is not None and (path.is_socket() or _starting(path))
+
+
+def wait_for_socket(*, timeout: float = STARTUP_WAIT_SECONDS) -> Path | None:
+    """The service socket this command may use (``DPRELEASE_VALIDATION_SOCKET``), after waiting (at
+    most ``timeout`` s) while the service is still importing GX; None when there is no service, it
+    died, or it is not listening in time."""
+    path = _configured_path()
+    if path is None:
+        return None
+    deadline = time.monotonic() + timeout
+    while not path.is_socket():
+        if not _starting(path) or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+    return path
+
+
+def _configured_path() -> Path | None:
+    value = os.environ.get(SOCKET_ENV)
+    return Path(value) if value else None
+
+
+def _start_marker(path: Path) -> Path:
+    return path.with_name(path.name + ".starting")
+
+
+def _starting(path: Path) -> bool:
+    """The service of ``path`` is alive and importing GX: its start marker names a live process
+    that is this socket's validation service (a marker left by a killed one is ignored)."""
+    try:
+        pid = int(_start_marker(path).read_text().strip())
+    except (OSError, ValueError):
+        return False
+    if not is_alive(pid):
+        return False
+    command = command_line(pid)
+    if command is None:
+        return True  # no /proc: a live pid is all that can be checked
+    return "dprelease.catalog.validation.service" in command and str(path) in command
+
+
+def validate_remotely(
+    path: Path, jobs: Jobs, *, docs_dir: Path | None, timeout: float = REQUEST_SECONDS
+) -> dict[str, dict[str, Any]]:
+    """Run ``jobs`` in the service behind ``path``; raises :class:`ServiceUnavailable`."""
+    frames = [_arrow_bytes(frame) for _, frame, _ in jobs]
+    header = {
+        "docs_dir": None if docs_dir is None else str(docs_dir.resolve()),  # its cwd is not ours
+        "jobs": [
+            {"name": name, "expectations": expectations, "frame_bytes": len(data)}
+            for (name, _, expectations), data in zip(jobs, frames, strict=True)
+        ],
+    }
+    try:
+        line = json.dumps(header, allow_nan=False).encode() + b"\n"
+    except (TypeError, ValueError) as exc:  # an expectation argument JSON cannot carry
+        raise ServiceUnavailable(f"request not serialisable: {type(exc).__name__}") from None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(CONNECT_SECONDS)
+            connection.connect(str(path))
+            connection.settimeout(timeout)
+            connection.sendall(line)
+            for data in frames:
+                connection.sendall(data)
+            connection.shutdown(socket.SHUT_WR)
+            answer = _read_line(connection.makefile("rb"))
+    except OSError as exc:
+        raise ServiceUnavailable(f"{type(exc).__name__}: {exc.strerror or exc}") from None
+    if answer is None:
+        raise ServiceUnavailable("the service closed the connection without an answer")
+    try:
+        reply = json.loads(answer)
+    except ValueError:
+        raise ServiceUnavailable("the service's answer is not JSON") from None
+    if not isinstance(reply, dict) or not reply.get("ok") or "summaries" not in reply:
+        error = reply.get("error") if isinstance(reply, dict) else None
+        raise ServiceUnavailable(f"the service failed: {error}")
+    return reply["summaries"]
+
+
+def _arrow_bytes(frame: pd.DataFrame) -> bytes:
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _read_line(stream: io.BufferedReader) -> bytes | None:
+    line = stream.readline()
+    return line if line.endswith(b"\n") else None
+
+
+def serve(path: Path, *, parent_pid: int) -> int:
+    """Import GX, listen on ``path`` and validate requests one at a time until stopped."""
+    from dprelease.catalog.validation import gx
+
+    with contextlib.suppress(OSError):
+        # below the commands and the Prefect server: on a fresh home the import runs while they
+        # start, and it must not delay them (a request waits for this process anyway)
+        os.nice(NICENESS)
+    marker = _start_marker(path)
+    with contextlib.suppress(OSError):  # best effort: without it commands import GX themselves
+        marker.write_text(f"{os.getpid()}\n")  # they wait for this import instead
+    try:
+        gx.load()  # the import this process exists for, before the socket appears
+    except BaseException:
+        marker.unlink(missing_ok=True)
+        raise
+    stopping = False
+
+    def request_stop(_signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, request_stop)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a socket left by a killed service
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)  # the socket file is created 0600
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(previous)
+    listener.listen(8)
+    marker.unlink(missing_ok=True)  # after listen: a waiting command sees the socket first
+    listener.settimeout(ACCEPT_POLL_SECONDS)
+    _log(f"Great Expectations loaded; listening on {path}")
+    try:
+        while not stopping and os.getppid() == parent_pid:
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except InterruptedError:
+                continue
+            with connection:
+                connection.settimeout(None)
+                _answer(connection)
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        marker.unlink(missing_ok=True)
+    return 0
+
+
+def _answer(connection: socket.socket) -> None:
+    from dprelease.catalog.validation import gx
+
+    started = time.monotonic()
+    stream = connection.makefile("rb")
+    try:
+        line = _read_line(stream)
+        if line is None:
+            return
+        header = json.loads(line)
+        jobs: Jobs = []
+        for job in header["jobs"]:
+            data = stream.read(int(job["frame_bytes"]))
+            frame = pa.ipc.open_stream(data).read_all().to_pandas()
+            expectations = [(str(kind), dict(kwargs)) for kind, kwargs in job["expectations"]]
+            for _, kwargs in expectations:
+                if "where_not" in kwargs:
+                    kwargs["where_not"] = tuple(kwargs["where_not"])
+            jobs.append((str(job["name"]), frame, expectations))
+        docs = header.get("docs_dir")
+        summaries = gx.run_suites_here(jobs, docs_dir=None if docs is None else Path(docs))
+        reply: dict[str, Any] = {"ok": True, "summaries": summaries}
+        _log(f"validated {len(jobs)} suite(s) in {time.monotonic() - started:.2f} s")
+    except Exception as exc:  # the client validates in its own process, which reports the error
+        reply = {"ok": False, "error": type(exc).__name__}
+        _log(f"request failed with {type(exc).__name__}")  # the type only: no value, no message
+    with contextlib.suppress(OSError):
+        connection.sendall(json.dumps(reply).encode() + b"\n")
+
+
+def _log(message: str) -> None:
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    sys.stderr.write(f"{stamp} dprelease validation service {os.getpid()}: {message}\n")
+    sys.stderr.flush()
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dprelease.catalog.validation.service")
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    return serve(args.socket, parent_pid=args.parent_pid)
+
+
+if __name__ == "__main__":  # pragma: no cover - the service's entry point
+    raise SystemExit(_main(sys.argv[1:]))

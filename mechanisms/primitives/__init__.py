@@ -1,0 +1,1 @@
+"""What every mechanism is built from: the protocols, implicit operators and workloads, Kronecker, dense, union and subset-space strategies, the vetted noise sampler, privacy arithmetic, intervals, the SVD lower bound, and compute limits. No mechanism lives here."""
