@@ -251,7 +251,7 @@ def test_a_run_through_the_shared_server_validates_in_its_service(
     service = [
         pid
         for pid in server.group_members(record.pid)
-        if "validation_service" in (processes.command_line(pid) or "")
+        if "dprelease.catalog.validation.service" in (processes.command_line(pid) or "")
     ]
     assert len(service) == 1  # in the server's process group: stopped with it
 
@@ -281,7 +281,7 @@ def test_a_stage_past_its_time_limit_fails_the_release_with_a_clear_message(
         "def slow_ingest(*args, **kwargs):\n"
         "    for _ in range(2400):\n"
         "        time.sleep(0.05)\n"
-        "catalog.release.ingest = slow_ingest\n"
+        "dprelease.catalog.release.ingest = slow_ingest\n"
         "os.environ['DPRELEASE_STAGE_TIMEOUT'] = '20'\n" + AS_PROGRAM
     )
     started = time.monotonic()
