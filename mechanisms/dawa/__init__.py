@@ -197,15 +197,12 @@ class DawaMechanism:
             str(stored.parameters["receipt_id"])
         ):
             stored = None  # its receipt is not on this catalog's ledger: select (and pay) again
-        if stored is None:
+        reused = stored is not None
+        if not reused:
             boundaries, receipt = self._select(design, data, context=context, cost=partition_cost)
             stored = StoredStrategy(parameters={"boundaries": boundaries, "receipt_id": receipt})
             context.released.save(key, stored)
-            charged = partition_cost
-            reused = False
-        else:
-            charged = PrivacyCost.zero("pure")
-            reused = True
+        charged = PrivacyCost.zero("pure") if reused else partition_cost
         boundaries = [int(b) for b in stored.parameters["boundaries"]]
         partition_receipt = str(stored.parameters["receipt_id"])
         partition = Partition(boundaries=np.asarray(boundaries, dtype=np.int64))
@@ -314,13 +311,13 @@ class MeasuredDawa:
         return self.design.parameters
 
 
+@dataclass(frozen=True)
 class _CellOrderStrategy:
     """GreedyH strategy seen from row-major cells (the session applies it to its own cells)."""
 
-    def __init__(self, strategy: HierarchicalStrategy, layout: DawaLayout) -> None:
-        self.strategy = strategy
-        self.layout = layout
-        self.name = "dawa"
+    strategy: HierarchicalStrategy
+    layout: DawaLayout
+    name: str = "dawa"
 
     @property
     def num_queries(self) -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from dprelease.mechanisms.dawa.partition import IntervalWorkload, Partition, _readonly
+from dprelease.mechanisms.dawa.partition import IntervalWorkload, Partition, _one_per, _readonly
 from dprelease.mechanisms.primitives.privacy import check_epsilon
 
 # GreedyH's search range for λ (λ = 1 would give the subtree no budget and make M singular).
@@ -118,15 +118,18 @@ def _first_children(levels: Sequence[np.ndarray], level: int) -> np.ndarray:
     return np.searchsorted(levels[level - 1], levels[level][:-1])
 
 
+def _group_sizes(levels: Sequence[np.ndarray], level: int) -> np.ndarray:
+    """Number of children of every node of ``level`` (1: a carried node, not a query)."""
+    return np.diff(np.append(_first_children(levels, level), levels[level - 1].size - 1))
+
+
 def _tree_depths(levels: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Depth ``l`` of every node (root 0); a carried node keeps the depth of its single child."""
     depths = [np.zeros(0)] * len(levels)
     depths[-1] = np.zeros(1)
     for level in range(len(levels) - 1, 0, -1):
-        first = _first_children(levels, level)
-        group = np.diff(np.append(first, levels[level - 1].size - 1))
-        is_query = group >= 2
-        depths[level - 1] = np.repeat(depths[level] + is_query, group)
+        group = _group_sizes(levels, level)
+        depths[level - 1] = np.repeat(depths[level] + (group >= 2), group)
     return depths
 
 
@@ -246,7 +249,7 @@ class HierarchicalStrategy:
                 )
             if np.any((lam < 0) | (lam >= 1)) or not np.all(np.isfinite(lam)):
                 raise ValueError(f"lambdas[{level - 1}] must lie in [0, 1)")
-            if np.any(lam[self._group_sizes(levels, level) < 2] != 0):
+            if np.any(lam[_group_sizes(levels, level) < 2] != 0):
                 raise ValueError(f"lambdas[{level - 1}] must be 0 at carried (single-child) nodes")
             lambdas.append(_readonly(lam))
         object.__setattr__(self, "level_bounds", levels)
@@ -257,14 +260,9 @@ class HierarchicalStrategy:
         for level in range(len(levels) - 1, 0, -1):
             lam = lambdas[level - 1]
             fractions[level] = _readonly(lam * reaching)
-            reaching = np.repeat(reaching * (1.0 - lam), self._group_sizes(levels, level))
+            reaching = np.repeat(reaching * (1.0 - lam), _group_sizes(levels, level))
         fractions[0] = _readonly(reaching)
         object.__setattr__(self, "fractions", tuple(fractions))
-
-    @staticmethod
-    def _group_sizes(levels: Sequence[np.ndarray], level: int) -> np.ndarray:
-        first = _first_children(levels, level)
-        return np.diff(np.append(first, levels[level - 1].size - 1))
 
     @property
     def n_buckets(self) -> int:
@@ -317,12 +315,7 @@ class HierarchicalStrategy:
 
     def answer_buckets(self, bucket_counts: np.ndarray) -> np.ndarray:
         """``A·s``: the weighted tree answers for bucket counts ``s``.  O(k log k)."""
-        counts = np.asarray(bucket_counts, dtype=np.float64)
-        if counts.shape != (self.n_buckets,):
-            raise ValueError(
-                f"bucket_counts (shape {counts.shape}) must have one entry per bucket "
-                f"({self.n_buckets})"
-            )
+        counts = _one_per(bucket_counts, self.n_buckets, name="bucket_counts", per="bucket")
         prefix = np.concatenate(([0.0], np.cumsum(counts)))
         lo, hi, weight = self.query_buckets()
         return weight * (prefix[hi] - prefix[lo])
@@ -337,12 +330,7 @@ class HierarchicalStrategy:
         ``AᵀA = M_root`` is applied through the Sherman–Morrison recursion of §6.4.3 from the leaves
         up (``M_leaf = 1``), never formed.  O(k log k).
         """
-        answers = np.asarray(noisy_answers, dtype=np.float64)
-        if answers.shape != (self.num_queries,):
-            raise ValueError(
-                f"noisy_answers (shape {answers.shape}) must have one entry per query "
-                f"({self.num_queries})"
-            )
+        answers = _one_per(noisy_answers, self.num_queries, name="noisy_answers", per="query")
         lo, hi, weight = self.query_buckets()
         # Aᵀy: each query adds weight·y on its bucket range.  O(queries + k)
         spread = np.zeros(self.n_buckets + 1)
@@ -394,7 +382,7 @@ def greedy_h_strategy(
     lambdas = []
     for level in range(1, len(levels)):
         first = _first_children(levels, level)
-        group = np.diff(np.append(first, levels[level - 1].size - 1))
+        group = _group_sizes(levels, level)
         e = np.add.reduceat(trace, first)
         a_prime = np.add.reduceat(own, first)
         d_children = np.add.reduceat(d, first)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dprelease.mechanisms.dawa.partition import _one_per
+
 
 def hilbert_order(k: int) -> np.ndarray:
     """Row-major indices of the cells of a ``2^k × 2^k`` grid, in Hilbert-curve order.
@@ -129,12 +131,7 @@ class HilbertLayout:
 
     def to_2d(self, vector: np.ndarray) -> np.ndarray:
         """The grid from a 1-D vector in Hilbert order (padding positions are dropped)."""
-        values = np.asarray(vector, dtype=np.float64)
-        if values.shape != (self.n_positions,):
-            raise ValueError(
-                f"vector (shape {values.shape}) must have one entry per position "
-                f"({self.n_positions})"
-            )
+        values = _one_per(vector, self.n_positions, name="vector", per="position")
         out = np.zeros(self.shape[0] * self.shape[1])
         real = self.cell_at >= 0
         out[self.cell_at[real]] = values[real]

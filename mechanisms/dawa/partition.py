@@ -87,6 +87,15 @@ def _readonly(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def _one_per(
+    values: np.ndarray | Sequence[float], count: int, *, name: str, per: str
+) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    if array.shape != (count,):
+        raise ValueError(f"{name} (shape {array.shape}) must have one entry per {per} ({count})")
+    return array
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Partition:
     """Contiguous buckets ``[boundaries[i], boundaries[i+1])`` covering cells ``0 … n−1``.
@@ -160,12 +169,7 @@ class Partition:
 
     def expand(self, bucket_values: np.ndarray | Sequence[float]) -> np.ndarray:
         """Uniform expansion (Definition 6.1): cell ``j`` gets ``s_{t(j)} / |b_{t(j)}|``."""
-        values = np.asarray(bucket_values, dtype=np.float64)
-        if values.shape != (self.n_buckets,):
-            raise ValueError(
-                f"bucket_values (shape {values.shape}) must have one entry per bucket "
-                f"({self.n_buckets})"
-            )
+        values = _one_per(bucket_values, self.n_buckets, name="bucket_values", per="bucket")
         return np.repeat(values / self.sizes, self.sizes)
 
     def _check_cells(self, n_cells: int, name: str) -> None:
@@ -224,10 +228,6 @@ class IntervalWorkload:
             raise ValueError("pieces of one row must not overlap")
         for name, value in (("row", row), ("lo", lo), ("hi", hi), ("weight", weight)):
             object.__setattr__(self, name, _readonly(value))
-
-
-# --------------------------------------------------------------------------------------------------
-# Step 1: bucket deviations (ALLCOSTS)
 
 
 def _count_and_sum_at_least(
@@ -331,10 +331,6 @@ class _DeviationOracle:
         )
         deviation = np.maximum(2.0 * (total - count * mean), 0.0)
         yield from np.split(deviation, np.cumsum(counts)[:-1])
-
-
-# --------------------------------------------------------------------------------------------------
-# Step 1: least-cost partition (LEASTCOSTPARTITION)
 
 
 def _candidate_lengths(n_cells: int, intervals: IntervalFamily) -> np.ndarray:
@@ -488,12 +484,8 @@ class PartitionSelector:
     contribution_bound: int = 1
     """Most records one privacy unit contributes; multiplies every scale."""
     noise_offset: float = 0.0
-    """Location of every candidate's Laplace noise, in units of its scale (0 = the thesis).
-
-    A public constant, so privacy is unchanged (Lemma 4 is translation-invariant).  A positive
-    offset counters the least-cost search's preference for many buckets whose noise happens to be
-    negative; see ``benchmarks/dawa_bench.py`` for its effect.
-    """
+    """Location of every candidate's Laplace noise, in units of its scale (0 = the thesis); a
+    public constant, so privacy is unchanged (Lemma 4 is translation-invariant; module text)."""
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
@@ -507,19 +499,15 @@ class PartitionSelector:
         if not (math.isfinite(self.noise_offset) and self.noise_offset >= 0):
             raise ValueError(f"noise_offset ({self.noise_offset}) must be finite and >= 0")
 
-    def candidate_lengths(self, n_cells: int) -> np.ndarray:
-        """Lengths of the candidate intervals (each at every offset)."""
-        if n_cells < 1:
-            raise ValueError(f"n_cells ({n_cells}) must be >= 1")
-        return _candidate_lengths(n_cells, self.intervals)
-
     def noise_scales(self, n_cells: int) -> np.ndarray:
-        """Laplace scale of each candidate length (aligned with :meth:`candidate_lengths`).
+        """Laplace scale of each candidate length (ascending; each length at every offset).
 
         ``(Δ̄ + Δ_b)·c/ε₁`` or ``2Δ̄·c/ε₁`` with ``Δ_b = 2 − 2/|b|``, ``Δ̄ = 2 − 2/L_max``.
         All zero when ``n_cells == 1`` (only one partition exists; nothing is drawn).
         """
-        lengths = self.candidate_lengths(n_cells)
+        if n_cells < 1:
+            raise ValueError(f"n_cells ({n_cells}) must be >= 1")
+        lengths = _candidate_lengths(n_cells, self.intervals)
         bucket_sensitivity = 2.0 - 2.0 / lengths
         max_sensitivity = 2.0 - 2.0 / lengths[-1]
         if self.scale_rule == "per_interval":
@@ -537,13 +525,8 @@ class PartitionSelector:
         _check_all_intervals_size(cells.size, self.intervals)
         if cells.size == 1:
             return Partition.singletons(1)
-        scales = dict(
-            zip(
-                self.candidate_lengths(cells.size).tolist(),
-                self.noise_scales(cells.size).tolist(),
-                strict=True,
-            )
-        )
+        lengths = _candidate_lengths(cells.size, self.intervals).tolist()
+        scales = dict(zip(lengths, self.noise_scales(cells.size).tolist(), strict=True))
 
         def perturb(costs: np.ndarray, length: int) -> np.ndarray:
             # privacy: one independent Laplace draw per candidate interval (Theorem 6.1)

@@ -101,12 +101,10 @@ class WorkloadSpectrum:
 
     @property
     def n_cells(self) -> int:
-        """Number of cells n (rows of ``eigenvectors``)."""
         return int(self.eigenvectors.shape[0])
 
     @property
     def rank(self) -> int:
-        """Number of kept eigenvalues r."""
         return int(self.eigenvalues.size)
 
 
@@ -129,14 +127,9 @@ class MinimizedWorkload:
         object.__setattr__(self, "gram", _frozen_array(self.gram))
         object.__setattr__(self, "column_of_cell", _frozen_array(self.column_of_cell, np.intp))
 
-    @property
-    def n_cells(self) -> int:
-        """Number of original cells n."""
-        return int(self.column_of_cell.size)
-
     def expand_strategy(self, strategy_on_columns: np.ndarray) -> np.ndarray:
         """Lift a ``p x n_min`` strategy to the ``p x n`` original cells (O(p n))."""
-        expanded = np.zeros((strategy_on_columns.shape[0], self.n_cells))
+        expanded = np.zeros((strategy_on_columns.shape[0], self.column_of_cell.size))
         kept = self.column_of_cell >= 0
         expanded[:, kept] = strategy_on_columns[:, self.column_of_cell[kept]]
         return expanded
@@ -214,11 +207,6 @@ def workload_spectrum(
     return WorkloadSpectrum(eigenvalues=eigenvalues[kept], eigenvectors=eigenvectors[:, kept])
 
 
-# ------------------------------------------------------------------------------------------------
-# Spectrum and workload minimisation
-# ------------------------------------------------------------------------------------------------
-
-
 def minimize_workload(
     gram: np.ndarray, *, duplicate_rtol: float = DEFAULT_DUPLICATE_RTOL
 ) -> MinimizedWorkload:
@@ -248,11 +236,6 @@ def minimize_workload(
         representatives.append(int(cell))
     kept = np.asarray(representatives, dtype=np.intp)
     return MinimizedWorkload(gram=gram[np.ix_(kept, kept)], column_of_cell=column_of_cell)
-
-
-# ------------------------------------------------------------------------------------------------
-# trace(G (A^T A)^+): the total error for P = 1
-# ------------------------------------------------------------------------------------------------
 
 
 def _trace_gram_pinv(
@@ -328,11 +311,6 @@ def _trace_gram_pinv_eigh(normal_matrix: np.ndarray, gram: np.ndarray) -> float:
             f"{(total - captured) / total:.3g} of trace(G) lies outside the row space of A"
         )
     return float(np.sum(np.diag(projected) / eigenvalues[kept]))
-
-
-# ------------------------------------------------------------------------------------------------
-# The weighting program (Programs 5.1.1 / 5.1.3) and its dual
-# ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -527,11 +505,6 @@ def weights_full(
     return solution.variables, [solution]
 
 
-# ------------------------------------------------------------------------------------------------
-# Eigen-Design (Program 5.1.2)
-# ------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Candidate:
     row_weights: np.ndarray
@@ -565,23 +538,17 @@ def _candidate(
         row_weights, completion = np.sqrt(variables), np.sqrt(deficit)
     else:
         row_weights, completion = variables, deficit
-    before = float(np.sum(spectrum.eigenvalues / row_weights**2))
+    before = after = float(np.sum(spectrum.eigenvalues / row_weights**2))
     if not complete:
         completion = np.zeros_like(completion)
-    if not np.any(completion > 0):
-        return _Candidate(
-            row_weights=row_weights,
-            completion_weights=completion,
-            total_error=before,
-            total_error_before_completion=before,
+    if np.any(completion > 0):
+        eigenvectors = spectrum.eigenvectors
+        weighted = eigenvectors * row_weights
+        normal_matrix = weighted @ weighted.T  # O(n^2 r); numpy uses syrk for X @ X.T
+        normal_matrix[np.diag_indices_from(normal_matrix)] += completion**2
+        after = _trace_gram_pinv(
+            normal_matrix, gram_factor=eigenvectors * np.sqrt(spectrum.eigenvalues)
         )
-    eigenvectors = spectrum.eigenvectors
-    weighted = eigenvectors * row_weights
-    normal_matrix = weighted @ weighted.T  # O(n^2 r); numpy uses syrk for X @ X.T
-    normal_matrix[np.diag_indices_from(normal_matrix)] += completion**2
-    after = _trace_gram_pinv(
-        normal_matrix, gram_factor=eigenvectors * np.sqrt(spectrum.eigenvalues)
-    )
     return _Candidate(
         row_weights=row_weights,
         completion_weights=completion,

@@ -157,11 +157,6 @@ def _project_block(rows: np.ndarray, radius: float) -> np.ndarray:
     return np.copysign(magnitudes, rows, out=magnitudes)
 
 
-# --------------------------------------------------------------------------------------------
-# Decomposition (Algorithm 1 with Algorithm 2)
-# --------------------------------------------------------------------------------------------
-
-
 def decompose(
     W: np.ndarray,
     *,
@@ -358,17 +353,9 @@ def decompose(
             iterates.append(checkpoint)
         return _stopped_result(workload, iterates, gamma=gamma, iterations=iteration)
 
-    factor_l = np.ascontiguousarray(factor_lt.T)
     report(progress, 1.0, f"LRM: done after {iteration} outer iterations, residual {tau:.3g}")
-    return LowRankDecomposition(
-        B=factor_b,
-        L=factor_l,
-        rank=inner_dim,
-        iterations=iteration,
-        converged=tau <= gamma,
-        sensitivity_l1=l1_sensitivity(factor_l),
-        bias_sq=tau * tau,
-    )
+    factor_l = np.ascontiguousarray(factor_lt.T)
+    return _decomposition(factor_b, factor_l, tau, iterations=iteration, gamma=gamma)
 
 
 # Cost model of one outer iteration at the default max_inner = max_gradient_steps = 5 (seconds,
@@ -476,7 +463,7 @@ def _stopped_result(
             formed += scaled_r * slack
             completed_tau = float(np.linalg.norm(workload - formed))
             best_noise, best = noise, (completed_b, completed_l, completed_tau)
-    return _early(*best, iterations=iterations, gamma=gamma)
+    return _decomposition(*best, iterations=iterations, gamma=gamma, stopped_early=True)
 
 
 def _completion(
@@ -507,8 +494,14 @@ def _completion(
     return best, noise(best)
 
 
-def _early(
-    factor_b: np.ndarray, factor_l: np.ndarray, tau: float, *, iterations: int, gamma: float
+def _decomposition(
+    factor_b: np.ndarray,
+    factor_l: np.ndarray,
+    tau: float,
+    *,
+    iterations: int,
+    gamma: float,
+    stopped_early: bool = False,
 ) -> LowRankDecomposition:
     return LowRankDecomposition(
         B=factor_b,
@@ -518,7 +511,7 @@ def _early(
         converged=tau <= gamma,
         sensitivity_l1=l1_sensitivity(factor_l),
         bias_sq=tau * tau,
-        stopped_early=True,
+        stopped_early=stopped_early,
     )
 
 
@@ -658,10 +651,6 @@ def _reseed_dead_rows(factor_lt: np.ndarray, rng: np.random.Generator) -> None:
     column_l1 = np.abs(factor_lt).sum(axis=1)
     factor_lt /= np.maximum(column_l1, 1.0)[:, None]
 
-
-# --------------------------------------------------------------------------------------------
-# Unbiased answering: least squares from the measured L·x (what the release pipeline uses)
-# --------------------------------------------------------------------------------------------
 
 # Singular values of L below this fraction of its largest are treated as absent: W's weight on such
 # a near-dead direction is carried by a well-scaled appended row instead of being amplified ≥ 1e5×.
