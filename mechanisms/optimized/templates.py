@@ -242,9 +242,8 @@ class PIdentityFactor(Factor):
 
     def column_norms(self, *, norm: int) -> np.ndarray:
         check_norm(norm)
-        if norm == 1:
-            return (1.0 + np.abs(self.theta).sum(axis=0)) / self.scales
-        return np.sqrt(1.0 + (self.theta * self.theta).sum(axis=0)) / self.scales
+        noise: NoiseKind = "laplace" if norm == 1 else "gaussian"
+        return pidentity_column_scales(self.theta, noise=noise) / self.scales
 
     def max_abs(self) -> float:
         return float(max((1.0 / self.scales).max(), (np.abs(self.theta) / self.scales).max()))
@@ -679,6 +678,16 @@ FULL_RANK_MAX_CELLS = 4096
 FACTOR_TEMPLATES: tuple[str, ...] = ("auto", "pidentity", "fullrank", "identity")
 
 
+def _resolved_template(template: str, *, noise: NoiseKind, n: int) -> str:
+    """``template`` checked, with ``"auto"`` resolved: Gaussian → full rank when n ≤
+    :data:`FULL_RANK_MAX_CELLS`, else p-Identity; Laplace → p-Identity."""
+    if template not in FACTOR_TEMPLATES:
+        raise ValueError(f"template ({template!r}) must be one of {FACTOR_TEMPLATES}")
+    if template == "auto":
+        return "fullrank" if noise == "gaussian" and n <= FULL_RANK_MAX_CELLS else "pidentity"
+    return template
+
+
 def identity_factor(n: int, *, unit_error: float, noise: NoiseKind) -> FactorSolution:
     """The identity strategy on n cells as a factor solution (``unit_error``: its tr G)."""
     return FactorSolution(
@@ -708,20 +717,18 @@ def optimize_factor(
 ) -> tuple[FactorSolution, np.ndarray | None, np.ndarray | None]:
     """Best sensitivity-1 strategy for one attribute among identity and the chosen template.
 
-    ``template``: ``"auto"`` (Gaussian → full rank when n ≤ :data:`FULL_RANK_MAX_CELLS`, else
-    p-Identity; Laplace → p-Identity), ``"pidentity"``, ``"fullrank"`` (Gaussian only) or
-    ``"identity"``.  Returns the solution plus the state for a warm start (Θ or dual weights).
-    ``gram`` must already be validated (:func:`validate_gram`).  ``limit``: an expired limit
-    returns the best strategy found so far (never worse than the identity or ``warm_start``)
-    with ``stopped_early``.
+    ``template``: ``"auto"`` (see :func:`_resolved_template`), ``"pidentity"``, ``"fullrank"``
+    (Gaussian only) or ``"identity"``.  Returns the solution plus the state for a warm start (Θ or
+    dual weights).  ``gram`` must already be validated (:func:`validate_gram`).  ``limit``: an
+    expired limit returns the best strategy found so far (never worse than the identity or
+    ``warm_start``) with ``stopped_early``.
     """
-    if template not in FACTOR_TEMPLATES:
-        raise ValueError(f"template ({template!r}) must be one of {FACTOR_TEMPLATES}")
+    n = gram.shape[0]
+    template = _resolved_template(template, noise=noise, n=n)
     if template == "fullrank" and noise != "gaussian":
         raise ValueError(
             "the full-rank template optimises L2 sensitivity: noise must be 'gaussian'"
         )
-    n = gram.shape[0]
     best = identity_factor(n, unit_error=float(np.trace(gram)), noise=noise)
     if warm_start is not None and warm_start.strategy.shape[1] == n:
         # the previous factor stays admissible: never return something worse than it
@@ -741,8 +748,6 @@ def optimize_factor(
         return dataclasses.replace(best, lower_bound=best.unit_error), warm_theta, warm_weights
     if template == "identity":
         return best, warm_theta, warm_weights
-    if template == "auto":
-        template = "fullrank" if noise == "gaussian" and n <= FULL_RANK_MAX_CELLS else "pidentity"
     if template == "fullrank":
         solution = gaussian_full_rank(
             gram, tolerance, 100, warm_weights, limit=limit, progress=progress
@@ -831,12 +836,9 @@ def predict_factor_seconds(
 ) -> float:
     """Predicted seconds of :func:`optimize_factor` (the template ``"auto"`` would choose). O(1)."""
     validate_noise(noise)
-    if template not in FACTOR_TEMPLATES:
-        raise ValueError(f"template ({template!r}) must be one of {FACTOR_TEMPLATES}")
+    template = _resolved_template(template, noise=noise, n=n)
     if template == "identity" or n <= 1:
         return 0.0
-    if template == "auto":
-        template = "fullrank" if noise == "gaussian" and n <= FULL_RANK_MAX_CELLS else "pidentity"
     if template == "fullrank":
         return predict_full_rank_seconds(n)
     return predict_pidentity_seconds(n, p=p, restarts=restarts)

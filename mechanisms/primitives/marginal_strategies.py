@@ -61,6 +61,7 @@ from dprelease.mechanisms.primitives.noise import (
 )
 from dprelease.mechanisms.primitives.operators import Centring
 from dprelease.mechanisms.primitives.protocol import (
+    LeastSquaresAnswers,
     PlanRequest,
     StoredStrategy,
     StrategyCache,
@@ -144,7 +145,12 @@ def summed_out_sizes(domain_sizes: Sequence[int]) -> np.ndarray:
 
 def eigenspace_multiplicities(domain_sizes: Sequence[int]) -> np.ndarray:
     """``Π_{i∈U} (n_i − 1)``: the dimension of eigenspace ``P_U``."""
-    return per_subset_product([float(n - 1) for n in domain_sizes], [1.0] * len(domain_sizes))
+    return _kept_products([float(n - 1) for n in domain_sizes])
+
+
+def _kept_products(values: Sequence[float]) -> np.ndarray:
+    """``Π_{i∈S} values[i]`` for every bitmask S. O(2^d)."""
+    return per_subset_product(list(values), [1.0] * len(values))
 
 
 def ij_subset_eigenvalues(
@@ -553,11 +559,6 @@ class MarginalWeights:
         )
 
 
-def _kept_products(values: np.ndarray) -> np.ndarray:
-    """``Π_{i∈S} values[i]`` for every bitmask S. O(2^d)."""
-    return per_subset_product(list(values), [1.0] * len(values))
-
-
 def subset_unit_error(weights: MarginalWeights, projections: np.ndarray) -> float:
     """``Δ² · Σ_T g_T / μ_T`` for projections ``g`` (``inf`` if the weights do not support them)."""
     trace = _unit_trace(weights.strategy_eigenvalues(), projections)
@@ -724,19 +725,8 @@ def plan_subset_weights(
 # ------------------------------------------------------------------------------------------------
 
 
-def _term_factors(basis: SubsetBasis, mask: int, domain_shape: tuple[int, ...]) -> tuple:
-    if basis == "centred":
-        return tuple(
-            Centring(n) if mask >> i & 1 else total_strategy(n) for i, n in enumerate(domain_shape)
-        )
-    return tuple(
-        identity_strategy(n) if mask >> i & 1 else total_strategy(n)
-        for i, n in enumerate(domain_shape)
-    )
-
-
 @dataclass(frozen=True, kw_only=True, eq=False)
-class SubsetStrategy:
+class SubsetStrategy(LeastSquaresAnswers):
     """A subset-weighted strategy with the pipeline's strategy interface.
 
     Planning (sensitivity, per-item error, per-query variances, support) works in subset space for
@@ -768,10 +758,13 @@ class SubsetStrategy:
     @cached_property
     def _union_strategy(self) -> UnionStrategy:
         shape = self.domain_shape
+        measured = Centring if self.weights.basis == "centred" else identity_strategy
         terms = tuple(
             UnionTerm(
                 weight=float(self.weights.weights[mask]),
-                factors=_term_factors(self.weights.basis, int(mask), shape),
+                factors=tuple(
+                    measured(n) if mask >> i & 1 else total_strategy(n) for i, n in enumerate(shape)
+                ),
             )
             for mask in self.weights.subsets
         )
@@ -785,10 +778,6 @@ class SubsetStrategy:
 
     def least_squares(self, y: np.ndarray, workload: Workload) -> np.ndarray:
         return self.to_union().least_squares(y, workload)
-
-    def answers(self, y: np.ndarray, workload: Workload) -> dict[str, np.ndarray]:
-        estimate = self.least_squares(y, workload)
-        return {item.name: item.answer(estimate) for item in workload.items}
 
     @cached_property
     def inverse_eigenvalues(self) -> np.ndarray:

@@ -45,6 +45,7 @@ from dprelease.mechanisms.primitives.operators import (
     Factor,
     Identity,
     Total,
+    gram_ij_parts,
     kron_apply,
     kron_matrices,
     kron_query_variances,
@@ -65,16 +66,6 @@ MAX_SPLIT_BLOCKS = 1 << 16
 LOG_WEIGHT_BOUND = 7.0
 
 
-def ij_coefficients(gram: np.ndarray, *, tolerance: float = 1e-10) -> tuple[float, float] | None:
-    """``(a, b)`` with ``gram = a·I + b·J`` exactly (to ``tolerance``), or None. O(n²)."""
-    n = gram.shape[0]
-    b = float(gram[0, 1]) if n > 1 else 0.0
-    a = float(gram[0, 0]) - b
-    expected = b * np.ones((n, n)) + a * np.eye(n)
-    scale = max(1.0, float(np.abs(gram).max()))
-    return (a, b) if np.abs(gram - expected).max() <= tolerance * scale else None
-
-
 @dataclass(frozen=True, kw_only=True)
 class UnionTerm:
     """One stacked block ``weight · ⊗_i factors[i]``."""
@@ -91,13 +82,33 @@ class UnionTerm:
         return math.prod(f.m for f in self.factors)
 
 
+def _unit_terms(factor_tuples: Sequence[tuple[Factor, ...]]) -> tuple[UnionTerm, ...]:
+    return tuple(UnionTerm(weight=1.0, factors=factors) for factors in factor_tuples)
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Structure:
     """The split/dense partition of the attributes and the per-block matrices."""
 
+    shape: tuple[int, ...]
     split_axes: tuple[int, ...]
     dense_axes: tuple[int, ...]
     blocks: tuple[tuple[tuple[int, ...], int, np.ndarray], ...]  # (choice, multiplicity, S_c⁺)
+
+    def gram_blocks(self, terms: Sequence[UnionTerm]) -> list[np.ndarray]:
+        """Per block c, ``Σ_t w_t² s_{t,c} K_t`` (see :func:`_gram_blocks`)."""
+        choices = [choice for choice, _, _ in self.blocks]
+        return _gram_blocks(terms, choices, self.split_axes, self.dense_axes, self.shape)
+
+    def workload_blocks(self, workload: Workload) -> list[np.ndarray]:
+        return self.gram_blocks(_unit_terms([item.factors for item in workload.items]))
+
+    def unit_trace(self, blocks: Sequence[np.ndarray]) -> float:
+        """``Σ_c mult_c · tr(Q_c S_c⁺)`` for the Gram blocks ``Q_c``. O(2^k D²)."""
+        return sum(
+            multiplicity * float(np.sum(block * pinv))
+            for (_, multiplicity, pinv), block in zip(self.blocks, blocks, strict=True)
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,26 +183,21 @@ class UnionStrategy(LeastSquaresAnswers):
                 f"{MAX_DENSE_CELLS} cells together (got {dense_size}) and at most "
                 f"{MAX_SPLIT_BLOCKS} split blocks (got {2 ** len(split)})"
             )
-        coefficients = [
-            [ij_coefficients(t.factors[axis].gram()) for axis in split] for t in self.terms
-        ]
-        dense_grams = [[t.factors[axis].gram() for axis in dense] for t in self.terms]
-        blocks = []
+        choices, multiplicities = [], []
         for choice in itertools.product((0, 1), repeat=len(split)):
             multiplicity = int(
                 np.prod([1 if c == 0 else shape[a] - 1 for a, c in zip(split, choice, strict=True)])
             )
-            if multiplicity == 0:
-                continue
-            block = np.zeros((dense_size, dense_size))
-            for term, coeffs, grams in zip(self.terms, coefficients, dense_grams, strict=True):
-                scalar = term.weight**2
-                for (a, b), c, axis in zip(coeffs, choice, split, strict=True):  # type: ignore[misc]
-                    scalar *= a + b * shape[axis] if c == 0 else a
-                if scalar:
-                    block += scalar * kron_matrices(grams)
-            blocks.append((choice, multiplicity, psd_pinv(block)))
-        result = _Structure(split_axes=tuple(split), dense_axes=dense, blocks=tuple(blocks))
+            if multiplicity:
+                choices.append(choice)
+                multiplicities.append(multiplicity)
+        grams = _gram_blocks(self.terms, choices, split, dense, shape)
+        result = _Structure(
+            shape=shape,
+            split_axes=tuple(split),
+            dense_axes=dense,
+            blocks=tuple(zip(choices, multiplicities, map(psd_pinv, grams), strict=True)),
+        )
         self._cache[id(workload)] = (workload, result)
         return result
 
@@ -232,27 +238,17 @@ class UnionStrategy(LeastSquaresAnswers):
     def item_unit_total(self, item: WorkloadItem, workload: Workload) -> float:
         """``tr(W_itemᵀW_item (AᵀA)⁺) = Σ_c mult_c · tr(Q_c S_c⁺)``. O(2^k D²)."""
         structure = self.structure(workload)
-        item_blocks = _blocks_of(
-            [UnionTerm(weight=1.0, factors=item.factors)],
-            structure,
-            self.domain_shape,
-            weight_power=2,
-        )
-        return sum(
-            multiplicity * float(np.sum(block * pinv))
-            for (_, multiplicity, pinv), block in zip(structure.blocks, item_blocks, strict=True)
-        )
+        return structure.unit_trace(structure.gram_blocks(_unit_terms([item.factors])))
 
     def support_residual(self, workload: Workload) -> float:
         """Largest relative ‖Q_c − Q_c S_c⁺ S_c‖ over blocks; ≈ 0 iff A supports W."""
         structure = self.structure(workload)
-        shape = self.domain_shape
         worst = 0.0
-        strategy_blocks = _blocks_of(self.terms, structure, shape, weight_power=2)
-        workload_terms = [UnionTerm(weight=1.0, factors=item.factors) for item in workload.items]
-        workload_blocks = _blocks_of(workload_terms, structure, shape, weight_power=2)
         for (_, _, pinv), strategy_block, workload_block in zip(
-            structure.blocks, strategy_blocks, workload_blocks, strict=True
+            structure.blocks,
+            structure.gram_blocks(self.terms),
+            structure.workload_blocks(workload),
+            strict=True,
         ):
             residual = workload_block - workload_block @ pinv @ strategy_block
             worst = max(
@@ -269,32 +265,34 @@ def _split_axes(term_factors: Sequence[tuple[Factor, ...]], workload: Workload) 
         for axis in range(len(workload.domain_shape))
         # the O(n²) Gram test only where the O(1) workload test passed
         if all(isinstance(item.factors[axis], Identity | Total) for item in workload.items)
-        and all(ij_coefficients(factors[axis].gram()) is not None for factors in term_factors)
+        and all(gram_ij_parts(factors[axis].gram()) is not None for factors in term_factors)
     ]
 
 
-def _blocks_of(
-    terms: Sequence[UnionTerm], structure: _Structure, shape: tuple[int, ...], *, weight_power: int
+def _gram_blocks(
+    terms: Sequence[UnionTerm],
+    choices: Sequence[tuple[int, ...]],
+    split_axes: Sequence[int],
+    dense_axes: Sequence[int],
+    shape: tuple[int, ...],
 ) -> list[np.ndarray]:
+    """Per split block ``c``, ``S_c = Σ_t w_t² s_{t,c} K_t`` over the dense attributes."""
     # Each term's dense Kronecker Gram and its I/J coefficients do not depend on the block:
     # computed once per term, O(T (Σ nnz·n + D²)), then each block is a weighted sum, O(B T D²).
-    dense_grams = []
+    dense_grams = [kron_matrices([t.factors[a].gram() for a in dense_axes]) for t in terms]
     split_coefficients = []
     for term in terms:
-        dense_grams.append(kron_matrices([term.factors[a].gram() for a in structure.dense_axes]))
-        pairs = []
-        for axis in structure.split_axes:
-            coefficients = ij_coefficients(term.factors[axis].gram())
-            if coefficients is None:  # pragma: no cover - split axes are I/J by construction
-                raise ValueError("split attribute without I/J structure")
-            pairs.append(coefficients)
+        pairs = [gram_ij_parts(term.factors[axis].gram()) for axis in split_axes]
+        if None in pairs:  # pragma: no cover - split axes are I/J by construction
+            raise ValueError("split attribute without I/J structure")
         split_coefficients.append(pairs)
+    size = math.prod(shape[a] for a in dense_axes)
     result = []
-    for choice, _multiplicity, pinv in structure.blocks:
-        block = np.zeros(pinv.shape)
+    for choice in choices:
+        block = np.zeros((size, size))
         for term, gram, pairs in zip(terms, dense_grams, split_coefficients, strict=True):
-            scalar = term.weight**weight_power
-            for axis, c, (a, b) in zip(structure.split_axes, choice, pairs, strict=True):
+            scalar = term.weight**2
+            for axis, c, (a, b) in zip(split_axes, choice, pairs, strict=True):  # type: ignore[misc]
                 scalar *= a + b * shape[axis] if c == 0 else a
             if scalar:
                 block += scalar * gram
@@ -355,12 +353,7 @@ def per_item_terms(
 def unit_error(strategy: UnionStrategy, workload: Workload, *, noise: NoiseKind) -> float:
     """sensitivity² × tr(WᵀW (AᵀA)⁺): total variance per unit noise variance per unit sensitivity."""
     structure = strategy.structure(workload)
-    workload_terms = [UnionTerm(weight=1.0, factors=item.factors) for item in workload.items]
-    workload_blocks = _blocks_of(workload_terms, structure, strategy.domain_shape, weight_power=2)
-    trace = sum(
-        multiplicity * float(np.sum(block * pinv))
-        for (_, multiplicity, pinv), block in zip(structure.blocks, workload_blocks, strict=True)
-    )
+    trace = structure.unit_trace(structure.workload_blocks(workload))
     return strategy.sensitivity(noise=noise) ** 2 * trace
 
 
@@ -376,19 +369,12 @@ class _WeightProblem:
     ) -> None:
         self.norm = norm = SENSITIVITY_NORM[noise]
         reference = UnionStrategy(
-            name="reference",
-            domain_shape=workload.domain_shape,
-            terms=tuple(UnionTerm(weight=1.0, factors=f) for f in term_factors),
+            name="reference", domain_shape=workload.domain_shape, terms=_unit_terms(term_factors)
         )
         structure = reference.structure(workload)
-        shape = workload.domain_shape
         self.multiplicities = [multiplicity for _, multiplicity, _ in structure.blocks]
-        workload_terms = [UnionTerm(weight=1.0, factors=item.factors) for item in workload.items]
-        self.workload_blocks = _blocks_of(workload_terms, structure, shape, weight_power=2)
-        self.term_blocks = [
-            _blocks_of([UnionTerm(weight=1.0, factors=f)], structure, shape, weight_power=2)
-            for f in term_factors
-        ]
+        self.workload_blocks = structure.workload_blocks(workload)
+        self.term_blocks = [structure.gram_blocks(_unit_terms([f])) for f in term_factors]
         # S_c(w) is a positive combination of PSD blocks: its range is that of Σ_t K_{t,c} for every
         # w > 0.  On a basis U of that range UᵀS_c U is positive definite, so each evaluation
         # inverts an r × r block by Cholesky instead of a singular D × D one by eigh (the demo's
@@ -525,9 +511,7 @@ def optimize_weights(
                 break
             reduced = terms[:smallest] + terms[smallest + 1 :]
             trial = UnionStrategy(
-                name=name,
-                domain_shape=workload.domain_shape,
-                terms=tuple(UnionTerm(weight=1.0, factors=f) for f in reduced),
+                name=name, domain_shape=workload.domain_shape, terms=_unit_terms(reduced)
             )
             if trial.support_residual(workload) > 1e-8:
                 break

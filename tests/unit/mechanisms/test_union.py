@@ -15,6 +15,7 @@ from dprelease.mechanisms.primitives.operators import (
     Total,
     kron_dense,
 )
+from dprelease.mechanisms.primitives.operators import gram_ij_parts as ij_coefficients
 from dprelease.mechanisms.primitives.strategies import (
     hierarchical_strategy,
     identity_strategy,
@@ -24,7 +25,6 @@ from dprelease.mechanisms.primitives.strategies import (
 from dprelease.mechanisms.primitives.union import (
     UnionStrategy,
     UnionTerm,
-    ij_coefficients,
     optimize_weights,
     per_item_terms,
     unit_error,
