@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dprelease.mechanisms.primitives.privacy import (
-    BudgetExceededError,
-    MeasureMismatchError,
-    PrivacyError,
-)
+# Raised by the privacy arithmetic below the catalog; part of this hierarchy (PrivacyError).
+from dprelease.mechanisms.primitives.privacy import BudgetExceededError as BudgetExceededError
+from dprelease.mechanisms.primitives.privacy import MeasureMismatchError as MeasureMismatchError
+from dprelease.mechanisms.primitives.privacy import PrivacyError as PrivacyError
 
 
 class DprReleaseError(Exception):
@@ -58,19 +57,3 @@ class StageTimeLimitExceeded(DprReleaseError):
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or StageTimeLimitExceeded.last_message)
-
-
-__all__ = [
-    "BudgetExceededError",
-    "CatalogError",
-    "DataError",
-    "DprReleaseError",
-    "MeasureMismatchError",
-    "MemoryLimitError",
-    "PrivacyError",
-    "SettingError",
-    "SpecError",
-    "StageTimeLimitExceeded",
-    "ValidationFailedError",
-    "VerificationError",
-]

@@ -141,8 +141,7 @@ def _check_writable(folder: Path) -> None:
 
 def ingest(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> Ingested:
     """Read the input the chosen mechanism measures (the only stage that touches data)."""
-    read = READERS[plan.mechanism.input_kind]
-    return read(spec, plan, catalog.key)
+    return READERS[plan.mechanism.input_kind](spec, plan, catalog.key)
 
 
 def measure(
@@ -211,7 +210,6 @@ class StagedRelease:
     directory: str
     mechanism: str
     charged: dict[str, float]
-    validation_success: bool
 
 
 def stage(
@@ -306,7 +304,6 @@ def stage(
         directory=str(directory),
         mechanism=plan.chosen,
         charged=measurement.charged.as_dict(),
-        validation_success=True,
     )
 
 

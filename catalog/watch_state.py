@@ -17,6 +17,7 @@ Everything stored here is public metadata: paths, content hashes, ids and URLs o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -51,7 +52,7 @@ review_runs = sa.Table(
 )
 
 REVIEW_RUN_STATUSES: tuple[str, ...] = ("awaiting", "decided", "expired")
-FINGERPRINT_LENGTH = 64  # hex sha256
+_FINGERPRINT = re.compile(r"[0-9a-f]{64}")  # hex sha256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,10 +86,13 @@ class _OperationsTables:
         dispose_with(self, self.engine)
 
 
+def _announced(dataset_id: str, fingerprint: str) -> sa.ColumnElement[bool]:
+    files = announced_files.c
+    return (files.dataset_id == dataset_id) & (files.fingerprint == fingerprint)
+
+
 def _check_fingerprint(fingerprint: str) -> None:
-    if len(fingerprint) != FINGERPRINT_LENGTH or any(
-        c not in "0123456789abcdef" for c in fingerprint
-    ):
+    if not _FINGERPRINT.fullmatch(fingerprint):
         raise ValueError(
             f"fingerprint ({fingerprint!r}) must be a lowercase hex sha256 (64 characters)"
         )
@@ -123,21 +127,12 @@ class WatchState(_OperationsTables):
     def unclaim(self, *, dataset_id: str, fingerprint: str) -> None:
         """Give a claim back after the event could not be emitted (it will be retried)."""
         with self.engine.begin() as conn:
-            conn.execute(
-                announced_files.delete().where(
-                    (announced_files.c.dataset_id == dataset_id)
-                    & (announced_files.c.fingerprint == fingerprint)
-                )
-            )
+            conn.execute(announced_files.delete().where(_announced(dataset_id, fingerprint)))
 
     def announcement(self, *, dataset_id: str, fingerprint: str) -> Announcement | None:
         with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(announced_files).where(
-                    (announced_files.c.dataset_id == dataset_id)
-                    & (announced_files.c.fingerprint == fingerprint)
-                )
-            ).first()
+            query = sa.select(announced_files).where(_announced(dataset_id, fingerprint))
+            row = conn.execute(query).first()
         return None if row is None else Announcement(**row._asdict())
 
     def announcements(self, dataset_id: str | None = None) -> list[Announcement]:

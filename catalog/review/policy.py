@@ -58,12 +58,12 @@ class ReviewPolicyRecord:
     """What a release's review needs (public)."""
 
     release_id: str
-    operator: str | None
-    operator_host: str | None
     required_approvals: int
     exclude_operator: bool
-    notify: str | None
-    recorded_at: str | None
+    operator: str | None = None
+    operator_host: str | None = None
+    notify: str | None = None
+    recorded_at: str | None = None
     notified_at: str | None = None
     """When reviewers were last told (through ``notify``) that the release is staged."""
     notify_error: str | None = None
@@ -136,13 +136,7 @@ def policy_of(catalog: Catalog, release_id: str) -> ReviewPolicyRecord:
         ).first()
     if row is None:
         return ReviewPolicyRecord(
-            release_id=release_id,
-            operator=None,
-            operator_host=None,
-            required_approvals=1,
-            exclude_operator=False,
-            notify=None,
-            recorded_at=None,
+            release_id=release_id, required_approvals=1, exclude_operator=False
         )
     return ReviewPolicyRecord(**row._asdict())
 

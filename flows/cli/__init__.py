@@ -33,11 +33,11 @@ import typer
 
 from dprelease.flows import errors
 from dprelease.flows.cli import budget, operations, release, review, synth
-from dprelease.flows.cli.common import console
+from dprelease.flows.cli.common import Commands, command_group, console
 from dprelease.flows.cli.ldp import ldp_app
 
 
-class _ConsoleScript(typer.Typer):
+class _ConsoleScript(Commands):
     """``dprelease`` run as a program (``app()``; ``CliRunner`` does not go through here)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -57,17 +57,13 @@ class _ConsoleScript(typer.Typer):
             gc.freeze()
 
 
-app = _ConsoleScript(
-    name="dprelease",
-    help=(
-        "Publish differentially private statistics: a release spec names a Parquet dataset, a public "
-        "domain, a workload and a privacy level; dprelease picks a workload-aware strategy, charges a "
-        "persistent privacy-budget ledger, adds vetted noise, reconstructs, validates and stages an "
-        "auditable release for review."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+app = command_group(
+    "dprelease",
+    "Publish differentially private statistics: a release spec names a Parquet dataset, a public "
+    "domain, a workload and a privacy level; dprelease picks a workload-aware strategy, charges a "
+    "persistent privacy-budget ledger, adds vetted noise, reconstructs, validates and stages an "
+    "auditable release for review.",
+    kind=_ConsoleScript,
 )
 
 

@@ -8,10 +8,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from dprelease.flows.cli.common import JsonOption, add_id_column, clear_errors, print_json, stdout
+from dprelease.flows.cli.common import JsonOption, add_id_column, print_json, stdout
 
 
-@clear_errors
 def budget(
     dataset_id: Annotated[
         str | None, typer.Argument(help="Dataset id (all datasets if omitted).")
@@ -122,7 +121,6 @@ def _budget_json(catalog: Any, dataset_id: str) -> dict[str, Any]:
     }
 
 
-@clear_errors
 def releases(
     dataset: Annotated[str | None, typer.Option(help="Only this dataset id.")] = None,
     status: Annotated[

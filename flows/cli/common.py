@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dprelease.catalog.home import default_home
 from dprelease.flows import errors
 
 console = Console(stderr=True, soft_wrap=True)
@@ -30,21 +31,9 @@ PublishDirOption = Annotated[
 ]
 
 
-def sub_app(name: str, help_text: str) -> typer.Typer:
-    """A command group of ``dprelease`` (``dprelease NAME COMMAND``)."""
-    return typer.Typer(
-        name=name,
-        help=help_text,
-        no_args_is_help=True,
-        add_completion=False,
-        pretty_exceptions_enable=False,
-    )
-
-
 def prefect_defaults() -> None:
     """Local, quiet, telemetry-free Prefect unless the user configured otherwise."""
-    home = Path(os.environ.get("DPRELEASE_HOME", ".dprelease")).resolve()
-    os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
+    os.environ.setdefault("PREFECT_HOME", str(default_home() / "prefect"))
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -71,6 +60,26 @@ def clear_errors(function: F) -> F:
             raise typer.Exit(code=errors.report(exc, console)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+class Commands(typer.Typer):
+    """Commands that report failures as ``flows/errors.py`` promises (:func:`clear_errors`), from
+    registration on: no command can forget it."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[F], F]:
+        register = super().command(*args, **kwargs)
+        return lambda function: register(clear_errors(function))
+
+
+def command_group(name: str, help_text: str, *, kind: type[typer.Typer] = Commands) -> typer.Typer:
+    """``dprelease`` or one of its groups (``dprelease NAME COMMAND``)."""
+    return kind(
+        name=name,
+        help=help_text,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
 
 
 @contextlib.contextmanager

@@ -20,13 +20,14 @@ import typer
 from rich.table import Table
 
 from dprelease.catalog.errors import DprReleaseError
-from dprelease.flows.cli.common import F, JsonOption, console, print_json, stdout, sub_app
+from dprelease.flows.cli.common import F, JsonOption, command_group, console, print_json, stdout
 from dprelease.mechanisms.primitives.privacy import PrivacyError
 
-ldp_app = sub_app(
+ldp_app = command_group(
     "ldp",
     "Local-model (LDP) collections: publish the optimised randomiser for a spec's workload and "
     "simulate client responses.  `dprelease run SPEC` releases the estimates.",
+    kind=typer.Typer,  # its commands report errors their own way (_ldp_errors)
 )
 
 
@@ -51,7 +52,7 @@ def strategy(
     spec: Annotated[Path, typer.Argument(help="Release spec (YAML) with model: local.")],
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Folder for strategy.npy/.json (default ldp-strategies/NAME)."),
+        typer.Option(help="Folder for strategy.npy/.json (default ldp-strategies/NAME)."),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -62,12 +63,8 @@ def strategy(
 
     loaded = load_spec(spec)
     responses.require_local(loaded)
-    status = console.status("looking up the strategy store…", spinner="dots")
-    status.start()
-    try:
+    with console.status("looking up the strategy store…", spinner="dots") as status:
         result = responses.plan_strategy(loaded, progress=lambda text: status.update(text + "…"))
-    finally:
-        status.stop()
     directory = out or responses.default_strategy_dir(loaded)
     array_path, json_path = responses.write_strategy_artifact(loaded, result, directory)
     if as_json:
@@ -109,13 +106,12 @@ def simulate(
     input_path: Annotated[
         Path, typer.Option("--input", help="Parquet of true items (the spec's domain columns).")
     ] = Path("items.parquet"),
-    out: Annotated[Path, typer.Option("--out", help="Parquet of responses to write.")] = Path(
+    out: Annotated[Path, typer.Option(help="Parquet of responses to write.")] = Path(
         "responses.parquet"
     ),
     seed: Annotated[
         int | None,
         typer.Option(
-            "--seed",
             help="Seed for a reproducible SIMULATION only; real clients use OS entropy. "
             "Default: OS entropy.",
         ),

@@ -19,39 +19,34 @@ from dprelease.flows.cli.common import (
     JsonOption,
     OutOption,
     PublishDirOption,
-    clear_errors,
+    command_group,
     console,
     print_json,
     require_prefect_server,
     stdout,
-    sub_app,
 )
 
-server_app = sub_app(
+server_app = command_group(
     "server", "The local Prefect server dprelease shares between commands (started on first use)."
 )
 
 
-@clear_errors
 def deploy(
     specs: Annotated[
         Path, typer.Argument(help="A folder of release specs (*.yaml), or one spec file.")
     ] = Path("specs"),
-    pool: Annotated[str, typer.Option("--pool", help="Process work pool to run on.")] = (
-        "dprelease-process"
-    ),
+    pool: Annotated[str, typer.Option(help="Process work pool to run on.")] = ("dprelease-process"),
     out: OutOption = Path("releases"),
     publish_dir: PublishDirOption = None,
     review_timeout: Annotated[
         int,
         typer.Option(
-            "--review-timeout",
             help="Seconds a run waits paused for review; after that `dprelease review` decides.",
         ),
     ] = 24 * 3600,
     every: Annotated[
         float | None,
-        typer.Option("--every", help="Also run every N seconds (development and testing)."),
+        typer.Option(help="Also run every N seconds (development and testing)."),
     ] = None,
 ) -> None:
     """Register one Prefect deployment per spec: cron schedule, arrival trigger, work pool, and a
@@ -91,34 +86,29 @@ def deploy(
     )
 
 
-@clear_errors
 def watch(
     directory: Annotated[Path, typer.Argument(help="Landing folder to watch (recursively).")],
     spec_dir: Annotated[
         Path | None,
         typer.Option(
-            "--spec-dir",
             help="Specs with `trigger: arrival`: a file belongs to the datasets whose source "
             "covers it (default: DIR/<dataset id>/...).",
         ),
     ] = None,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between polls.")] = 5.0,
+    interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 5.0,
     once: Annotated[
         bool,
         typer.Option(
             "--once", help="Two polls (--interval apart, to see sizes settle), then exit."
         ),
     ] = False,
-    max_polls: Annotated[
-        int | None, typer.Option("--max-polls", help="Stop after this many polls.")
-    ] = None,
+    max_polls: Annotated[int | None, typer.Option(help="Stop after this many polls.")] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Log the events instead of sending them.")
     ] = False,
     adopt_claims_from: Annotated[
         str | None,
         typer.Option(
-            "--adopt-claims-from",
             help="Copy the arrival claims of the catalog at this URL (e.g. the SQLite catalog "
             "before a move to PostgreSQL) into the current catalog, then exit.",
         ),
@@ -191,7 +181,6 @@ def watch(
         stdout.print(f"  {event.dataset_id}: {event.path} sha256 {event.fingerprint}")
 
 
-@clear_errors
 def recover(
     as_json: JsonOption = False,
     lease_seconds: Annotated[
@@ -201,7 +190,6 @@ def recover(
     adopt_ledger: Annotated[
         str | None,
         typer.Option(
-            "--adopt-ledger",
             metavar="REASON",
             help="Accept the ledger as it is now (e.g. a catalog restored from a backup on "
             "purpose); the reason is kept with the ledger's anchor.",
@@ -267,10 +255,7 @@ def recover(
 
 
 @server_app.command("status")
-@clear_errors
-def server_status(
-    as_json: JsonOption = False,
-) -> None:
+def server_status(as_json: JsonOption = False) -> None:
     """Whether the shared server runs, where, since when, and when it stops if left idle."""
     from dprelease.flows import server
 
@@ -305,7 +290,6 @@ def server_status(
 
 
 @server_app.command("stop")
-@clear_errors
 def server_stop() -> None:
     """Stop the shared server now (by its recorded process id); the next command starts a new one."""
     from dprelease.flows import server
@@ -323,7 +307,6 @@ def server_stop() -> None:
 
 
 @server_app.command("prepare")
-@clear_errors
 def server_prepare() -> None:
     """Migrate an empty Prefect database into the user cache (once per Prefect version), so the
     first server on this machine starts in seconds. install.sh runs it."""

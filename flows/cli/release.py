@@ -15,7 +15,6 @@ from dprelease.flows import errors
 from dprelease.flows.cli.common import (
     JsonOption,
     OutOption,
-    clear_errors,
     console,
     cost_text,
     prefect_api,
@@ -98,38 +97,30 @@ def _print_staged(staged: Any) -> None:
     print_review_policy(staged.release_id)
 
 
-@clear_errors
-def demo(
-    out: OutOption = Path("releases"),
-) -> None:
+def demo(out: OutOption = Path("releases")) -> None:
     """Release the bundled UCI Adult example end to end and stage it for review."""
     _print_staged(_run_release(bundled_spec(), out))
 
 
-@clear_errors
 def run(
     spec: Annotated[Path, typer.Argument(help="Release spec (YAML).")],
     out: OutOption = Path("releases"),
     engine: Annotated[
         str | None,
         typer.Option(
-            "--engine",
             help="local or dask: where counting and fan-out tasks run (overrides the spec's "
             "execution.engine; default local). dask without --address starts a local cluster.",
         ),
     ] = None,
     address: Annotated[
         str | None,
-        typer.Option(
-            "--address", help="Dask scheduler tcp://host:port to join (implies --engine dask)."
-        ),
+        typer.Option(help="Dask scheduler tcp://host:port to join (implies --engine dask)."),
     ] = None,
 ) -> None:
     """Run the release flow for SPEC: ingest, count, plan, measure, reconstruct, validate, stage."""
     _print_staged(_run_release(spec, out, engine=engine, address=address))
 
 
-@clear_errors
 def plan(
     spec: Annotated[
         Path, typer.Argument(help="Release spec (YAML); dataset.source is not needed.")
@@ -138,7 +129,6 @@ def plan(
     time_budget: Annotated[
         float,
         typer.Option(
-            "--time-budget",
             help="Seconds of predicted planning work auto may spend; candidates predicted to take "
             "longer are skipped (and listed with the reason). A mechanism the spec names is "
             "always planned.",
@@ -194,7 +184,6 @@ def plan(
     )
 
 
-@clear_errors
 def check(
     spec: Annotated[
         Path, typer.Argument(help="Release spec (YAML) whose dataset.source to check.")
@@ -215,7 +204,6 @@ def check(
         raise SystemExit(3)  # not an error of the command: it found what it looks for
 
 
-@clear_errors
 def verify(
     release_dir: Annotated[
         Path, typer.Argument(help="A release directory (contains manifest.json).")

@@ -12,17 +12,16 @@ from dprelease.catalog.errors import CatalogError, DprReleaseError
 from dprelease.flows.cli.common import (
     JsonOption,
     PublishDirOption,
-    clear_errors,
+    command_group,
     console,
     cost_text,
     prefect_connected,
     prefect_defaults,
     print_json,
     stdout,
-    sub_app,
 )
 
-notify_app = sub_app(
+notify_app = command_group(
     "notify",
     "Tell reviewers when a release is staged: Prefect notification blocks (deploy/NOTIFICATIONS.md).",
 )
@@ -48,12 +47,9 @@ def print_review_policy(release_id: str) -> None:
         stdout.print(f"notified:   reviewers, through {current['notify']}")
 
 
-@clear_errors
 def review(
     release_id: Annotated[str, typer.Argument(help="Release id (see `dprelease releases`).")],
-    reviewer: Annotated[
-        str | None, typer.Option("--reviewer", help="Who decides (recorded).")
-    ] = None,
+    reviewer: Annotated[str | None, typer.Option(help="Who decides (recorded).")] = None,
     approve: Annotated[
         bool | None,
         typer.Option(
@@ -63,7 +59,7 @@ def review(
             show_default=False,
         ),
     ] = None,
-    note: Annotated[str, typer.Option("--note", help="Why (recorded).")] = "",
+    note: Annotated[str, typer.Option(help="Why (recorded).")] = "",
     publish_dir: PublishDirOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the review status as one JSON object.")
@@ -94,31 +90,31 @@ def review(
         return
     if reviewer is None:
         raise DprReleaseError("--reviewer NAME is required with --approve or --reject")
+    outcome = None
     paused_run = ReviewRuns(catalog.url).get(release_id)
     if paused_run is not None and paused_run.status == "awaiting":
         # refused here, before the paused run is resumed with a decision it would refuse
         reviewing.check_reviewer(catalog, release_id, approve=approve, reviewer=reviewer)
-        if _review_through_flow_run(
-            paused_run, approve, reviewer, note, publish_dir, catalog, quiet=as_json
-        ):
-            if as_json:
-                print_json(reviewing.status(catalog, release_id))
-            return
-    result = reviewing.review(
-        catalog,
-        release_id,
-        approve=approve,
-        reviewer=reviewer,
-        note=note,
-        publish_dir=publish_dir,
-    )
+        outcome = _review_through_flow_run(
+            paused_run, approve, reviewer, note, publish_dir, catalog
+        )
+    if outcome is None:
+        outcome = reviewing.review(
+            catalog,
+            release_id,
+            approve=approve,
+            reviewer=reviewer,
+            note=note,
+            publish_dir=publish_dir,
+        )
+    current = reviewing.status(catalog, release_id)
     if as_json:
-        print_json(reviewing.status(catalog, release_id))
+        print_json(current)
         return
-    stdout.print(f"{release_id}: {result['status']}")
-    if "published_directory" in result:
-        stdout.print(f"published to {result['published_directory']}")
-    _print_approval_progress(reviewing.status(catalog, release_id))
+    stdout.print(f"{release_id}: {outcome['status']}{outcome.get('through', '')}")
+    if outcome.get("published_directory"):
+        stdout.print(f"published to {outcome['published_directory']}")
+    _print_approval_progress(current)
 
 
 def _print_approval_progress(current: dict[str, Any]) -> None:
@@ -166,12 +162,10 @@ def _review_through_flow_run(
     note: str,
     publish_dir: Path | None,
     catalog: Any,
-    *,
-    quiet: bool = False,
-) -> bool:
-    """Resume the paused deployed run with the decision; False when it can no longer decide."""
+) -> dict[str, Any] | None:
+    """Resume the paused deployed run with the decision: its outcome as ``reviewing.review``
+    reports one, and through which run; None when the run can no longer decide."""
     prefect_defaults()
-    from dprelease.catalog.review import decisions as reviewing
     from dprelease.catalog.watch_state import ReviewRuns
     from dprelease.flows.deployed_release import ReviewRunNotPaused, resume_review
 
@@ -184,18 +178,15 @@ def _review_through_flow_run(
     except ReviewRunNotPaused as exc:
         console.print(f"note: {exc}; deciding in the catalog directly")
         ReviewRuns(catalog.url).mark(paused_run.release_id, status="expired")
-        return False
-    if quiet:
-        return True
+        return None
     how = "recorded" if record.status == "staged" else "decided"
-    stdout.print(f"{record.id}: {record.status} ({how} through flow run {paused_run.flow_run_id})")
-    if record.published_directory:
-        stdout.print(f"published to {record.published_directory}")
-    _print_approval_progress(reviewing.status(catalog, record.id))
-    return True
+    return {
+        "status": record.status,
+        "published_directory": record.published_directory,
+        "through": f" ({how} through flow run {paused_run.flow_run_id})",
+    }
 
 
-@clear_errors
 def show(
     release_id: Annotated[str, typer.Argument(help="Release id (see `dprelease releases`).")],
     as_json: JsonOption = False,
@@ -215,37 +206,36 @@ def show(
 
 def _print_summary(summary: dict[str, Any]) -> None:
     release = summary["release"]
-    lines = [
+    stdout.print(
         f"[bold]{release['id']}[/]: {release['status']}",
         f"  spec:       {release['name']} (dataset {release['dataset_id']}; spec sha256 "
         f"{release['spec_fingerprint']})",
         f"  created:    {release['created_at']} UTC; updated {release['updated_at']} UTC",
-    ]
+        sep="\n",
+    )
     mechanism = summary["mechanism"]
     if mechanism:
-        lines.append(
+        stdout.print(
             f"  mechanism:  {mechanism['name']} ({mechanism['model']}) — {mechanism['reason']}"
         )
     plan = summary["plan"]
     if plan:
-        lines.append(
+        stdout.print(
             f"  plan:       {plan.get('num_queries', '?')} queries over "
             f"{plan.get('num_cells', '?')} cells; chosen {plan.get('chosen')}"
         )
-    lines.append(f"  charged:    {cost_text(summary['charged'] or {}) or 'nothing'}")
+    stdout.print(f"  charged:    {cost_text(summary['charged'] or {}) or 'nothing'}")
     for receipt in summary["receipts"]:
-        lines.append(
+        stdout.print(
             f"    ledger #{receipt['seq']} {receipt['receipt_id']} ({receipt['label']}): "
             f"{cost_text(receipt['charge'])}"
         )
     budget = summary["budget"]
     if budget:
-        lines.append(
+        stdout.print(
             f"  budget:     cap {cost_text(budget['cap'])}; spent after this release "
             f"{cost_text(budget['after'])}; remaining then {cost_text(budget['remaining'])}"
         )
-    for line in lines:
-        stdout.print(line)
     _print_review_status(summary["review"], header=False)
     paths = summary["paths"]
     stdout.print("  artifacts:")
@@ -261,13 +251,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 @notify_app.command("webhook")
-@clear_errors
 def notify_webhook(
     name: Annotated[str, typer.Argument(help="Block name (lowercase letters, digits, dashes).")],
-    url: Annotated[str, typer.Option("--url", help="Where to POST the notice (JSON).")],
+    url: Annotated[str, typer.Option(help="Where to POST the notice (JSON).")],
     header: Annotated[
         list[str] | None,
-        typer.Option("--header", help="NAME:VALUE sent with every notice (repeatable)."),
+        typer.Option(help="NAME:VALUE sent with every notice (repeatable)."),
     ] = None,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a saved block of this name.")
@@ -304,7 +293,6 @@ def notify_webhook(
 
 
 @notify_app.command("send")
-@clear_errors
 def notify_send(
     release_id: Annotated[str, typer.Argument(help="A staged release whose spec names a block.")],
 ) -> None:

@@ -12,26 +12,21 @@ from typing import Annotated
 
 import typer
 
-from dprelease.flows.cli.common import clear_errors, stdout
+from dprelease.flows.cli.common import stdout
 
 
-@clear_errors
 def synth(
     release_id: Annotated[
         str, typer.Argument(help="A published release (see `dprelease releases`).")
     ],
-    rows: Annotated[int, typer.Option("--rows", help="Number of synthetic records.")],
+    rows: Annotated[int, typer.Option(help="Number of synthetic records.")],
     out: Annotated[
         Path | None,
-        typer.Option(
-            "--out", help="Parquet file to write (default ./<RELEASE_ID>-synthetic.parquet)."
-        ),
+        typer.Option(help="Parquet file to write (default ./<RELEASE_ID>-synthetic.parquet)."),
     ] = None,
     seed: Annotated[
         int | None,
-        typer.Option(
-            "--seed", help="Seed of the sampler (public randomness); recorded when drawn."
-        ),
+        typer.Option(help="Seed of the sampler (public randomness); recorded when drawn."),
     ] = None,
 ) -> None:
     """Sample a synthetic Parquet file from the model of a published `reconstruct: pgm` release
