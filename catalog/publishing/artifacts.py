@@ -57,7 +57,6 @@ def code_version() -> dict[str, str | None]:
         version = importlib_metadata.version("dprelease")
     except importlib_metadata.PackageNotFoundError:  # pragma: no cover - always installed
         version = None
-    commit = None
     try:
         here = Path(__file__).resolve().parent
         commit = subprocess.run(

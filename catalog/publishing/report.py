@@ -51,15 +51,11 @@ HEADINGS = {
 def error_plot(plan: dict[str, Any]) -> str:
     """Bar chart (inline SVG): expected RMSE per candidate, the SVD lower bound dashed."""
     scored = [c for c in plan["candidates"] if c.get("rmse") is not None]
-    values = np.array([float(c["rmse"]) for c in scored])
-    missing = np.full(values.shape, np.nan)
     bound = plan.get("lower_bound_rmse")
     return value_chart(
         "bars",
         [("* " if c["mechanism"] == plan["chosen"] else "") + c["mechanism"] for c in scored],
-        values,
-        missing,
-        missing,
+        np.array([float(c["rmse"]) for c in scored]),
         x_title="candidate mechanism (* chosen)",
         y_title="expected RMSE per query",
         reference=(float(bound), "SVD lower bound") if bound else None,
@@ -105,17 +101,12 @@ def heading(column: str, axes: list[Axis]) -> str:
 
 def describe(table: pa.Table, axes: list[Axis]) -> str:
     """What the rows of a table are, from its model alone."""
-    if not axes:
-        return "one row"
-    parts = []
-    for axis in axes:
-        if axis.kind == "cumulative":
-            parts.append(f"cumulative over {axis.name} (each row: {axis.name} ≤ its value)")
-        elif axis.kind == "range":
-            parts.append(f"ranges of {axis.name} (from–to, inclusive)")
-        else:
-            parts.append(axis.name)
-    return " × ".join(parts)
+    forms = {
+        "cumulative": "cumulative over {0} (each row: {0} ≤ its value)",
+        "range": "ranges of {0} (from–to, inclusive)",
+        "category": "{0}",
+    }
+    return " × ".join(forms[axis.kind].format(axis.name) for axis in axes) or "one row"
 
 
 def column_text(column: pa.ChunkedArray) -> list[str]:
@@ -178,12 +169,6 @@ def _cell(encoded: Any, index: int) -> str:
     return _fmt(encoded) if isinstance(encoded, float) or encoded is None else encoded
 
 
-def _json_script(element_id: str, payload: Any) -> str:
-    # "<" escaped so a label can never close the script element
-    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
-    return f"<script type='application/json' id='{element_id}'>{text}</script>"
-
-
 def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMBED_MAX_ROWS) -> str:
     """One released table: caption, chart, the first page, a pager over every row, the CSV link.
 
@@ -238,6 +223,9 @@ def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMB
         else f"<div class='pager-bar'><span class='muted'>all {rows:,} rows</span></div>"
     )
     csv = f"tables/{name}.csv"
+    page_data = {"n": rows, "c": encoded, "k": ["num" if n else "lab" for n in numeric]}
+    # "<" escaped so a label can never close the script element
+    data = json.dumps(page_data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
     chart_html = (
         # drawn when scrolled near (page script): 91 charts parsed inert, not laid out at load
         f"<figure class='lazy'><template>{chart.svg}</template>"
@@ -256,11 +244,7 @@ def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMB
         f"<div class='pager' data-table='{index}' data-rows='{rows}' data-page='0'>{pager}"
         f"<div class='scroll'><table class='data'><thead><tr>{head}</tr></thead>"
         f"<tbody>{body}</tbody></table></div></div>"
-        + _json_script(
-            f"data-{index}",
-            {"n": rows, "c": encoded, "k": ["num" if n else "lab" for n in numeric]},
-        )
-        + "</section>"
+        f"<script type='application/json' id='data-{index}'>{data}</script></section>"
     )
 
 
@@ -477,7 +461,14 @@ def render_report(
             }
         ),
         "<p>Ledger of this dataset (append-only; charges are never refunded):</p>",
-        *_budget_timeline(ledger_rows, budget["cap"], manifest["release_id"]),
+        *(
+            [
+                "<figure aria-label='privacy budget spent over time against the cap'>"
+                f"{budget_timeline_plot(ledger_rows, budget['cap'], manifest['release_id'])}</figure>"
+            ]
+            if ledger_rows and budget["cap"]
+            else []
+        ),
         _table_html(ledger_rows, ["seq", "created_at", "release_id", "label", "cost"]),
         "</section><section id='method'><h2>Mechanism and expected error</h2>",
         f"<p>Chosen: <b>{html.escape(plan['chosen'])}</b> — {html.escape(plan['reason'])}.</p>",
@@ -573,14 +564,11 @@ def _partition_plot(boundaries: list[int]) -> str:
     """Bucket sizes of a privately released partition of the (1-D ordered) cells (inline SVG)."""
     edges = np.asarray(boundaries)
     sizes = np.diff(edges).astype(float)
-    missing = np.full(sizes.shape, np.nan)
     labels = [f"{lo}–{hi - 1}" for lo, hi in itertools.pairwise(edges.tolist())]
     return value_chart(
         "bars",
         labels,
         sizes,
-        missing,
-        missing,
         x_title=f"released partition: {sizes.size} buckets (cells, measurement order)",
         y_title="bucket size",
     )
@@ -608,8 +596,6 @@ def budget_timeline_plot(
     """
     measure = next(iter(cap))
     charges = np.array([_cost_values(row["cost"]).get(measure, 0.0) for row in ledger_rows])
-    cumulative = np.cumsum(charges)
-    missing = np.full(cumulative.shape, np.nan)
     labels = [
         ("* " if row["release_id"] == release_id else "")
         + str(row["created_at"])[5:16].replace("T", " ")
@@ -618,24 +604,11 @@ def budget_timeline_plot(
     return value_chart(
         "step",
         labels,
-        cumulative,
-        missing,
-        missing,
+        np.cumsum(charges),
         x_title="ledger entries in order (UTC month-day time; * this release)",
         y_title=f"{measure} spent",
         reference=(float(cap[measure]), f"cap ({measure}={cap[measure]:.6g})"),
     )
-
-
-def _budget_timeline(
-    ledger_rows: list[dict[str, Any]], cap: dict[str, float], release_id: str
-) -> list[str]:
-    if not ledger_rows or not cap:
-        return []
-    return [
-        "<figure aria-label='privacy budget spent over time against the cap'>"
-        f"{budget_timeline_plot(ledger_rows, cap, release_id)}</figure>"
-    ]
 
 
 def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) -> None:
@@ -656,10 +629,6 @@ def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) ->
         }
         for entry in catalog.ledger_entries(manifest["dataset_id"])
     ]
-    reviews = [
-        {"at": r["at"], "decision": r["decision"], "reviewer": r["reviewer"], "note": r["note"]}
-        for r in manifest["review"]["trail"]
-    ]
     html_text = render_report(
         manifest=manifest,
         plan=manifest["plan"],
@@ -667,6 +636,6 @@ def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) ->
         validation=validation,
         budget=manifest["budget"],
         ledger_rows=ledger_rows,
-        reviews=reviews,
+        reviews=manifest["review"]["trail"],
     )
     (directory / "report.html").write_text(html_text)

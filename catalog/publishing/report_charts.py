@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import html
+import itertools
 import math
 import struct
 import zlib
@@ -23,9 +24,8 @@ import numpy as np
 import pyarrow as pa
 
 WIDTH = 640
-VALUE_START = (
-    "estimate"  # label columns come before it, value columns from it on (catalog.publishing.tables)
-)
+# label columns come before it, value columns from it on (catalog.publishing.tables)
+VALUE_START = "estimate"
 MAX_HEATMAP_SIDE = 400  # a larger grid gets no chart (the table and CSV still hold every row)
 MAX_BARS = 400
 TICKS_WANTED = 12  # at most this many labelled ticks on a categorical axis
@@ -46,9 +46,9 @@ class Axis:
 
 @dataclass(frozen=True, kw_only=True)
 class Chart:
-    kind: str  # "bars" | "step" | "heatmap" | "none"
-    svg: str
     note: str
+    kind: str = "none"  # "bars" | "step" | "heatmap" | "none"
+    svg: str = ""
 
 
 def table_model(table: pa.Table) -> list[Axis]:
@@ -94,7 +94,7 @@ def _values(table: pa.Table, column: str) -> np.ndarray:
 def chart_for(table: pa.Table, *, title: str) -> Chart:
     """The chart that fits the table's model (see the module docstring)."""
     if VALUE_START not in table.column_names or table.num_rows == 0:
-        return Chart(kind="none", svg="", note="no estimate column to chart")
+        return Chart(note="no estimate column to chart")
     estimate = _values(table, "estimate")
     low, high = _values(table, "ci_low"), _values(table, "ci_high")
     axes = table_model(table)
@@ -111,17 +111,15 @@ def chart_for(table: pa.Table, *, title: str) -> Chart:
         if axis.kind == "range":
             return _range_chart(table, axis, estimate, low, high)
         if table.num_rows > MAX_BARS:
-            return Chart(kind="none", svg="", note=f"{table.num_rows:,} rows: too many to chart")
+            return Chart(note=f"{table.num_rows:,} rows: too many to chart")
         svg = value_chart("bars", labels, estimate, low, high, x_title=axis.name)
         return Chart(kind="bars", svg=svg, note="estimates with 95% intervals")
     grid = _grid(table, axes)
     if grid is None:
-        return Chart(kind="none", svg="", note="rows do not form a grid of the attributes")
+        return Chart(note="rows do not form a grid of the attributes")
     row_labels, column_labels, shape = grid
     if max(shape) > MAX_HEATMAP_SIDE:
-        return Chart(
-            kind="none", svg="", note=f"a {shape[0]} × {shape[1]} grid is too large to chart"
-        )
+        return Chart(note=f"a {shape[0]} × {shape[1]} grid is too large to chart")
     svg = heatmap(
         row_labels,
         column_labels,
@@ -155,7 +153,7 @@ def _range_chart(
             "holds every range",
         )
     if table.num_rows > MAX_BARS:
-        return Chart(kind="none", svg="", note=f"{table.num_rows:,} ranges: too many to chart")
+        return Chart(note=f"{table.num_rows:,} ranges: too many to chart")
     labels = axis_labels(table, axis)
     svg = value_chart("bars", labels, estimate, low, high, x_title=f"{axis.name} range")
     return Chart(kind="bars", svg=svg, note="estimates with 95% intervals")
@@ -175,15 +173,8 @@ def _grid(table: pa.Table, axes: list[Axis]) -> tuple[list[str], list[str], tupl
         return None
     if not np.array_equal(np.ravel_multi_index(tuple(codes), sizes), np.arange(table.num_rows)):
         return None
-    rest = [" · ".join(combo) for combo in _product(levels[1:])]
+    rest = [" · ".join(combo) for combo in itertools.product(*levels[1:])]
     return levels[0], rest, (sizes[0], math.prod(sizes[1:]))
-
-
-def _product(levels: list[list[str]]) -> list[tuple[str, ...]]:
-    combos: list[tuple[str, ...]] = [()]
-    for level in levels:
-        combos = [(*combo, value) for combo in combos for value in level]
-    return combos
 
 
 def _nice_ticks(lo: float, hi: float, wanted: int = 5) -> np.ndarray:
@@ -197,12 +188,6 @@ def _nice_ticks(lo: float, hi: float, wanted: int = 5) -> np.ndarray:
     start = math.floor(lo / step) * step
     stop = math.ceil(hi / step) * step
     return np.arange(start, stop + step / 2, step)
-
-
-def _tick_text(value: float, step: float) -> str:
-    if step >= 1 or value == 0:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
 
 
 def _short(text: str, limit: int = 14) -> str:
@@ -234,19 +219,22 @@ def _y_axis(
         return frame["y1"] - (np.asarray(value) - lo) / (hi - lo) * (frame["y1"] - frame["y0"])
 
     parts = []
-    for tick in ticks:
+    for tick in ticks.tolist():
         yy = float(y(tick))
+        text = f"{tick:,.0f}" if step >= 1 or tick == 0 else f"{tick:.3g}"
         parts.append(
             f"<line class='grid' x1='{frame['x0']}' x2='{frame['x1']}' y1='{yy:.1f}' y2='{yy:.1f}'/>"
-            f"<text x='{frame['x0'] - 6}' y='{yy + 4:.1f}' text-anchor='end'>"
-            f"{_tick_text(float(tick), step)}</text>"
+            f"<text x='{frame['x0'] - 6}' y='{yy + 4:.1f}' text-anchor='end'>{text}</text>"
         )
-    mid = (frame["y0"] + frame["y1"]) / 2
-    parts.append(
-        f"<text class='title' transform='translate(12,{mid:.0f}) rotate(-90)' "
+    parts.append(_y_title((frame["y0"] + frame["y1"]) / 2, title))
+    return parts, y
+
+
+def _y_title(middle: float, title: str) -> str:
+    return (
+        f"<text class='title' transform='translate(12,{middle:.0f}) rotate(-90)' "
         f"text-anchor='middle'>{html.escape(title)}</text>"
     )
-    return parts, y
 
 
 def _label_layout(labels: list[str], width: float) -> tuple[int, bool, int]:
@@ -280,10 +268,6 @@ def _x_labels(frame: dict[str, float], labels: list[str], centre: Any, title: st
     return parts
 
 
-def _bottom(labels: list[str], left: int, right: int) -> int:
-    return _label_layout(labels, WIDTH - left - right)[2]
-
-
 def _svg(height: int, body: list[str], label: str) -> str:
     return (
         f"<svg class='chart' viewBox='0 0 {WIDTH} {height}' width='{WIDTH}' height='{height}' "
@@ -299,17 +283,20 @@ def value_chart(
     style: str,
     labels: list[str],
     estimate: np.ndarray,
-    low: np.ndarray,
-    high: np.ndarray,
+    low: np.ndarray | None = None,
+    high: np.ndarray | None = None,
     *,
     x_title: str,
     y_title: str = "estimate",
     reference: Reference | None = None,
 ) -> str:
     """Bars from zero with a 95% interval whisker each (none where the row claims no interval),
-    or (style "step") a step curve of the estimates with the 95% interval as a shaded band. O(rows).
+    or (style "step") a step curve of the estimates with the 95% interval as a shaded band; no
+    ``low``/``high``: no intervals. O(rows).
     """
-    bottom = _bottom(labels, 70, 12)
+    if low is None or high is None:
+        low = high = np.full(estimate.shape, np.nan)
+    bottom = _label_layout(labels, WIDTH - 70 - 12)[2]
     height = 190 + bottom
     frame = _frame(height, left=70, bottom=bottom)
     extra = np.array([reference[0] if reference is not None else np.nan])
@@ -337,17 +324,12 @@ def value_chart(
                 points += [(edges[k], yy), (edges[k + 1], yy)]
             return points
 
-        band = steps(hi) + steps(lo)[::-1]
-        parts.append(
-            "<path class='band' d='M"
-            + "L".join(f"{x:.1f} {yy:.1f}" for x, yy in band)
-            + "Z'><title>95% interval</title></path>"
-        )
-        parts.append(
-            "<path class='line' d='M"
-            + "L".join(f"{x:.1f} {yy:.1f}" for x, yy in steps(estimate))
-            + "'/>"
-        )
+        def path(points: list[tuple[float, float]]) -> str:
+            return "M" + "L".join(f"{x:.1f} {yy:.1f}" for x, yy in points)
+
+        band = path(steps(hi) + steps(lo)[::-1])
+        parts.append(f"<path class='band' d='{band}Z'><title>95% interval</title></path>")
+        parts.append(f"<path class='line' d='{path(steps(estimate))}'/>")
         parts += _x_labels(frame, labels, lambda k: edges[k] + slot / 2, x_title)
         return _svg(height, parts, f"step curve of estimates by {x_title}")
 
@@ -431,7 +413,7 @@ def heatmap(
     """A heat map of the estimates: one pixel per cell, rows top to bottom, with a colour bar."""
     rows, columns = matrix.shape
     left = int(min(150, 24 + 6.5 * max(len(_short(v)) for v in row_labels)))
-    bottom = _bottom(column_labels, left, 90)
+    bottom = _label_layout(column_labels, WIDTH - left - 90)[2]
     height = int(min(380, max(150, 40 + 16 * rows))) + bottom
     frame = _frame(height, left=left, bottom=bottom, right=90)
     finite = matrix[np.isfinite(matrix)]
@@ -451,10 +433,7 @@ def heatmap(
             f"<text x='{x0 - 5}' y='{yy + 4:.1f}' text-anchor='end'>"
             f"{html.escape(_short(row_labels[k]))}</text>"
         )
-    parts.append(
-        f"<text class='title' transform='translate(12,{(y0 + y1) / 2:.0f}) rotate(-90)' "
-        f"text-anchor='middle'>{html.escape(y_title)}</text>"
-    )
+    parts.append(_y_title((y0 + y1) / 2, y_title))
     cell_w = (x1 - x0) / columns
     parts += _x_labels(frame, column_labels, lambda k: x0 + (k + 0.5) * cell_w, x_title)
     bar = png_rgb(_colours(np.linspace(hi, lo, 64)[:, None], lo, hi))

@@ -17,7 +17,7 @@ other dependencies are approximated through the tree.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import combinations
 from pathlib import Path
 
@@ -176,16 +176,7 @@ def synthesize(
     )
     synthetic_metadata.create_all(catalog.engine, checkfirst=True)
     with catalog.engine.begin() as conn:
-        conn.execute(
-            synthetic_files.insert().values(
-                release_id=record.release_id,
-                path=record.path,
-                rows=record.rows,
-                seed=str(record.seed),
-                sha256=record.sha256,
-                created_at=record.created_at,
-            )
-        )
+        conn.execute(synthetic_files.insert().values(**asdict(record) | {"seed": str(seed)}))
     return record
 
 
@@ -200,12 +191,8 @@ def synthetic_records(catalog: Catalog, release_id: str | None = None) -> list[S
     with catalog.engine.connect() as conn:
         return [
             SyntheticFile(
-                release_id=r.release_id,
-                path=r.path,
-                rows=int(r.rows),
-                seed=int(r.seed),
-                sha256=r.sha256,
-                created_at=r.created_at,
+                **{k: v for k, v in r._asdict().items() if k != "seq"}
+                | {"rows": int(r.rows), "seed": int(r.seed)}
             )
             for r in conn.execute(query)
         ]

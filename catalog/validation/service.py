@@ -213,9 +213,7 @@ def serve(path: Path, *, parent_pid: int) -> int:
         while not stopping and os.getppid() == parent_pid:
             try:
                 connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except InterruptedError:
+            except (TimeoutError, InterruptedError):
                 continue
             with connection:
                 connection.settimeout(None)
