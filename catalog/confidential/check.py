@@ -13,7 +13,7 @@ imports it), no fingerprint (so no catalog key is created).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -147,21 +147,21 @@ def check_data(spec: ReleaseSpec) -> CheckReport:
     try:
         dataset = open_dataset_unchecked(files, spec)
     except (pa.ArrowException, OSError) as exc:
-        return _with(base, read_error=str(exc))
+        return replace(base, read_error=str(exc))
     problems = tuple(schema_problems(dataset, spec))
     unusable = {p.column for p in problems}
     if any(p.column is None for p in problems):  # an unreadable file: no rows can be trusted
-        return _with(base, schema=problems)
+        return replace(base, schema=problems)
     person = spec.privacy_unit.person_column
     attributes = [name for name in spec.domain if name not in unusable]
     columns = attributes + ([person] if person and person not in unusable else [])
     try:
         table = dataset.to_table(columns=columns)
     except (pa.ArrowException, OSError) as exc:
-        return _with(base, schema=problems, read_error=str(exc))
+        return replace(base, schema=problems, read_error=str(exc))
     table = decode_dictionaries(table)
     if not attributes:
-        return _with(base, schema=problems, rows=table.num_rows)
+        return replace(base, schema=problems, rows=table.num_rows)
     # the data's problems are counted over every row (what the custodian must fix) ...
     checked = spec.model_copy(update={"domain": {n: spec.domain[n] for n in attributes}})
     groups = group_counts(table, attributes)
@@ -183,7 +183,7 @@ def check_data(spec: ReleaseSpec) -> CheckReport:
         contributions = _contributions(table[person], person_column=person, max_rows=max_rows)
         bounded = _bounded(table, person, max_rows=max_rows)
         encoded = encode_groups(group_counts(bounded, attributes), checked)
-    return _with(
+    return replace(
         base,
         schema=problems,
         rows=table.num_rows,
@@ -191,10 +191,6 @@ def check_data(spec: ReleaseSpec) -> CheckReport:
         contributions=contributions,
         rows_counted=None if unusable else int(encoded.counts[encoded.valid].sum()),
     )
-
-
-def _with(base: CheckReport, **changes: Any) -> CheckReport:
-    return CheckReport(**{**base.__dict__, **changes})
 
 
 def _contributions(

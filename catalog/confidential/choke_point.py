@@ -239,19 +239,14 @@ def _assemble(shards: Sequence[NoiseShard], results: list[Any], *, abandoned: st
 
 
 class ProtectedCells(_Protected):
-    """Confidential cell counts over a public domain.
+    """Confidential cell counts over a public domain: ``cells`` holds the true count per cell
+    (row-major over ``domain_shape``); ``contribution_bound``, the most rows one privacy unit can
+    contribute (after bounding), multiplies every sensitivity.
 
     The counts have no accessor and never print:
 
     >>> ProtectedCells([3.0, 4.0], domain_shape=(2,), contribution_bound=1)
     ProtectedCells(domain_shape=(2,), values=<redacted>)
-
-    Parameters
-    ----------
-    cells:
-        The true count per cell (row-major over ``domain_shape``).
-    contribution_bound:
-        Most rows one privacy unit can contribute (after bounding); multiplies every sensitivity.
     """
 
     def __init__(

@@ -40,6 +40,7 @@ from dprelease.catalog.confidential.source import (
     CountResult,
     SourceFiles,
     bound_contributions,
+    check_in_domain,
     check_schema,
     content_fingerprint,
     decode_dictionaries,
@@ -48,9 +49,7 @@ from dprelease.catalog.confidential.source import (
     input_columns,
     list_source_files,
     null_persons_error,
-    null_values_error,
     open_dataset,
-    outside_domain_error,
     protect,
     unreadable,
 )
@@ -202,14 +201,19 @@ def _count(
         dataset = open_dataset(files, spec)
         check_schema(dataset, spec)  # footers only, on the driver
         paths, pruned_rows = _select_fragments(dataset, spec)
-        partitioning = getattr(dataset, "partitioning", None)
+        job = CountJob(
+            spec=spec,
+            subsets=subsets,
+            partitioning=getattr(dataset, "partitioning", None),
+            partitioned_dir=partitioned_dir,
+        )
         with open_cluster(spec.execution) if client is None else nullcontext(client) as active:
             if active is None:
                 raise SpecError(
                     "execution.engine is 'local': count with catalog.confidential.source, "
                     "not on a cluster"
                 )
-            total = _run(active, paths, partitioning, partitioned_dir, spec, subsets)
+            total = _run(active, paths, job)
         fingerprint = hashing.result()
     total.any_rows |= pruned_rows
     _raise_input_problems(total, spec)
@@ -245,31 +249,23 @@ def _in_domain(fragment: ds.Fragment, spec: ReleaseSpec) -> bool:
     return True
 
 
-def _run(
-    client: Client,
-    paths: list[str],
-    partitioning: ds.Partitioning | None,
-    partitioned_dir: str | None,
-    spec: ReleaseSpec,
-    subsets: Subsets | None,
-) -> Partial:
+@dataclass(frozen=True, kw_only=True)
+class CountJob:
+    """What every worker task needs besides its files: how to open them and what to count."""
+
+    spec: ReleaseSpec
+    subsets: Subsets | None
+    partitioning: ds.Partitioning | None
+    partitioned_dir: str | None
+
+
+def _run(client: Client, paths: list[str], job: CountJob) -> Partial:
     """One task per file; partials summed on the driver as they complete. O(files × cells)."""
     from distributed import as_completed
 
-    total = _empty(spec, subsets)
-    futures = [
-        client.submit(
-            count_files,
-            [path],
-            partitioning=partitioning,
-            partitioned_dir=partitioned_dir,
-            spec=spec,
-            subsets=subsets,
-            pure=False,  # never served from another run's memory
-            retries=0,
-        )
-        for path in paths
-    ]
+    total = _empty(job)
+    # pure=False: never served from another run's memory
+    futures = [client.submit(count_files, [path], job, pure=False, retries=0) for path in paths]
     try:
         for future in as_completed(futures, loop=client.loop):
             total.add(future.result())
@@ -279,41 +275,35 @@ def _run(
     return total
 
 
-def _empty(spec: ReleaseSpec, subsets: Subsets | None, *, on_worker: bool = False) -> Partial:
-    if subsets is None:
-        size = spec.num_cells
+def _empty(job: CountJob, *, on_worker: bool = False) -> Partial:
+    if job.subsets is None:
+        size = job.spec.num_cells
         return Partial(counts=CellCounts(size=size) if on_worker else np.zeros(size))
-    shape = spec.domain_shape
+    shape = job.spec.domain_shape
     return Partial(
         counts={
             axes: np.zeros(tuple(shape[a] for a in axes)).ravel() if axes else np.array(0.0)
-            for axes in subsets
+            for axes in job.subsets
         }
     )
 
 
-def count_files(
-    paths: list[str],
-    *,
-    partitioning: ds.Partitioning | None,
-    partitioned_dir: str | None,
-    spec: ReleaseSpec,
-    subsets: Subsets | None,
-) -> Partial:
+def count_files(paths: list[str], job: CountJob) -> Partial:
     """Worker side: stream ``paths`` and return their partial counts and flags.
 
     Without a person column, batch by batch (O(BATCH_ROWS + cells) memory); with one, file by
     file (a file's input columns must fit in a worker's memory).  Rows are checked and bounded
     exactly as ``source.read_and_encode`` does.
     """
+    spec = job.spec
     try:
         dataset = ds.dataset(
             paths,
             format="parquet",
-            partitioning=partitioning,
-            partition_base_dir=partitioned_dir,
+            partitioning=job.partitioning,
+            partition_base_dir=job.partitioned_dir,
         )
-        partial = _empty(spec, subsets, on_worker=True)
+        partial = _empty(job, on_worker=True)
         columns = input_columns(spec)
         for fragment in dataset.get_fragments():
             batches = fragment.to_batches(
@@ -321,12 +311,11 @@ def count_files(
             )
             if spec.privacy_unit.person_column is None:
                 for batch in batches:
-                    _add_table(partial, pa.Table.from_batches([batch]), spec, subsets)
+                    _add_table(partial, pa.Table.from_batches([batch]), job)
             else:
-                table = pa.Table.from_batches(
-                    list(batches), schema=_columns_schema(dataset, columns)
-                )
-                _add_table(partial, table, spec, subsets)
+                schema = pa.schema([dataset.schema.field(name) for name in columns])
+                table = pa.Table.from_batches(list(batches), schema=schema)
+                _add_table(partial, table, job)
     except (pa.ArrowException, OSError):
         raise unreadable("the input") from None  # Arrow's text may quote raw values
     if isinstance(partial.counts, CellCounts):
@@ -334,18 +323,13 @@ def count_files(
     return partial
 
 
-def _columns_schema(dataset: ds.Dataset, columns: list[str]) -> pa.Schema:
-    return pa.schema([dataset.schema.field(name) for name in columns])
-
-
-def _add_table(
-    partial: Partial, table: pa.Table, spec: ReleaseSpec, subsets: Subsets | None
-) -> None:
+def _add_table(partial: Partial, table: pa.Table, job: CountJob) -> None:
     """Bound, group, encode and add one table's rows to ``partial``. O(rows) Arrow + O(groups)."""
     if table.num_rows == 0:
         return
     partial.any_rows = True
     table = decode_dictionaries(table)
+    spec = job.spec
     person = spec.privacy_unit.person_column
     if person is not None:
         if table[person].null_count:
@@ -355,19 +339,16 @@ def _add_table(
         table = bound_contributions(table, person_column=person, max_rows=max_rows)
     table, coded = _prebin(table, spec)
     encoded = encode_groups(group_counts(table, list(spec.domain)), coded)
-    for name in spec.domain:
-        if encoded.null[name].any():
-            partial.null.add(name)
-        if encoded.outside[name].any():
-            partial.outside.add(name)
+    partial.null |= encoded.null_columns
+    partial.outside |= encoded.outside_columns
     valid = encoded.valid
     index = [axis_index[valid] for axis_index in encoded.index]
     counts = encoded.counts[valid]
-    if subsets is None:
+    if job.subsets is None:
         flat = np.ravel_multi_index(tuple(index), spec.domain_shape)
         partial.counts.add(flat, counts)  # O(groups), not O(cells) per batch
         return
-    tables = project_marginals(index, counts, shape=spec.domain_shape, subsets=subsets)
+    tables = project_marginals(index, counts, shape=spec.domain_shape, subsets=job.subsets)
     for axes, table_counts in tables.items():
         partial.counts[axes] = partial.counts[axes] + table_counts
 
@@ -421,9 +402,4 @@ def _raise_input_problems(total: Partial, spec: ReleaseSpec) -> None:
     person = spec.privacy_unit.person_column
     if total.null_person and person is not None:
         raise null_persons_error(person)
-    if spec.on_out_of_domain == "error":
-        for name in spec.domain:
-            if name in total.null:
-                raise null_values_error(name)
-            if name in total.outside:
-                raise outside_domain_error(name, spec)
+    check_in_domain(spec, null=total.null, outside=total.outside)

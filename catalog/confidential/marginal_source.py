@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dprelease.catalog.confidential.choke_point import ProtectedMarginals
-from dprelease.catalog.confidential.source import protect, read_and_encode
+from dprelease.catalog.confidential.source import Counted, protect, read_and_encode
 from dprelease.catalog.errors import SpecError
 from dprelease.catalog.keys import CatalogKey
 from dprelease.catalog.spec.limits import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES
@@ -35,12 +35,8 @@ MAX_MARGINAL_CELLS = MAX_RELEASE_CELLS
 
 
 @dataclass(frozen=True, kw_only=True)
-class MarginalCountResult:
-    """What counting returns: the protected marginals and public facts about the input."""
-
+class MarginalCountResult(Counted):
     marginals: ProtectedMarginals
-    input_fingerprint: str
-    files: tuple[str, ...]
 
 
 def check_marginals_runnable(

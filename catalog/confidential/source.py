@@ -297,6 +297,14 @@ class EncodedGroups:
             valid &= ~(self.null[name] | self.outside[name])
         return valid
 
+    @property
+    def null_columns(self) -> set[str]:
+        return {name for name, mask in self.null.items() if mask.any()}
+
+    @property
+    def outside_columns(self) -> set[str]:
+        return {name for name, mask in self.outside.items() if mask.any()}
+
 
 def encode_groups(groups: pa.Table, spec: ReleaseSpec) -> EncodedGroups:
     """Cell index, null and out-of-domain masks per group. O(groups × attributes), numpy."""
@@ -332,18 +340,34 @@ def outside_domain_error(name: str, spec: ReleaseSpec) -> DataError:
     )
 
 
-@dataclass(frozen=True, kw_only=True)
-class CountResult:
-    """What counting returns: the protected cells and public facts about the input."""
+def check_in_domain(spec: ReleaseSpec, *, null: set[str], outside: set[str]) -> None:
+    """With ``on_out_of_domain: error``, refuse the first domain column with a null or with a
+    value outside the domain (by column and rule only)."""
+    if spec.on_out_of_domain != "error":
+        return
+    for name in spec.domain:
+        if name in null:
+            raise null_values_error(name)
+        if name in outside:
+            raise outside_domain_error(name, spec)
 
-    cells: ProtectedCells
+
+@dataclass(frozen=True, kw_only=True)
+class Counted:
+    """Public facts about a counted input: its files and their keyed fingerprint."""
+
     input_fingerprint: str
     files: tuple[str, ...]
 
 
+@dataclass(frozen=True, kw_only=True)
+class CountResult(Counted):
+    cells: ProtectedCells
+
+
 def read_and_encode(
     spec: ReleaseSpec, *, key: CatalogKey | None = None
-) -> tuple[Any, tuple[str, ...], str]:
+) -> tuple[EncodedGroups, tuple[str, ...], str]:
     """Read the source once, bound contributions, group and encode the rows over the domain, and
     apply ``on_out_of_domain``; return the encoded groups, the files and their keyed fingerprint.
 
@@ -367,12 +391,7 @@ def read_and_encode(
             table, person_column=person, max_rows=spec.privacy_unit.max_rows or 1
         )
     encoded = encode_groups(group_counts(table, list(spec.domain)), spec)
-    if spec.on_out_of_domain == "error":
-        for name in spec.domain:
-            if encoded.null[name].any():
-                raise null_values_error(name)
-            if encoded.outside[name].any():
-                raise outside_domain_error(name, spec)
+    check_in_domain(spec, null=encoded.null_columns, outside=encoded.outside_columns)
     return encoded, files.files, input_fingerprint
 
 
