@@ -224,11 +224,6 @@ _EIGEN_DESIGN_EIGHS = 5.0
 def predict_eigen_design_seconds(num_cells: int) -> float:
     """Predicted seconds of :func:`mechanisms.eigen.design.eigen_design` on an n-cell Gram: five
     n×n eighs (one BLAS thread, an idle core), within a factor of two of the above.  O(1)."""
-    n = _positive(num_cells, "num_cells")
-    return 0.005 + _EIGEN_DESIGN_EIGHS * eigh_seconds(n)
-
-
-def _positive(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
-    return int(value)
+    if isinstance(num_cells, bool) or not isinstance(num_cells, int | np.integer) or num_cells < 1:
+        raise ValueError(f"num_cells ({num_cells!r}) must be an integer >= 1")
+    return 0.005 + _EIGEN_DESIGN_EIGHS * eigh_seconds(int(num_cells))

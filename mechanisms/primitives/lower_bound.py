@@ -29,6 +29,7 @@ from dprelease.mechanisms.primitives.marginal_strategies import (
     eigenspace_multiplicities,
     ij_subset_eigenvalues,
 )
+from dprelease.mechanisms.primitives.operators import kron_matrices
 from dprelease.mechanisms.primitives.workload import Workload
 
 DENSE_BOUND_LIMIT = 4096
@@ -156,12 +157,7 @@ def _svd_bound(
             eigenvalues += scalars(t)
         return svd_bound_from_eigenvalues(eigenvalues, cells, multiplicities=multiplicity)
     table = np.array([scalars(t) for t in range(num_terms)])  # (terms, 2^k)
-    blocks = []
-    for t in range(num_terms):
-        block = np.ones((1, 1))
-        for i in dense:
-            block = np.kron(block, dense_grams(t, i))  # O(D²)
-        blocks.append(block)
+    blocks = [kron_matrices([dense_grams(t, i) for i in dense]) for t in range(num_terms)]  # O(D²)
     columns, inverse = np.unique(table.T, axis=0, return_inverse=True)
     root_sums = np.zeros(columns.shape[0])
     for index, column in enumerate(columns):

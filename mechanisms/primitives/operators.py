@@ -186,13 +186,17 @@ class MatrixFactor(Factor):
         return np.asarray(self.matrix.T @ x)
 
 
-class Identity(Factor):
-    """One query per cell."""
+class _Square(Factor):
+    """An ``n × n`` factor whose Gram spectrum has a closed form."""
 
     closed_form_spectrum: ClassVar[bool] = True
 
     def __init__(self, n: int) -> None:
         super().__init__(shape=(n, n))
+
+
+class Identity(_Square):
+    """One query per cell."""
 
     def _matmat(self, x: np.ndarray) -> np.ndarray:
         return np.array(x, dtype=np.float64)
@@ -252,17 +256,12 @@ class Total(Factor):
         return np.asarray(covariance, dtype=np.float64).sum(axis=(0, 1))[np.newaxis]
 
 
-class Centring(Factor):
+class Centring(_Square):
     """``C = I − J/n``: every cell minus the attribute's mean (rank n − 1, ``CᵀC = C``).
 
     Measuring ``C ⊗ …`` measures the centred part of a marginal, the per-attribute "centred"
     eigenspace of every ``a·I + b·J`` Gram (the marginals algebra).
     """
-
-    closed_form_spectrum: ClassVar[bool] = True
-
-    def __init__(self, n: int) -> None:
-        super().__init__(shape=(n, n))
 
     def _matmat(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
@@ -297,13 +296,8 @@ class Centring(Factor):
         return _leading_diagonal(covariance) - 2.0 * row_means + row_means.sum(axis=0) / n
 
 
-class Prefix(Factor):
+class Prefix(_Square):
     """Prefix sums (the empirical CDF): query ``i`` sums cells ``0..i``."""
-
-    closed_form_spectrum: ClassVar[bool] = True
-
-    def __init__(self, n: int) -> None:
-        super().__init__(shape=(n, n))
 
     def _matmat(self, x: np.ndarray) -> np.ndarray:
         return np.cumsum(np.asarray(x, dtype=np.float64), axis=0)

@@ -203,18 +203,23 @@ def build_kron_strategy(
     """
     if family not in FAMILIES:
         raise ValueError(f"strategy family ({family!r}) must be one of {FAMILIES}")
-    factors: list[Factor] = []
-    for n, role in attribute_roles:
-        if role == "total":
-            factors.append(total_strategy(n))
-        elif role == "categorical" or family == "identity":
-            factors.append(identity_strategy(n))
-        elif family == "hierarchical":
-            factors.append(hierarchical_strategy(n, branching=branching))
-        else:
-            factors.append(wavelet_strategy(n))
+    factors = tuple(
+        family_factor(family, role, n, branching=branching) for n, role in attribute_roles
+    )
     parameters: dict[str, object] = {"branching": branching} if family == "hierarchical" else {}
-    return KronStrategy(name=family, factors=tuple(factors), parameters=parameters)
+    return KronStrategy(name=family, factors=factors, parameters=parameters)
+
+
+def family_factor(family: str, role: str, n: int, *, branching: int = 2) -> MatrixFactor:
+    """The factor of ``family`` for an attribute of ``n`` cells and ``role`` (see
+    :func:`build_kron_strategy`)."""
+    if role == "total":
+        return total_strategy(n)
+    if role == "categorical" or family == "identity":
+        return identity_strategy(n)
+    if family == "hierarchical":
+        return hierarchical_strategy(n, branching=branching)
+    return wavelet_strategy(n)
 
 
 class KronFamily(MatrixMechanism):

@@ -51,12 +51,7 @@ from dprelease.mechanisms.primitives.operators import (
     kron_query_variances,
 )
 from dprelease.mechanisms.primitives.protocol import CandidateUnavailable, LeastSquaresAnswers
-from dprelease.mechanisms.primitives.strategies import (
-    hierarchical_strategy,
-    identity_strategy,
-    total_strategy,
-    wavelet_strategy,
-)
+from dprelease.mechanisms.primitives.strategies import family_factor
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
 from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
@@ -330,23 +325,20 @@ def per_item_terms(
     attributes, identity on its categorical ones, a total elsewhere."""
     seen: dict[tuple[str, ...], tuple[Factor, ...]] = {}
     for item in workload.items:
-        signature = []
-        factors: list[Factor] = []
-        for axis, factor in enumerate(item.factors):
-            n = factor.n
-            if isinstance(factor, Total):
-                signature.append("total")
-                factors.append(total_strategy(n))
-            elif isinstance(factor, Identity) or not ordered[axis] or family == "identity":
-                signature.append("identity")
-                factors.append(identity_strategy(n))
-            elif family == "hierarchical":
-                signature.append("hierarchical")
-                factors.append(hierarchical_strategy(n, branching=branching))
-            else:
-                signature.append("wavelet")
-                factors.append(wavelet_strategy(n))
-        seen.setdefault(tuple(signature), tuple(factors))
+        # one key per distinct term: under "identity" an ordered attribute is measured as categorical
+        roles = tuple(
+            "total"
+            if isinstance(factor, Total)
+            else "categorical"
+            if isinstance(factor, Identity) or not ordered[axis] or family == "identity"
+            else "ordered"
+            for axis, factor in enumerate(item.factors)
+        )
+        if roles not in seen:
+            seen[roles] = tuple(
+                family_factor(family, role, factor.n, branching=branching)
+                for role, factor in zip(roles, item.factors, strict=True)
+            )
     return list(seen.values())
 
 
