@@ -127,13 +127,10 @@ class BinnedColumn:
     def spread(self) -> float:
         return float(np.ptp(self.representative))
 
-    def unit_values(self) -> np.ndarray:
-        """``u_k = (r_k − r_min)/spread`` in [0, 1]."""
-        return (self.representative - self.low) / self.spread
-
     def moments_matrix(self) -> np.ndarray:
-        """Rows ``[1, u, u − ½]``: count, rescaled sum, centred sum (3 × n)."""
-        u = self.unit_values()
+        """Rows ``[1, u, u − ½]``: count, rescaled sum, centred sum (3 × n), with
+        ``u_k = (r_k − r_min)/spread`` in [0, 1]."""
+        u = (self.representative - self.low) / self.spread
         return np.vstack([np.ones_like(u), u, u - 0.5])
 
     def max_record_error(self) -> float:

@@ -1,12 +1,5 @@
-"""The error of DAWA's released answers: measurement noise plus the bias of uniform expansion.
-
-A released answer's ``std_error`` (:func:`query_uncertainty`) combines the measurement noise with
-an estimate of the bias of uniform expansion inside the buckets the query cuts, computed from the
-released bucket estimates and the public partition only (cell counts vary around a linear trend
-fitted to the neighbouring buckets, with the larger of the Poisson variance and the roughness the
-neighbours show around that trend); queries whose bias cannot be estimated (a single bucket) are
-flagged noise-only, with no interval.
-"""
+"""The error of DAWA's released answers: measurement noise plus the bias of uniform expansion,
+estimated from released values only (:func:`query_uncertainty`)."""
 
 from __future__ import annotations
 
@@ -71,7 +64,6 @@ class QueryUncertainty:
 
     @property
     def std_error(self) -> np.ndarray:
-        """``√variance``."""
         return np.sqrt(self.variance)
 
     @property

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import scipy.fft
 import scipy.linalg
 import scipy.optimize
 

@@ -270,7 +270,7 @@ def _bound_descent(
             lower = lower[keep]
             lower_total = math.fsum(lower.tolist())
             if lower.size >= n and lower_total < 1.0 and exp_epsilon * lower_total > 1.0:
-                upper = _upper_bounds(lower, epsilon)
+                upper = exp_epsilon * lower
                 candidate = _project_columns(
                     state.matrix[keep] - step * state.gradient[keep], lower, upper
                 )
@@ -289,10 +289,6 @@ def _bound_descent(
     return state, steps
 
 
-def _upper_bounds(lower: np.ndarray, epsilon: float) -> np.ndarray:
-    return math.exp(epsilon) * lower
-
-
 def _random_start(
     num_rows: int, n: int, epsilon: float, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -303,7 +299,7 @@ def _random_start(
     """
     lower = np.full(num_rows, (1.0 + math.exp(-epsilon)) / (2.0 * num_rows))
     start = rng.random((num_rows, n))
-    return _project_columns(start, lower, _upper_bounds(lower, epsilon)), lower
+    return _project_columns(start, lower, math.exp(epsilon) * lower), lower
 
 
 @single_threaded_blas()
@@ -375,7 +371,7 @@ def optimize_strategy(
             raise ValueError(f"initial.epsilon ({initial.epsilon}) must equal epsilon ({epsilon})")
         matrix = np.array(initial.Q)
         lower = matrix.min(axis=1)
-    upper = np.maximum(_upper_bounds(lower, epsilon), matrix.max(axis=1))
+    upper = np.maximum(math.exp(epsilon) * lower, matrix.max(axis=1))
     evaluation = _evaluate(matrix, workload_gram)
     if evaluation is None:
         raise ValueError("the start strategy does not have full column rank (Q^T D^-1 Q singular)")

@@ -9,7 +9,7 @@ so a Gram root ``R`` (``RᵀR = WᵀW``) stands in for a workload of any number 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,11 +131,13 @@ class LocalStrategy:
 
     def answers(self, y: np.ndarray, workload: Workload) -> dict[str, np.ndarray]:
         operator = least_squares_operator(self.randomiser)
-        return {item.name: _item_rows(item, operator)[1] @ y for item in workload.items}
+        n = self.randomiser.domain_size
+        return {item.name: _dense_rows(item, n) @ operator @ y for item in workload.items}
 
     def item_unit_variances(self, item: WorkloadItem, workload: Workload) -> np.ndarray:
         """Per-query worst-case variance per user, ``max_u Σ_o V_io² Q_ou − W_iu²``. O(p n m)."""
-        rows, V = _item_rows(item, least_squares_operator(self.randomiser))
+        rows = _dense_rows(item, self.randomiser.domain_size)
+        V = rows @ least_squares_operator(self.randomiser)
         return ((V**2) @ self.randomiser.Q - rows**2).max(axis=1)
 
     def item_unit_total(self, item: WorkloadItem, workload: Workload) -> float:
@@ -235,11 +237,6 @@ def least_squares_operator(strategy: LDPStrategy) -> np.ndarray:
     return estimation.reconstruction(np.eye(strategy.domain_size), strategy)  # O(m n^2 + n^3)
 
 
-def _item_rows(item: WorkloadItem, operator: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    rows = _dense_rows(item, operator.shape[0])
-    return rows, rows @ operator
-
-
 def _dense_rows(item: WorkloadItem, n: int) -> np.ndarray:
     if item.num_queries * n > MAX_TABLE_ENTRIES:
         raise ValueError(
@@ -249,21 +246,16 @@ def _dense_rows(item: WorkloadItem, n: int) -> np.ndarray:
     return kron_dense(item.factors)  # O(p n)
 
 
-def _chunks(rows: np.ndarray, num_outputs: int) -> Iterator[np.ndarray]:
-    chunk = max(1, V_CHUNK_ENTRIES // max(num_outputs, 1))
-    for start in range(0, rows.shape[0], chunk):
-        yield rows[start : start + chunk]
-
-
 def estimate_item(
     item: WorkloadItem, strategy: LDPStrategy, operator: np.ndarray, counts: np.ndarray
 ) -> estimation.LDPEstimate:
     """:func:`mechanisms.local.estimation.estimate` on the item's rows of ``V = W_item B``, a chunk
     of rows at a time.  Cost ``O(p n m)`` for the item's ``p`` queries; memory ``V_CHUNK_ENTRIES`` floats."""
     rows = _dense_rows(item, strategy.domain_size)
+    chunk = max(1, V_CHUNK_ENTRIES // max(strategy.num_outputs, 1))
     parts = [
-        estimation.estimate(counts, chunk @ operator)
-        for chunk in _chunks(rows, strategy.num_outputs)
+        estimation.estimate(counts, rows[start : start + chunk] @ operator)
+        for start in range(0, rows.shape[0], chunk)
     ]
     return estimation.LDPEstimate(
         answers=np.concatenate([p.answers for p in parts]),

@@ -198,11 +198,8 @@ def decompose(
     time_limit
         Seconds after which the run stops at its next safe point (checked at least every ~0.5 s
         of work, with time kept in reserve to assemble the result) and returns its best *exact*
-        decomposition so far (``stopped_early=True``): among noise on data (``B = W``,
-        ``L = I``) and, for the last completed alternation and the best outer-iteration end,
-        the iterate itself if ``τ ≤ γ``, else its exact completion
-        ``[B/α, R·diag(1/s)]·[αL; diag(s)] = W`` (``R = W − B·L``, ``s_j = 1 − α‖L_j‖₁``, α
-        minimising the noise), the one with the lowest noise.  If even the initial SVD is
+        decomposition so far (``stopped_early=True``; :func:`_stopped_result`, for the last
+        completed alternation and the best outer-iteration end).  If even the initial SVD is
         predicted to overrun the limit, noise on data is returned at once.  ``None``: no limit
         (results are bit-identical to a run without the argument).
     progress

@@ -182,11 +182,17 @@ class _Lattice:
         return np.concatenate([np.ravel(parts[t]) for t in self.closure])
 
     def unpack(self, flat: np.ndarray) -> dict[int, np.ndarray]:
+        return self._tables(flat, self.offsets, self.closure)
+
+    def _tables(
+        self, flat: np.ndarray, offsets: Mapping[int, int], masks: Sequence[int]
+    ) -> dict[int, np.ndarray]:
+        """The tables packed in ``flat`` at ``offsets``, one per mask."""
         return {
-            t: flat[self.offsets[t] : self.offsets[t] + math.prod(self.table_shape(t))].reshape(
-                self.table_shape(t)
+            m: flat[offsets[m] : offsets[m] + math.prod(self.table_shape(m))].reshape(
+                self.table_shape(m)
             )
-            for t in self.closure
+            for m in masks
         }
 
     def _centring_operators(self) -> list[tuple[csr_matrix, csr_matrix]]:
@@ -234,13 +240,7 @@ class _Lattice:
 
     def forward(self, v: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         """``B v`` as one table per clique."""
-        flat = self.forward_flat(self.pack(v))
-        return {
-            s: flat[self.starts[s] : self.starts[s] + math.prod(self.table_shape(s))].reshape(
-                self.table_shape(s)
-            )
-            for s in self.cliques
-        }
+        return self._tables(self.forward_flat(self.pack(v)), self.starts, self.cliques)
 
 
 def consistent_marginals(
@@ -391,17 +391,15 @@ def chow_liu_tree(
         raise ValueError(f"one_way: attributes {missing} have no table")
     scores = {pair: mutual_information(table) for pair, table in two_way.items()}
     parent = [-1] * d
+    adjacency: dict[int, list[int]] = {i: [] for i in range(d)}
     if scores:
         top = max(scores.values()) + 1.0  # positive weights: a zero would mean "no edge"
         rows, cols = zip(*scores, strict=True)
         graph = coo_matrix(([top - s for s in scores.values()], (rows, cols)), shape=(d, d)).tocsr()
         forest = minimum_spanning_tree(graph)
-        adjacency: dict[int, list[int]] = {i: [] for i in range(d)}
         for i, j in zip(*forest.nonzero(), strict=True):
             adjacency[int(i)].append(int(j))
             adjacency[int(j)].append(int(i))
-    else:
-        adjacency = {i: [] for i in range(d)}
     order: list[int] = []
     seen: set[int] = set()
     for root in range(d):  # breadth first from each unvisited attribute
