@@ -74,11 +74,9 @@ LOCAL = Execution()
 def resolve_execution(
     spec_execution: Execution | None, *, engine: str | None = None, address: str | None = None
 ) -> Execution:
-    """The spec's setting overridden field by field by the CLI's (``--engine``, ``--address``).
-
-    An ``--address`` alone implies ``engine: dask``; ``--engine local`` drops the spec's address.
-    Raises :class:`SpecError` naming the option and the rule.
-    """
+    """The spec's setting overridden field by field by the CLI's (``--engine``, ``--address``): an
+    ``--address`` alone implies ``engine: dask``; ``--engine local`` drops the spec's address.
+    Raises :class:`SpecError` naming the option and the rule."""
     base = spec_execution or LOCAL
     if engine is None and address is None:
         return base

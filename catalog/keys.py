@@ -157,11 +157,8 @@ def key_present(url: str) -> bool:
 
 
 def catalog_key(url: str) -> CatalogKey:
-    """The key of the catalog at ``url``, created (mode 0600) at first use.
-
-    Refuses to create a new key where an anchor already exists: that anchor was written with a key
-    that is now missing, and a new key would silently change every fingerprint.
-    """
+    """The key of the catalog at ``url``, created (mode 0600) at first use; never created where an
+    anchor exists (written with a key now missing: a new key would change every fingerprint)."""
     path = key_path(url)
     if path is None:
         secret = _EPHEMERAL.setdefault(url, secrets.token_bytes(KEY_BYTES))
@@ -205,11 +202,8 @@ def _read_key(path: Path) -> CatalogKey:
 
 
 def _write_private(path: Path, data: bytes, *, replace: bool) -> None:
-    """Write ``data`` to ``path`` with mode 0600 via a temporary file.
-
-    ``replace=False`` never overwrites: of two processes creating the same file, the first wins
-    and the other keeps the winner's content.
-    """
+    """Write ``data`` to ``path`` with mode 0600 via a temporary file; ``replace=False`` never
+    overwrites: of two processes creating the file, the first wins and both keep its content."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:

@@ -87,8 +87,7 @@ def register(
     series = {"name": spec.name, "dataset_id": spec.dataset.id, "series_key": spec.series_key()}
     input_fingerprint = None
     if on_unchanged == "skip":
-        source = str(spec.dataset.source)
-        input_fingerprint = resolve_source(source, key=catalog.key).fingerprint
+        input_fingerprint = resolve_source(str(spec.dataset.source), key=catalog.key).fingerprint
         skipped = catalog.skip_if_unchanged(
             release_id=release_id, input_fingerprint=input_fingerprint, **series
         )

@@ -72,12 +72,10 @@ def _manifest(
         manifest = artifacts.read_manifest(Path(directory))
     except VerificationError as exc:
         return {}, str(exc)
-    if recorded_sha256 and artifacts.sha256_file(Path(directory) / artifacts.MANIFEST) != (
-        recorded_sha256
-    ):
+    path = Path(directory) / artifacts.MANIFEST
+    if recorded_sha256 and artifacts.sha256_file(path) != recorded_sha256:
         return manifest, (
-            f"{Path(directory) / artifacts.MANIFEST} differs from the manifest the catalog "
-            "recorded; run `dprelease verify` on it"
+            f"{path} differs from the manifest the catalog recorded; run `dprelease verify` on it"
         )
     return manifest, None
 

@@ -102,10 +102,8 @@ class WatchState(_OperationsTables):
     """Fingerprints of files already announced, persisted in the catalog database."""
 
     def claim(self, *, dataset_id: str, fingerprint: str, path: str, size: int) -> bool:
-        """Record that this content is being announced for ``dataset_id``.
-
-        Returns ``False`` (and changes nothing) when the same content was announced before.
-        """
+        """Record that this content is being announced for ``dataset_id``; ``False`` (and nothing
+        changed) when the same content was announced before."""
         _check_fingerprint(fingerprint)
         if size < 0:
             raise ValueError(f"size ({size}) must be >= 0")

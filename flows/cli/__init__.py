@@ -1,5 +1,5 @@
-"""The ``dprelease`` command line (typer): demo, run, plan, budget, releases, review, verify, deploy,
-watch.
+"""The ``dprelease`` command line (typer): the commands live by group in this package's modules;
+this module assembles ``app``.
 
 Environment: ``DPRELEASE_HOME`` (default ``./.dprelease``) holds the SQLite catalog and Prefect's
 local state; ``DPRELEASE_CATALOG_URL`` points the catalog at any SQLAlchemy database instead.
@@ -11,8 +11,6 @@ Failures (``flows/errors.py``): a user error is one short block on stderr and ex
 error one line pointing to a log under ``$DPRELEASE_HOME/logs/`` and exit 1, Ctrl-C exit 130;
 ``--debug`` shows tracebacks.  Spec errors are reported before Prefect is imported or a server
 starts; prefect and Great Expectations are imported only by the commands that need them.
-
-The commands live by group in this package's modules; this module assembles ``app``.
 """
 
 from __future__ import annotations

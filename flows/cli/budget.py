@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from dprelease.flows.cli.common import JsonOption, add_id_column, print_json, stdout
+from dprelease.flows.cli.common import JsonOption, add_id_column, cost_text, print_json, stdout
 
 
 def budget(
@@ -19,69 +19,70 @@ def budget(
 ) -> None:
     """Spent and remaining privacy budget per dataset (and per partition of a partitioned
     dataset), with the ledger timeline (oldest first)."""
-    from dprelease.catalog.ledger.spending import running_spend
     from dprelease.catalog.ledger.store import Catalog
 
     catalog = Catalog()
     ids = [dataset_id] if dataset_id else catalog.dataset_ids()
+    datasets = [_budget_json(catalog, current) for current in ids]
     if as_json:
-        print_json({"datasets": [_budget_json(catalog, current) for current in ids]})
+        print_json({"datasets": datasets})
         return
     if not ids:
         stdout.print("no datasets in the catalog yet")
-    for current in ids:
-        cap = catalog.cap(current)
-        spent = catalog.spent(current)
+    for current in datasets:  # the text is rendered from the JSON view: one set of facts
         stdout.print(
-            f"[bold]{current}[/]: cap {cap.describe()}; spent {spent.describe()}; "
-            f"remaining {spent.remaining(cap).describe()}"
+            f"[bold]{current['dataset_id']}[/]: cap {cost_text(current['cap'])}; spent "
+            f"{cost_text(current['spent'])}; remaining {cost_text(current['remaining'])}"
         )
-        _print_partitions(catalog, current)
-        table = Table(show_header=True, title=f"{current}: ledger timeline (oldest first)")
-        entries = catalog.ledger_entries(current)
+        _print_partitions(current)
+        entries = current["ledger"]
+        table = Table(title=f"{current['dataset_id']}: ledger timeline (oldest first)")
         for column in ("#", "when (UTC)", "release", "charge", "cumulative", "remaining", "label"):
             if column == "release":
-                add_id_column(table, column, [entry.release_id for entry in entries])
+                add_id_column(table, column, [entry["release_id"] for entry in entries])
             else:
                 table.add_column(column, overflow="fold")
-        if any(entry.partition for entry in entries):
+        if any(entry["partition"] for entry in entries):
             table.add_column("partition", overflow="fold")
-        for entry, running in zip(entries, running_spend(entries, cap.measure), strict=True):
+        for entry in entries:
+            skipped = entry["kind"] == "skipped"
             table.add_row(
-                str(entry.seq),
-                entry.created_at,
-                entry.release_id,
-                "skipped (nothing charged)" if entry.kind == "skipped" else entry.cost.describe(),
-                running.describe(),
-                running.remaining(cap).describe(),
-                entry.label,
-                *([_partition_cell(entry)] if len(table.columns) > 7 else []),
+                str(entry["seq"]),
+                entry["created_at"],
+                entry["release_id"],
+                "skipped (nothing charged)" if skipped else cost_text(entry["charge"]),
+                cost_text(entry["cumulative"]),
+                cost_text(entry["remaining"]),
+                entry["label"],
+                *([_partition_cell(entry["partition"], skipped)] if len(table.columns) > 7 else []),
             )
         stdout.print(table)
 
 
-def _partition_cell(entry: Any) -> str:
-    if entry.partition is not None:
-        return str(entry.partition)
-    return "" if entry.kind == "skipped" else "(whole dataset)"
+def _partition_cell(partition: str | None, skipped: bool) -> str:
+    if partition is not None:
+        return str(partition)
+    return "" if skipped else "(whole dataset)"
 
 
-def _print_partitions(catalog: Any, dataset_id: str) -> None:
+def _print_partitions(current: dict[str, Any]) -> None:
     """Per-partition spending of a partitioned dataset (parallel composition), if any."""
-    spending = catalog.partition_spending(dataset_id)
-    declared = catalog.partitioned_by(dataset_id)
+    spending, declared = current["partitions"], current["partitioned_by"]
     if not spending and declared is None:
         return
     stdout.print(
         f"partitioned by {declared or '(declaration dropped)'}: each partition has the cap; "
         "declared to hold disjoint people (the spec's assumption, not checked)"
     )
-    table = Table(show_header=True, title=f"{dataset_id}: spending per partition")
+    table = Table(title=f"{current['dataset_id']}: spending per partition")
     for column in ("partition", "spent", "remaining", "entries"):
         table.add_column(column, overflow="fold")
     for row in spending:
         table.add_row(
-            row.partition, row.spent.describe(), row.remaining.describe(), str(row.entries)
+            row["partition"],
+            cost_text(row["spent"]),
+            cost_text(row["remaining"]),
+            str(row["entries"]),
         )
     stdout.print(table)
 
@@ -94,22 +95,21 @@ def _budget_json(catalog: Any, dataset_id: str) -> dict[str, Any]:
     cap = catalog.cap(dataset_id)
     spent = catalog.spent(dataset_id)
     entries = catalog.ledger_entries(dataset_id)
-    timeline = []
-    for entry, running in zip(entries, running_spend(entries, cap.measure), strict=True):
-        timeline.append(
-            {
-                "seq": entry.seq,
-                "created_at": entry.created_at,
-                "release_id": entry.release_id,
-                "receipt_id": entry.receipt_id,
-                "label": entry.label,
-                "kind": entry.kind,
-                "partition": entry.partition,
-                "charge": entry.cost.as_dict(),
-                "cumulative": running.as_dict(),
-                "remaining": running.remaining(cap).as_dict(),
-            }
-        )
+    timeline = [
+        {
+            "seq": entry.seq,
+            "created_at": entry.created_at,
+            "release_id": entry.release_id,
+            "receipt_id": entry.receipt_id,
+            "label": entry.label,
+            "kind": entry.kind,
+            "partition": entry.partition,
+            "charge": entry.cost.as_dict(),
+            "cumulative": running.as_dict(),
+            "remaining": running.remaining(cap).as_dict(),
+        }
+        for entry, running in zip(entries, running_spend(entries, cap.measure), strict=True)
+    ]
     return {
         "dataset_id": dataset_id,
         "cap": cap.as_dict(),

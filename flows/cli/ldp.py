@@ -1,13 +1,6 @@
-"""``dprelease ldp``: publish a local-model strategy and simulate client responses.
-
-* ``dprelease ldp strategy SPEC [--out DIR] [--json]`` plans the spec (the ε-LDP strategy Q for
-  its workload, optimised or reused from the strategy store: the very strategy ``dprelease run``
-  uses) and writes ``strategy.npy`` and ``strategy.json`` into DIR (default
-  ``./ldp-strategies/<spec name>/``): the public artifact clients randomise with.
-* ``dprelease ldp simulate SPEC --strategy DIR --input TRUE.parquet --out RESPONSES.parquet
-  [--seed N]`` plays the clients: each row's item is randomised with
-  ``mechanisms.local.randomizer.randomize``.
-"""
+"""``dprelease ldp``: ``strategy`` plans a spec's ε-LDP strategy (optimised, or reused from the
+strategy store: the very one ``dprelease run`` uses) and writes it as the public artifact clients
+randomise with; ``simulate`` plays the clients (``mechanisms.local.randomizer.randomize``)."""
 
 from __future__ import annotations
 

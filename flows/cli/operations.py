@@ -35,7 +35,7 @@ def deploy(
     specs: Annotated[
         Path, typer.Argument(help="A folder of release specs (*.yaml), or one spec file.")
     ] = Path("specs"),
-    pool: Annotated[str, typer.Option(help="Process work pool to run on.")] = ("dprelease-process"),
+    pool: Annotated[str, typer.Option(help="Process work pool to run on.")] = "dprelease-process",
     out: OutOption = Path("releases"),
     publish_dir: PublishDirOption = None,
     review_timeout: Annotated[
@@ -119,17 +119,11 @@ def watch(
     import logging
 
     from dprelease.catalog.watch_state import WatchState
-    from dprelease.flows.watch import (
-        SpecResolver,
-        Watcher,
-        adopt_claims,
-        logging_emitter,
-        prefect_emitter,
-    )
+    from dprelease.flows import watch as arrivals
 
     if adopt_claims_from is not None:
         try:
-            report = adopt_claims(source_url=adopt_claims_from)
+            report = arrivals.adopt_claims(source_url=adopt_claims_from)
         except ValueError as exc:
             raise CatalogError(str(exc)) from None
         stdout.print(
@@ -153,20 +147,21 @@ def watch(
                 "that exists, then run `dprelease watch` again",
             )
     if dry_run:
-        emitter, state = logging_emitter, WatchState("sqlite://")
+        emitter, state = arrivals.logging_emitter, WatchState("sqlite://")
     else:
-        emitter, state = prefect_emitter(require_prefect_server("dprelease watch")), WatchState()
+        emitter = arrivals.prefect_emitter(require_prefect_server("dprelease watch"))
+        state = WatchState()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     watch_logger = logging.getLogger("dprelease.watch")
     watch_logger.addHandler(handler)
     watch_logger.setLevel(logging.INFO)
     try:
-        watcher = Watcher(
+        watcher = arrivals.Watcher(
             directory,
             state=state,
             emitter=emitter,
-            resolve_datasets=SpecResolver(spec_dir) if spec_dir is not None else None,
+            resolve_datasets=arrivals.SpecResolver(spec_dir) if spec_dir is not None else None,
         )
         emitted = watcher.run(interval_seconds=interval, max_polls=2 if once else max_polls)
     except ValueError as exc:

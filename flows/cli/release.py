@@ -36,12 +36,11 @@ def _run_release(
 ) -> Any:
     from dprelease.catalog.engine import resolve_execution
     from dprelease.catalog.spec.load import check_runnable_before_planning, load_spec
+    from dprelease.flows.watchdog import stage_timeout_seconds
 
     spec = load_spec(spec_path)  # fail fast on a bad spec: before Prefect or any server starts
     check_runnable_before_planning(spec)  # sizes only: a too-large release is never planned
     execution = resolve_execution(spec.execution, engine=engine, address=address)  # CLI wins
-    from dprelease.flows.watchdog import stage_timeout_seconds
-
     stage_timeout_seconds()  # a bad DPRELEASE_STAGE_TIMEOUT is refused before Prefect starts
     prefect_defaults()
     console.print(
@@ -142,13 +141,12 @@ def plan(
     cheapest first and stops once one is within 0.5% of the lower bound.  Optimised strategies
     are kept in the strategy store, so `run` after `plan` reuses them.
     """
+    from dprelease.catalog.planning.memory import predict_plan
     from dprelease.catalog.planning.planner import make_plan
     from dprelease.catalog.spec.load import load_spec
 
     loaded = load_spec(spec)
     result = make_plan(loaded, time_budget=time_budget)
-    from dprelease.catalog.planning.memory import predict_plan
-
     memory = predict_plan(loaded, result)
     if as_json:
         print_json(result.to_json() | {"memory": memory.to_json()})

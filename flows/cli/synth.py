@@ -1,9 +1,6 @@
-"""``dprelease synth RELEASE_ID --rows N [--out PATH] [--seed S]``: synthetic data from a release.
-
-Samples a Parquet file with the release's columns and domain from the model fitted to a published
-``reconstruct: pgm`` release (:mod:`catalog.publishing.synthetic`).  Post-processing of published values: no
-budget is charged, the confidential data are never read.
-"""
+"""``dprelease synth``: a synthetic Parquet file sampled from the model fitted to a published
+``reconstruct: pgm`` release (:mod:`catalog.publishing.synthetic`).  Post-processing of published
+values: no budget is charged, the confidential data are never read."""
 
 from __future__ import annotations
 
