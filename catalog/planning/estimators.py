@@ -36,10 +36,9 @@ PGM_NOTE = (
     "in marginal space). Its error is empirical (a simulation on public data of the same domain, "
     "benchmarks/marginals_bench.py: on all 2-way marginals of the public Adult data at epsilon 1, "
     "about 0.4 times the total squared error of least squares clipped at 0), never computed from "
-    "the confidential data; std_error is the "
-    "least-squares noise standard deviation and no interval is claimed (noise-only)."
+    "the confidential data; std_error is the least-squares noise standard deviation and no "
+    "interval is claimed (noise-only)."
 )
-
 
 MAX_PGM_NONZEROS = 40_000_000
 """Largest pgm solve (non-zeros of its spread operator, ~24 bytes each: ~1 GB)."""
@@ -78,11 +77,19 @@ def estimator(spec: ReleaseSpec, plan: Plan) -> str:
     return PGM
 
 
-def pgm_answers(
-    measurement: Measurement, answers: dict[str, ItemAnswers], *, workload: Workload
+def apply(
+    spec: ReleaseSpec,
+    plan: Plan,
+    measurement: Measurement,
+    answers: dict[str, ItemAnswers],
+    *,
+    workload: Workload,
 ) -> dict[str, ItemAnswers]:
-    """The ``pgm`` tables of every item, keeping the least-squares noise variances as
-    ``noise-only`` standard errors. O(ADMM iterations × Σ clique sizes × 2^degree)."""
+    """``answers`` as the spec's estimator gives them: unchanged for least squares; for ``pgm``
+    every item's consistent tables, keeping the least-squares noise variances as ``noise-only``
+    standard errors. O(ADMM iterations × Σ clique sizes × 2^degree)."""
+    if estimator(spec, plan) != PGM:
+        return answers
     estimates = measurement.strategy.consistent_answers(measurement.values, workload)
     return {
         name: ItemAnswers(
@@ -93,20 +100,6 @@ def pgm_answers(
         )
         for name in answers
     }
-
-
-def apply(
-    spec: ReleaseSpec,
-    plan: Plan,
-    measurement: Measurement,
-    answers: dict[str, ItemAnswers],
-    *,
-    workload: Workload,
-) -> dict[str, ItemAnswers]:
-    """``answers`` as the spec's estimator gives them (unchanged for least squares)."""
-    if estimator(spec, plan) == PGM:
-        return pgm_answers(measurement, answers, workload=workload)
-    return answers
 
 
 def details(spec: ReleaseSpec, plan: Plan) -> dict[str, Any]:

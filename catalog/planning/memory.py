@@ -84,35 +84,21 @@ def predict(
 ) -> MemoryPrediction:
     """Per-stage predicted peak of the process (base imports included); pure arithmetic."""
     counted = cells if input_kind == "cells" else strategy_rows
-    return MemoryPrediction(
-        stages=(
-            (
-                "ingest",
-                BASE_BYTES + INGEST_PER_INPUT_BYTE * input_bytes + FLOAT * counted,
-                f"{input_bytes:,} bytes of Parquet input and {counted:,} counted cells",
-            ),
-            (
-                "measure",
-                BASE_BYTES + MEASURE_PER_ROW * strategy_rows + FLOAT * counted,
-                f"{strategy_rows:,} measured strategy rows",
-            ),
-            (
-                "reconstruct",
-                BASE_BYTES + RECONSTRUCT_PER_QUERY * queries + RECONSTRUCT_PER_CELL * cells,
-                f"{queries:,} queries x {cells:,} cells",
-            ),
-            (
-                "validate",
-                BASE_BYTES + VALIDATE_PER_ROW * released_rows,
-                f"{released_rows:,} released rows",
-            ),
-            (
-                "stage",
-                BASE_BYTES + STAGE_PER_ROW * released_rows,
-                f"{released_rows:,} released rows",
-            ),
-        )
+    ingested = f"{input_bytes:,} bytes of Parquet input and {counted:,} counted cells"
+    measured = f"{strategy_rows:,} measured strategy rows"
+    released = f"{released_rows:,} released rows"
+    stages = (
+        ("ingest", BASE_BYTES + INGEST_PER_INPUT_BYTE * input_bytes + FLOAT * counted, ingested),
+        ("measure", BASE_BYTES + MEASURE_PER_ROW * strategy_rows + FLOAT * counted, measured),
+        (
+            "reconstruct",
+            BASE_BYTES + RECONSTRUCT_PER_QUERY * queries + RECONSTRUCT_PER_CELL * cells,
+            f"{queries:,} queries x {cells:,} cells",
+        ),
+        ("validate", BASE_BYTES + VALIDATE_PER_ROW * released_rows, released),
+        ("stage", BASE_BYTES + STAGE_PER_ROW * released_rows, released),
     )
+    return MemoryPrediction(stages=stages)
 
 
 def predict_plan(spec: Any, plan: Any) -> MemoryPrediction:
@@ -147,24 +133,19 @@ def parse_limit(text: str) -> int:
     return int(value * _UNITS[unit])
 
 
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo; None where there is none."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def memory_limit() -> tuple[int, str] | None:
-    """(bytes, where it comes from): DPRELEASE_MEMORY_LIMIT when set, else MemAvailable."""
+    """(bytes, where it comes from): DPRELEASE_MEMORY_LIMIT when set, else MemAvailable from
+    /proc/meminfo; None where there is neither."""
     text = os.environ.get(ENV)
     if text is not None and text.strip():
         return parse_limit(text), ENV
-    available = available_bytes()
-    return None if available is None else (available, "MemAvailable")
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "MemAvailable"
+    except OSError:
+        return None
+    return None
 
 
 def _size(value: float) -> str:

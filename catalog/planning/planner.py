@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dprelease.catalog.errors import SpecError
@@ -122,21 +122,12 @@ class Candidate:
     seconds: float
     sensitivity: float | None = None
     noise_scale: float | None = None
-    note: str | None = None
     status: str = "planned"
     """``planned`` (evaluated), ``unavailable`` (cannot serve the workload) or ``skipped``."""
+    note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "mechanism": self.mechanism,
-            "rmse": self.rmse,
-            "total_variance": self.total_variance,
-            "seconds": round(self.seconds, 6),
-            "sensitivity": self.sensitivity,
-            "noise_scale": self.noise_scale,
-            "status": self.status,
-            "note": self.note,
-        }
+        return {**asdict(self), "seconds": round(self.seconds, 6)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,13 +218,7 @@ def make_plan(
         )
         unavailable = mechanism.unavailable_reason(request)
         if unavailable is not None:
-            if requested:
-                raise SpecError(
-                    f"mechanism {mechanism.name!r} cannot run on this spec: {unavailable}"
-                )
-            planned.append(
-                _Planned(candidate=_not_planned(mechanism, unavailable, status="unavailable"))
-            )
+            planned.append(_unavailable(mechanism, unavailable, requested=requested))
             continue
         has_fallback = any(p.candidate.total_variance is not None for p in planned)
         skip = stop_reason or (
@@ -323,26 +308,12 @@ def _plan_one(
     try:
         strategy = mechanism.plan(request, cache=cache)
     except CandidateUnavailable as exc:
-        if requested:
-            raise SpecError(
-                f"mechanism {mechanism.name!r} cannot run on this spec: {exc.reason}"
-            ) from None
-        return _Planned(
-            candidate=_not_planned(
-                mechanism, exc.reason, status="unavailable", seconds=time.perf_counter() - started
-            )
-        )
+        return _unavailable(mechanism, exc.reason, requested=requested, started=started)
     if mechanism.data_independent:
         residual = strategy.support_residual(request.workload)
         if residual > SUPPORT_TOLERANCE:
             note = f"does not support the workload (residual {residual:.2e})"
-            if requested:
-                raise SpecError(f"mechanism {mechanism.name!r} cannot run on this spec: {note}")
-            return _Planned(
-                candidate=_not_planned(
-                    mechanism, note, status="unavailable", seconds=time.perf_counter() - started
-                )
-            )
+            return _unavailable(mechanism, note, requested=requested, started=started)
     evaluation = mechanism.evaluate(strategy, request)
     note = evaluation.note
     status = "planned"
@@ -373,6 +344,18 @@ def _plan_one(
         ),
         evaluation=evaluation,
         strategy=strategy,
+    )
+
+
+def _unavailable(
+    mechanism: Mechanism, reason: str, *, requested: bool, started: float | None = None
+) -> _Planned:
+    """A candidate that cannot serve the workload (refused when the spec asked for it)."""
+    if requested:
+        raise SpecError(f"mechanism {mechanism.name!r} cannot run on this spec: {reason}") from None
+    seconds = 0.0 if started is None else time.perf_counter() - started
+    return _Planned(
+        candidate=_not_planned(mechanism, reason, status="unavailable", seconds=seconds)
     )
 
 

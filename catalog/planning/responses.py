@@ -68,8 +68,7 @@ def plan_strategy(
     keeps it, so a later run or another process reuses it)."""
     require_local(spec)
     plan = make_plan(spec, cache=cache if cache is not None else StrategyStore(), progress=progress)
-    strategy: PublishedStrategy = plan.strategy
-    return strategy
+    return plan.strategy
 
 
 def default_strategy_dir(spec: ReleaseSpec) -> Path:
@@ -119,12 +118,9 @@ def read_strategy_artifact(directory: Path) -> PublishedStrategy:
             f"{STRATEGY_JSON} from `dprelease ldp strategy`): {exc}"
         ) from None
     try:
-        published: PublishedStrategy = restore(
-            StoredStrategy(parameters=record, arrays={"Q": matrix})
-        )
+        return restore(StoredStrategy(parameters=record, arrays={"Q": matrix}))
     except (TypeError, ValueError) as exc:
         raise DataError(f"{array_path} {exc}") from None
-    return published
 
 
 def check_strategy_fits(spec: ReleaseSpec, strategy: PublishedStrategy) -> None:
