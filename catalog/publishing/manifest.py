@@ -116,10 +116,10 @@ class Manifest(_Record):
     plan: dict[str, Any]
     tables: list[str]
     table_uncertainty: dict[str, str] = {}
+    """Per table: what its ``std_error`` covers (e.g. ``noise`` or ``noise+bias``)."""
     derived_tables: dict[str, dict[str, Any]] = {}
     """Per derived table (mean, sum, quantiles): statistic, column, groups, support table, binning
     error per record and how its uncertainty is computed (``catalog.publishing.tables.derived_descriptions``)."""
-    """Per table: what its ``std_error`` covers (e.g. ``noise`` or ``noise+bias``)."""
     validation: ValidationRecord
     review: ReviewState
     artifacts: dict[str, str] = {}

@@ -39,13 +39,7 @@ EMBED_MAX_ROWS = 100_000
 EMBED_TOTAL_ROWS = 1_000_000
 """Rows the page carries over all its tables, shared evenly (91 two-way Adult tables: every row)."""
 DATA_DOCS = "validation/docs/index.html"  # relative to the report, in the release directory
-HEADINGS = {
-    "estimate": "estimate",
-    "std_error": "std. error",
-    "ci_low": "95% low",
-    "ci_high": "95% high",
-    "uncertainty": "uncertainty",
-}
+HEADINGS = {"std_error": "std. error", "ci_low": "95% low", "ci_high": "95% high"}
 
 
 def error_plot(plan: dict[str, Any]) -> str:
@@ -410,6 +404,7 @@ def render_report(
     status = manifest.get("review", {}).get("status", "staged")
     valid = validation.get("success")
     noise = manifest["mechanism"]["noise"]
+    bound = plan.get("lower_bound_rmse")
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
@@ -474,12 +469,7 @@ def render_report(
         f"<p>Chosen: <b>{html.escape(plan['chosen'])}</b> — {html.escape(plan['reason'])}.</p>",
         _table_html(
             [
-                {
-                    **c,
-                    "ratio to bound": (c["rmse"] / plan["lower_bound_rmse"])
-                    if c.get("rmse") and plan.get("lower_bound_rmse")
-                    else None,
-                }
+                {**c, "ratio to bound": c["rmse"] / bound if c.get("rmse") and bound else None}
                 for c in plan["candidates"]
             ],
             [
@@ -492,7 +482,7 @@ def render_report(
                 "note",
             ],
         ),
-        f"<p>SVD lower bound on RMSE: <b>{_fmt(plan.get('lower_bound_rmse'))}</b> "
+        f"<p>SVD lower bound on RMSE: <b>{_fmt(bound)}</b> "
         f"({html.escape(plan.get('lower_bound_note', ''))}).</p>",
         *(
             [f"<figure aria-label='expected error by candidate'>{error_plot(plan)}</figure>"]

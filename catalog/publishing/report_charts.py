@@ -382,12 +382,8 @@ def png_rgb(pixels: np.ndarray) -> bytes:
     raw = b"".join(b"\x00" + row.tobytes() for row in np.ascontiguousarray(pixels))
 
     def chunk(tag: bytes, data: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(data))
-            + tag
-            + data
-            + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-        )
+        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return (
@@ -398,8 +394,8 @@ def png_rgb(pixels: np.ndarray) -> bytes:
     )
 
 
-def _data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
+def _png_uri(pixels: np.ndarray) -> str:
+    return "data:image/png;base64," + base64.b64encode(png_rgb(pixels)).decode()
 
 
 def heatmap(
@@ -418,11 +414,10 @@ def heatmap(
     frame = _frame(height, left=left, bottom=bottom, right=90)
     finite = matrix[np.isfinite(matrix)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    image = png_rgb(_colours(matrix, lo, hi))
     x0, x1, y0, y1 = frame["x0"], frame["x1"], frame["y0"], frame["y1"]
     parts = [
         f"<image x='{x0}' y='{y0}' width='{x1 - x0}' height='{y1 - y0}' preserveAspectRatio='none' "
-        f"style='image-rendering:pixelated' href='{_data_uri(image)}'/>",
+        f"style='image-rendering:pixelated' href='{_png_uri(_colours(matrix, lo, hi))}'/>",
         f"<rect class='frame' x='{x0}' y='{y0}' width='{x1 - x0}' height='{y1 - y0}'/>",
     ]
     cell_h = (y1 - y0) / rows
@@ -436,11 +431,10 @@ def heatmap(
     parts.append(_y_title((y0 + y1) / 2, y_title))
     cell_w = (x1 - x0) / columns
     parts += _x_labels(frame, column_labels, lambda k: x0 + (k + 0.5) * cell_w, x_title)
-    bar = png_rgb(_colours(np.linspace(hi, lo, 64)[:, None], lo, hi))
     bx = x1 + 18
     parts.append(
         f"<image x='{bx}' y='{y0}' width='14' height='{y1 - y0}' preserveAspectRatio='none' "
-        f"href='{_data_uri(bar)}'/>"
+        f"href='{_png_uri(_colours(np.linspace(hi, lo, 64)[:, None], lo, hi))}'/>"
         f"<rect class='frame' x='{bx}' y='{y0}' width='14' height='{y1 - y0}'/>"
         f"<text x='{bx + 18}' y='{y0 + 9}'>{_fmt_value(hi)}</text>"
         f"<text x='{bx + 18}' y='{y1}'>{_fmt_value(lo)}</text>"

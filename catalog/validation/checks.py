@@ -24,8 +24,6 @@ INTERVAL_COLUMNS = ("ci_low", "ci_high")
 NO_INTERVAL = "noise-only"  # the uncertainty label of rows published without an interval
 LABELS = list(UNCERTAINTY_LABELS)
 FINITE_LIMIT = 1e300
-
-
 BATCH_FROM_TABLES = 32
 TABLES_SUITE = "all_tables"
 REQUIRED_COLUMNS = (*VALUE_COLUMNS, "uncertainty")
@@ -125,39 +123,30 @@ def table_expectations(table: pa.Table, *, expected_rows: int) -> list[tuple[str
         ("expect_table_row_count_to_equal", {"value": expected_rows}),
     ]
     for name in VALUE_COLUMNS:
-        expectations.append(("expect_column_to_exist", {"column": name}))
         nulls: dict[str, Any] = {"column": name}
         if name in INTERVAL_COLUMNS:  # a row that claims no interval has none
             nulls["where_not"] = ("uncertainty", NO_INTERVAL)
-        expectations.append(("expect_column_values_to_not_be_null", nulls))
-        expectations.append(
-            (
-                "expect_column_values_to_be_between",
-                {"column": name, "min_value": -FINITE_LIMIT, "max_value": FINITE_LIMIT},
-            )
-        )
-    expectations.append(
-        ("expect_column_values_to_be_in_set", {"column": "uncertainty", "value_set": LABELS})
-    )
-    expectations.append(
+        finite = {"column": name, "min_value": -FINITE_LIMIT, "max_value": FINITE_LIMIT}
+        expectations += [
+            ("expect_column_to_exist", {"column": name}),
+            ("expect_column_values_to_not_be_null", nulls),
+            ("expect_column_values_to_be_between", finite),
+        ]
+    expectations += [
+        ("expect_column_values_to_be_in_set", {"column": "uncertainty", "value_set": LABELS}),
         (
             "expect_column_values_to_be_between",
             {"column": "std_error", "min_value": 0, "strict_min": True},
+        ),
+    ]
+    pair = {"or_equal": True, "ignore_row_if": "either_value_is_missing"}
+    return expectations + [
+        (
+            "expect_column_pair_values_a_to_be_greater_than_b",
+            {"column_A": low, "column_B": high, **pair},
         )
-    )
-    for low, high in (("estimate", "ci_low"), ("ci_high", "estimate")):
-        expectations.append(
-            (
-                "expect_column_pair_values_a_to_be_greater_than_b",
-                {
-                    "column_A": low,
-                    "column_B": high,
-                    "or_equal": True,
-                    "ignore_row_if": "either_value_is_missing",
-                },
-            )
-        )
-    return expectations
+        for low, high in (("estimate", "ci_low"), ("ci_high", "estimate"))
+    ]
 
 
 def validate_tables(
@@ -170,7 +159,8 @@ def validate_tables(
     (GX's cost is per suite and it copies each table to pandas: hundreds take minutes), one
     suite checks every table's figures at once (:func:`batched_jobs`) and ``batched_tables``
     lists the tables it covers."""
-    if len(tables) >= BATCH_FROM_TABLES:
+    batched = len(tables) >= BATCH_FROM_TABLES
+    if batched:
         jobs = batched_jobs(tables, expected_rows=expected_rows)
     else:
         jobs = [
@@ -183,7 +173,7 @@ def validate_tables(
         "tables": summaries,
         "uses_only_public_values": True,
     }
-    if len(tables) >= BATCH_FROM_TABLES:
+    if batched:
         combined["batched_tables"] = list(tables)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "results.json").write_text(json.dumps(combined, indent=2, sort_keys=True) + "\n")

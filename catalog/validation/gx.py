@@ -24,12 +24,8 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 
-def load() -> None:
-    """Import GX now (the validation service does this once, before it listens)."""
-    _gx()
-
-
-def _gx() -> Any:
+def load() -> Any:
+    """Import GX, return ``(gx, gxe)`` (the validation service does this once, before it listens)."""
     logging.getLogger("great_expectations").setLevel(logging.WARNING)  # no INFO chatter per run
     with warnings.catch_warnings():
         # GX 1.24 imports the deprecated sre_constants/sre_parse modules.
@@ -72,7 +68,7 @@ def run_suites_here(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, di
     ``statistics`` and one entry per expectation (type, column, kwargs, success, observed value).
     With ``docs_dir`` the context's Data Docs (all suites) are written there.
     """
-    gx, gxe = _gx()
+    gx, gxe = load()
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     context = gx.get_context(mode="ephemeral")

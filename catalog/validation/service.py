@@ -241,9 +241,6 @@ def _answer(connection: socket.socket) -> None:
             data = stream.read(int(job["frame_bytes"]))
             frame = pa.ipc.open_stream(data).read_all().to_pandas()
             expectations = [(str(kind), dict(kwargs)) for kind, kwargs in job["expectations"]]
-            for _, kwargs in expectations:
-                if "where_not" in kwargs:
-                    kwargs["where_not"] = tuple(kwargs["where_not"])
             jobs.append((str(job["name"]), frame, expectations))
         docs = header.get("docs_dir")
         summaries = gx.run_suites_here(jobs, docs_dir=None if docs is None else Path(docs))
