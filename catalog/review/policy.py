@@ -69,9 +69,6 @@ class ReviewPolicyRecord:
     notify_error: str | None = None
     """Why the last notification failed (the release stays staged; notify again)."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def refusal(self, reviewer: str) -> str | None:
         """Why ``reviewer`` (normalised) may not approve this release, or None."""
         if self.exclude_operator and self.operator and same_person(reviewer, self.operator):
@@ -124,7 +121,7 @@ def record_policy(catalog: Catalog, *, release_id: str, spec: ReleaseSpec) -> Re
         recorded_at=now(),
     )
     with _engine(catalog).begin() as conn:
-        conn.execute(review_policies.insert().values(**record.as_dict()))
+        conn.execute(review_policies.insert().values(**asdict(record)))
     return record
 
 

@@ -45,8 +45,7 @@ def deploy(
         ),
     ] = 24 * 3600,
     every: Annotated[
-        float | None,
-        typer.Option(help="Also run every N seconds (development and testing)."),
+        float | None, typer.Option(help="Also run every N seconds (development and testing).")
     ] = None,
 ) -> None:
     """Register one Prefect deployment per spec: cron schedule, arrival trigger, work pool, and a
@@ -179,8 +178,7 @@ def watch(
 def recover(
     as_json: JsonOption = False,
     lease_seconds: Annotated[
-        float,
-        typer.Option(help="A release with no sign of life for this long counts as dead."),
+        float, typer.Option(help="A release with no sign of life for this long counts as dead.")
     ] = 3600.0,
     adopt_ledger: Annotated[
         str | None,

@@ -237,9 +237,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
             f"{cost_text(budget['after'])}; remaining then {cost_text(budget['remaining'])}"
         )
     _print_review_status(summary["review"], header=False)
-    paths = summary["paths"]
     stdout.print("  artifacts:")
-    for name, path in paths.items():
+    for name, path in summary["paths"].items():
         stdout.print(f"    {name + ':':<20} {path or '-'}")
     for item in summary["synthetic"]:
         stdout.print(
@@ -255,8 +254,7 @@ def notify_webhook(
     name: Annotated[str, typer.Argument(help="Block name (lowercase letters, digits, dashes).")],
     url: Annotated[str, typer.Option(help="Where to POST the notice (JSON).")],
     header: Annotated[
-        list[str] | None,
-        typer.Option(help="NAME:VALUE sent with every notice (repeatable)."),
+        list[str] | None, typer.Option(help="NAME:VALUE sent with every notice (repeatable).")
     ] = None,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a saved block of this name.")
