@@ -15,6 +15,7 @@ through ``ProtectedCells.measure`` (cost from OpenDP's map).  Step 1's ε₁ com
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,8 @@ class DawaDesign:
     layout: DawaLayout
     intervals: IntervalWorkload
     parameters: dict[str, Any] = field(default_factory=dict)
+    greedy: HierarchicalStrategy | None = None
+    """Once measured: the GreedyH strategy over the released buckets."""
 
     @property
     def partition_epsilon(self) -> float:
@@ -220,7 +223,7 @@ class DawaMechanism:
         )
         return Measurement.of(
             noisy,
-            strategy=MeasuredDawa(design=design, greedy=strategy),
+            strategy=dataclasses.replace(design, greedy=strategy),
             receipts=(partition_receipt, noisy.receipt_id),
             charged=charged + noisy.noise.cost,
             details={
@@ -268,12 +271,12 @@ class DawaMechanism:
         from released values only (:func:`mechanisms.dawa.uncertainty.query_uncertainty`); rows whose bias
         cannot be estimated get a noise-only figure and no interval.
         """
-        measured: MeasuredDawa = measurement.strategy
-        layout = measured.design.layout
+        measured: DawaDesign = measurement.strategy
+        layout = measured.layout
         buckets = measured.greedy.least_squares(measurement.values)
         cells = layout.from_dawa(measured.greedy.partition.expand(buckets))
         uncertainty = query_uncertainty(
-            measured.design.intervals,
+            measured.intervals,
             measured.greedy,
             buckets,
             noise_variance=measurement.noise.variance,
@@ -293,22 +296,6 @@ class DawaMechanism:
             )
             offset += item.num_queries
         return answers
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeasuredDawa:
-    """What DAWA measured: its public design and the GreedyH strategy over the released buckets."""
-
-    design: DawaDesign
-    greedy: HierarchicalStrategy
-
-    @property
-    def name(self) -> str:
-        return self.design.name
-
-    @property
-    def parameters(self) -> dict[str, Any]:
-        return self.design.parameters
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,7 @@
 """DAWA's Step 2 (Li thesis §6.4): GreedyH budget fractions over a tree of buckets, least squares.
 
-The tree ``A = diag(f)·Y`` (``f`` = budget fractions, every leaf-to-root path sums to 1) is
-measured with one Laplace scale ``Δ(A)/ε₂``: the same mechanism as Laplace(1/(f_q ε₂)) per query,
-and ordinary least squares on ``A`` is the weighted least squares of Program 6.4.1.
+The tree ``A = diag(f)·Y`` is measured with one Laplace scale (:class:`HierarchicalStrategy`), so
+ordinary least squares on ``A`` is the weighted least squares of Program 6.4.1.
 
 GreedyH never forms a dense matrix: every quantity in eq. (6.11) is a vector recursion (the
 Sherman–Morrison update of ``M_q⁻¹𝟏``) plus per-node squared norms of the reduced workload, so

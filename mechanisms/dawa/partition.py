@@ -21,11 +21,8 @@ one.  A privacy unit that contributes up to ``c`` records is covered by ``contri
 
 Step-1 choices where the thesis leaves a point open:
 
-- Noise follows the thesis's Remark: interval ``b`` gets scale ``(Δ̄ + Δ_b)/ε₁`` with
-  ``Δ_b = 2 − 2/|b|`` and ``Δ̄`` the largest ``Δ_b`` among the candidates (``scale_rule=
-  "per_interval"``); Program 6.3.1's single scale ``2Δ̄/ε₁`` is ``scale_rule="uniform"``.  The
-  reference code's halved, singleton-free, floored noise is *not* offered: the thesis's proof does
-  not cover it.
+- Noise follows the thesis's Remark (see :class:`PartitionSelector`).  The reference code's
+  halved, singleton-free, floored noise is *not* offered: the thesis's proof does not cover it.
 - Candidate intervals are every interval (``"all"``) or every interval whose length is a power of
   two, at every offset (``"dyadic"``, the thesis's default).
 - ``noise_offset`` κ (default 0, the thesis) centres each candidate's Laplace noise at κ·scale; a

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Protocol
+from collections.abc import Callable
 
 import numpy as np
 
@@ -125,12 +125,9 @@ def hadamard(n: int, *, epsilon: float, blocks: int | None = None) -> LDPStrateg
     )
 
 
-class FrequencyOracle(Protocol):
-    """A histogram mechanism used for each level of :func:`hierarchical`."""
-
-    def __call__(self, n: int, *, epsilon: float) -> LDPStrategy:
-        """Return an ε-LDP strategy on ``n`` items."""
-        ...
+FrequencyOracle = Callable[..., LDPStrategy]
+"""``oracle(n, *, epsilon)``: an ε-LDP strategy on ``n`` items, run on each level of
+:func:`hierarchical`."""
 
 
 def hierarchical(

@@ -49,16 +49,9 @@ def workload_matrix(W: np.ndarray, num_columns: int | None = None) -> np.ndarray
     return workload
 
 
-@dataclass(frozen=True)
-class _GlsFactors:
-    """``A = D^-1 Q`` and the pseudo-inverse of ``X = Q^T D^-1 Q`` with its range projector."""
-
-    scaled: np.ndarray  # A (m x n)
-    gram_pinv: np.ndarray  # X^+ (n x n)
-    range_projector: np.ndarray  # X^+ X (n x n)
-
-
-def _gls_factors(matrix: np.ndarray) -> _GlsFactors:
+def _gls_factors(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``A = D^-1 Q`` (m x n), the pseudo-inverse ``X^+`` of ``X = Q^T D^-1 Q`` and its range
+    projector ``X^+ X`` (n x n each)."""
     scaled = matrix / matrix.sum(axis=1, keepdims=True)
     gram = matrix.T @ scaled  # O(m n^2)
     gram = (gram + gram.T) / 2.0
@@ -66,11 +59,7 @@ def _gls_factors(matrix: np.ndarray) -> _GlsFactors:
     cutoff = eigenvalues.max() * _PINV_RTOL_ULPS * gram.shape[0] * np.finfo(np.float64).eps
     keep = eigenvalues > cutoff
     basis = eigenvectors[:, keep]
-    return _GlsFactors(
-        scaled=scaled,
-        gram_pinv=(basis / eigenvalues[keep]) @ basis.T,
-        range_projector=basis @ basis.T,
-    )
+    return scaled, (basis / eigenvalues[keep]) @ basis.T, basis @ basis.T
 
 
 def _check_row_space(workload_gram: np.ndarray, range_projector: np.ndarray) -> None:
@@ -96,9 +85,9 @@ def reconstruction(W: np.ndarray, Q: LDPStrategy | np.ndarray) -> np.ndarray:
     """
     matrix = _strategy_matrix(Q)
     workload = workload_matrix(W, matrix.shape[1])
-    factors = _gls_factors(matrix)
-    _check_row_space(workload.T @ workload, factors.range_projector)
-    return (workload @ factors.gram_pinv) @ factors.scaled.T
+    scaled, gram_pinv, range_projector = _gls_factors(matrix)
+    _check_row_space(workload.T @ workload, range_projector)
+    return (workload @ gram_pinv) @ scaled.T
 
 
 def _check_factorization(workload: np.ndarray, matrix: np.ndarray, V: np.ndarray) -> np.ndarray:
@@ -135,9 +124,9 @@ def per_type_variance(
         reconstruction_matrix = _check_factorization(workload, matrix, V)
         return (reconstruction_matrix**2).sum(axis=0) @ matrix - (workload**2).sum(axis=0)
     workload_gram = workload.T @ workload  # O(p n^2)
-    factors = _gls_factors(matrix)
-    _check_row_space(workload_gram, factors.range_projector)
-    weights = factors.scaled @ factors.gram_pinv  # B (m x n), O(m n^2)
+    scaled, gram_pinv, range_projector = _gls_factors(matrix)
+    _check_row_space(workload_gram, range_projector)
+    weights = scaled @ gram_pinv  # B (m x n), O(m n^2)
     squared_column_norms = np.einsum("ij,ij->i", weights @ workload_gram, weights)  # O(m n^2)
     return squared_column_norms @ matrix - np.diag(workload_gram)
 
