@@ -58,9 +58,8 @@ def code_version() -> dict[str, str | None]:
     except importlib_metadata.PackageNotFoundError:  # pragma: no cover - always installed
         version = None
     try:
-        here = Path(__file__).resolve().parent
         commit = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"],
             capture_output=True,
             text=True,
             timeout=5,

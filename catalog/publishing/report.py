@@ -243,15 +243,13 @@ def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMB
 
 
 def tables_index(tables: dict[str, pa.Table]) -> str:
-    rows = []
-    for index, (name, table) in enumerate(tables.items()):
-        axes = table_model(table)
-        rows.append(
-            f"<tr><td class='lab'><a href='#t{index}'>{html.escape(name)}</a></td>"
-            f"<td class='lab'>{html.escape(describe(table, axes))}</td>"
-            f"<td class='num'>{table.num_rows:,}</td>"
-            f"<td class='lab'><a href='{html.escape(f'tables/{name}.csv', quote=True)}' download>CSV</a></td></tr>"
-        )
+    rows = [
+        f"<tr><td class='lab'><a href='#t{index}'>{html.escape(name)}</a></td>"
+        f"<td class='lab'>{html.escape(describe(table, table_model(table)))}</td>"
+        f"<td class='num'>{table.num_rows:,}</td>"
+        f"<td class='lab'><a href='{html.escape(f'tables/{name}.csv', quote=True)}' download>CSV</a></td></tr>"
+        for index, (name, table) in enumerate(tables.items())
+    ]
     return (
         "<div class='scroll short'><table class='data'><thead><tr><th class='lab'>table</th>"
         "<th class='lab'>rows are</th><th>rows</th><th class='lab'>download</th></tr></thead><tbody>"
@@ -309,8 +307,10 @@ def validation_section(validation: dict[str, Any]) -> list[str]:
     for table_name, summary in tables.items():
         for result in summary.get("results", []):
             text = describe_check(result)
-            entry = checks.setdefault(text, {"tables": 0, "passed": 0, "failed": 0})
-            entry["tables"] += 1
+            entry = checks.setdefault(
+                text, {"check": text, "tables checked": 0, "passed": 0, "failed": 0}
+            )
+            entry["tables checked"] += 1
             entry["passed" if result.get("success") else "failed"] += 1
             if not result.get("success"):
                 failures.append(
@@ -322,7 +322,7 @@ def validation_section(validation: dict[str, Any]) -> list[str]:
                         "rows failing": result.get("unexpected_count"),
                     }
                 )
-    total = sum(e["tables"] for e in checks.values())
+    total = sum(e["tables checked"] for e in checks.values())
     failed = len(failures)
     verdict = (
         f"<p class='ok'>All {total:,} checks on {len(tables):,} tables passed.</p>"
@@ -338,22 +338,12 @@ def validation_section(validation: dict[str, Any]) -> list[str]:
         "interval, and the uncertainty label.</p>",
     ]
     if failures:
-        parts.append("<h3>Failed checks</h3>")
-        parts.append(
-            _table_html(
-                failures,
-                ["table", "check", "GX expectation", "observed", "rows failing"],
-                classes="fail",
-            )
-        )
-    rows = [
-        {"check": text, "tables checked": e["tables"], "passed": e["passed"], "failed": e["failed"]}
-        for text, e in checks.items()
-    ]
+        columns = ["table", "check", "GX expectation", "observed", "rows failing"]
+        parts += ["<h3>Failed checks</h3>", _table_html(failures, columns, classes="fail")]
     parts.append(
         f"<details><summary>What was checked: {len(checks)} kinds of check, "
         f"{total - failed:,} passed</summary>"
-        + _table_html(rows, ["check", "tables checked", "passed", "failed"])
+        + _table_html(list(checks.values()), ["check", "tables checked", "passed", "failed"])
         + "</details>"
     )
     parts.append(

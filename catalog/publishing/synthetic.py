@@ -98,29 +98,28 @@ def fit_model(release_id: str, catalog: Catalog) -> tuple[ReleaseSpec, TreeModel
             )
         estimate = pq.read_table(path, columns=["estimate"])["estimate"].to_numpy()
         tables[mask] = estimate.reshape(tuple(shape[a] for a in axes_of(mask, d)))
-    one_way, two_way = {}, {}
-    for i in range(d):
-        covering = [m for m in tables if m >> i & 1]
-        if covering:
-            one_way[i] = _project(tables[covering[0]], covering[0], 1 << i, d)
+    one_way = {i: t for i in range(d) if (t := _project(tables, 1 << i, d)) is not None}
     missing = [name for i, name in enumerate(spec.domain) if i not in one_way]
     if missing:
         raise SpecError(
             f"release {release_id!r}: attributes {missing} are in no released table; synth needs "
             "every domain attribute in at least one marginal"
         )
-    for i, j in combinations(range(d), 2):
-        pair = 1 << i | 1 << j
-        covering = [m for m in tables if m & pair == pair]
-        if covering:
-            two_way[(i, j)] = _project(tables[covering[0]], covering[0], pair, d)
+    two_way = {
+        (i, j): t
+        for i, j in combinations(range(d), 2)
+        if (t := _project(tables, 1 << i | 1 << j, d)) is not None
+    }
     return spec, chow_liu_tree(domain_shape=shape, one_way=one_way, two_way=two_way)
 
 
-def _project(table: np.ndarray, mask: int, target: int, d: int) -> np.ndarray:
-    axes = axes_of(mask, d)
-    summed = tuple(k for k, a in enumerate(axes) if not target >> a & 1)
-    return table.sum(axis=summed) if summed else table
+def _project(tables: dict[int, np.ndarray], target: int, d: int) -> np.ndarray | None:
+    """The table of ``target``'s attributes, summed from the first released table covering them."""
+    mask = next((m for m in tables if m & target == target), None)
+    if mask is None:
+        return None
+    summed = tuple(k for k, a in enumerate(axes_of(mask, d)) if not target >> a & 1)
+    return tables[mask].sum(axis=summed) if summed else tables[mask]
 
 
 def cell_values(attribute: Attribute) -> pa.Array:

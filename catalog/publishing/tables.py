@@ -56,9 +56,15 @@ def label_columns(spec: ReleaseSpec, item: WorkloadItem) -> dict[str, np.ndarray
             )
         else:  # an explicit query matrix: rows are numbered
             per_axis.append(([f"{name}_query"], [np.arange(factor.m, dtype=np.int64)]))
+    return _grid(per_axis)
+
+
+def _grid(per_axis: list[tuple[list[str], list[np.ndarray]]]) -> dict[str, np.ndarray]:
+    """The named columns of each axis over the grid of all axes, row-major (first axis slowest)."""
     sizes = [len(columns[0]) for _, columns in per_axis]
-    total = int(np.prod(sizes, dtype=np.int64)) if sizes else 1
-    indices = np.unravel_index(np.arange(total), sizes) if sizes else ()
+    indices = (
+        np.unravel_index(np.arange(int(np.prod(sizes, dtype=np.int64))), sizes) if sizes else ()
+    )
     result: dict[str, np.ndarray] = {}
     for (names, columns), index in zip(per_axis, indices, strict=True):
         for name, column in zip(names, columns, strict=True):
@@ -193,26 +199,19 @@ def derived_table(
     z = derived.Z95_LAPLACE if laplace else derived.Z95
     estimates = grouped(found.estimates).astype(np.float64)
     variances = grouped(found.variances).astype(np.float64)
+    labels = grouped(found.uncertainty)
     if item.quantiles is not None:
         levels = tuple(item.quantiles.q)
-        labels = grouped(found.uncertainty)
         rows = derived.quantiles(estimates, variances, labels, column=column, levels=levels, z=z)
         statistics = [derived.quantile_label(q) for q in levels]
     else:
         rows = derived.moments(
-            estimates,
-            variances,
-            grouped(found.uncertainty),
-            column=column,
-            mean=item.mean is not None,
-            z=z,
+            estimates, variances, labels, column=column, mean=item.mean is not None, z=z
         )
         statistics = [item.kind]
     repeat = len(statistics)
-    columns: dict[str, Any] = {
-        name: np.repeat(labels, repeat)
-        for name, labels in _group_labels(spec, [a for a in spec.domain if a in (item.by or [])])
-    }
+    by = [([a], [_array(spec.domain[a].labels())]) for a in spec.domain if a in (item.by or [])]
+    columns: dict[str, Any] = {name: np.repeat(group, repeat) for name, group in _grid(by).items()}
     claimed = rows.claimed
     columns.update(
         statistic=pa.array(statistics * (rows.estimate.size // repeat), pa.string()),
@@ -224,18 +223,6 @@ def derived_table(
         binning_error=rows.binning_error,
     )
     return pa.table(columns)
-
-
-def _group_labels(spec: ReleaseSpec, names: list[str]) -> list[tuple[str, np.ndarray]]:
-    """Label columns of the groups (cells of ``names``, row-major)."""
-    if not names:
-        return []
-    sizes = [spec.domain[name].size for name in names]
-    indices = np.unravel_index(np.arange(int(np.prod(sizes, dtype=np.int64))), sizes)
-    return [
-        (name, _array(spec.domain[name].labels())[index])
-        for name, index in zip(names, indices, strict=True)
-    ]
 
 
 def _array(values: list[Any]) -> np.ndarray:

@@ -63,11 +63,10 @@ Jobs = list[tuple[str, "pd.DataFrame", list[tuple[str, dict[str, Any]]]]]
 def run_suites_here(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, dict[str, Any]]:
     """Run each ``(name, frame, expectations)`` in one ephemeral GX context.
 
-    ``expectations`` are ``(snake_case GX type, kwargs)`` pairs; ``where_not: (column, value)``
-    in kwargs restricts an expectation to the rows where ``column != value``.  Returns, per name, ``success``,
-    ``statistics`` and one entry per expectation (type, column, kwargs, success, observed value).
-    With ``docs_dir`` the context's Data Docs (all suites) are written there.
-    """
+    ``where_not: (column, value)`` in kwargs restricts an expectation to the rows where ``column
+    != value``.  Returns, per name, ``success``, ``statistics`` and one entry per expectation
+    (type, column, kwargs, success, observed value).  With ``docs_dir`` the context's Data Docs
+    (all suites) are written there."""
     gx, gxe = load()
     from great_expectations.data_context.types.base import ProgressBarsConfig
 

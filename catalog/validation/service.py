@@ -197,8 +197,7 @@ def serve(path: Path, *, parent_pid: int) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, request_stop)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # a socket left by a killed service
+    path.unlink(missing_ok=True)  # a socket left by a killed service
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     previous = os.umask(0o177)  # the socket file is created 0600
     try:
@@ -220,8 +219,7 @@ def serve(path: Path, *, parent_pid: int) -> int:
                 _answer(connection)
     finally:
         listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        path.unlink(missing_ok=True)
         marker.unlink(missing_ok=True)
     return 0
 
