@@ -221,7 +221,6 @@ class HierarchicalStrategy:
     error_trace: float
     """``tr(ŴᵀŴ (AᵀA)⁻¹)``: the workload's total variance per unit Laplace variance and ε₂ = 1."""
     name: str = "dawa-greedy-h"
-    """Strategy label (for measurement records)."""
     fractions: tuple[np.ndarray, ...] = field(init=False)
     """Budget fraction ``f_q`` of ε₂ for every node of every level (0 = not measured)."""
 

@@ -6,14 +6,12 @@ into ``y`` and answers the workload with ``V y`` (Thm 3.10).  As a
 :class:`~mechanisms.primitives.protocol.Mechanism`:
 
 * **plan** optimises ``Q`` for the workload at the per-user ε (Problem 3.12), data-free and cached
-  under the workload fingerprint, ε and the optimiser settings; the random start's seed is a hash
-  of public facts, so the same spec always yields the same ``Q`` (and fingerprint).
+  (:func:`strategy_key`); the seed is a hash of public facts, so a spec always yields one ``Q``.
 * **evaluate**: cost ε per user (pure); expected error = worst-case total variance *per user*
   (Cor 3.5, N = 1; N responses give N times it).
 * **measure** takes :class:`ResponseCounts` (already ε-LDP when they arrive: the noise was added on
-  the devices, never here) and records the collection's cost on the ledger once per (dataset,
-  strategy, responses content); a re-release of the same collection reuses the receipt, kept in
-  the released-intermediates cache.
+  the devices, never here) and records the collection's cost on the ledger once per collection
+  (:meth:`LocalMechanism.measure`).
 * **reconstruct** is post-processing: ``V y`` with the variance estimate
   ``N/(N-1)·[(V∘V) y − (V y)²/N]`` (:func:`mechanisms.local.estimation.estimate`).
 """

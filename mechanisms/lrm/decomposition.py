@@ -8,11 +8,9 @@ Lagrangian method (Algorithm 1) with the closed-form B-step (Eq. 9) and an accel
 gradient L-step (Algorithm 2 on Eq. 10, exact per-column L1-ball projection, Eq. 11).
 
 The factorisation depends only on the public workload (never on data or ε), so it can be cached
-per workload.  The relaxed program (Eq. 8) stops once ``‖W − B·L‖_F ≤ γ``, leaving the paper's
-estimator ``B·(L·x + η)`` biased by ``(B·L − W)·x``.  The release pipeline does not use ``B``:
-:func:`supported_measurement` extends ``L`` so that least squares from the measurements answers
-``W`` without bias (see :mod:`mechanisms.lrm`).  The paper's own release, error formulas and
-workload families are in ``tests/reference/lrm.py``.
+per workload.  The release does not use ``B`` (the relaxed program leaves ``B·L ≠ W``, a bias):
+:func:`supported_measurement` extends ``L`` for unbiased least squares (see :mod:`mechanisms.lrm`).
+The paper's own release, error formulas and workload families are in ``tests/reference/lrm.py``.
 
 Decisions where the paper is silent or inconsistent (mostly its §5 solver) are listed in
 the docstring of :func:`decompose`.

@@ -187,7 +187,6 @@ class _Lattice:
     def _tables(
         self, flat: np.ndarray, offsets: Mapping[int, int], masks: Sequence[int]
     ) -> dict[int, np.ndarray]:
-        """The tables packed in ``flat`` at ``offsets``, one per mask."""
         return {
             m: flat[offsets[m] : offsets[m] + math.prod(self.table_shape(m))].reshape(
                 self.table_shape(m)
