@@ -83,49 +83,57 @@ def arrival_trigger(dataset_id: str) -> Any:
     )
 
 
-def build_deployment(
-    spec_path: Path,
-    spec: ReleaseSpec,
-    *,
-    work_pool: str = WORK_POOL,
-    out_dir: Path = Path("releases"),
-    catalog_url: str | None = None,
-    publish_dir: Path | None = None,
-    review_timeout_seconds: int = DEFAULT_REVIEW_TIMEOUT_SECONDS,
-    interval_seconds: float | None = None,
-    kept: KeptState | None = None,
-) -> Any:
-    """The ``RunnerDeployment`` of one spec (not yet registered).
+@dataclass(frozen=True, kw_only=True)
+class DeployOptions:
+    """What ``dprelease deploy`` sets on every deployment it registers (public values only).
 
     ``interval_seconds`` adds an interval schedule (development and tests: cron's finest step is a
-    minute).  ``kept``: what an operator paused on the registered deployment stays paused.
-    """
+    minute)."""
+
+    work_pool: str = WORK_POOL
+    out_dir: Path = Path("releases")
+    catalog_url: str | None = None
+    publish_dir: Path | None = None
+    review_timeout_seconds: int = DEFAULT_REVIEW_TIMEOUT_SECONDS
+    interval_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.review_timeout_seconds < 1:
+            raise ValueError(f"review_timeout_seconds ({self.review_timeout_seconds}) must be >= 1")
+        if self.interval_seconds is not None and not self.interval_seconds >= 1:
+            raise ValueError(f"interval_seconds ({self.interval_seconds}) must be >= 1")
+
+
+def build_deployment(
+    spec_path: Path, spec: ReleaseSpec, *, kept: KeptState | None = None, **options: Any
+) -> Any:
+    """The ``RunnerDeployment`` of one spec (not yet registered); ``options`` are the fields of
+    :class:`DeployOptions`.  ``kept``: what an operator paused on the registered deployment stays
+    paused."""
     from prefect.deployments.runner import EntrypointType, RunnerDeployment
     from prefect.schedules import Cron, Interval
 
-    if review_timeout_seconds < 1:
-        raise ValueError(f"review_timeout_seconds ({review_timeout_seconds}) must be >= 1")
-    if interval_seconds is not None and not interval_seconds >= 1:
-        raise ValueError(f"interval_seconds ({interval_seconds}) must be >= 1")
+    settings = DeployOptions(**options)
     kept = kept or KeptState()
     schedules = []
     if spec.schedule is not None:
         cron, timezone = spec.schedule.cron, spec.schedule.timezone
         active = _cron_key(cron, timezone) not in kept.inactive_schedules
         schedules.append(Cron(cron, timezone=timezone, active=active))
-    if interval_seconds is not None:
-        active = _interval_key(float(interval_seconds)) not in kept.inactive_schedules
-        schedules.append(Interval(timedelta(seconds=interval_seconds), active=active))
+    if settings.interval_seconds is not None:
+        seconds = float(settings.interval_seconds)
+        active = _interval_key(seconds) not in kept.inactive_schedules
+        schedules.append(Interval(timedelta(seconds=seconds), active=active))
     partitions = spec.dataset.partitions
     parameters: dict[str, Any] = {
         "spec_path": str(spec_path.resolve()),
-        "out_dir": str(out_dir.resolve()),
-        "review_timeout_seconds": review_timeout_seconds,
+        "out_dir": str(settings.out_dir.resolve()),
+        "review_timeout_seconds": settings.review_timeout_seconds,
     }
-    if catalog_url is not None:
-        parameters["catalog_url"] = catalog_url
-    if publish_dir is not None:
-        parameters["publish_dir"] = str(publish_dir.resolve())
+    if settings.catalog_url is not None:
+        parameters["catalog_url"] = settings.catalog_url
+    if settings.publish_dir is not None:
+        parameters["publish_dir"] = str(settings.publish_dir.resolve())
     return RunnerDeployment.from_flow(
         release_deployment_flow,
         name=spec.name,
@@ -143,7 +151,7 @@ def build_deployment(
             )
         ),
         tags=[DEPLOYMENT_TAG, f"dataset:{spec.dataset.id}"],
-        work_pool_name=work_pool,
+        work_pool_name=settings.work_pool,
         work_queue_name=dataset_queue_name(spec.dataset.id),
         entrypoint_type=EntrypointType.MODULE_PATH,  # the installed package, any working directory
     )
@@ -260,17 +268,10 @@ def find_specs(specs_dir: Path) -> list[Path]:
     return found
 
 
-def deploy_specs(
-    spec_paths: list[Path],
-    *,
-    work_pool: str = WORK_POOL,
-    out_dir: Path = Path("releases"),
-    catalog_url: str | None = None,
-    publish_dir: Path | None = None,
-    review_timeout_seconds: int = DEFAULT_REVIEW_TIMEOUT_SECONDS,
-    interval_seconds: float | None = None,
-) -> list[DeploymentSummary]:
-    """Validate every spec first (nothing is registered if one is invalid), then register them."""
+def deploy_specs(spec_paths: list[Path], **options: Any) -> list[DeploymentSummary]:
+    """Validate every spec and the :class:`DeployOptions` ``options`` first (nothing is registered
+    if one is invalid), then register them."""
+    settings = DeployOptions(**options)
     specs = [(path, load_spec(path)) for path in spec_paths]
     names: dict[str, Path] = {}
     for path, spec in specs:
@@ -281,29 +282,20 @@ def deploy_specs(
             )
         names[spec.name] = path
     check_notification_blocks(specs)
-    ensure_work_pool(work_pool)
+    ensure_work_pool(settings.work_pool)
     summaries = []
     for path, spec in specs:
         partitions = spec.dataset.partitions
         limit = ensure_dataset_limit(spec.dataset.id)
-        queue = ensure_dataset_queue(spec.dataset.id, work_pool)
-        deployment = build_deployment(
-            path,
-            spec,
-            work_pool=work_pool,
-            out_dir=out_dir,
-            catalog_url=catalog_url,
-            publish_dir=publish_dir,
-            review_timeout_seconds=review_timeout_seconds,
-            interval_seconds=interval_seconds,
-            kept=kept_state(f"{release_deployment_flow.name}/{spec.name}"),
-        )
+        queue = ensure_dataset_queue(spec.dataset.id, settings.work_pool)
+        kept = kept_state(f"{release_deployment_flow.name}/{spec.name}")
+        deployment = build_deployment(path, spec, kept=kept, **options)
         deployment_id = deployment.apply()
         schedule = None
         if spec.schedule is not None:
             schedule = f"cron {spec.schedule.cron} ({spec.schedule.timezone})"
-        if interval_seconds is not None:
-            schedule = ((schedule + "; ") if schedule else "") + f"every {interval_seconds:g} s"
+        if (interval := settings.interval_seconds) is not None:
+            schedule = ((schedule + "; ") if schedule else "") + f"every {interval:g} s"
         summaries.append(
             DeploymentSummary(
                 name=deployment.full_name,
@@ -312,7 +304,7 @@ def deploy_specs(
                 dataset_id=spec.dataset.id,
                 schedule=schedule,
                 arrival_trigger=spec.trigger == "arrival",
-                work_pool=work_pool,
+                work_pool=settings.work_pool,
                 concurrency_limit=limit,
                 work_queue=queue,
                 on_unchanged=spec.on_unchanged,

@@ -85,9 +85,7 @@ HEALTH_REQUEST_SECONDS = 2.0
 # orphan: a busy but working server (SQLite under load) must not be killed under another command.
 ORPHAN_PATIENCE_SECONDS = 10.0
 SUPERVISOR_MARKER = "dprelease.flows.server"
-VALIDATION_MARKER = (
-    "dprelease.catalog.validation.service"  # the GX service the supervisor also runs
-)
+VALIDATION_MARKER = "dprelease.catalog.validation.service"  # the GX service beside the server
 VALIDATION_SOCKET_FILE = "validation.sock"
 VALIDATION_SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"  # read by catalog.validation.service
 VALIDATION_SERVICE_ENV = "DPRELEASE_VALIDATION_SERVICE"  # "off": no service beside the server
@@ -319,14 +317,21 @@ def healthy(url: str, *, timeout: float = HEALTH_REQUEST_SECONDS) -> bool:
         return False
 
 
-def _wait_healthy(record: ServerRecord, *, until: float) -> bool:
-    """Poll until healthy (True), the supervisor died or ``until`` (monotonic) passed (False)."""
+def _wait_healthy(url: str, pid: int, seconds: float) -> bool:
+    """Poll ``url`` until healthy (True), ``pid`` died or ``seconds`` passed (False)."""
+    until = time.monotonic() + seconds
     while True:
-        if healthy(record.url):
+        if healthy(url):
             return True
-        if not is_alive(record.pid) or time.monotonic() >= until:
+        if not is_alive(pid) or time.monotonic() >= until:
             return False
         time.sleep(0.1)
+
+
+def _iso(timestamp: float | None = None) -> str:
+    """``timestamp`` (epoch seconds; default now) in ISO 8601, UTC, to the second."""
+    moment = datetime.now(UTC) if timestamp is None else datetime.fromtimestamp(timestamp, UTC)
+    return moment.isoformat(timespec="seconds")
 
 
 def _started_seconds_ago(record: ServerRecord) -> float:
@@ -351,7 +356,7 @@ class Connection:
     def wait(self) -> Connection:
         if not self._pending or self.record is None or self._home is None:
             return self
-        if not _wait_healthy(self.record, until=time.monotonic() + start_timeout()):
+        if not _wait_healthy(self.record.url, self.record.pid, start_timeout()):
             with _locked(self._home, timeout=STOP_GRACE_SECONDS * 3):
                 stop_processes(self.record)
                 _remove_record(self._home, self.record.pid)
@@ -383,22 +388,6 @@ def deploy_server(phome: Path | None = None) -> tuple[int, str] | None:
     return pid, url
 
 
-def _use_deploy_server(phome: Path) -> Connection | None:
-    found = deploy_server(phome)
-    if found is None:
-        return None
-    pid, url = found
-    deadline = time.monotonic() + start_timeout()
-    while not healthy(url):  # it may still be migrating a fresh database
-        if not is_alive(pid) or time.monotonic() > deadline:
-            raise ServerError(
-                f"the Prefect server of deploy/start-server.sh (pid {pid}) on this database "
-                f"({phome}) does not answer at {url}; see its log in $DPRELEASE_HOME/run"
-            )
-        time.sleep(0.2)
-    return Connection(record=None, url=url)
-
-
 def connect(*, wait: bool = True) -> Connection:
     """The Prefect API for this command: the user's, or the shared local server (started if needed).
 
@@ -415,9 +404,15 @@ def connect(*, wait: bool = True) -> Connection:
         found = _reuse(home)
         if found is not None:
             return Connection(record=found, url=found.url, _home=home)
-        deployed = _use_deploy_server(prefect_home())
+        deployed = deploy_server(phome := prefect_home())
         if deployed is not None:
-            return deployed
+            pid, url = deployed  # it may still be migrating a fresh database
+            if not _wait_healthy(url, pid, start_timeout()):
+                raise ServerError(
+                    f"the Prefect server of deploy/start-server.sh (pid {pid}) on this database "
+                    f"({phome}) does not answer at {url}; see its log in $DPRELEASE_HOME/run"
+                )
+            return Connection(record=None, url=url)
         connection = _start(home)
     return connection.wait() if wait else connection
 
@@ -431,8 +426,7 @@ def _reuse(home: Path) -> ServerRecord | None:
     compatible = record.version == prefect_version() and record.prefect_home == str(prefect_home())
     if compatible and is_alive(record.pid) and _is_ours(record.pid, record.port):
         remaining = start_timeout() - _started_seconds_ago(record)
-        until = time.monotonic() + max(remaining, ORPHAN_PATIENCE_SECONDS)
-        if _wait_healthy(record, until=until):
+        if _wait_healthy(record.url, record.pid, max(remaining, ORPHAN_PATIENCE_SECONDS)):
             touch(home)
             return record
     stop_processes(record)
@@ -502,7 +496,7 @@ def _start(home: Path) -> Connection:
         pid=pid,
         port=port,
         url=f"http://127.0.0.1:{port}/api",
-        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        started_at=_iso(),
         version=prefect_version(),
         prefect_home=str(phome),
         log=str(log),
@@ -600,8 +594,6 @@ def status() -> ServerStatus:
         return ServerStatus(state="stopped", url=None)
     members = tuple(_our_members(record))
     last = _last_used(home)
-    last_at = None if last is None else _iso(last)
-    stops_at = None if last is None else _iso(last + record.idle_seconds)
     if not members:
         state = "stale"
     elif healthy(record.url):
@@ -615,8 +607,8 @@ def status() -> ServerStatus:
         url=record.url,
         record=record,
         processes=members,
-        last_used_at=last_at,
-        stops_after_idle_at=stops_at,
+        last_used_at=None if last is None else _iso(last),
+        stops_after_idle_at=None if last is None else _iso(last + record.idle_seconds),
     )
 
 
@@ -630,10 +622,6 @@ def stop() -> ServerRecord | None:
         stop_processes(record)
         _remove_record(home, record.pid)
         return record
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds")
 
 
 @contextlib.contextmanager
@@ -668,6 +656,11 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child b
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _spawn(command: list[str]) -> subprocess.Popen[bytes]:
+    """A child of the supervisor that ends with it (the supervisor is single-threaded here)."""
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+
+
 def supervise(*, port: int, home: Path, idle: float) -> int:
     """Run ``prefect server start`` until it exits, is stopped, or stays unused for ``idle`` s."""
     stop_requested = threading.Event()
@@ -678,11 +671,7 @@ def supervise(*, port: int, home: Path, idle: float) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, request_stop)
     prefect = f"prefect server start --host 127.0.0.1 --port {port} --no-ui --analytics-off"
-    child = subprocess.Popen(
-        [sys.executable, "-m", *prefect.split()],
-        stdin=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent,  # the supervisor is single-threaded here
-    )
+    child = _spawn([sys.executable, "-m", *prefect.split()])
     _log(f"supervisor {os.getpid()}: prefect server pid {child.pid} on port {port}")
     validator = _start_validation_service(home)
     interval = max(0.2, min(5.0, idle / 4))
@@ -755,12 +744,7 @@ def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
         _log(f"supervisor {os.getpid()}: no validation service ({exc})")
         return None
     command = [sys.executable, "-m", VALIDATION_MARKER, "--socket", str(path)]
-    command += ["--parent-pid", str(os.getpid())]
-    service = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent,  # the supervisor is single-threaded here
-    )
+    service = _spawn([*command, "--parent-pid", str(os.getpid())])
     _log(f"supervisor {os.getpid()}: validation service pid {service.pid} on {path}")
     return service
 
@@ -777,8 +761,7 @@ def _terminate(child: subprocess.Popen[bytes]) -> None:
 
 
 def _log(message: str) -> None:
-    stamp = datetime.now(UTC).isoformat(timespec="seconds")
-    sys.stderr.write(f"{stamp} dprelease {message}\n")
+    sys.stderr.write(f"{_iso()} dprelease {message}\n")
     sys.stderr.flush()
 
 
