@@ -6,19 +6,20 @@ public parameters, the noise it added, the privacy cost, ledger receipts and the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_serializer
 
 
-def _drop_none(data: dict[str, Any], key: str) -> dict[str, Any]:
-    if data.get(key, 0) is None:
-        del data[key]
-    return data
-
-
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    omitted_when_none: ClassVar[tuple[str, ...]] = ()
+    """Fields left out when None: manifests without them (unpartitioned) read as before."""
+
+    @model_serializer(mode="wrap")
+    def _without_omitted(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        return {k: v for k, v in data.items() if v is not None or k not in self.omitted_when_none}
 
 
 class NoiseRecord(_Record):
@@ -63,10 +64,7 @@ class ReceiptRecord(_Record):
     entry_hash: str | None = None
     partition: str | None = None
     """The partition this entry charged (a partitioned dataset); absent: the whole dataset."""
-
-    @model_serializer(mode="wrap")
-    def _without_whole_dataset_partition(self, handler: Any) -> dict[str, Any]:
-        return _drop_none(handler(self), "partition")  # unpartitioned manifests as before
+    omitted_when_none = ("partition",)
 
 
 class ValidationRecord(_Record):
@@ -124,10 +122,7 @@ class Manifest(_Record):
     review: ReviewState
     artifacts: dict[str, str] = {}
     """sha256 of every artifact file, by path inside the release (added when the manifest is written)."""
-
-    @model_serializer(mode="wrap")
-    def _without_absent_partitions(self, handler: Any) -> dict[str, Any]:
-        return _drop_none(handler(self), "partitions")  # unpartitioned manifests as before
+    omitted_when_none = ("partitions",)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -139,11 +139,7 @@ def encode_column(values: list[str]) -> str | list[str] | dict[str, Any]:
         return values[0]
     repeat = next((k for k, v in enumerate(values) if v != values[0]), len(values))
     levels = values[::repeat]
-    period = len(levels)
-    for k in range(1, len(levels)):
-        if levels[k] == levels[0]:
-            period = k
-            break
+    period = next((k for k in range(1, len(levels)) if levels[k] == levels[0]), len(levels))
     levels = levels[:period]
     if len(values) % (repeat * period) == 0 and len(levels) == len(set(levels)):
         rebuilt = [levels[(i // repeat) % period] for i in range(len(values))]
@@ -172,11 +168,13 @@ def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMB
     """
     axes = table_model(table)
     columns = table.column_names
-    numeric = [pa.types.is_floating(table[c].type) for c in columns]
+    kinds = ["num" if pa.types.is_floating(table[c].type) else "lab" for c in columns]
     shown = table.slice(0, max_rows)  # O(1): a view
     encoded = [
-        encode_numbers(display_numbers(shown[c])) if n else encode_column(column_text(shown[c]))
-        for c, n in zip(columns, numeric, strict=True)
+        encode_numbers(display_numbers(shown[c]))
+        if kind == "num"
+        else encode_column(column_text(shown[c]))
+        for c, kind in zip(columns, kinds, strict=True)
     ]
     chart = chart_for(table, title=name)
     rows = shown.num_rows
@@ -187,15 +185,14 @@ def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMB
     )
     first = min(rows, PAGE_ROWS)
     head = "".join(
-        f"<th class='{'num' if n else 'lab'}' title='{html.escape(c, quote=True)}'>"
-        f"{html.escape(heading(c, axes))}</th>"
-        for c, n in zip(columns, numeric, strict=True)
+        f"<th class='{kind}' title='{html.escape(c, quote=True)}'>{html.escape(heading(c, axes))}</th>"
+        for c, kind in zip(columns, kinds, strict=True)
     )
     body = "".join(
         "<tr>"
         + "".join(
-            f"<td class='{'num' if n else 'lab'}'>{html.escape(_cell(e, i))}</td>"
-            for e, n in zip(encoded, numeric, strict=True)
+            f"<td class='{kind}'>{html.escape(_cell(e, i))}</td>"
+            for e, kind in zip(encoded, kinds, strict=True)
         )
         + "</tr>"
         for i in range(first)
@@ -217,7 +214,7 @@ def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMB
         else f"<div class='pager-bar'><span class='muted'>all {rows:,} rows</span></div>"
     )
     csv = f"tables/{name}.csv"
-    page_data = {"n": rows, "c": encoded, "k": ["num" if n else "lab" for n in numeric]}
+    page_data = {"n": rows, "c": encoded, "k": kinds}
     # "<" escaped so a label can never close the script element
     data = json.dumps(page_data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
     chart_html = (

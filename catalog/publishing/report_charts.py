@@ -87,8 +87,7 @@ def _label(value: Any) -> str:
 def _values(table: pa.Table, column: str) -> np.ndarray:
     if column not in table.column_names:
         return np.full(table.num_rows, np.nan)
-    values = table[column].to_numpy(zero_copy_only=False)
-    return np.asarray(values, dtype=np.float64)
+    return np.asarray(table[column].to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 def chart_for(table: pa.Table, *, title: str) -> Chart:
@@ -138,14 +137,8 @@ def _range_chart(
     first = np.flatnonzero(np.asarray(lows, dtype=object) == lows[0])
     if first.size >= 3:
         uppers = [_label(v) for v in table[axis.columns[1]].take(pa.array(first)).to_pylist()]
-        svg = value_chart(
-            "step",
-            uppers,
-            estimate[first],
-            low[first],
-            high[first],
-            x_title=f"{axis.name} ≤ (from {lows[0]})",
-        )
+        title = f"{axis.name} ≤ (from {lows[0]})"
+        svg = value_chart("step", uppers, estimate[first], low[first], high[first], x_title=title)
         return Chart(
             kind="step",
             svg=svg,
