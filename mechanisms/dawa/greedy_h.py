@@ -102,10 +102,8 @@ class _BucketPieces:
 
 
 def _build_tree(n_leaves: int, branching: int) -> list[np.ndarray]:
-    """Level bounds of the bottom-up tree (§6.4.1): every ``branching`` consecutive nodes get a parent.
-
-    A level's leftover single node is carried up unchanged (it is not a new query).
-    """
+    """Level bounds of the bottom-up tree (§6.4.1): every ``branching`` consecutive nodes get a
+    parent; a level's leftover single node is carried up unchanged (it is not a new query)."""
     levels = [np.arange(n_leaves + 1, dtype=np.int64)]
     while levels[-1].size > 2:
         below = levels[-1]
@@ -273,10 +271,8 @@ class HierarchicalStrategy:
         return int(sum(np.count_nonzero(f) for f in self.fractions))
 
     def query_buckets(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(lo, hi, weight)`` of every measured query: ``weight · Σ_{lo ≤ j < hi} s_j`` (buckets).
-
-        Rows are ordered level by level from the leaves up, nodes left to right.
-        """
+        """``(lo, hi, weight)`` of every measured query: ``weight · Σ_{lo ≤ j < hi} s_j`` (buckets),
+        level by level from the leaves up, nodes left to right."""
         lo, hi, weight = [], [], []
         for bounds, fraction in zip(self.level_bounds, self.fractions, strict=True):
             asked = fraction > 0

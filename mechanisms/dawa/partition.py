@@ -511,10 +511,8 @@ class PartitionSelector:
         return numerator * self.contribution_bound / self.epsilon
 
     def select(self, x: np.ndarray, *, sampler: NoiseSampler) -> Partition:
-        """Run Program 6.3.1 on the confidential ``x``; charge ``epsilon`` first.
-
-        O(n log² n) for ``"dyadic"``; O(n² log n) time and O(n²) memory for ``"all"``.
-        """
+        """Run Program 6.3.1 on the confidential ``x``; charge ``epsilon`` first.  O(n log² n) for
+        ``"dyadic"``; O(n² log n) time and O(n²) memory for ``"all"``."""
         cells = _as_cells(x)
         _check_all_intervals_size(cells.size, self.intervals)
         if cells.size == 1:

@@ -95,9 +95,8 @@ def cell_coordinates(shape: Sequence[int], cell_at: np.ndarray | None = None) ->
 
 def bucket_covariance(strategy: HierarchicalStrategy, *, noise_variance: float) -> np.ndarray:
     """``Cov(ŝ) = σ² (AᵀA)⁻¹`` of the least-squares bucket counts; ``σ²`` = one draw's variance.
-
-    ``AᵀA`` has full rank (every leaf keeps a positive budget fraction).  O(k³) time, O(k²) memory.
-    """
+    ``AᵀA`` has full rank (every leaf keeps a positive budget fraction).  O(k³) time, O(k²)
+    memory."""
     if not (math.isfinite(noise_variance) and noise_variance > 0):
         raise ValueError(f"noise_variance ({noise_variance}) must be finite and > 0")
     a = strategy.matrix()

@@ -275,10 +275,8 @@ def _trace_gram_pinv(
 
 
 def _pivoted_cholesky(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``matrix[p][:, p] = L L^T`` with L (n x k) lower trapezoidal of full column rank (O(n^2 k)).
-
-    Pivots below ``_SINGULAR_RCOND * max(diag)`` end the factorisation (numerical rank k).
-    """
+    """``matrix[p][:, p] = L L^T`` with L (n x k) lower trapezoidal of full column rank (O(n^2 k));
+    pivots below ``_SINGULAR_RCOND * max(diag)`` end the factorisation (numerical rank k)."""
     tolerance = _SINGULAR_RCOND * float(np.max(np.diag(matrix)))
     factor, pivots, rank, info = scipy.linalg.lapack.dpstrf(matrix, tol=tolerance, lower=1)
     if info < 0:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dprelease.mechanisms.local.randomizer import LDPStrategy
+from dprelease.mechanisms.local.randomizer import LDPStrategy, check_matrix
 from dprelease.mechanisms.primitives.privacy import check_epsilon
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
 
@@ -26,9 +26,7 @@ _ROW_SPACE_TOLERANCE = 1e-6
 
 
 def _strategy_matrix(Q: LDPStrategy | np.ndarray) -> np.ndarray:
-    matrix = Q.Q if isinstance(Q, LDPStrategy) else np.asarray(Q, dtype=np.float64)
-    if matrix.ndim != 2 or matrix.shape[0] < 1 or matrix.shape[1] < 1:
-        raise ValueError(f"Q (shape {matrix.shape}) must be a non-empty 2-D matrix")
+    matrix = check_matrix(Q.Q if isinstance(Q, LDPStrategy) else Q, name="Q")
     if not np.all(np.isfinite(matrix)) or np.any(matrix < 0.0):
         raise ValueError("Q must contain only finite, non-negative values")
     if np.any(matrix.sum(axis=1) <= 0.0):
@@ -37,9 +35,7 @@ def _strategy_matrix(Q: LDPStrategy | np.ndarray) -> np.ndarray:
 
 
 def workload_matrix(W: np.ndarray, num_columns: int | None = None) -> np.ndarray:
-    workload = np.asarray(W, dtype=np.float64)
-    if workload.ndim != 2 or workload.shape[0] < 1 or workload.shape[1] < 1:
-        raise ValueError(f"W (shape {workload.shape}) must be a non-empty 2-D matrix")
+    workload = check_matrix(W, name="W")
     if not np.all(np.isfinite(workload)):
         raise ValueError("W must contain only finite values")
     if num_columns is not None and workload.shape[1] != num_columns:

@@ -59,9 +59,7 @@ class LDPStrategy:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name ({self.name!r}) must be a non-empty string")
         epsilon = check_epsilon(self.epsilon)
-        matrix = np.array(self.Q, dtype=np.float64, copy=True)
-        if matrix.ndim != 2 or matrix.shape[0] < 1 or matrix.shape[1] < 1:
-            raise ValueError(f"Q (shape {matrix.shape}) must be a non-empty 2-D matrix")
+        matrix = check_matrix(np.array(self.Q, dtype=np.float64, copy=True), name="Q")
         if not np.all(np.isfinite(matrix)):
             raise ValueError("Q must contain only finite values")
         if not np.all(matrix > 0.0):
@@ -145,6 +143,14 @@ def strategy_fingerprint(strategy: LDPStrategy) -> str:
 def check_strategy(strategy: object) -> None:
     if not isinstance(strategy, LDPStrategy):
         raise ValueError(f"strategy ({type(strategy).__name__}) must be an LDPStrategy")
+
+
+def check_matrix(values: np.ndarray, *, name: str) -> np.ndarray:
+    """``values`` as a float64 array, checked: 2-D with at least one row and one column."""
+    matrix = np.asarray(values, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] < 1 or matrix.shape[1] < 1:
+        raise ValueError(f"{name} (shape {matrix.shape}) must be a non-empty 2-D matrix")
+    return matrix
 
 
 def check_indices(values: np.ndarray, *, name: str, size: int) -> np.ndarray:

@@ -32,10 +32,8 @@ RECONSTRUCTION = "V = W (Q^T D^-1 Q)^+ Q^T D^-1 (McKenna et al. 2020, Thm 3.10)"
 
 @dataclass(frozen=True, kw_only=True)
 class ResponseCounts:
-    """One collection's response counts ``y`` (``y_o`` = users who sent response ``o``).
-
-    ε-LDP data (each user randomised their own item), kept out of logs and result storage anyway.
-    """
+    """One collection's response counts ``y`` (``y_o`` = users who sent response ``o``): ε-LDP data
+    (each user randomised their own item), kept out of logs and result storage anyway."""
 
     counts: np.ndarray = field(repr=False)
     num_responses: int
