@@ -21,9 +21,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
-import select
 import signal
-import socket
 import sys
 import threading
 import time
@@ -33,7 +31,8 @@ from typing import Any
 
 from dprelease.catalog.processes import is_alive, live_processes
 from dprelease.flows.errors import EXIT_INTERRUPTED, debug_enabled
-from dprelease.flows.watchdog import wakeup_socket
+from dprelease.flows.server import terminate
+from dprelease.flows.watchdog import StopSignals
 
 GRACE_SECONDS = 3.5  # + at most ~1 s of clean-up: exit within 5 s of the first Ctrl-C
 CLEANUP_SECONDS = 0.8
@@ -83,16 +82,7 @@ def stop_own_children(*, grace: float = CHILD_GRACE_SECONDS) -> list[int]:
     """SIGTERM (then SIGKILL) this process's descendants in its own session (not the shared
     Prefect server, in its own); return their pids."""
     victims = _descendants(os.getpid())
-    for pid in victims:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(is_alive(pid) for pid in victims):
-        time.sleep(0.02)
-    for pid in victims:
-        if is_alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+    terminate(lambda: [pid for pid in victims if is_alive(pid)], grace=grace)
     return victims
 
 
@@ -144,8 +134,7 @@ class InterruptGuard:
         self._done = threading.Event()
         self._cleaned = threading.Lock()
         self._aborted: list[str] | None = None
-        self._sockets: tuple[socket.socket, socket.socket] | None = None  # wake-up reader, writer
-        self._previous_fd: int | None = None
+        self._signals: StopSignals | None = None
         self._thread: threading.Thread | None = None
         self._previous_handler: Any = None
         self.sigint_seen = False
@@ -195,10 +184,10 @@ class InterruptGuard:
             return self._aborted
 
     def _arm(self) -> None:
-        opened = wakeup_socket()
-        if opened is None:  # pragma: no cover - not the main thread after all
+        try:
+            self._signals = StopSignals()
+        except ValueError:  # pragma: no cover - not the main thread after all
             return
-        self._sockets, self._previous_fd = opened[:2], opened[2]
         self._thread = threading.Thread(target=self._watch, name="dprelease-ctrl-c", daemon=True)
         self._thread.start()
 
@@ -206,27 +195,23 @@ class InterruptGuard:
         if self._thread is None:
             return
         self._done.set()
-        with contextlib.suppress(ValueError):
-            signal.set_wakeup_fd(self._previous_fd if self._previous_fd is not None else -1)
         self._thread.join(timeout=1.0)
         self._thread = None
-        for sock in self._sockets or ():
-            sock.close()
-        self._sockets = None
+        if self._signals is not None:
+            self._signals.close()
+            self._signals = None
 
     def _watch(self) -> None:
-        if self._sockets is None:
+        if self._signals is None:
             return
-        reader = self._sockets[0]
+        signals = self._signals
         deadline: float | None = None
         while not self._done.is_set():
             timeout = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
-            try:
-                ready, _, _ = select.select([reader], [], [], timeout)
-                data = reader.recv(64) if ready else b""
-            except OSError:
+            received = signals.received(timeout)
+            if received is None:
                 return
-            if bytes([signal.SIGINT]) in data or bytes([signal.SIGTERM]) in data:
+            if received:
                 if deadline is not None:  # a second Ctrl-C: stop now
                     self._hard_exit()
                 deadline = time.monotonic() + GRACE_SECONDS

@@ -52,7 +52,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -285,28 +285,44 @@ def _our_members(record: ServerRecord) -> list[int]:
     return [pid for pid in group_members(record.pid) if _is_ours(pid, record.port)]
 
 
+def terminate(
+    alive: Callable[[], list[int]],
+    *,
+    grace: float,
+    send: Callable[[list[int], int], None] | None = None,
+) -> bool:
+    """SIGTERM the processes ``alive()`` lists, then SIGKILL those left after ``grace`` seconds;
+    True once none is left.  ``send(pids, signum)`` signals them (default: each pid)."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        pids = alive()
+        if not pids:
+            return True
+        (send or _signal_each)(pids, signum)
+        deadline = time.monotonic() + grace
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return not alive()
+
+
+def _signal_each(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
 def stop_processes(record: ServerRecord, *, grace: float = STOP_GRACE_SECONDS) -> bool:
     """Stop the server's process group (SIGTERM, then SIGKILL after ``grace``); True if it ran."""
-    members = _our_members(record)
-    if not members:
+    if not _our_members(record):
         return False
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        _signal_group(record.pid, members, signum)
-        deadline = time.monotonic() + grace
-        while (members := _our_members(record)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not members:
-            break
+
+    def signal_group(members: list[int], signum: int) -> None:
+        try:
+            os.killpg(record.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            _signal_each(members, signum)  # the group is gone or not ours as a whole
+
+    terminate(lambda: _our_members(record), grace=grace, send=signal_group)
     return True
-
-
-def _signal_group(pgid: int, members: list[int], signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        for pid in members:  # the group is gone or not ours as a whole: signal the members
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
 
 
 def healthy(url: str, *, timeout: float = HEALTH_REQUEST_SECONDS) -> bool:

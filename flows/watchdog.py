@@ -50,6 +50,7 @@ from typing import Literal
 
 from dprelease.catalog.errors import SettingError, StageTimeLimitExceeded
 from dprelease.catalog.processes import is_alive, process_start
+from dprelease.flows.server import terminate
 
 STAGE_TIMEOUT_ENV = "DPRELEASE_STAGE_TIMEOUT"
 DEFAULT_STAGE_TIMEOUT_SECONDS = 6 * 3600.0  # far above the benchmarks' largest stage (10^8 cells)
@@ -153,8 +154,7 @@ class RunWatchdog:
         self._stop_deadline: float | None = None
         self._raised = False
         self._closed = threading.Event()
-        self._signals: tuple[socket.socket, socket.socket] | None = None
-        self._arm_signals()
+        self._signals = _own_stop_signals()
         self._monitor = threading.Thread(
             target=self._watch, name="dprelease-stage-watchdog", daemon=True
         )
@@ -184,7 +184,9 @@ class RunWatchdog:
         """Stop the monitor, give the wake-up fd back and remove the run record."""
         self._closed.set()
         self._monitor.join(timeout=2 * MONITOR_TICK_SECONDS + 1.0)
-        self._disarm_signals()
+        if self._signals is not None:
+            self._signals.close()  # armed only when nobody else held the fd: it goes back to -1
+            self._signals = None
         with contextlib.suppress(FileNotFoundError):
             self._record_path.unlink()
 
@@ -210,41 +212,10 @@ class RunWatchdog:
         except OSError as error:  # the record helps `recover`; the limits hold without it
             logger.warning("run record not written (%s): %s", self._record_path, error.strerror)
 
-    def _arm_signals(self) -> None:
-        """Watch SIGTERM/SIGINT through the wake-up fd, unless this is not the main thread or
-        another guard (the CLI's Ctrl-C guard) already owns the fd."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        opened = wakeup_socket()
-        if opened is None:  # pragma: no cover - not the main thread after all
-            return
-        reader, writer, previous = opened
-        if previous != -1:  # someone else watches signals: give the fd back
-            signal.set_wakeup_fd(previous)
-            reader.close()
-            writer.close()
-            return
-        self._signals = (reader, writer)
-
-    def _disarm_signals(self) -> None:
-        if self._signals is None:
-            return
-        with contextlib.suppress(ValueError):
-            signal.set_wakeup_fd(-1)  # armed only when nobody else held the fd
-        for sock in self._signals:
-            sock.close()
-        self._signals = None
-
     def _watch(self) -> None:
-        stop_signals = {bytes([signal.SIGTERM]), bytes([signal.SIGINT])}
         while not self._closed.is_set():
             if self._signals is not None:
-                try:
-                    ready, _, _ = select.select([self._signals[0]], [], [], MONITOR_TICK_SECONDS)
-                    data = self._signals[0].recv(64) if ready else b""
-                except OSError:
-                    data = b""
-                if any(sig in data for sig in stop_signals) and self._stop_deadline is None:
+                if self._signals.received(MONITOR_TICK_SECONDS) and self._stop_deadline is None:
                     self._stop_deadline = time.monotonic() + STOP_GRACE_SECONDS
             else:
                 self._closed.wait(MONITOR_TICK_SECONDS)
@@ -290,19 +261,54 @@ class RunWatchdog:
         os._exit(EXIT_STAGE_TIMEOUT)
 
 
-def wakeup_socket() -> tuple[socket.socket, socket.socket, int] | None:
-    """(reader, writer, previous fd): a non-blocking socket pair whose writer is now the signal
-    wake-up fd, so a thread sees each signal number at once; None off the main thread."""
-    reader, writer = socket.socketpair()
-    reader.setblocking(False)
-    writer.setblocking(False)
-    try:
-        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-    except ValueError:
-        reader.close()
-        writer.close()
+class StopSignals:
+    """A non-blocking socket pair whose writer is the signal wake-up fd, so a thread sees each
+    SIGTERM/SIGINT at once, even while the main thread is inside one long C call."""
+
+    def __init__(self) -> None:
+        """Raises ``ValueError`` off the main thread."""
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        try:
+            self.previous = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        except ValueError:
+            self._close_sockets()
+            raise
+
+    def received(self, timeout: float) -> bool | None:
+        """Whether SIGTERM or SIGINT arrived within ``timeout`` s; None when the socket failed."""
+        try:
+            ready, _, _ = select.select([self._reader], [], [], timeout)
+            data = self._reader.recv(64) if ready else b""
+        except OSError:
+            return None
+        return bytes([signal.SIGINT]) in data or bytes([signal.SIGTERM]) in data
+
+    def close(self) -> None:
+        """Give the wake-up fd back to its previous owner."""
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(self.previous)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
+
+def _own_stop_signals() -> StopSignals | None:
+    """:class:`StopSignals` for the watchdog, unless this is not the main thread or another guard
+    (the CLI's Ctrl-C guard) already owns the wake-up fd."""
+    if threading.current_thread() is not threading.main_thread():
         return None
-    return reader, writer, previous
+    try:
+        signals = StopSignals()
+    except ValueError:  # pragma: no cover - not the main thread after all
+        return None
+    if signals.previous != -1:  # someone else watches signals: give the fd back
+        signals.close()
+        return None
+    return signals
 
 
 def _raise_in_thread(thread_ident: int, kind: type[BaseException]) -> None:
@@ -340,15 +346,7 @@ def stop_stuck(problem: RunProblem, *, grace: float = 5.0) -> bool:
     """SIGTERM, then SIGKILL after ``grace``, the stuck run's process (only that exact process:
     pid and start time); True once it is gone."""
     record = problem.record
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not _same_process_alive(record):
-            return True
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(record.pid, sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _same_process_alive(record):
-            time.sleep(0.05)
-    return not _same_process_alive(record)
+    return terminate(lambda: [record.pid] if _same_process_alive(record) else [], grace=grace)
 
 
 def forget(problem: RunProblem) -> None:
