@@ -87,17 +87,6 @@ def write_csv(table: pa.Table, path: Path) -> Path:
     return path
 
 
-def artifact_hashes(directory: Path) -> dict[str, str]:
-    """sha256 of every file under ``directory`` except the manifest, keyed by relative path."""
-    hashes, links = _scan(directory)
-    if links:
-        raise CatalogError(
-            f"release directory {directory} holds symbolic links ({', '.join(links)}); a release "
-            "holds regular files only"
-        )
-    return hashes
-
-
 def _scan(directory: Path) -> tuple[dict[str, str], list[str]]:
     """Hashes of the regular files under ``directory`` (not the manifest) and the relative paths
     of symbolic links, which are never followed or read. O(bytes)."""
@@ -126,10 +115,16 @@ def _inside(directory: Path, name: Any) -> bool:
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> str:
-    """Write ``manifest.json`` with the hashes of every artifact; return the manifest's sha256."""
-    manifest = dict(manifest)
-    manifest["artifacts"] = artifact_hashes(directory)
-    text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
+    """Write ``manifest.json`` with the sha256 of every other file (by relative path); return the
+    manifest's sha256."""
+    hashes, links = _scan(directory)
+    if links:
+        raise CatalogError(
+            f"release directory {directory} holds symbolic links ({', '.join(links)}); a release "
+            "holds regular files only"
+        )
+    text = json.dumps({**manifest, "artifacts": hashes}, indent=2, sort_keys=True, default=str)
+    text += "\n"
     (directory / MANIFEST).write_text(text)
     return hashlib.sha256(text.encode()).hexdigest()
 

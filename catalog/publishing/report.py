@@ -555,12 +555,8 @@ def _cost_values(cost: str | dict[str, float]) -> dict[str, float]:
     """A ledger row's cost as numbers: a dict, or the ``"epsilon=0.5, delta=1e-09"`` text form."""
     if isinstance(cost, dict):
         return {str(k): float(v) for k, v in cost.items()}
-    values = {}
-    for part in cost.split(","):
-        name, _, number = part.strip().partition("=")
-        if name and number:
-            values[name] = float(number)
-    return values
+    pairs = (part.strip().partition("=") for part in cost.split(","))
+    return {name: float(number) for name, _, number in pairs if name and number}
 
 
 def budget_timeline_plot(

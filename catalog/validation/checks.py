@@ -27,6 +27,7 @@ FINITE_LIMIT = 1e300
 BATCH_FROM_TABLES = 32
 TABLES_SUITE = "all_tables"
 REQUIRED_COLUMNS = (*VALUE_COLUMNS, "uncertainty")
+POSITIVE = {"min_value": 0, "strict_min": True}
 
 
 def batched_jobs(
@@ -49,10 +50,7 @@ def batched_jobs(
             "expect_column_pair_values_to_be_equal",
             {"column_A": "required_columns_present", "column_B": "required_columns"},
         ),
-        (
-            "expect_column_values_to_be_between",
-            {"column": "std_error_min", "min_value": 0, "strict_min": True},
-        ),
+        ("expect_column_values_to_be_between", {"column": "std_error_min", **POSITIVE}),
     ]
     zero = [f"{c}_nulls" for c in VALUE_COLUMNS if c not in INTERVAL_COLUMNS]
     zero += [f"{c}_nulls_where_claimed" for c in INTERVAL_COLUMNS]
@@ -134,10 +132,7 @@ def table_expectations(table: pa.Table, *, expected_rows: int) -> list[tuple[str
         ]
     expectations += [
         ("expect_column_values_to_be_in_set", {"column": "uncertainty", "value_set": LABELS}),
-        (
-            "expect_column_values_to_be_between",
-            {"column": "std_error", "min_value": 0, "strict_min": True},
-        ),
+        ("expect_column_values_to_be_between", {"column": "std_error", **POSITIVE}),
     ]
     pair = {"or_equal": True, "ignore_row_if": "either_value_is_missing"}
     return expectations + [

@@ -219,12 +219,7 @@ def make_docs_offline(docs_dir: Path) -> list[Path]:
     """
     import shutil
 
-    vendor = docs_dir / VENDOR
-    for source in sorted(ASSETS.rglob("*")):
-        if source.is_file():
-            target = vendor / source.relative_to(ASSETS)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
+    shutil.copytree(ASSETS, docs_dir / VENDOR, copy_function=shutil.copyfile, dirs_exist_ok=True)
     pages = sorted(docs_dir.rglob("*.html"))
     for page in pages:
         up = "../" * (len(page.relative_to(docs_dir).parts) - 1)
