@@ -65,13 +65,6 @@ def rappor(n: int, *, epsilon: float) -> LDPStrategy:
     return LDPStrategy(name="rappor", Q=enforce_row_ratio(matrix, epsilon), epsilon=epsilon)
 
 
-def _largest_power_of_two_below(value: float) -> int:
-    power = 1
-    while 2 * power < value:
-        power *= 2
-    return power
-
-
 def _sylvester_hadamard_signs(rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
     """Entries ``H[r, c] = (-1)^{popcount(r & c)}`` of the Sylvester-Hadamard matrix."""
     parity = np.bitwise_count(np.bitwise_and(rows[:, None], columns[None, :])) & 1
@@ -98,8 +91,10 @@ def hadamard(n: int, *, epsilon: float, blocks: int | None = None) -> LDPStrateg
     n = check_size(n, minimum=2)
     epsilon = check_epsilon(epsilon)
     exp_epsilon = math.exp(epsilon)
-    if blocks is None:
-        blocks = _largest_power_of_two_below(min(exp_epsilon, 2.0 * n))
+    if blocks is None:  # the largest power of two strictly below min(e^ε, 2n)
+        blocks = 1
+        while 2 * blocks < min(exp_epsilon, 2.0 * n):
+            blocks *= 2
     blocks = check_size(blocks, name="blocks")
     if blocks & (blocks - 1):
         raise ValueError(f"blocks ({blocks}) must be a power of two")
