@@ -205,9 +205,7 @@ class IntervalWorkload:
         for name in ("row", "lo", "hi"):
             if arrays[name].size and not np.issubdtype(arrays[name].dtype, np.integer):
                 raise ValueError(f"{name} (dtype {arrays[name].dtype}) must be integers")
-        row = arrays["row"].astype(np.int64)
-        lo = arrays["lo"].astype(np.int64)
-        hi = arrays["hi"].astype(np.int64)
+        row, lo, hi = (arrays[name].astype(np.int64) for name in ("row", "lo", "hi"))
         weight = arrays["weight"].astype(np.float64)
         if np.any((row < 0) | (row >= self.n_rows)):
             raise ValueError(f"row entries must lie in [0, n_rows) = [0, {self.n_rows})")
@@ -422,21 +420,18 @@ def _least_cost_partition(
     """Least ``Σ perturb(dev + penalty)`` partition; ``perturb(costs, L)`` sees all length-L costs."""
     n = cells.size
     lengths = _candidate_lengths(n, intervals)
-    oracle = _DeviationOracle(cells)
+    deviations = _DeviationOracle(cells).windows(lengths.tolist())
+    by_length = zip(lengths.tolist(), deviations, strict=True)
     if intervals == "dyadic":
         costs = np.full((lengths.size, n), np.inf)
-        for k, (length, deviation) in enumerate(
-            zip(lengths.tolist(), oracle.windows(lengths.tolist()), strict=True)
-        ):
+        for k, (length, deviation) in enumerate(by_length):
             costs[k, : n - length + 1] = perturb(deviation + penalty, length)
         starts = _least_cost_dyadic(costs)
     else:
         counts = n - lengths + 1
         offsets = np.concatenate(([0, 0], np.cumsum(counts)))  # offsets[L] for L = 1 … n
         packed = np.empty(int(counts.sum()))
-        for length, deviation in zip(
-            lengths.tolist(), oracle.windows(lengths.tolist()), strict=True
-        ):
+        for length, deviation in by_length:
             packed[offsets[length] : offsets[length + 1]] = perturb(deviation + penalty, length)
         starts = _least_cost_all(packed, offsets)
     return Partition.from_starts(starts, n_cells=n)
