@@ -6,5 +6,4 @@ respondent's own randomiser in the local model (simulated clients only; real ite
 device).  Everything else that leaves is public by construction: file names, keyed fingerprints,
 the domain, and errors that name a column and a rule, never a value.
 ``tests/architecture/test_confidential_boundary.py`` fails when a module outside this package
-opens Parquet/Arrow data or reaches the noise sampler.
-"""
+opens Parquet/Arrow data or reaches the noise sampler."""

@@ -8,8 +8,7 @@ bounding) and returns the exact counts per problem, with example values.
 
 CONFIDENTIAL: the report holds exact counts and raw values.  It is printed to the terminal by the
 CLI and stored nowhere: no file, no catalog row, no log record, no Prefect (this module never
-imports it), no fingerprint (so no catalog key is created).
-"""
+imports it), no fingerprint (so no catalog key is created)."""
 
 from __future__ import annotations
 
@@ -86,10 +85,9 @@ class CheckReport:
     def problems(self) -> list[str]:
         """Every problem with its exact figures and example values.
 
-        Privacy: the one sanctioned place where un-noised counts and raw values are formatted
-        (the custodian's local check).  The lines go to the custodian's terminal only,
-        via ``format_report``; never into an exception, a log record, a file or Prefect.
-        """
+        Privacy: the one sanctioned place where un-noised counts and raw values are formatted (the
+        custodian's local check).  The lines go to the custodian's terminal only, via
+        ``format_report``; never into an exception, a log record, a file or Prefect."""
         found = [f"{_where(p)}: {p.message.split(';')[0]} ({p.detail})" for p in self.schema]
         if self.read_error is not None:
             found.append(f"cannot read the input as Parquet: {self.read_error}")
@@ -126,12 +124,10 @@ class CheckReport:
 
 
 def check_data(spec: ReleaseSpec) -> CheckReport:
-    """Read the spec's source as a release would and measure every problem exactly.
-
-    Carries on past a problem where it can (a wrong-typed column is left out of the value checks;
-    the others are still counted).  O(rows log rows) for bounding, O(rows) for the rest; reads only
-    the spec's columns.  Confidential result: print it, never store or log it.
-    """
+    """Read the spec's source as a release would and measure every problem exactly.  Carries on past
+    a problem where it can (a wrong-typed column is left out of the value checks; the others are
+    still counted).  O(rows log rows) for bounding, O(rows) for the rest; reads only the spec's
+    columns.  Confidential result: print it, never store or log it."""
     if spec.model != "central":
         raise SpecError(
             "dprelease check covers central-model specs, whose source holds confidential rows; "
@@ -148,20 +144,20 @@ def check_data(spec: ReleaseSpec) -> CheckReport:
         dataset = open_dataset_unchecked(files, spec)
     except (pa.ArrowException, OSError) as exc:
         return replace(base, read_error=str(exc))
-    problems = tuple(schema_problems(dataset, spec))
-    unusable = {p.column for p in problems}
-    if any(p.column is None for p in problems):  # an unreadable file: no rows can be trusted
-        return replace(base, schema=problems)
+    base = replace(base, schema=tuple(schema_problems(dataset, spec)))
+    unusable = {p.column for p in base.schema}
+    if None in unusable:  # an unreadable file: no rows can be trusted
+        return base
     person = spec.privacy_unit.person_column
     attributes = [name for name in spec.domain if name not in unusable]
     columns = attributes + ([person] if person and person not in unusable else [])
     try:
         table = dataset.to_table(columns=columns)
     except (pa.ArrowException, OSError) as exc:
-        return replace(base, schema=problems, read_error=str(exc))
+        return replace(base, read_error=str(exc))
     table = decode_dictionaries(table)
     if not attributes:
-        return replace(base, schema=problems, rows=table.num_rows)
+        return replace(base, rows=table.num_rows)
     # the data's problems are counted over every row (what the custodian must fix) ...
     checked = spec.model_copy(update={"domain": {n: spec.domain[n] for n in attributes}})
     groups = group_counts(table, attributes)
@@ -181,11 +177,11 @@ def check_data(spec: ReleaseSpec) -> CheckReport:
     if person is not None and person not in unusable:
         max_rows = spec.privacy_unit.max_rows or 1
         contributions = _contributions(table[person], person_column=person, max_rows=max_rows)
-        bounded = _bounded(table, person, max_rows=max_rows)
+        with_person = table.filter(pc.is_valid(table[person]))  # what a release counts
+        bounded = bound_contributions(with_person, person_column=person, max_rows=max_rows)
         encoded = encode_groups(group_counts(bounded, attributes), checked)
     return replace(
         base,
-        schema=problems,
         rows=table.num_rows,
         columns=findings,
         contributions=contributions,
@@ -197,24 +193,17 @@ def _contributions(
     persons: pa.ChunkedArray, *, person_column: str, max_rows: int
 ) -> ContributionFindings:
     """Persons over the bound, the rows bounding drops, the largest contribution. O(rows log rows)."""
-    null_rows = persons.null_count
     _, rows_per_person = person_rows(pc.drop_null(persons))
     over = rows_per_person > max_rows
     return ContributionFindings(
         person_column=person_column,
         max_rows=max_rows,
         persons=int(rows_per_person.size),
-        null_person_rows=int(null_rows),
+        null_person_rows=int(persons.null_count),
         persons_over=int(over.sum()),
         rows_over=int((rows_per_person[over] - max_rows).sum()),
         largest=int(rows_per_person.max(initial=0)),
     )
-
-
-def _bounded(table: pa.Table, person: str, *, max_rows: int) -> pa.Table:
-    """What a release counts: rows with a person id, at most ``max_rows`` per person."""
-    with_person = table.filter(pc.is_valid(table[person]))
-    return bound_contributions(with_person, person_column=person, max_rows=max_rows)
 
 
 def _examples(

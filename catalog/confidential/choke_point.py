@@ -27,8 +27,7 @@ results in order.  The rule, enforced here and not by the mapper:
   missing, foreign, duplicated or re-drawn shard is refused;
 * a failed shard is **never retried with fresh noise** (its first draw may already have been
   seen): on any shard failure the whole measurement fails with :class:`ShardedNoiseError`,
-  nothing is returned, and the charge stands.
-"""
+  nothing is returned, and the charge stands."""
 
 from __future__ import annotations
 
@@ -64,11 +63,9 @@ DEFAULT_SHARD_SIZE = 1 << 20
 
 
 class ShardMapper(Protocol):
-    """Runs ``function`` once on every shard (on cluster workers, say); results in shard order.
-
-    A mapper must not retry or re-run a shard.  The choke point refuses any result list that is
-    not exactly one result per shard, in order; a mapper that cannot deliver that raises.
-    """
+    """Runs ``function`` once on every shard (on cluster workers, say); results in shard order.  A
+    mapper must not retry or re-run a shard.  The choke point refuses any result list that is not
+    exactly one result per shard, in order; a mapper that cannot deliver that raises."""
 
     def __call__(
         self, function: Callable[[NoiseShard], NoisyShard], shards: Sequence[NoiseShard], /
@@ -286,11 +283,9 @@ class ProtectedCells(_Protected):
         accountant: Accountant,
         label: str,
     ) -> tuple[T, str]:
-        """Charge ``cost``, then run a private ``selector(cells, sampler)`` and return its public output.
-
-        The selector (e.g. DAWA's private partition) must itself satisfy ``cost`` for the
-        contribution bound of this session; the caller is responsible for passing the bound in.
-        """
+        """Charge ``cost``, then run a private ``selector(cells, sampler)`` and return its public
+        output.  The selector (e.g. DAWA's private partition) must itself satisfy ``cost`` for the
+        contribution bound of this session; the caller is responsible for passing the bound in."""
         receipt_id = accountant.charge(cost, label=label)  # privacy: charge before the selector
         return selector(self.__cells.copy(), noise.production_sampler()), receipt_id
 
@@ -307,9 +302,6 @@ class ProtectedMarginals(_Protected):
 
     >>> ProtectedMarginals({(0,): [3.0, 4.0]}, domain_shape=(2, 3), contribution_bound=1)
     ProtectedMarginals(domain_shape=(2, 3), subsets=((0,),), values=<redacted>)
-
-    :meth:`measure` keeps :class:`ProtectedCells`' order; the answers are computed marginal by
-    marginal, after the charge.
 
     Privacy: every table must come from the same contribution-bounded rows, so one privacy unit
     changes each table by at most ``contribution_bound`` in L1; a strategy's sensitivity (column
@@ -358,11 +350,9 @@ class ProtectedMarginals(_Protected):
         accountant: Accountant,
         label: str,
     ) -> NoisyMeasurement:
-        """Charge, then release the strategy's answers + noise calibrated to ``target``.
-
-        A strategy that reads a marginal not held here is refused before anything is charged.
-        Cost: O(Σ marginal sizes) for the answers, plus the sampler's O(answers).
-        """
+        """Charge, then release the strategy's answers + noise calibrated to ``target``.  A strategy
+        that reads a marginal not held here is refused before anything is charged. Cost: O(Σ
+        marginal sizes) for the answers, plus the sampler's O(answers)."""
         missing = [axes for axes in strategy.marginal_subsets if axes not in self.__tables]
         if missing:
             raise ValueError(

@@ -15,8 +15,7 @@ bounds within it, which keeps the same rows as the local path (file order within
 Privacy: no raw row leaves a worker.  Partials (exact counts) travel from workers to the driver
 over Dask's own connections only, are summed there into the :class:`ProtectedCells` /
 :class:`ProtectedMarginals` choke point and released from the cluster at once; they never go to
-a log, a message, a Prefect result (the ingest task persists nothing) or Dask's dashboard.
-"""
+a log, a message, a Prefect result (the ingest task persists nothing) or Dask's dashboard."""
 
 from __future__ import annotations
 
@@ -121,11 +120,9 @@ class CellCounts:
 
 @dataclass(kw_only=True)
 class Partial:
-    """One worker's confidential partial counts and public-rule flags for its files.
-
-    ``counts`` is a cell vector (``subsets is None``) or marginal tables by axes.  Never logged;
-    exists on a worker and, until summed, on the driver.
-    """
+    """One worker's confidential partial counts and public-rule flags for its files.  ``counts`` is
+    a cell vector (``subsets is None``) or marginal tables by axes.  Never logged; exists on a
+    worker and, until summed, on the driver."""
 
     counts: Any
     any_rows: bool = False
@@ -187,11 +184,7 @@ def check_colocated(spec: ReleaseSpec) -> None:
 
 
 def _count(
-    spec: ReleaseSpec,
-    *,
-    subsets: Subsets | None,
-    key: CatalogKey | None,
-    client: Client | None,
+    spec: ReleaseSpec, *, subsets: Subsets | None, key: CatalogKey | None, client: Client | None
 ) -> tuple[Any, tuple[str, ...], str]:
     check_colocated(spec)
     names, partitioned_dir = list_source_files(str(spec.dataset.source))
@@ -289,12 +282,10 @@ def _empty(job: CountJob, *, on_worker: bool = False) -> Partial:
 
 
 def count_files(paths: list[str], job: CountJob) -> Partial:
-    """Worker side: stream ``paths`` and return their partial counts and flags.
-
-    Without a person column, batch by batch (O(BATCH_ROWS + cells) memory); with one, file by
-    file (a file's input columns must fit in a worker's memory).  Rows are checked and bounded
-    exactly as ``source.read_and_encode`` does.
-    """
+    """Worker side: stream ``paths`` and return their partial counts and flags.  Without a person
+    column, batch by batch (O(BATCH_ROWS + cells) memory); with one, file by file (a file's input
+    columns must fit in a worker's memory).  Rows are checked and bounded exactly as
+    ``source.read_and_encode`` does."""
     spec = job.spec
     try:
         dataset = ds.dataset(

@@ -16,8 +16,7 @@ measurement and the charge stands).  This module only moves shards to workers an
   already evicted cannot be checked and is accepted on the other guarantees (a re-run after a
   lost worker only replaces values that never left that worker).
 
-Dask is imported lazily (a ``local`` run never imports it).
-"""
+Dask is imported lazily (a ``local`` run never imports it)."""
 
 from __future__ import annotations
 

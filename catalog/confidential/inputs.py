@@ -5,8 +5,7 @@ A mechanism declares the kind of input it measures (``input_kind``): the full ce
 (``responses``).  Each reader is the only code that touches that input; it returns the
 mechanism's input (confidential for the central model: ``ProtectedCells``/``ProtectedMarginals``,
 unpicklable and redacted) with public facts about it.  Fingerprints are keyed with the catalog's
-key, never a plain hash of confidential files.
-"""
+key, never a plain hash of confidential files."""
 
 from __future__ import annotations
 
@@ -84,9 +83,8 @@ def ingest_responses(
 ) -> Ingested:
     """The release pipeline's ingest for the local model: validated response counts.
 
-    Privacy: reads ε-LDP responses only (true items never leave a device); nothing is charged
-    here, so a bad file costs nothing.
-    """
+    Privacy: reads ε-LDP responses only (true items never leave a device); nothing is charged here,
+    so a bad file costs nothing."""
     if spec.dataset.source is None:
         raise DataError(
             "dataset.source is not set in the spec; a local-model release needs the responses"

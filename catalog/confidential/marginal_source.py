@@ -12,8 +12,7 @@ accept and refuse exactly the same inputs (the checks cover every domain attribu
 measured ones, so both paths count the same rows).
 
 Privacy: as in ``source.count_cells``, a problem is named by column and rule only,
-never a count, a row or a raw value; the tables never leave the :class:`ProtectedMarginals`.
-"""
+never a count, a row or a raw value; the tables never leave the :class:`ProtectedMarginals`."""
 
 from __future__ import annotations
 
@@ -28,6 +27,7 @@ from dprelease.catalog.confidential.source import Counted, protect, read_and_enc
 from dprelease.catalog.errors import SpecError
 from dprelease.catalog.keys import CatalogKey
 from dprelease.catalog.spec.limits import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES
+from dprelease.catalog.spec.load import require_source
 from dprelease.catalog.spec.model import ReleaseSpec
 
 MAX_MARGINAL_CELLS = MAX_RELEASE_CELLS
@@ -45,10 +45,7 @@ def check_marginals_runnable(
     """Refuse, from public sizes alone and before any data is read, a marginal-space release this
     machine cannot run: no ``dataset.source``, more than ``MAX_MARGINAL_CELLS`` counted cells, or
     more than ``MAX_RELEASE_QUERIES`` output rows.  O(subsets × attributes)."""
-    if spec.dataset.source is None:
-        raise SpecError(
-            "dataset.source is not set in the spec; plan works without it, run does not"
-        )
+    require_source(spec)
     shape = spec.domain_shape
     cells = sum(math.prod(shape[a] for a in axes) for axes in subsets)
     if cells > MAX_MARGINAL_CELLS:
@@ -72,12 +69,10 @@ def count_marginals(
     key: CatalogKey | None = None,
 ) -> MarginalCountResult:
     """Read, check, bound contributions and count the ``subsets``-marginals of the spec's source.
-
-    ``subsets`` are ascending axis tuples (``()`` = the total); ``key`` is the catalog's
-    fingerprint key (default: the default catalog's), as for ``source.count_cells``.
-    O(rows) Arrow work for the read and group-by, then O(groups × subsets) numpy; the content
-    fingerprint is hashed on a second thread meanwhile.
-    """
+    ``subsets`` are ascending axis tuples (``()`` = the total); ``key`` is the catalog's fingerprint
+    key (default: the default catalog's), as for ``source.count_cells``. O(rows) Arrow work for the
+    read and group-by, then O(groups × subsets) numpy; the content fingerprint is hashed on a second
+    thread meanwhile."""
     check_marginals_runnable(spec, subsets=subsets, output_rows=output_rows)
     encoded, files, input_fingerprint = read_and_encode(spec, key=key)
     valid = encoded.valid

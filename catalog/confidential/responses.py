@@ -3,8 +3,7 @@
 :func:`count_responses` validates every responses file (Parquet, an integer ``response`` column, no
 nulls, indices in ``[0, m)``, the planned strategy's fingerprint) before anything is charged; a
 failure names the file, column and rule, never a value or a count.  :func:`simulate` plays the
-clients of ``dprelease ldp simulate``: only randomised responses are written.
-"""
+clients of ``dprelease ldp simulate``: only randomised responses are written."""
 
 from __future__ import annotations
 
@@ -33,14 +32,11 @@ EPSILON_METADATA_KEY = b"dprelease.ldp.epsilon"
 def count_responses(
     source: str, strategy: PublishedStrategy, *, key: CatalogKey | None = None
 ) -> tuple[Any, tuple[str, ...], str]:
-    """Validate every responses file and count them into ``y`` (length ``m``); also return the
-    files and their keyed content fingerprint.
-
-    Each file must be Parquet with an integer ``response`` column without nulls, every index in
-    ``[0, m)``, and carry the fingerprint of ``strategy`` (schema metadata
-    ``dprelease.ldp.strategy_fingerprint``, or a ``strategy_fingerprint`` column with that single
-    value).  O(rows).
-    """
+    """Validate every responses file and count them into ``y`` (length ``m``); also return the files
+    and their keyed content fingerprint.  Each file must be Parquet with an integer ``response``
+    column without nulls, every index in ``[0, m)``, and carry the fingerprint of ``strategy``
+    (schema metadata ``dprelease.ldp.strategy_fingerprint``, or a ``strategy_fingerprint`` column
+    with that single value).  O(rows)."""
     files = resolve_source(source, key=key)
     expected = strategy.fingerprint
     m = strategy.randomiser.num_outputs
@@ -127,8 +123,7 @@ def encode_items(spec: ReleaseSpec, source: str) -> tuple[np.ndarray, int]:
     """Cell index (row-major over the spec's domain) of every row of a Parquet of true items, and
     the number of rows dropped (``on_out_of_domain: drop``).  Same encoding as central releases.
 
-    Privacy: reads true items; for simulation and tests only (real items never leave a device).
-    """
+    Privacy: reads true items; for simulation and tests only (real items never leave a device)."""
     files = resolve_source(source)
     dataset = open_dataset(files, spec)
     check_schema(dataset, spec)
@@ -185,8 +180,7 @@ def simulate(
     :func:`mechanisms.local.randomizer.randomize`.
 
     Privacy: ``rng`` plays the part of each device's randomness.  A seeded generator is for
-    simulation only; real clients draw from OS entropy and never share or log a seed.
-    """
+    simulation only; real clients draw from OS entropy and never share or log a seed."""
     check_strategy_fits(spec, strategy)
     items, dropped = encode_items(spec, input_path)
     responses = randomizer.randomize(items, strategy.randomiser, rng=rng)

@@ -11,8 +11,7 @@ error by default; with ``on_out_of_domain: drop`` they are dropped (nulls count 
 
 Privacy: an input problem is reported by column and rule only (never a count, a row or a raw
 value, nor Arrow's error text, which can quote values); the exact figures are printed by the
-data custodian's local ``dprelease check SPEC`` (``check``) and stored nowhere.
-"""
+data custodian's local ``dprelease check SPEC`` (``check``) and stored nowhere."""
 
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ from dprelease.catalog.spec.load import check_runnable
 from dprelease.catalog.spec.model import ReleaseSpec
 
 CUSTODIAN_HINT = "as the data custodian, run `dprelease check SPEC` to see what is wrong"
+_ARROW_TYPES = {"integer": pa.int64(), "numeric": pa.float64(), "string": pa.string()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,8 +84,7 @@ def content_fingerprint(
 
     Privacy: keyed, never a plain hash, so a published fingerprint cannot confirm a guessed file.
     Deterministic for one key (re-runs and DAWA's partition cache still hit).  ``key`` defaults to
-    the key of the default catalog.  O(bytes), streaming; releases the GIL.
-    """
+    the key of the default catalog.  O(bytes), streaming; releases the GIL."""
 
     def parts() -> Iterator[bytes]:
         for name in files:
@@ -119,12 +118,8 @@ def open_dataset_unchecked(files: SourceFiles, spec: ReleaseSpec) -> ds.Dataset:
     """:func:`open_dataset` without the checks: raises Arrow's own errors (``dprelease check``)."""
     if files.partitioned_dir is not None:
         keys = _partition_keys(files)
-        schema = pa.schema(
-            [
-                (key, _arrow_type(spec.domain[key]) if key in spec.domain else pa.string())
-                for key in keys
-            ]
-        )
+        types = {name: _ARROW_TYPES[_expected_type(a)] for name, a in spec.domain.items()}
+        schema = pa.schema([(key, types.get(key, pa.string())) for key in keys])
         partitioning = ds.partitioning(schema, flavor="hive") if keys else None
         return ds.dataset(files.partitioned_dir, format="parquet", partitioning=partitioning)
     return ds.dataset(list(files.files), format="parquet")
@@ -144,19 +139,12 @@ def _partition_keys(files: SourceFiles) -> list[str]:
     return [part.split("=", 1)[0] for part in relative.parts[:-1] if "=" in part]
 
 
-def _arrow_type(attribute: Any) -> pa.DataType:
-    expected = _expected_type(attribute)
-    return {"integer": pa.int64(), "numeric": pa.float64(), "string": pa.string()}[expected]
-
-
 @dataclass(frozen=True, kw_only=True)
 class SchemaProblem:
-    """A missing column, a wrong column type or an unreadable file footer.
-
-    ``message`` names the column (or file) and the rule only; ``detail`` (the type found, the
-    columns present, Arrow's error text) describes the confidential file and is printed by
-    ``dprelease check`` only, never raised or logged.
-    """
+    """A missing column, a wrong column type or an unreadable file footer.  ``message`` names the
+    column (or file) and the rule only; ``detail`` (the type found, the columns present, Arrow's
+    error text) describes the confidential file and is printed by ``dprelease check`` only, never
+    raised or logged."""
 
     column: str | None
     file: str | None
@@ -196,11 +184,12 @@ def check_schema(dataset: ds.Dataset, spec: ReleaseSpec) -> None:
 def _one_schema_problems(
     schema: pa.Schema, spec: ReleaseSpec, partition_names: set[str], *, file: str | None
 ) -> list[SchemaProblem]:
-    needed = list(spec.domain)
-    if spec.privacy_unit.person_column is not None:
-        needed.append(spec.privacy_unit.person_column)
     problems = []
-    missing = [name for name in needed if name not in schema.names and name not in partition_names]
+    missing = [
+        name
+        for name in input_columns(spec)
+        if name not in schema.names and name not in partition_names
+    ]
     if missing:
         problems.append(
             SchemaProblem(
@@ -250,7 +239,7 @@ def _expected_type(attribute: Any) -> str:
 def input_columns(spec: ReleaseSpec) -> list[str]:
     """The columns a release reads: the domain's, and the person column when bounding."""
     person = spec.privacy_unit.person_column
-    return list(spec.domain) + ([person] if person else [])
+    return list(spec.domain) + ([person] if person is not None else [])
 
 
 def read_columns(dataset: ds.Dataset, columns: list[str]) -> pa.Table:
@@ -277,11 +266,9 @@ def group_counts(table: pa.Table, attributes: list[str]) -> pa.Table:
 
 @dataclass(frozen=True, kw_only=True)
 class EncodedGroups:
-    """The input's distinct key combinations mapped to cells.
-
-    Confidential (it holds exact group counts): it exists only inside :func:`count_cells` and
-    ``dprelease check``; the masks are per group, O(groups).
-    """
+    """The input's distinct key combinations mapped to cells.  Confidential (it holds exact group
+    counts): it exists only inside :func:`count_cells` and ``dprelease check``; the masks are per
+    group, O(groups)."""
 
     counts: np.ndarray
     index: tuple[np.ndarray, ...]
@@ -370,11 +357,9 @@ def read_and_encode(
 ) -> tuple[EncodedGroups, tuple[str, ...], str]:
     """Read the source once, bound contributions, group and encode the rows over the domain, and
     apply ``on_out_of_domain``; return the encoded groups, the files and their keyed fingerprint.
-
     The one read path of every central input (cells or marginals).  Confidential output; every
     problem is a :class:`DataError` naming the column and the rule only.  O(rows) Arrow work; the
-    fingerprint is hashed on a second thread meanwhile (hashlib releases the GIL).
-    """
+    fingerprint is hashed on a second thread meanwhile (hashlib releases the GIL)."""
     names, partitioned_dir = list_source_files(str(spec.dataset.source))
     with ThreadPoolExecutor(max_workers=1) as pool:
         hashing = pool.submit(content_fingerprint, names, partitioned_dir, key=key)
@@ -396,15 +381,13 @@ def read_and_encode(
 
 
 def count_cells(spec: ReleaseSpec, *, key: CatalogKey | None = None) -> CountResult:
-    """Read, check, bound contributions and count the spec's source into protected cells.
-
-    ``key`` is the catalog's fingerprint key (default: the default catalog's).
+    """Read, check, bound contributions and count the spec's source into protected cells.  ``key``
+    is the catalog's fingerprint key (default: the default catalog's).
 
     Privacy: every input problem raises a :class:`DataError` that names the column and the rule,
-    never a count, a row or a raw value (those would be an unnoised release, and the message
-    reaches Prefect's database and logs).  The exact figures are for the data custodian's local
-    ``dprelease check``.  Whether a problem exists at all is the only thing a refusal reveals.
-    """
+    never a count, a row or a raw value (those would be an unnoised release, and the message reaches
+    Prefect's database and logs).  The exact figures are for the data custodian's local
+    ``dprelease check``.  Whether a problem exists at all is the only thing a refusal reveals."""
     check_runnable(spec)
     encoded, files, input_fingerprint = read_and_encode(spec, key=key)
     valid = encoded.valid
@@ -444,8 +427,7 @@ def bound_contributions(table: pa.Table, *, person_column: str, max_rows: int) -
     Privacy: after this, adding or removing one person changes at most ``max_rows`` cell counts by
     one each, which is the contribution bound every sensitivity is multiplied by.  Which rows are
     kept depends only on that person's own rows, so bounding is stable under neighbouring inputs.
-    Rows over the bound are dropped silently: how many there were is confidential.
-    """
+    Rows over the bound are dropped silently: how many there were is confidential."""
     persons = table[person_column]
     if persons.null_count:
         raise null_persons_error(person_column)

@@ -12,5 +12,4 @@ importing only the ones listed before it (``tests/architecture/test_ledger_layer
 * ``schema``: the tables, timestamps, schema versions and their migrations;
 * ``spending``: what a dataset and each of its partitions have spent; budget refusals;
 * ``budget``: ``Ledger``, datasets, caps and charges, behind the integrity check;
-* ``store``: ``Catalog``, the ledger plus releases (skipped, leased, recovered) and reviews.
-"""
+* ``store``: ``Catalog``, the ledger plus releases (skipped, leased, recovered) and reviews."""

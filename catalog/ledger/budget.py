@@ -6,15 +6,15 @@ charge); a charge that would take the dataset over its cap is refused with the r
 and cap values in the message.  Charges are serialised: SQLite takes the write lock up front
 (``BEGIN IMMEDIATE``) and other databases lock the chain row and the dataset row
 (``SELECT … FOR UPDATE``), so two processes can never overspend together.  Every write is
-refused while the hash chain or its anchor does not verify (``catalog.ledger.chain``).
-"""
+refused while the hash chain or its anchor does not verify (``catalog.ledger.chain``)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -36,16 +36,13 @@ from dprelease.mechanisms.primitives.privacy import PrivacyCost, convert
 
 
 class Ledger:
-    """Datasets and the hash-chained ledger in one SQLAlchemy database.
-
-    Opening checks what the database is: a fresh one is initialised, a catalog of an older schema is
-    migrated (chain hashes built over its existing entries), and a file that is not SQLite or an
-    SQLite database without the catalog's tables raises :class:`CatalogError` and is left untouched.
-    """
+    """Datasets and the hash-chained ledger in one SQLAlchemy database.  Opening checks what the
+    database is: a fresh one is initialised, a catalog of an older schema is migrated (chain hashes
+    built over its existing entries), and a file that is not SQLite or an SQLite database without
+    the catalog's tables raises :class:`CatalogError` and is left untouched."""
 
     def __init__(self, url: str | None = None) -> None:
         self.url = url or database.default_url()
-        self._key: keys.CatalogKey | None = None
         database.refuse_foreign_file(self.url)
         self.engine = database.make_engine(self.url)
         database.dispose_with(self, self.engine)
@@ -62,37 +59,28 @@ class Ledger:
                 "unchanged: restore it from a backup"
             ) from None
 
-    @property
+    @functools.cached_property
     def key(self) -> keys.CatalogKey:
         """The catalog's secret (created with mode 0600 at first use); ``key.key_id`` is public."""
-        if self._key is None:
-            self._key = keys.catalog_key(self.url)
-        return self._key
+        return keys.catalog_key(self.url)
 
     def fingerprint_key_id(self) -> str:
         """The id of the key input fingerprints are computed with (what a manifest records)."""
         return self.key.key_id
 
     def chain_head(self, dataset_id: str | None = None) -> chain.ChainHead:
-        """The last ledger entry (of ``dataset_id``, or of the whole ledger) as a point of the chain.
-
-        A release's manifest records it after the release's charges: ``verify`` then checks that
-        this point is still on the chain.
-        """
-        query = sa.select(ledger.c.seq, ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
-        if dataset_id is not None:
-            query = query.where(ledger.c.dataset_id == dataset_id)
+        """The last ledger entry (of ``dataset_id``, or of the whole ledger) as a point of the
+        chain.  A release's manifest records it after the release's charges: ``verify`` then checks
+        that this point is still on the chain."""
         with self.engine.connect() as conn:
-            row = conn.execute(query).first()
+            row = _last_entry(conn, dataset_id)
         if row is None:
             return chain.ChainHead(seq=0, entry_hash=chain.GENESIS)
         return chain.ChainHead(seq=row.seq, entry_hash=row.entry_hash or "")
 
     def verify_chain(self) -> list[str]:
         """Every problem of the hash chain and its anchor, as readable lines (empty: it verifies).
-
-        Reads only; O(entries).
-        """
+        Reads only; O(entries)."""
         with self.engine.connect() as conn:
             rows = chain_rows(conn)
         return chain.chain_problems(rows) + self._anchor_problems(rows)
@@ -105,7 +93,7 @@ class Ledger:
         if not reason:
             raise CatalogError("reason must say why the ledger is adopted (got an empty string)")
         key = self.key
-        with key.locked(), self._write() as conn:
+        with key.locked(), self.engine.begin() as conn:
             lock_chain(conn, self.url)
             rows = chain_rows(conn)
             problems = chain.chain_problems(rows)
@@ -140,13 +128,11 @@ class Ledger:
         self, dataset_id: str, *, cap: PrivacyCost, partitioned_by: str | None = None
     ) -> PrivacyCost:
         """Register ``dataset_id`` with ``cap`` on first use; afterwards the cap must match.
-
-        ``partitioned_by`` (``"file"`` or ``"column:NAME"``) records the spec's declaration that
-        the partitions hold disjoint sets of people.  It may be added to a dataset registered
-        without one (its whole-dataset charges keep counting against every partition) but never
-        changed to another partitioning: charges of one partitioning say nothing about the
-        partitions of another.  A spec without the declaration releases the whole dataset.
-        """
+        ``partitioned_by`` (``"file"`` or ``"column:NAME"``) records the spec's declaration that the
+        partitions hold disjoint sets of people.  It may be added to a dataset registered without
+        one (its whole-dataset charges keep counting against every partition) but never changed to
+        another partitioning: charges of one partitioning say nothing about the partitions of
+        another.  A spec without the declaration releases the whole dataset."""
         with self._ledger_write() as conn:
             row = conn.execute(sa.select(datasets).where(datasets.c.id == dataset_id)).first()
             if row is None:
@@ -192,11 +178,9 @@ class Ledger:
         return spending.cap_from_row(self._dataset(dataset_id))
 
     def spent(self, dataset_id: str, *, partitions: tuple[str, ...] | None = None) -> PrivacyCost:
-        """What the dataset has spent: the whole-dataset charges plus the largest partition's.
-
-        With ``partitions``: the most any of those partitions has spent (what bounds a release
-        that reads them).  Without partitions in the ledger, the sum of all charges.  O(entries).
-        """
+        """What the dataset has spent: the whole-dataset charges plus the largest partition's.  With
+        ``partitions``: the most any of those partitions has spent (what bounds a release that reads
+        them).  Without partitions in the ledger, the sum of all charges.  O(entries)."""
         with self.engine.connect() as conn:
             totals = spending.Spending.read(conn, dataset_id, self.cap(dataset_id).measure)
         return totals.worst(partitions)[1]
@@ -224,10 +208,8 @@ class Ledger:
         self, dataset_id: str, cost: PrivacyCost, *, partitions: tuple[str, ...] | None = None
     ) -> PrivacyCost:
         """Raise :class:`BudgetExceededError` if ``cost`` does not fit (in every one of
-        ``partitions``, when given); return it in the cap's measure.
-
-        Reads only; the authoritative check is repeated atomically by :meth:`charge`.
-        """
+        ``partitions``, when given); return it in the cap's measure.  Reads only; the authoritative
+        check is repeated atomically by :meth:`charge`."""
         spending.check_partitions(partitions)
         cap = self.cap(dataset_id)
         charged = convert(cost, to=cap.measure)
@@ -246,11 +228,9 @@ class Ledger:
         partitions: tuple[str, ...] | None = None,
     ) -> str:
         """Atomically check the cap and append chained ledger rows; return the first receipt id.
-
-        Without ``partitions``: one whole-dataset row.  With: one row per partition, each with
-        the full cost, after checking every partition's cap (parallel composition: each person
-        is in at most one partition, as the dataset declares).
-        """
+        Without ``partitions``: one whole-dataset row.  With: one row per partition, each with the
+        full cost, after checking every partition's cap (parallel composition: each person is in at
+        most one partition, as the dataset declares)."""
         spending.check_partitions(partitions)
         with self._ledger_write() as conn:
             cap_row = conn.execute(
@@ -296,9 +276,6 @@ class Ledger:
                 row.id for row in conn.execute(sa.select(datasets.c.id).order_by(datasets.c.id))
             ]
 
-    def _write(self) -> Any:
-        return self.engine.begin()
-
     def _dataset(self, dataset_id: str) -> Any:
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(datasets).where(datasets.c.id == dataset_id)).first()
@@ -313,7 +290,7 @@ class Ledger:
         head.  Host lock first, then the database lock (never the other way round). O(entries)."""
         key = self.key
         with key.locked():
-            with self._write() as conn:
+            with self.engine.begin() as conn:
                 lock_chain(conn, self.url)
                 rows = chain_rows(conn)
                 problems = chain.chain_problems(rows) + self._anchor_problems(rows)
@@ -375,9 +352,7 @@ def append_entry(
     """Append one chained ledger entry (inside a :meth:`Ledger._ledger_write`); its receipt id."""
     if kind not in chain.ENTRY_KINDS:
         raise CatalogError(f"ledger entry kind {kind!r} must be one of {chain.ENTRY_KINDS}")
-    last = conn.execute(
-        sa.select(ledger.c.seq, ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
-    ).first()
+    last = _last_entry(conn)
     values: dict[str, Any] = {
         "seq": 1 if last is None else last.seq + 1,
         "receipt_id": f"rcpt-{uuid.uuid4().hex}",
@@ -413,29 +388,29 @@ def lock_chain(conn: Connection, url: str) -> None:
 def chain_tip(conn: Connection) -> tuple[int, str]:
     """The ledger's length and last hash: what the anchor records."""
     entries = conn.execute(sa.select(sa.func.count()).select_from(ledger)).scalar_one()
-    last = conn.execute(
-        sa.select(ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
-    ).scalar_one_or_none()
-    return int(entries), last or chain.GENESIS
+    last = _last_entry(conn)
+    return int(entries), (last and last.entry_hash) or chain.GENESIS
 
 
+def _last_entry(conn: Connection, dataset_id: str | None = None) -> Any:
+    """The ``seq`` and ``entry_hash`` of the last ledger entry (of ``dataset_id``), or None."""
+    query = sa.select(ledger.c.seq, ledger.c.entry_hash).order_by(ledger.c.seq.desc()).limit(1)
+    if dataset_id is not None:
+        query = query.where(ledger.c.dataset_id == dataset_id)
+    return conn.execute(query).first()
+
+
+@dataclass(eq=False)
 class DatasetAccountant:
-    """The :class:`mechanisms.primitives.protected.Accountant` of one release on one dataset: every charge is a
-    committed ledger row, and the receipts are kept for the manifest."""
+    """The :class:`mechanisms.primitives.protected.Accountant` of one release on one dataset: every
+    charge is a committed ledger row, and the receipts are kept for the manifest."""
 
-    def __init__(
-        self,
-        catalog: Ledger,
-        *,
-        dataset_id: str,
-        release_id: str,
-        partitions: tuple[str, ...] | None = None,
-    ) -> None:
-        self.catalog = catalog
-        self.dataset_id = dataset_id
-        self.release_id = release_id
-        self.partitions = partitions  # None: the whole dataset; else each is charged the cost
-        self.receipts: list[str] = []
+    catalog: Ledger
+    _: KW_ONLY
+    dataset_id: str
+    release_id: str
+    partitions: tuple[str, ...] | None = None  # None: the whole dataset; else each is charged
+    receipts: list[str] = field(default_factory=list, init=False)
 
     def charge(self, cost: PrivacyCost, *, label: str) -> str:
         receipt = self.catalog.charge(

@@ -6,8 +6,7 @@ database, authenticated with the catalog key (``catalog.keys``).  A deleted, edi
 entry, or a catalog database deleted or replaced by an empty or another one, no longer verifies,
 and new charges and releases are refused until it does (``Ledger.verify_chain``).  The anchor is
 written after the commit, under a host-wide lock: a crash in between leaves it one entry behind,
-which is accepted and repaired by the next write.  Pure functions over rows: no database here.
-"""
+which is accepted and repaired by the next write.  Pure functions over rows: no database here."""
 
 from __future__ import annotations
 
@@ -55,12 +54,10 @@ def entry_digest(
     partition_key: str | None = None,
 ) -> str:
     """SHA-256 of one ledger entry's canonical content, chained to ``prev_hash``. O(1).
-
     Length-prefixed fields (unambiguous whatever a label contains), floats by ``repr``.  A plain
     whole-dataset charge is hashed in format 1 (as before schema 3); any other entry in format 2,
-    which also covers its kind and partition: a changed kind or partition changes the format or
-    the content, so it never verifies.
-    """
+    which also covers its kind and partition: a changed kind or partition changes the format or the
+    content, so it never verifies."""
     kind = entry_kind or "charge"
     plain = kind == "charge" and partition_key is None
     extra = () if plain else (str(kind), "" if partition_key is None else f"={partition_key}")

@@ -3,8 +3,7 @@
 A release that is measuring holds a lease (owner pid, host and start time, and a heartbeat):
 ``Catalog.recover`` moves a release whose process died, or whose heartbeat is older than the
 lease, from ``measuring`` to ``failed`` (``aborted`` when the process recorded an interrupt); its
-charges stay spent.
-"""
+charges stay spent."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 catalog of an older schema to migrate (never one of a newer dprelease, nor something else).
 
 Other dprelease modules keep their own tables in the catalog database (:data:`AUXILIARY_TABLES`,
-each with its own ``MetaData``, created with :func:`create_tables`).
-"""
+each with its own ``MetaData``, created with :func:`create_tables`)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ and appends one entry per partition, each with the full cost; an entry without a
 whole-dataset charge and counts against every partition.  What a partition has spent is the
 whole-dataset charges plus its own; what the dataset has spent (the most any one person has lost,
 under the declared assumption) is the whole-dataset charges plus the largest partition's.  Every
-partition has the dataset's cap.
-"""
+partition has the dataset's cap."""
 
 from __future__ import annotations
 
@@ -41,7 +40,6 @@ class LedgerEntry:
 
     @classmethod
     def from_row(cls, row: Any) -> LedgerEntry:
-        """The entry of a row of the ledger table."""
         fields = row._asdict()
         cost = PrivacyCost(
             **{name: fields.pop(name) for name in ("measure", "epsilon", "rho", "delta")}

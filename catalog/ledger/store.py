@@ -4,8 +4,7 @@ Skipped releases: a scheduled or triggered release whose input and spec equal th
 release of its series charges nothing and appends a ``skipped`` entry (zero cost) instead
 (:meth:`Catalog.create_release`), decided in the same transaction that would record the release,
 so two arrivals of the same content never start two releases.  A release that is measuring holds
-a lease (``catalog.ledger.leases``); reviews are appended, never changed.
-"""
+a lease (``catalog.ledger.leases``); reviews are appended, never changed."""
 
 from __future__ import annotations
 
@@ -72,13 +71,11 @@ class Catalog(Ledger):
         skip_unchanged: bool = False,
     ) -> SkippedRelease | None:
         """Record a release's intent (status ``measuring``), leased to this process.
-
-        ``skip_unchanged``: when the last release of the series (same ``name`` and
-        ``dataset_id``; failed and aborted ones released nothing and do not count; one still
-        measuring does) has the same ``series_key`` and ``input_fingerprint``, record nothing but a
-        zero-cost ``skipped`` ledger entry and return it.  Decided in the transaction that would
-        record the release, so two runs on the same content never both release.
-        """
+        ``skip_unchanged``: when the last release of the series (same ``name`` and ``dataset_id``;
+        failed and aborted ones released nothing and do not count; one still measuring does) has the
+        same ``series_key`` and ``input_fingerprint``, record nothing but a zero-cost ``skipped``
+        ledger entry and return it.  Decided in the transaction that would record the release, so
+        two runs on the same content never both release."""
         if skip_unchanged and (series_key is None or input_fingerprint is None):
             raise CatalogError(
                 "skip_unchanged needs the release's series_key and input_fingerprint"
@@ -119,7 +116,7 @@ class Catalog(Ledger):
     def update_release(self, release_id: str, **values: Any) -> None:
         if "status" in values and values["status"] not in STATUSES:
             raise CatalogError(f"status {values['status']!r} must be one of {STATUSES}")
-        with self._write() as conn:
+        with self.engine.begin() as conn:
             result = conn.execute(
                 releases.update()
                 .where(releases.c.id == release_id)
@@ -130,12 +127,10 @@ class Catalog(Ledger):
 
     def heartbeat(self, release_id: str) -> None:
         """Renew the lease of a ``measuring`` release (call it from long stages, from any process;
-        the owner stays the process that registered the release).
-
-        Raises :class:`CatalogError` when the release is no longer ``measuring`` (e.g. ``recover``
-        moved it to ``failed`` after its lease expired): the run must stop; its charges stay spent.
-        """
-        with self._write() as conn:
+        the owner stays the process that registered the release).  Raises :class:`CatalogError` when
+        the release is no longer ``measuring`` (e.g. ``recover`` moved it to ``failed`` after its
+        lease expired): the run must stop; its charges stay spent."""
+        with self.engine.begin() as conn:
             # locked: a concurrent recover waits, then sees this heartbeat
             row = _locked_release(conn, release_id)
             if row.status != "measuring":
@@ -157,10 +152,8 @@ class Catalog(Ledger):
     ) -> list[RecoveredRelease]:
         """Move every ``measuring`` release whose process is gone to ``failed`` (``aborted`` if it
         recorded an interrupt); return what moved.  Charges are kept (the ledger is untouched).
-
         Gone: the owner process on this host no longer exists (or its pid was reused), or the last
-        sign of life (heartbeat, charge, update) is older than ``lease_seconds``.
-        """
+        sign of life (heartbeat, charge, update) is older than ``lease_seconds``."""
         if not lease_seconds > 0:
             raise CatalogError(f"lease_seconds ({lease_seconds!r}) must be > 0")
         clock = now or datetime.now(UTC)
@@ -172,7 +165,7 @@ class Catalog(Ledger):
             if reason is None:
                 continue
             status = "aborted" if record.interrupted_at else "failed"
-            with self._write() as conn:
+            with self.engine.begin() as conn:
                 result = conn.execute(
                     releases.update()
                     .where(
@@ -228,20 +221,18 @@ class Catalog(Ledger):
         required_approvals: int = 1,
     ) -> ReviewRecord:
         """Append a review decision and move the release to approved/rejected (staged only).
-
         ``reviewer`` is NFKC-normalised and must be printable and non-empty.  A rejection decides;
         an approval decides once ``required_approvals`` distinct reviewers (:func:`same_person`)
         approved, until then the release stays ``staged``.  The deciding approval may record where
         the release will be published (``published_directory``) in the same transaction, so an
-        interrupted publication resumes to the same place.
-        """
+        interrupted publication resumes to the same place."""
         if decision not in ("approved", "rejected"):
             raise CatalogError(f"decision {decision!r} must be 'approved' or 'rejected'")
         if required_approvals < 1:
             raise CatalogError(f"required_approvals ({required_approvals}) must be >= 1")
         reviewer = normalize_reviewer(reviewer)
         stamp = now()
-        with self._write() as conn:
+        with self.engine.begin() as conn:
             # locked: of two concurrent reviews only the first sees "staged"
             row = _locked_release(conn, release_id)
             if row.status != "staged":
@@ -305,12 +296,10 @@ class _Series:
 
     def skip(self, conn: Connection, *, release_id: str) -> SkippedRelease | None:
         """Inside a ledger write: the ``skipped`` entry when the series' last release is unchanged.
-
-        Its last release is the newest one that did not fail or abort (one still measuring
-        counts: a second run on the same content is skipped, unless the first one's process is
-        gone or its lease expired, see :meth:`Catalog.recover`: it will release nothing, so this
-        run releases).  O(releases of the series) with no index.
-        """
+        Its last release is the newest one that did not fail or abort (one still measuring counts: a
+        second run on the same content is skipped, unless the first one's process is gone or its
+        lease expired, see :meth:`Catalog.recover`: it will release nothing, so this run releases).
+        O(releases of the series) with no index."""
         last = conn.execute(
             sa.select(releases)
             .where(
@@ -321,10 +310,8 @@ class _Series:
             .order_by(releases.c.created_at.desc(), releases.c.id.desc())
             .limit(1)
         ).first()
-        if last is None or (last.series_key, last.input_fingerprint) != (
-            self.series_key,
-            self.input_fingerprint,
-        ):
+        unchanged = (self.series_key, self.input_fingerprint)
+        if last is None or (last.series_key, last.input_fingerprint) != unchanged:
             return None
         if last.status == "measuring" and stuck_reason(
             ReleaseRecord(**last._asdict()),

@@ -12,8 +12,7 @@
   (:data:`MAX_PGM_NONZEROS`; all 2-way marginals of Adult: 0.6M, all 3-way: 167M), least
   squares otherwise.
 
-Everything here is post-processing of the noisy measurement and public metadata.
-"""
+Everything here is post-processing of the noisy measurement and public metadata."""
 
 from __future__ import annotations
 

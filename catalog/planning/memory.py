@@ -3,11 +3,11 @@
 Sizes only: cells, queries, measured strategy rows, released rows and the Parquet input's
 uncompressed size from its file metadata (never a data value).  ``run`` refuses a release whose
 prediction exceeds :func:`memory_limit` before the budget is charged.  Costs O(files) metadata
-reads; no row is parsed.
-"""
+reads; no row is parsed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,12 +139,10 @@ def memory_limit() -> tuple[int, str] | None:
     text = os.environ.get(ENV)
     if text is not None and text.strip():
         return parse_limit(text), ENV
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024, "MemAvailable"
-    except OSError:
-        return None
     return None
 
 

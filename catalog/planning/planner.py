@@ -10,8 +10,7 @@ registry's mechanisms cheapest first (predicted from sizes), stops once one is w
 :data:`EARLY_STOP` of the SVD lower bound, and skips those predicted to exceed the time budget
 (once one candidate is planned, so a plan always exists). Every skipped or unavailable candidate is
 listed with its reason. The chosen strategy travels in the plan: measure and reconstruct use that
-object, they never rebuild it.
-"""
+object, they never rebuild it."""
 
 from __future__ import annotations
 
@@ -379,11 +378,8 @@ def _choose(spec: ReleaseSpec, planned: list[_Planned]) -> tuple[_Planned, str]:
     if spec.mechanism != registry.AUTO:
         if not runnable:
             raise SpecError(f"mechanism {spec.mechanism!r} does not support this workload")
-        chosen = runnable[0]
-        return (
-            chosen,
-            f"requested by the spec: {registry.get(spec.mechanism, model=spec.model).summary}",
-        )
+        summary = registry.get(spec.mechanism, model=spec.model).summary
+        return runnable[0], f"requested by the spec: {summary}"
     if not scored:  # nothing runnable (e.g. a domain too large to count): plan the best anyway
         scored = [p for p in planned if p.candidate.total_variance is not None]
     if not scored:

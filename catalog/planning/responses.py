@@ -5,8 +5,7 @@ strategy and sends one response index; ``dataset.source`` holds the responses.
 :func:`plan_strategy`, :func:`write_strategy_artifact` and :func:`read_strategy_artifact` make the
 public artifact of ``dprelease ldp strategy`` (``strategy.npy`` + ``strategy.json``), the same
 strategy ``dprelease run`` plans (one strategy store, one key).  Reading response files and
-simulating clients is :mod:`catalog.confidential.responses`.
-"""
+simulating clients is :mod:`catalog.confidential.responses`."""
 
 from __future__ import annotations
 
@@ -47,11 +46,9 @@ class PublishedStrategy(Protocol):
 
     def response_counts(self, counts: np.ndarray) -> Any:
         """The mechanism's measurement input from the counts per response index."""
-        ...
 
 
 def require_local(spec: ReleaseSpec) -> None:
-    """:class:`SpecError` unless ``spec`` is a ``model: local`` spec."""
     if spec.model != "local":
         raise SpecError(
             f"spec {spec.name!r} has model {spec.model!r}; the LDP pipeline needs model: local"

@@ -10,8 +10,7 @@ receipt that paid for them (public once released; their key includes the keyed i
 Safe under concurrent writers: each entry is one file written to a temporary name and renamed into
 place, so a reader sees a whole entry or none.  Bounded: past ``max_entries`` files, the least
 recently used (by modification time, refreshed on every hit) are evicted.  A process also keeps the
-last entries it used in memory.
-"""
+last entries it used in memory."""
 
 from __future__ import annotations
 

@@ -9,5 +9,4 @@ names the field, the value and the rule.
 * :mod:`catalog.spec.sections`: the dataset, privacy unit, workload item and review sections;
 * :mod:`catalog.spec.model`: :class:`~catalog.spec.model.ReleaseSpec` (cross-field rules and
   fingerprints) and the workload it implies (expansion, derived items, table sizes);
-* :mod:`catalog.spec.load`: reading a YAML file, and refusing a release too large to run.
-"""
+* :mod:`catalog.spec.load`: reading a YAML file, and refusing a release too large to run."""

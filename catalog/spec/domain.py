@@ -4,8 +4,7 @@
 * integer range ``{min, max, width=1}``: cells ``[min + k·width, min + (k+1)·width − 1]``;
 * numeric bins ``{bins: [e0, e1, …, ek]}`` (edges; cell i is ``[e_i, e_{i+1})``, the last one closed)
   or ``{bins: [[lo, hi], …]}`` (half-open ``[lo, hi)`` pairs, sorted and non-overlapping);
-* categorical ``{values: [...], ordered: false}``.
-"""
+* categorical ``{values: [...], ordered: false}``."""
 
 from __future__ import annotations
 
@@ -246,26 +245,26 @@ Attribute = IntegerRange | NumericBins | Categorical
 def parse_attribute(name: str, raw: Any) -> Attribute:
     if not isinstance(raw, dict):
         raise ValueError(f"domain.{name} ({raw!r}) must be a mapping")
-    kind: type[Attribute] | None = None
+    kind: type[Attribute]
     if "values" in raw:
         kind = Categorical
     elif "bins" in raw:
         kind = NumericBins
     elif "min" in raw or "max" in raw:
         kind = IntegerRange
-    if kind is not None:
-        try:
-            return kind(**raw)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {error_message(e)}"
-                for e in exc.errors(include_url=False)
-            )
-            raise ValueError(f"domain.{name} ({raw!r}): {problems}") from None
-    raise ValueError(
-        f"domain.{name} ({raw!r}) must be an integer range {{min, max[, width]}}, "
-        "numeric bins {bins: [...]} or categorical {values: [...]}"
-    )
+    else:
+        raise ValueError(
+            f"domain.{name} ({raw!r}) must be an integer range {{min, max[, width]}}, "
+            "numeric bins {bins: [...]} or categorical {values: [...]}"
+        )
+    try:
+        return kind(**raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {error_message(e)}"
+            for e in exc.errors(include_url=False)
+        )
+        raise ValueError(f"domain.{name} ({raw!r}): {problems}") from None
 
 
 def _fmt(value: float) -> str:

@@ -1,7 +1,6 @@
 """The supported sizes and ranges of a spec, and the rules for its privacy parameters.
 
-Each is refused before any work, with the field and the range named.
-"""
+Each is refused before any work, with the field and the range named."""
 
 from __future__ import annotations
 

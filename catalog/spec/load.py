@@ -21,8 +21,6 @@ from dprelease.catalog.spec.limits import (
 from dprelease.catalog.spec.model import ReleaseSpec, item_num_queries
 from dprelease.mechanisms import registry
 
-_NO_SOURCE = "dataset.source is not set in the spec; plan works without it, run does not"
-
 
 def parse_spec(data: Any, *, source: str = "<spec>") -> ReleaseSpec:
     """Validate a spec mapping; raise :class:`SpecError` naming field, value and rule."""
@@ -37,12 +35,10 @@ def parse_spec(data: Any, *, source: str = "<spec>") -> ReleaseSpec:
 
 
 class _SpecLoader(yaml.SafeLoader):
-    """PyYAML's safe loader without anchors and aliases, and with bounded nesting.
-
-    An alias re-uses a node, so nine nested aliases expand to 10⁹ strings ("billion laughs") while
-    the file stays under 1 kB; a spec never needs them.  Refused at the first anchor or alias
-    event, before anything is expanded: O(size of the file).
-    """
+    """PyYAML's safe loader without anchors and aliases, and with bounded nesting.  An alias re-uses
+    a node, so nine nested aliases expand to 10⁹ strings ("billion laughs") while the file stays
+    under 1 kB; a spec never needs them.  Refused at the first anchor or alias event, before
+    anything is expanded: O(size of the file)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -138,16 +134,21 @@ def _format_errors(exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def require_source(spec: ReleaseSpec) -> None:
+    """Refuse a release whose spec names no ``dataset.source`` (``plan`` works without one)."""
+    if spec.dataset.source is None:
+        raise SpecError(
+            "dataset.source is not set in the spec; plan works without it, run does not"
+        )
+
+
 def check_runnable(spec: ReleaseSpec) -> None:
     """Refuse, from the spec alone, a central release this machine cannot run; call it before any
-    data is read (``plan`` does not need it: it works up to ``MAX_PLAN_CELLS``).
-
-    Raises :class:`SpecError` naming the size and the limit: no ``dataset.source``, a cell vector of
-    more than ``MAX_RELEASE_CELLS`` cells, or output tables of more than ``MAX_RELEASE_QUERIES``
-    rows together.  O(attributes × workload items); reads no data.
-    """
-    if spec.dataset.source is None:
-        raise SpecError(_NO_SOURCE)
+    data is read (``plan`` does not need it: it works up to ``MAX_PLAN_CELLS``).  Raises
+    :class:`SpecError` naming the size and the limit: no ``dataset.source``, a cell vector of more
+    than ``MAX_RELEASE_CELLS`` cells, or output tables of more than ``MAX_RELEASE_QUERIES`` rows
+    together.  O(attributes × workload items); reads no data."""
+    require_source(spec)
     if spec.num_cells > MAX_RELEASE_CELLS:
         raise SpecError(
             f"domain: the domain has {spec.num_cells:,} cells "
@@ -170,20 +171,17 @@ def _check_release_rows(sizes: dict[str, int], *, lower_bound: bool = False) -> 
 
 
 def check_runnable_before_planning(spec: ReleaseSpec) -> None:
-    """Refuse, from sizes alone, a central release that every later check would refuse, before
-    the (costly) plan is made: planning a 10¹⁴-cell identity workload builds dense Gram matrices
-    for seconds and gigabytes only to be refused afterwards.
-
-    Raises :class:`SpecError` (the messages of :func:`check_runnable`): no ``dataset.source``;
-    output tables of plain (not derived) items above ``MAX_RELEASE_QUERIES`` rows, which every
-    mechanism writes; and, for a named mechanism that counts the full cell vector, a domain above
-    ``MAX_RELEASE_CELLS``.  ``auto`` may still choose a marginal-space plan, so its cell count is
-    checked after planning.  O(attributes × workload items); reads no data, builds no matrix.
-    """
+    """Refuse, from sizes alone, a central release that every later check would refuse, before the
+    (costly) plan is made: planning a 10¹⁴-cell identity workload builds dense Gram matrices for
+    seconds and gigabytes only to be refused afterwards.  Raises :class:`SpecError` (the messages of
+    :func:`check_runnable`): no ``dataset.source``; output tables of plain (not derived) items above
+    ``MAX_RELEASE_QUERIES`` rows, which every mechanism writes; and, for a named mechanism that
+    counts the full cell vector, a domain above ``MAX_RELEASE_CELLS``.  ``auto`` may still choose a
+    marginal-space plan, so its cell count is checked after planning.  O(attributes × workload
+    items); reads no data, builds no matrix."""
     if spec.model != "central":
         return
-    if spec.dataset.source is None:
-        raise SpecError(_NO_SOURCE)
+    require_source(spec)
     plain = [item for item in spec.workload if item.derived_column is None]
     _check_release_rows(
         {item.name: item_num_queries(spec, item) for item in plain}, lower_bound=True

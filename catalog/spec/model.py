@@ -141,24 +141,19 @@ class ReleaseSpec(Strict):
                             f"{where}: {item.kind} needs an ordered attribute, but {attribute!r} is "
                             "categorical (give it ordered: true, or use a marginal)"
                         )
-            if item.ranges is not None:
-                for attribute, pairs in item.ranges.items():
-                    if not pairs:
-                        raise ValueError(f"{where}: ranges for {attribute!r} must not be empty")
-                    for pair in pairs:
-                        if len(pair) != 2:
-                            raise ValueError(f"{where}: range {pair} must be [low, high]")
-                        try:
-                            lo = self.domain[attribute].value_to_cell(pair[0], edge="low")
-                            hi = self.domain[attribute].value_to_cell(pair[1], edge="high")
-                        except ValueError as exc:
-                            raise ValueError(
-                                f"{where}: range {pair} on {attribute!r}: {exc}"
-                            ) from None
-                        if lo > hi:
-                            raise ValueError(
-                                f"{where}: range {pair} on {attribute!r} has low > high"
-                            )
+            for attribute, pairs in (item.ranges or {}).items():
+                if not pairs:
+                    raise ValueError(f"{where}: ranges for {attribute!r} must not be empty")
+                for pair in pairs:
+                    if len(pair) != 2:
+                        raise ValueError(f"{where}: range {pair} must be [low, high]")
+                    try:
+                        lo = self.domain[attribute].value_to_cell(pair[0], edge="low")
+                        hi = self.domain[attribute].value_to_cell(pair[1], edge="high")
+                    except ValueError as exc:
+                        raise ValueError(f"{where}: range {pair} on {attribute!r}: {exc}") from None
+                    if lo > hi:
+                        raise ValueError(f"{where}: range {pair} on {attribute!r} has low > high")
             if item.derived_column is not None:
                 try:
                     derived_column(self, item)
@@ -236,10 +231,7 @@ class ReleaseSpec(Strict):
 
     def expanded_workload(self) -> list[WorkloadItemSpec]:
         """The workload with every ``marginals`` item replaced by its marginal items (in order)."""
-        expanded: list[WorkloadItemSpec] = []
-        for item in self.workload:
-            expanded += expand_item(self, item) if item.marginals is not None else [item]
-        return expanded
+        return [part for item in self.workload for part in expand_item(self, item)]
 
     @property
     def domain_shape(self) -> tuple[int, ...]:
@@ -302,12 +294,10 @@ def _marginals_attributes(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[str
 
 def expand_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[WorkloadItemSpec]:
     """A ``marginals`` item as one ``marginal`` item per k-subset of its attributes (domain order),
-    named ``<item>.<a>.<b>`` (characters outside ``A-Za-z0-9_-`` of an attribute name become
-    ``_``, so every name is a safe file name). O(C(attributes, k)).
-
-    The parts are built without re-validation: their attributes and names are checked by the
-    spec's validators (``_cross_checks``, ``_check_marginals_items``).
-    """
+    named ``<item>.<a>.<b>`` (characters outside ``A-Za-z0-9_-`` of an attribute name become ``_``,
+    so every name is a safe file name). O(C(attributes, k)).  The parts are built without
+    re-validation: their attributes and names are checked by the spec's validators
+    (``_cross_checks``, ``_check_marginals_items``)."""
     if item.marginals is None:
         return [item]
     chosen = _marginals_attributes(spec, item)

@@ -181,26 +181,24 @@ class WorkloadItemSpec(Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> WorkloadItemSpec:
+        where = f"workload item {self.name!r}"
         given = [k for k in ITEM_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
-                f"workload item {self.name!r} must have exactly one of "
-                f"{', '.join(ITEM_KINDS)} (got {given or 'none'})"
+                f"{where} must have exactly one of {', '.join(ITEM_KINDS)} (got {given or 'none'})"
             )
         if (self.matrix is None) != (self.attributes is None):
             raise ValueError(
-                f"workload item {self.name!r}: matrix and attributes go together "
+                f"{where}: matrix and attributes go together "
                 "(matrix: file.npy, attributes: [attribute])"
             )
         if self.attributes is not None and len(self.attributes) != 1:
             raise ValueError(
-                f"workload item {self.name!r}: a matrix item applies to exactly one attribute "
+                f"{where}: a matrix item applies to exactly one attribute "
                 f"(got {self.attributes}); combine attributes with marginal/ranges items instead"
             )
         if self.matrix is not None and not self.matrix.endswith(".npy"):
-            raise ValueError(
-                f"workload item {self.name!r}: matrix ({self.matrix!r}) must be a .npy file"
-            )
+            raise ValueError(f"{where}: matrix ({self.matrix!r}) must be a .npy file")
         if self.marginal is not None and len(set(self.marginal)) != len(self.marginal):
             raise ValueError(f"marginal {self.marginal} lists an attribute twice")
         if self.all_ranges is not None and not 1 <= len(self.all_ranges) <= 2:
@@ -211,17 +209,15 @@ class WorkloadItemSpec(Strict):
             for field in ("by", "representative"):
                 if getattr(self, field) is not None:
                     raise ValueError(
-                        f"workload item {self.name!r}: {field} applies only to derived items "
+                        f"{where}: {field} applies only to derived items "
                         f"({', '.join(DERIVED_KINDS)})"
                     )
         elif self.by is not None:
             if len(set(self.by)) != len(self.by):
-                raise ValueError(
-                    f"workload item {self.name!r}: by {self.by} lists an attribute twice"
-                )
+                raise ValueError(f"{where}: by {self.by} lists an attribute twice")
             if self.derived_column in self.by:
                 raise ValueError(
-                    f"workload item {self.name!r}: by {self.by} must not contain the column "
+                    f"{where}: by {self.by} must not contain the column "
                     f"{self.derived_column!r} the statistic is computed of"
                 )
         return self
@@ -235,10 +231,9 @@ class WorkloadItemSpec(Strict):
 
     @property
     def kind(self) -> str:
-        for kind in ITEM_KINDS:
-            if getattr(self, kind) is not None:
-                return kind
-        raise AssertionError("unreachable: validated to have one kind")  # pragma: no cover
+        return next(
+            kind for kind in ITEM_KINDS if getattr(self, kind) is not None
+        )  # validated: one
 
     def referenced_attributes(self) -> list[str]:
         """The attributes the item names (none for ``total`` and ``marginals`` of ``all``)."""
@@ -252,27 +247,24 @@ class WorkloadItemSpec(Strict):
 
     def load_matrix(self, *, columns: int) -> np.ndarray:
         """The item's query matrix, checked: 2-D, finite, ``columns`` wide (the attribute's cells)."""
+        where = f"workload item {self.name!r}"
         if self.matrix is None:
-            raise ValueError(f"workload item {self.name!r} has no matrix")
+            raise ValueError(f"{where} has no matrix")
         try:
             matrix = np.load(self.matrix, allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise ValueError(
-                f"workload item {self.name!r}: cannot read {self.matrix!r}: {exc}"
-            ) from None
+            raise ValueError(f"{where}: cannot read {self.matrix!r}: {exc}") from None
         if matrix.ndim != 2 or matrix.shape[0] < 1:
             raise ValueError(
-                f"workload item {self.name!r}: {self.matrix!r} must hold an m × n matrix (got shape {matrix.shape})"
+                f"{where}: {self.matrix!r} must hold an m × n matrix (got shape {matrix.shape})"
             )
         if matrix.shape[1] != columns:
             raise ValueError(
-                f"workload item {self.name!r}: {self.matrix!r} has {matrix.shape[1]} columns but "
+                f"{where}: {self.matrix!r} has {matrix.shape[1]} columns but "
                 f"{self.attributes} has {columns} cells"
             )
         if not np.issubdtype(matrix.dtype, np.number) or not np.all(np.isfinite(matrix)):
-            raise ValueError(
-                f"workload item {self.name!r}: {self.matrix!r} must hold finite numbers"
-            )
+            raise ValueError(f"{where}: {self.matrix!r} must hold finite numbers")
         return matrix.astype(np.float64)
 
 
@@ -303,14 +295,12 @@ _BLOCK_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9-]{0,62}$"
 
 
 class ReviewPolicy(Strict):
-    """Who must approve a staged release before it is published (``review:`` in a spec).
-
-    The person who ran the release (``DPRELEASE_OPERATOR``, else the login name) may not approve
-    it, with or without a ``review`` section, unless ``allow_self_approval: true`` (a one-person
-    setup; recorded with the release, shown by ``dprelease review ID``); ``approvers`` distinct
-    reviewers must approve.  ``notify`` names the Prefect notification block told when the release
-    is staged (see deploy/NOTIFICATIONS.md).
-    """
+    """Who must approve a staged release before it is published (``review:`` in a spec).  The person
+    who ran the release (``DPRELEASE_OPERATOR``, else the login name) may not approve it, with or
+    without a ``review`` section, unless ``allow_self_approval: true`` (a one-person setup; recorded
+    with the release, shown by ``dprelease review ID``); ``approvers`` distinct reviewers must
+    approve.  ``notify`` names the Prefect notification block told when the release is staged (see
+    deploy/NOTIFICATIONS.md)."""
 
     approvers: int = Field(default=1, ge=1, le=MAX_APPROVERS)
     notify: str | None = None
