@@ -46,24 +46,21 @@ class _SpecLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
+        problem = None
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             kind = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
-            raise yaml.composer.ComposerError(
-                None,
-                None,
+            problem = (
                 f"YAML {kind}{event.anchor} is not allowed in a release spec (anchors, aliases "
-                "and merge keys are refused: write the value out)",
-                event.start_mark,
+                "and merge keys are refused: write the value out)"
             )
+        elif self._depth >= MAX_SPEC_DEPTH:
+            problem = (
+                f"YAML nesting deeper than {MAX_SPEC_DEPTH} levels is not allowed in a release spec"
+            )
+        if problem is not None:
+            raise yaml.composer.ComposerError(None, None, problem, event.start_mark)
         self._depth += 1
         try:
-            if self._depth > MAX_SPEC_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None,
-                    None,
-                    f"YAML nesting deeper than {MAX_SPEC_DEPTH} levels is not allowed in a release spec",
-                    event.start_mark,
-                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
