@@ -123,8 +123,9 @@ def display_numbers(column: pa.ChunkedArray) -> list[float | None]:
     ]
 
 
-def encode_numbers(values: list[float | None]) -> float | dict[str, Any] | None:
-    """One number if the column is constant, else ``{n: [...]}``."""
+def encode_numbers(column: pa.ChunkedArray) -> float | dict[str, Any] | None:
+    """A float column as displayed: one number if it is constant, else ``{n: [...]}``."""
+    values = display_numbers(column)
     if values and all(v == values[0] for v in values):
         return values[0]
     return {"n": values}
@@ -171,9 +172,7 @@ def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMB
     kinds = ["num" if pa.types.is_floating(table[c].type) else "lab" for c in columns]
     shown = table.slice(0, max_rows)  # O(1): a view
     encoded = [
-        encode_numbers(display_numbers(shown[c]))
-        if kind == "num"
-        else encode_column(column_text(shown[c]))
+        encode_numbers(shown[c]) if kind == "num" else encode_column(column_text(shown[c]))
         for c, kind in zip(columns, kinds, strict=True)
     ]
     chart = chart_for(table, title=name)
@@ -276,9 +275,8 @@ def describe_check(result: dict[str, Any]) -> str:
         condition = kwargs.get("row_condition")
         if isinstance(condition, dict) and condition.get("operator") == "!=":
             other = (condition.get("column") or {}).get("name", "")
-            return (
-                f"{column} is never missing (except where {other} is {condition.get('parameter')})"
-            )
+            value = condition.get("parameter")
+            return f"{column} is never missing (except where {other} is {value})"
         return f"{column} is never missing"
     if kind == "expect_column_values_to_be_between":
         low, high = kwargs.get("min_value"), kwargs.get("max_value")
@@ -368,9 +366,8 @@ def _assumptions(manifest: dict[str, Any]) -> list[str]:
         if isinstance(value, dict):
             parts.append(_kv({k.replace("_", " "): v for k, v in value.items()}))
         elif isinstance(value, list):
-            parts.append(
-                "<ul>" + "".join(f"<li>{html.escape(str(v))}</li>" for v in value) + "</ul>"
-            )
+            items = "".join(f"<li>{html.escape(str(v))}</li>" for v in value)
+            parts.append(f"<ul>{items}</ul>")
         else:
             parts.append(f"<p>{html.escape(str(value))}</p>")
     return ["<h3>Stated assumptions</h3>", *parts] if parts else []

@@ -98,9 +98,8 @@ def chart_for(table: pa.Table, *, title: str) -> Chart:
     low, high = _values(table, "ci_low"), _values(table, "ci_high")
     axes = table_model(table)
     if not axes:
-        return Chart(
-            kind="bars", svg=value_chart("bars", [title], estimate, low, high, x_title=""), note=""
-        )
+        svg = value_chart("bars", [title], estimate, low, high, x_title="")
+        return Chart(kind="bars", svg=svg, note="")
     if len(axes) == 1:
         axis = axes[0]
         labels = axis_labels(table, axis)
@@ -268,10 +267,6 @@ def _svg(height: int, body: list[str], label: str) -> str:
     )
 
 
-Reference = tuple[float, str]
-"""A dashed horizontal line at a value, with its label (a bound, a cap)."""
-
-
 def value_chart(
     style: str,
     labels: list[str],
@@ -281,12 +276,12 @@ def value_chart(
     *,
     x_title: str,
     y_title: str = "estimate",
-    reference: Reference | None = None,
+    reference: tuple[float, str] | None = None,
 ) -> str:
     """Bars from zero with a 95% interval whisker each (none where the row claims no interval),
     or (style "step") a step curve of the estimates with the 95% interval as a shaded band; no
-    ``low``/``high``: no intervals. O(rows).
-    """
+    ``low``/``high``: no intervals.  ``reference``: a dashed horizontal line at a value, with its
+    label (a bound, a cap). O(rows)."""
     if low is None or high is None:
         low = high = np.full(estimate.shape, np.nan)
     bottom = _label_layout(labels, WIDTH - 70 - 12)[2]

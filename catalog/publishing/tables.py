@@ -48,12 +48,8 @@ def label_columns(spec: ReleaseSpec, item: WorkloadItem) -> dict[str, np.ndarray
             per_axis.append(([f"{name}_upper"], [_array(attribute.bound_labels()[1])]))
         elif isinstance(factor, Ranges | AllRanges):
             lower, upper = attribute.bound_labels()
-            per_axis.append(
-                (
-                    [f"{name}_low", f"{name}_high"],
-                    [_array(lower)[factor.lo], _array(upper)[factor.hi]],
-                )
-            )
+            bounds = [_array(lower)[factor.lo], _array(upper)[factor.hi]]
+            per_axis.append(([f"{name}_low", f"{name}_high"], bounds))
         else:  # an explicit query matrix: rows are numbered
             per_axis.append(([f"{name}_query"], [np.arange(factor.m, dtype=np.int64)]))
     return _grid(per_axis)

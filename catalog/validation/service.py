@@ -189,14 +189,9 @@ def serve(path: Path, *, parent_pid: int) -> int:
     except BaseException:
         marker.unlink(missing_ok=True)
         raise
-    stopping = False
-
-    def request_stop(_signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
+    stops: list[int] = []  # the signals received: any one ends the loop
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, request_stop)
+        signal.signal(signum, lambda received, _frame: stops.append(received))
     path.unlink(missing_ok=True)  # a socket left by a killed service
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     previous = os.umask(0o177)  # the socket file is created 0600
@@ -209,7 +204,7 @@ def serve(path: Path, *, parent_pid: int) -> int:
     listener.settimeout(ACCEPT_POLL_SECONDS)
     _log(f"Great Expectations loaded; listening on {path}")
     try:
-        while not stopping and os.getppid() == parent_pid:
+        while not stops and os.getppid() == parent_pid:
             try:
                 connection, _ = listener.accept()
             except (TimeoutError, InterruptedError):
