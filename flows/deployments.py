@@ -174,16 +174,14 @@ def _interval_key(seconds: float) -> str:
     return f"interval {seconds:g}"
 
 
-def kept_state(full_name: str) -> KeptState:
+def kept_state(client: Any, full_name: str) -> KeptState:
     """The pause state of the registered deployment ``flow/name`` (nothing paused if it is new)."""
-    from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    with get_client(sync_client=True) as client:
-        try:
-            existing = client.read_deployment_by_name(full_name)
-        except ObjectNotFound:
-            return KeptState()
+    try:
+        existing = client.read_deployment_by_name(full_name)
+    except ObjectNotFound:
+        return KeptState()
     inactive = set()
     for entry in existing.schedules or []:
         if entry.active:
@@ -196,65 +194,56 @@ def kept_state(full_name: str) -> KeptState:
     return KeptState(paused=bool(existing.paused), inactive_schedules=frozenset(inactive))
 
 
-def check_notification_blocks(specs: list[tuple[Path, ReleaseSpec]]) -> None:
+def check_notification_blocks(client: Any, specs: list[tuple[Path, ReleaseSpec]]) -> None:
     """Every block a spec names in ``review.notify`` must be saved on this Prefect server: a
     missing one would only show when the first release is staged and nobody is told."""
-    from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    with get_client(sync_client=True) as client:
-        for path, spec in specs:
-            if spec.review is None or spec.review.notify is None:
-                continue
-            block_type, name = spec.review.notify.split("/", 1)
-            try:
-                client.read_block_document_by_name(name, block_type, include_secrets=False)
-            except ObjectNotFound:
-                raise SpecError(
-                    f"spec {str(path)!r}: review.notify names the notification block "
-                    f"{spec.review.notify!r}, which is not saved on the Prefect server "
-                    f"{client.api_url}; save it first (deploy/setup-notifications.sh, "
-                    "deploy/NOTIFICATIONS.md)"
-                ) from None
+    for path, spec in specs:
+        if spec.review is None or spec.review.notify is None:
+            continue
+        block_type, name = spec.review.notify.split("/", 1)
+        try:
+            client.read_block_document_by_name(name, block_type, include_secrets=False)
+        except ObjectNotFound:
+            raise SpecError(
+                f"spec {str(path)!r}: review.notify names the notification block "
+                f"{spec.review.notify!r}, which is not saved on the Prefect server "
+                f"{client.api_url}; save it first (deploy/setup-notifications.sh, "
+                "deploy/NOTIFICATIONS.md)"
+            ) from None
 
 
-def ensure_work_pool(name: str = WORK_POOL) -> None:
+def ensure_work_pool(client: Any, name: str) -> None:
     """Create the process work pool ``name`` unless it exists (it must be a process pool)."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectNotFound
     from prefect.workers.process import ProcessWorker
 
-    with get_client(sync_client=True) as client:
-        try:
-            pool = client.read_work_pool(name)
-        except ObjectNotFound:
-            client.create_work_pool(
-                WorkPoolCreate(
-                    name=name,
-                    type="process",
-                    base_job_template=ProcessWorker.get_default_base_job_template(),
-                )
-            )
-            return
+    try:
+        pool = client.read_work_pool(name)
+    except ObjectNotFound:
+        template = ProcessWorker.get_default_base_job_template()
+        client.create_work_pool(
+            WorkPoolCreate(name=name, type="process", base_job_template=template)
+        )
+        return
     if pool.type != "process":
         raise SpecError(f"work pool {name!r} is a {pool.type!r} pool; dprelease needs 'process'")
 
 
-def ensure_dataset_queue(dataset_id: str, work_pool: str = WORK_POOL) -> str:
+def ensure_dataset_queue(client: Any, dataset_id: str, work_pool: str) -> str:
     """Create the dataset's work queue in ``work_pool``, or set its concurrency limit back to 1
     (the server hands out none of its runs while one is Pending or Running)."""
-    from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectAlreadyExists
 
     name = dataset_queue_name(dataset_id)
-    with get_client(sync_client=True) as client:
-        try:
-            client.create_work_queue(name=name, work_pool_name=work_pool, concurrency_limit=1)
-        except ObjectAlreadyExists:
-            queue = client.read_work_queue_by_name(name, work_pool_name=work_pool)
-            if queue.concurrency_limit != 1:
-                client.update_work_queue(queue.id, concurrency_limit=1)
+    try:
+        client.create_work_queue(name=name, work_pool_name=work_pool, concurrency_limit=1)
+    except ObjectAlreadyExists:
+        queue = client.read_work_queue_by_name(name, work_pool_name=work_pool)
+        if queue.concurrency_limit != 1:
+            client.update_work_queue(queue.id, concurrency_limit=1)
     return name
 
 
@@ -271,6 +260,8 @@ def find_specs(specs_dir: Path) -> list[Path]:
 def deploy_specs(spec_paths: list[Path], **options: Any) -> list[DeploymentSummary]:
     """Validate every spec and the :class:`DeployOptions` ``options`` first (nothing is registered
     if one is invalid), then register them."""
+    from prefect.client.orchestration import get_client
+
     settings = DeployOptions(**options)
     specs = [(path, load_spec(path)) for path in spec_paths]
     names: dict[str, Path] = {}
@@ -281,14 +272,16 @@ def deploy_specs(spec_paths: list[Path], **options: Any) -> list[DeploymentSumma
                 "deployment is named after its spec, so names must be unique"
             )
         names[spec.name] = path
-    check_notification_blocks(specs)
-    ensure_work_pool(settings.work_pool)
+    with get_client(sync_client=True) as client:
+        check_notification_blocks(client, specs)
+        ensure_work_pool(client, settings.work_pool)
     summaries = []
     for path, spec in specs:
         partitions = spec.dataset.partitions
         limit = ensure_dataset_limit(spec.dataset.id)
-        queue = ensure_dataset_queue(spec.dataset.id, settings.work_pool)
-        kept = kept_state(f"{release_deployment_flow.name}/{spec.name}")
+        with get_client(sync_client=True) as client:
+            queue = ensure_dataset_queue(client, spec.dataset.id, settings.work_pool)
+            kept = kept_state(client, f"{release_deployment_flow.name}/{spec.name}")
         deployment = build_deployment(path, spec, kept=kept, **options)
         deployment_id = deployment.apply()
         schedule = None

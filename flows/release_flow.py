@@ -102,11 +102,9 @@ def release_flow(
             with watchdog.stage("notify"):
                 notify_reviewers_task(catalog_url, staged.release_id)  # review.notify; never raises
             return staged
-        except KeyboardInterrupt:
-            release.mark_stopped(Catalog(catalog_url), release_id, directory, status="aborted")
-            raise
-        except BaseException:
-            release.mark_stopped(Catalog(catalog_url), release_id, directory, status="failed")
+        except BaseException as stopped:
+            status = "aborted" if isinstance(stopped, KeyboardInterrupt) else "failed"
+            release.mark_stopped(Catalog(catalog_url), release_id, directory, status=status)
             raise
 
 

@@ -92,6 +92,11 @@ VALIDATION_SERVICE_ENV = "DPRELEASE_VALIDATION_SERVICE"  # "off": no service bes
 MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes on Linux
 MAX_LOG_BYTES = 5_000_000
 UNRECORDED_GRACE_SECONDS = 30.0  # a supervisor missing from server.json this long stops
+# Either names a database server: no Prefect database file of ours to migrate or seed.
+DATABASE_URL_SETTINGS = (
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    "PREFECT_API_DATABASE_CONNECTION_URL",
+)
 
 
 class ServerError(RuntimeError):
@@ -459,13 +464,9 @@ def _free_port() -> int:
 def _start(home: Path) -> Connection:
     phome = prefect_home()
     phome.mkdir(parents=True, exist_ok=True)
-    database_urls = (
-        "PREFECT_SERVER_DATABASE_CONNECTION_URL",
-        "PREFECT_API_DATABASE_CONNECTION_URL",
-    )
-    fresh_db = not any(map(os.environ.get, database_urls)) and not (phome / "prefect.db").exists()
-    if fresh_db and _restore_template(phome / "prefect.db"):
-        fresh_db = False
+    database = phome / "prefect.db"
+    own_database = not any(map(os.environ.get, DATABASE_URL_SETTINGS))
+    fresh_db = own_database and not database.exists() and not _restore_template(database)
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / "prefect-server.log"
@@ -798,9 +799,7 @@ def _daemonize() -> None:
 def _print_shared_server(*, home: Path, phome: Path) -> int:
     """Exit 0 printing ``PID URL`` when the shared server of ``home`` runs on ``phome``'s database."""
     record = read_record(home.resolve()) if home.is_dir() else None
-    if record is None or Path(record.prefect_home) != phome.resolve():
-        return 1
-    if not _our_members(record):
+    if record is None or Path(record.prefect_home) != phome.resolve() or not _our_members(record):
         return 1
     sys.stdout.write(f"{record.pid} {record.url}\n")
     return 0
