@@ -74,8 +74,7 @@ class LowRankMechanism(MatrixMechanism):
         return None
 
     def predicted_seconds(self, request: PlanRequest) -> float:
-        workload = request.workload
-        return predict_seconds(workload.num_queries, workload.num_cells)
+        return predict_seconds(request.workload.num_queries, request.workload.num_cells)
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> LowRankStrategy:
         reason = self.unavailable_reason(request)
