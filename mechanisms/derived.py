@@ -33,8 +33,7 @@ Intervals are ``± z·std_error`` with ``z`` = 1.96 under Gaussian noise and :da
 Binning: values in cell k lie in ``[value_low_k, value_high_k]`` and count as ``r_k`` (midpoint
 unless declared), so a mean is off by at most ``e = max_k max(r_k − value_low_k, value_high_k −
 r_k)`` and a sum by at most ``e·N`` (reported with the estimated count N).  A quantile's binning
-error is the width ``value_high_k − value_low_k`` of its cell (0 for 1-wide integer cells).
-"""
+error is the width ``value_high_k − value_low_k`` of its cell (0 for 1-wide integer cells)."""
 
 from __future__ import annotations
 

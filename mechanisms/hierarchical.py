@@ -1,7 +1,6 @@
 """``hierarchical``: a b-ary tree of interval counts per ordered attribute (Hay et al. 2010).
 
-Any ``n`` (nodes split into near-equal children); ``mechanism_options.branching`` sets b.
-"""
+Any ``n`` (nodes split into near-equal children); ``mechanism_options.branching`` sets b."""
 
 from __future__ import annotations
 

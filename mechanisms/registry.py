@@ -2,8 +2,7 @@
 
 Adding a mechanism = one module that defines a class following
 :class:`mechanisms.primitives.protocol.Mechanism` and a ``MECHANISM`` instance, plus one line in
-:data:`BUILTIN` (or a call to :func:`register`, e.g. from a plugin or a test).
-"""
+:data:`BUILTIN` (or a call to :func:`register`, e.g. from a plugin or a test)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """``wavelet``: Haar wavelet coefficients per ordered attribute (Privelet, Xiao et al. 2010).
 
-Sizes that are not powers of two are padded with empty cells whose columns are dropped.
-"""
+Sizes that are not powers of two are padded with empty cells whose columns are dropped."""
 
 from __future__ import annotations
 

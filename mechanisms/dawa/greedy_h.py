@@ -8,8 +8,7 @@ Sherman–Morrison update of ``M_q⁻¹𝟏``) plus per-node squared norms of th
 allocation costs O((pieces + k) log k) instead of the thesis's O(mk log k + k²), and least squares
 applies ``M⁻¹`` in O(k log k).  A level's leftover single node is carried up unchanged instead of
 getting a duplicate parent.  λ is searched on a 100-point grid over [0, 0.99] and refined by golden
-section.
-"""
+section."""
 
 from __future__ import annotations
 
@@ -149,8 +148,7 @@ def greedy_h_local_error(
     ``a = uᵀĜ_{qq}u``, ``a′ = Σ u_iᵀĜ_{ii}u_i``, ``d = 𝟏ᵀu`` over the children ``i`` of ``q``
     (``u = blkdiag(M_i⁻¹)𝟏``) and ``μ = t^{−l/2}``.  O(1) per λ; valid for ``0 ≤ λ < 1``.
 
-    References: Li thesis §6.4.3, eqs. (6.10)–(6.11) (the printed ``t^{−1/2}`` is ``t^{−l/2}``).
-    """
+    References: Li thesis §6.4.3, eqs. (6.10)–(6.11) (the printed ``t^{−1/2}`` is ``t^{−l/2}``)."""
     lam = np.asarray(lam, dtype=np.float64)
     mixed = mu * np.asarray(a) + (1.0 - np.asarray(mu)) * np.asarray(a_prime)
     return (e - mixed * lam**2 / ((1.0 - lam) ** 2 + lam**2 * np.asarray(d))) / (1.0 - lam) ** 2
@@ -201,8 +199,7 @@ class HierarchicalStrategy:
     Measuring ``A·B(x)`` with Laplace scale ``Δ(A)/ε₂`` is ε₂-DP (Theorem 6.3): ``Δ(A)`` is the
     largest path sum of ``f`` (1 up to rounding).  It is the same as Laplace(1/(f_q ε₂)) per node.
 
-    References: Li thesis §6.4.1–6.4.3, Program 6.4.1.
-    """
+    References: Li thesis §6.4.1–6.4.3, Program 6.4.1."""
 
     partition: Partition
     """The buckets the tree is built on."""
@@ -350,8 +347,7 @@ def greedy_h_strategy(
     ``λ`` minimising eq. (6.11) with ``μ = branching^{−depth/2}``; the unbiased trace
     ``tr(Ĝ_{qq} M_q⁻¹)`` is passed up.  O((pieces + k) log k) time, O(pieces + k) memory.
 
-    References: Li thesis §6.4.2–6.4.3, Program 6.4.1.
-    """
+    References: Li thesis §6.4.2–6.4.3, Program 6.4.1."""
     if not isinstance(branching, int | np.integer) or branching < 2:
         raise ValueError(f"branching ({branching}) must be an integer >= 2")
     if workload.n_cells != partition.n_cells:

@@ -11,8 +11,7 @@ to the enclosing 2^k × 2^k square with empty cells (kept in the 1-D domain, alw
 data-independent.
 
 References: C. Li, PhD thesis, UMass Amherst, 2013, §6.5.5; the curve is the classic Hilbert (1891)
-construction in its usual iterative form.
-"""
+construction in its usual iterative form."""
 
 from __future__ import annotations
 

@@ -32,8 +32,7 @@ Step-1 choices where the thesis leaves a point open:
   (``benchmarks/dawa_bench.py``).
 
 References: C. Li, *Optimizing Linear Queries Under Differential Privacy*, PhD thesis, UMass Amherst,
-2013, ch. 6; C. Li, M. Hay, G. Miklau, Y. Wang, PVLDB 7(5), 2014.
-"""
+2013, ch. 6; C. Li, M. Hay, G. Miklau, Y. Wang, PVLDB 7(5), 2014."""
 
 from __future__ import annotations
 
@@ -232,8 +231,7 @@ def _count_and_sum_at_least(
     ``ranks[j] ≥ threshold``.
 
     A wavelet matrix over the ranks, built level by level while all queries descend it together.
-    O((n + Q) · log2(#ranks)) time, O(n + Q) memory.
-    """
+    O((n + Q) · log2(#ranks)) time, O(n + Q) memory."""
     n = ranks.size
     n_levels = max(1, int(value_of_rank.size - 1).bit_length())
     values = value_of_rank[ranks]
@@ -451,8 +449,7 @@ class PartitionSelector:
     multiplied by ``contribution_bound`` (group privacy).  Only the argmin partition is released;
     the noisy costs never leave this object.
 
-    References: Li thesis §6.3.2 (Program 6.3.1, Theorem 6.1 and the Remark after it).
-    """
+    References: Li thesis §6.3.2 (Program 6.3.1, Theorem 6.1 and the Remark after it)."""
 
     epsilon: float
     """ε₁, the budget of this step."""

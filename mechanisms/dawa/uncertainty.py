@@ -309,8 +309,7 @@ def query_uncertainty(
     position).  O(k³ + m·k + P log P) time for m queries of P pieces, O(k² + chunk) memory.
 
     References:
-    Li thesis Prop. 6.1 (approximation + perturbation error of uniform expansion), eq. (6.1).
-    """
+    Li thesis Prop. 6.1 (approximation + perturbation error of uniform expansion), eq. (6.1)."""
     partition = strategy.partition
     if workload.n_cells != partition.n_cells:
         raise ValueError(

@@ -2,8 +2,7 @@
 
 Near-optimal under Gaussian noise (ρ-zCDP, (ε, δ)); the ε-DP variant (L1 constraint) is also
 built.  Works on the dense N × N Gram, so it is limited to small domains (``auto`` considers it up
-to :data:`AUTO_MAX_CELLS`, a spec may ask for it up to :data:`MAX_CELLS`).
-"""
+to :data:`AUTO_MAX_CELLS`, a spec may ask for it up to :data:`MAX_CELLS`)."""
 
 from __future__ import annotations
 

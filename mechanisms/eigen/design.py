@@ -28,8 +28,7 @@ constants, §3.2.1 and Prop 2.5, give the same ratios).
 Cells are in C order for multi-dimensional domains (the last attribute varies fastest).
 
 References: C. Li, *Optimizing Linear Queries Under Differential Privacy*, PhD thesis, UMass
-Amherst, 2013, chapters 4-5 (also Li & Miklau, PVLDB 5(6), 2012 and ICDT 2013).
-"""
+Amherst, 2013, chapters 4-5 (also Li & Miklau, PVLDB 5(6), 2012 and ICDT 2013)."""
 
 from __future__ import annotations
 
@@ -335,8 +334,7 @@ def _solve_weighting(
     so the dual is solved on a working set of cells that grows by the most violated cells until the
     weights are feasible for all cells (constraint generation).  A restricted problem has fewer
     constraints, so its dual value is still a lower bound for the full problem and the returned
-    gap remains a certificate.  O(n k) per round outside the restricted solves.
-    """
+    gap remains a certificate.  O(n k) per round outside the restricted solves."""
     n_cells, n_variables = constraint.shape
     if n_cells <= 4 * n_variables:
         return _solve_weighting_dual(

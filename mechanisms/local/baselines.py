@@ -3,8 +3,7 @@
 Each returns a validated :class:`~mechanisms.local.randomizer.LDPStrategy`; the local mechanism
 reports their variances next to the optimised strategy's.
 
-[McKenna20]: see :mod:`mechanisms.local`.
-"""
+[McKenna20]: see :mod:`mechanisms.local`."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ def randomized_response(n: int, *, epsilon: float) -> LDPStrategy:
 
     Privacy: ε-LDP: every row holds one entry ∝ e^ε and the rest ∝ 1.
 
-    References: [McKenna20] Example 2.7; Warner 1965.
-    """
+    References: [McKenna20] Example 2.7; Warner 1965."""
     n = check_size(n, minimum=2)
     epsilon = check_epsilon(epsilon)
     exp_epsilon = math.exp(epsilon)
@@ -49,8 +47,7 @@ def rappor(n: int, *, epsilon: float) -> LDPStrategy:
 
     Privacy: ε-LDP: two one-hot vectors differ in two bits, each costing ε/2.
 
-    References: [McKenna20] Table 1; Erlingsson, Pihur, Korolova, CCS 2014.
-    """
+    References: [McKenna20] Table 1; Erlingsson, Pihur, Korolova, CCS 2014."""
     n = check_size(n, minimum=2)
     if n > RAPPOR_MAX_DOMAIN:
         raise ValueError(f"n ({n}) must be <= {RAPPOR_MAX_DOMAIN} for RAPPOR (2^n outputs)")
@@ -86,8 +83,7 @@ def hadamard(n: int, *, epsilon: float, blocks: int | None = None) -> LDPStrateg
     Privacy: ε-LDP: every entry is ∝ e^ε or ∝ 1 with the same normaliser for every item.
 
     References:
-    [McKenna20] Table 1; Acharya, Sun, Zhang, "Hadamard response", AISTATS 2019 (general regime).
-    """
+    [McKenna20] Table 1; Acharya, Sun, Zhang, "Hadamard response", AISTATS 2019 (general regime)."""
     n = check_size(n, minimum=2)
     epsilon = check_epsilon(epsilon)
     exp_epsilon = math.exp(epsilon)
@@ -143,8 +139,7 @@ def hierarchical(
     ε-LDP: a uniform mixture over levels, with each level's oracle ε-LDP on the cells, is ε-LDP.
 
     References: [McKenna20] §6.1 (Hierarchical [13, 39]); Cormode, Kulkarni, Srivastava, PVLDB 2019;
-    Wang et al., SIGMOD 2019.  Branching 4 with the Hadamard oracle as in the authors' code.
-    """
+    Wang et al., SIGMOD 2019.  Branching 4 with the Hadamard oracle as in the authors' code."""
     n = check_size(n, minimum=2)
     epsilon = check_epsilon(epsilon)
     branching = check_size(branching, name="branching", minimum=2)
@@ -184,8 +179,7 @@ def fourier(d: int, *, epsilon: float, order: int | None = None) -> LDPStrategy:
 
     Privacy: ε-LDP: binary randomized response on a public, data-independent choice of ``t``.
 
-    References: [McKenna20] §6.1 (Fourier [12]); Cormode, Kulkarni, Srivastava, SIGMOD 2018.
-    """
+    References: [McKenna20] §6.1 (Fourier [12]); Cormode, Kulkarni, Srivastava, SIGMOD 2018."""
     d = check_size(d, name="d")
     epsilon = check_epsilon(epsilon)
     order = d if order is None else check_size(order, name="order")

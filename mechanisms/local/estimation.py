@@ -5,8 +5,7 @@ with ``V y`` where ``V Q = W``.  Variances are reported *per user*: multiply by 
 ``N`` for the total (the variance of ``V y`` is linear in the data vector ``x``, Thm 3.4).  Pure
 post-processing of ε-LDP responses.
 
-[McKenna20]: see :mod:`mechanisms.local`.
-"""
+[McKenna20]: see :mod:`mechanisms.local`."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ def reconstruction(W: np.ndarray, Q: LDPStrategy | np.ndarray) -> np.ndarray:
     least squares with the response covariance), and ``V Q = W`` whenever ``W`` lies in the row
     space of ``Q`` (otherwise ``ValueError``).  ``D = Diag(Q 1)``.  Cost ``O(m n^2 + n^3 + p n m)``.
 
-    References: [McKenna20] Theorem 3.10.
-    """
+    References: [McKenna20] Theorem 3.10."""
     matrix = _strategy_matrix(Q)
     workload = workload_matrix(W, matrix.shape[1])
     scaled, gram_pinv, range_projector = _gls_factors(matrix)
@@ -112,8 +110,7 @@ def per_type_variance(
     ``σ²_u = [diag(B G B^T)^T Q]_u - G_uu``, cost ``O(m n^2 + n^3 + p n^2)``.  A given ``V`` must
     satisfy ``V Q = W``; then the cost is ``O(p m n)``.
 
-    References: [McKenna20] Theorem 3.4, Corollaries 3.5 and 3.6.
-    """
+    References: [McKenna20] Theorem 3.4, Corollaries 3.5 and 3.6."""
     matrix = _strategy_matrix(Q)
     workload = workload_matrix(W, matrix.shape[1])
     if V is not None:
@@ -134,8 +131,7 @@ def lower_bound(W: np.ndarray, *, epsilon: float) -> float:
     ``L_worst / N >= (λ_1 + ... + λ_n)^2 / (n e^ε) - ||W||_F^2 / n`` with ``λ`` the singular
     values of ``W``.  It can be negative (vacuous) at large ε.
 
-    References: [McKenna20] Theorem 5.6, Corollary 5.7.
-    """
+    References: [McKenna20] Theorem 5.6, Corollary 5.7."""
     workload = workload_matrix(W)
     epsilon = check_epsilon(epsilon)
     n = workload.shape[1]
@@ -151,8 +147,7 @@ class LDPEstimate:
     ``variance`` is the per-query estimate ``N/(N-1) · [(V∘V) y - (V y)^2 / N]`` (the sample
     variance of the users' contributions ``V[i, o_j]`` times ``N``).  Its expectation is the true
     variance plus ``N^2/(N-1) · Var_{u ~ x/N}(W_iu) >= 0``: conservative, and close when the
-    variance per user dominates ``W_iu^2`` (the LDP regime).
-    """
+    variance per user dominates ``W_iu^2`` (the LDP regime)."""
 
     answers: np.ndarray
     variance: np.ndarray
@@ -165,8 +160,7 @@ def estimate(response_counts: np.ndarray, V: np.ndarray) -> LDPEstimate:
     ``V`` is the reconstruction (``V Q = W``), normally :func:`reconstruction`'s.  Pure
     post-processing of the ε-LDP responses.  Cost ``O(p m)``.
 
-    References: [McKenna20] Def 3.2 (M_{V,Q}(x) = V M_Q(x)), Thm 3.4.
-    """
+    References: [McKenna20] Def 3.2 (M_{V,Q}(x) = V M_Q(x)), Thm 3.4."""
     counts = np.asarray(response_counts, dtype=np.float64)
     reconstruction_matrix = np.asarray(V, dtype=np.float64)
     if counts.ndim != 1:

@@ -13,8 +13,7 @@ into ``y`` and answers the workload with ``V y`` (Thm 3.10).  As a
   the devices, never here) and records the collection's cost on the ledger once per collection
   (:meth:`LocalMechanism.measure`).
 * **reconstruct** is post-processing: ``V y`` with the variance estimate
-  ``N/(N-1)·[(V∘V) y − (V y)²/N]`` (:func:`mechanisms.local.estimation.estimate`).
-"""
+  ``N/(N-1)·[(V∘V) y − (V y)²/N]`` (:func:`mechanisms.local.estimation.estimate`)."""
 
 from __future__ import annotations
 
@@ -237,8 +236,7 @@ class LocalMechanism:
         Privacy: the responses are ε-LDP when they arrive (randomised on the devices); this charges
         their cost to the dataset's ledger (atomically checked against the cap), once per
         collection.  Two releases racing on one new collection may both charge it (conservative,
-        never under-counted).
-        """
+        never under-counted)."""
         if data.strategy_fingerprint != strategy.fingerprint:
             raise ValueError(
                 f"the responses were counted for strategy {data.strategy_fingerprint[:16]}…, "

@@ -168,8 +168,7 @@ def _spectral_projected_gradient(
     """Phase 1: projected gradient with ``z`` fixed, Barzilai-Borwein step, non-monotone Armijo
     search along ``d = Π_z(Q - β ∇L) - Q`` (Birgin, Martinez, Raydan 2000); ``Q + t d`` stays
     feasible for ``t ∈ [0, 1]`` (a product of bounded simplices).  Returns the best iterate and
-    the steps taken.
-    """
+    the steps taken."""
     width = float(np.max(state.upper - state.lower))
     step = 0.5 / (state.matrix.shape[0] * max(float(np.abs(state.gradient).max()), 1e-300))
     history = [state.evaluation.value]
@@ -246,8 +245,7 @@ def _bound_descent(
     ``α = 0.01 β / (n e^ε)`` and the exact chain rule for ``∇_z``.  Step search: halve ``β`` until
     the objective decreases with ``Σ z < 1 < e^ε Σ z``, then grow it by 25 %.  Rows whose ``z``
     reaches 1e-10 are removed before projecting, so columns still sum to 1.  Monotone.  Stops
-    early once ``limit`` has passed (checked before every objective evaluation).
-    """
+    early once ``limit`` has passed (checked before every objective evaluation)."""
     n = state.matrix.shape[1]
     exp_epsilon = math.exp(epsilon)
     step = 0.5 / (state.matrix.shape[0] * max(float(np.abs(state.gradient).max()), 1e-300))
@@ -338,8 +336,7 @@ def optimize_strategy(
 
     References:
     [McKenna20] §3.2, §4 (Algorithms 1 and 2, random start, m = 4n); Birgin, Martinez, Raydan,
-    "Nonmonotone spectral projected gradient methods on convex sets", SIAM J. Optim. 10(4), 2000.
-    """
+    "Nonmonotone spectral projected gradient methods on convex sets", SIAM J. Optim. 10(4), 2000."""
     limit = WorkLimit(time_limit=time_limit)
     workload = workload_matrix(W)
     epsilon = check_epsilon(epsilon)

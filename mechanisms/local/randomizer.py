@@ -7,8 +7,7 @@ whose column ``u`` is the distribution of the response a user with item ``u`` se
 device.  Strategy design is data independent, and no central noise is added under LDP, so nothing
 in ``mechanisms.local`` takes a ``NoiseSampler``.
 
-[McKenna20]: see :mod:`mechanisms.local`.
-"""
+[McKenna20]: see :mod:`mechanisms.local`."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ class LDPStrategy:
     Entries must be strictly positive: an output that never occurs must be removed, and a zero next
     to a positive entry in one row is not ε-LDP for any ε.
 
-    References: [McKenna20] Prop 2.6, Def 3.2.
-    """
+    References: [McKenna20] Prop 2.6, Def 3.2."""
 
     name: str
     Q: np.ndarray = field(repr=False)
@@ -188,8 +186,7 @@ def randomize(items: np.ndarray, strategy: LDPStrategy, *, rng: np.random.Genera
     COLUMN_SUM_TOLERANCE`` (below 1e-11 for the strategies built here).  Entries below ``2^-61``
     cannot be sampled faithfully and raise ``ValueError``.
 
-    References: [McKenna20] §2 (M_Q(u) samples o ~ q_u).
-    """
+    References: [McKenna20] §2 (M_Q(u) samples o ~ q_u)."""
     check_strategy(strategy)
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng ({type(rng).__name__}) must be a numpy.random.Generator")

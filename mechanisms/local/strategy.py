@@ -3,8 +3,7 @@ server-side answers and variances it gives (Thm 3.4, 3.10 of [McKenna20], see
 :mod:`mechanisms.local`).
 
 Every strategy-side quantity depends on the workload only through ``WᵀW`` or its singular values,
-so a Gram root ``R`` (``RᵀR = WᵀW``) stands in for a workload of any number of queries.
-"""
+so a Gram root ``R`` (``RᵀR = WᵀW``) stands in for a workload of any number of queries."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ already supports ``W``).  Then ``E[W·x̂] = W·x`` exactly, the per-row varianc
 is the whole error, rows are labelled ``uncertainty: noise``, and the plan's predicted error
 (``evaluate``) is the sum of the same variances.  ``B`` is only used by the decomposition; for a
 fixed ``A``, least squares has the smallest variance of all unbiased linear answers, so this is
-never worse than ``B·y`` with an exact ``B``.
-"""
+never worse than ``B·y`` with an exact ``B``."""
 
 from __future__ import annotations
 

@@ -16,8 +16,7 @@ Decisions where the paper is silent or inconsistent (mostly its §5 solver) are 
 the docstring of :func:`decompose`.
 
 References: G. Yuan, Z. Zhang, M. Winslett, X. Xiao, Y. Yang, Z. Hao, "Low-Rank Mechanism:
-Optimizing Batch Queries under Differential Privacy", PVLDB 5(11), 2012 (VLDB 2012).
-"""
+Optimizing Batch Queries under Differential Privacy", PVLDB 5(11), 2012 (VLDB 2012)."""
 
 from __future__ import annotations
 
@@ -453,8 +452,7 @@ def _completion(
     and its noise is ``f(α) = a/α² + Σ_j ‖R_j‖²/s_j²`` (``a = ‖B‖²_F``), convex on (0, 1) and
     minimised by a bounded scalar search.  With uniform ``s = 1 − α`` it is at most
     ``(a^⅓ + b^⅓)³`` (``b = ‖R‖²_F``), the value at the uniform optimum ``α = a^⅓/(a^⅓ + b^⅓)``.
-    O(mn + nr).
-    """
+    O(mn + nr)."""
     scale = float(np.sum(factor_b * factor_b))
     if not scale > 0:
         return 0.5, math.inf
@@ -556,8 +554,7 @@ def _l_step(
 
     ``omega_hint`` is the previous call's accepted ω (0 for none); ``dtype`` is the working
     precision (float32 in ``decompose``).  Returns the new Lᵀ (float64, feasible) and the last ω.
-    ``limit`` is checked between row blocks of the large products and projections.
-    """
+    ``limit`` is checked between row blocks of the large products and projections."""
     gram64 = blocked_matmul(factor_b.T, factor_b, limit=limit)  # O(m r²)
     top = gram64.shape[0] - 1
     safe_omega = beta * float(
@@ -669,8 +666,7 @@ def supported_measurement(W: np.ndarray, L: np.ndarray) -> SupportedMeasurement:
     unit-noise total is ``Δ(c)²·(‖W·L⁺‖²_F + ‖R‖²_F/c²)`` with ``Δ(c) = max_j(‖L_:j‖₁ + c‖D_:j‖₁)``;
     ``c`` minimises it over a log grid.  Privacy: the release calibrates to the sensitivity of the
     returned matrix (appending rows raises it); nothing here reads data.
-    O(r n min(r, n) + m n min(m, n)) for the two SVDs.
-    """
+    O(r n min(r, n) + m n min(m, n)) for the two SVDs."""
     workload = _finite_matrix(W, "W")
     strategy = _finite_matrix(L, "L")
     if workload.shape[1] != strategy.shape[1]:

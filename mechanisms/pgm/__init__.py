@@ -28,8 +28,7 @@ measured empirically (``benchmarks/marginals_bench.py``), never from the confide
 
 :func:`chow_liu_tree` and :func:`sample_tree` turn consistent tables into a tree-structured
 graphical model (maximum spanning tree of the pairwise mutual informations, as MST does) and draw
-synthetic records from it: post-processing of released values.
-"""
+synthetic records from it: post-processing of released values."""
 
 from __future__ import annotations
 
@@ -254,8 +253,7 @@ def consistent_marginals(
     Stops when the relative primal and dual residuals are below ``tolerance`` or after
     ``max_iterations`` (both public: the solve sees only noisy values).  O(iterations ·
     Σ_S |table_S| 2^|S|).  Raises ``ValueError`` naming the field when an input is missing or
-    not usable.
-    """
+    not usable."""
     shape = tuple(int(n) for n in domain_shape)
     cliques = maximal_masks(cliques)
     if not cliques:
