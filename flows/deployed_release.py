@@ -168,16 +168,6 @@ def record_review_task(
     )
 
 
-def _review_prompt(release_id: str, directory: str, charged: dict[str, float]) -> str:
-    cost = ", ".join(f"{k}={v:.6g}" for k, v in charged.items())
-    return (
-        f"### Review release `{release_id}`\n"
-        f"* audit report: `{Path(directory) / 'report.html'}`\n"
-        f"* privacy charged (already spent, whatever the decision): **{cost}**\n\n"
-        "Approve to publish a copy; reject to keep it unpublished (the budget stays spent)."
-    )
-
-
 @flow(name="release-deployment", log_prints=False, validate_parameters=True)
 def release_deployment_flow(
     spec_path: str,
@@ -197,7 +187,6 @@ def release_deployment_flow(
 
     Privacy: the subflow charges the ledger before noise; the review never refunds.
     """
-    from prefect.runtime import flow_run
     from prefect.settings import PREFECT_API_URL
 
     if review_timeout_seconds < 1:
@@ -206,7 +195,9 @@ def release_deployment_flow(
     catalog_url = catalog_url or default_url()
     spec = load_spec(spec_path)
     dataset_id = spec.dataset.id
-    started = started_by(_current_run())
+    run = _current_run()
+    started = started_by(run)
+    flow_run_id = None if run is None else str(run.id)
     policy = on_unchanged or unchanged_policy(spec.on_unchanged, started)
     if source_override is not None and expected_fingerprint is not None:
         check_arrived_file_task(source_override, expected_fingerprint)
@@ -223,8 +214,6 @@ def release_deployment_flow(
             source_override=source_override,
             on_unchanged=policy,
         )
-    run_id = flow_run.get_id()
-    flow_run_id = None if run_id is None else str(run_id)
     if isinstance(staged, SkippedRelease):
         logger.info(
             "%s (started by %s): input and spec unchanged since release %s; skipped, nothing "
@@ -250,7 +239,7 @@ def release_deployment_flow(
             staged, catalog_url, publish_dir, review_timeout_seconds, logger=logger
         )
     except FlowPauseTimeout:
-        if run_id is not None:
+        if flow_run_id is not None:
             reviews.mark(staged.release_id, status="expired")
         logger.warning(
             "no decision on %s within %d s: this run ends, the release stays staged; decide "
@@ -261,7 +250,7 @@ def release_deployment_flow(
         )
         raise
     finally:
-        awaiting = None if run_id is None else reviews.get(staged.release_id)
+        awaiting = None if flow_run_id is None else reviews.get(staged.release_id)
         if awaiting is not None and awaiting.status == "awaiting":  # not after a time-out
             reviews.mark(staged.release_id, status="decided")
     return DeployedRelease(
@@ -290,13 +279,18 @@ def _collect_review(
     """Pause for decisions until the release is published or rejected (``review.approvers: N``
     needs N distinct reviewers).  A decision the policy refuses (the operator approving their own
     release, the same reviewer twice) is logged, not recorded, and awaited again."""
+    cost = ", ".join(f"{k}={v:.6g}" for k, v in staged.charged.items())
+    prompt = (
+        f"### Review release `{staged.release_id}`\n"
+        f"* audit report: `{Path(staged.directory) / 'report.html'}`\n"
+        f"* privacy charged (already spent, whatever the decision): **{cost}**\n\n"
+        "Approve to publish a copy; reject to keep it unpublished (the budget stays spent)."
+    )
     pause = 0
     while True:  # ends by a final decision, a pause's time-out or MAX_REVIEW_PAUSES
         pause += 1
         decision = pause_flow_run(
-            wait_for_input=ReviewDecision.with_initial_data(
-                description=_review_prompt(staged.release_id, staged.directory, staged.charged)
-            ),
+            wait_for_input=ReviewDecision.with_initial_data(description=prompt),
             timeout=review_timeout_seconds,
             poll_interval=min(REVIEW_POLL_SECONDS, review_timeout_seconds),
             key=f"review-{pause}",  # one key per pause (lowercase letters, digits, dashes)

@@ -234,13 +234,9 @@ def report_interrupt(console: Console, detail: str = "") -> int:
     return EXIT_INTERRUPTED
 
 
-def logs_dir() -> Path:
-    return default_home() / "logs"
-
-
 def write_log(exc: BaseException, *, argv: list[str]) -> Path:
-    """Write the safe traceback of ``exc`` to a new timestamped file under ``logs_dir()``."""
-    directory = logs_dir()
+    """Write the safe traceback of ``exc`` to a new timestamped file in ``$DPRELEASE_HOME/logs``."""
+    directory = default_home() / "logs"
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     path = directory / f"dprelease-{stamp}-{os.getpid()}.log"

@@ -117,10 +117,6 @@ class RunProblem:
         return f"{what}: alive but stuck in stage {r.stage!r}, {late:.0f} s past its time limit"
 
 
-def runs_folder(home: Path) -> Path:
-    return home / RUNS_FOLDER
-
-
 class RunWatchdog:
     """Time limits and the signal backstop for one flow run in this process (see the module).
 
@@ -140,7 +136,7 @@ class RunWatchdog:
             raise WatchdogSettingError(f"limit_seconds ({limit_seconds!r}) must be finite and > 0")
         self.limit_seconds = limit_seconds
         self.on_stop = on_stop
-        self._record_path = runs_folder(home) / f"{os.getpid()}.json"
+        self._record_path = home / RUNS_FOLDER / f"{os.getpid()}.json"
         self._base = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -327,7 +323,7 @@ def inspect_runs(home: Path, *, now: float | None = None) -> list[RunProblem]:
     clock = time.time() if now is None else now
     host = socket.gethostname()
     problems = []
-    folder = runs_folder(home)
+    folder = home / RUNS_FOLDER
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             record = RunRecord(**json.loads(path.read_text()))
