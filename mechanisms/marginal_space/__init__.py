@@ -59,10 +59,6 @@ from dprelease.mechanisms.primitives.workload import (
     mask_of,
 )
 
-# ------------------------------------------------------------------------------------------------
-# Subsets and tables
-# ------------------------------------------------------------------------------------------------
-
 
 def down_closure(masks: Iterable[int]) -> list[int]:
     """Every subset of every mask, ascending. O(Σ 2^|R|)."""
@@ -98,11 +94,6 @@ def _centre(table: np.ndarray) -> np.ndarray:
     for axis in range(out.ndim):
         out -= out.mean(axis=axis, keepdims=True)
     return out
-
-
-# ------------------------------------------------------------------------------------------------
-# The strategy
-# ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -242,11 +233,6 @@ class MarginalSpaceStrategy(SubsetStrategy):
             item.name: model.marginal(int(item_subset(item) or 0)).ravel()
             for item in workload.items
         }
-
-
-# ------------------------------------------------------------------------------------------------
-# The mechanism
-# ------------------------------------------------------------------------------------------------
 
 
 class MarginalSpaceMechanism(MatrixMechanism):

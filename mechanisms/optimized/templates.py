@@ -83,10 +83,8 @@ class FactorSolution:
 def unit_error(gram: np.ndarray, strategy_gram: np.ndarray) -> float:
     """``tr(G X⁺)`` for a strategy Gram ``X = AᵀA``; ``inf`` if ``X`` does not support ``G``.
 
-    Cholesky and LAPACK ``potri`` when ``X`` is positive definite (O(n³) flops in all); otherwise
-    an eigendecomposition and the pseudo-inverse, with a support check (``G`` must vanish on the
-    null space of ``X``).
-    """
+    Cholesky and ``potri`` when ``X`` is positive definite, else an eigendecomposition and a support
+    check (``G`` must vanish on the null space of ``X``).  O(n³)."""
     flops = float(strategy_gram.shape[0]) ** 3  # potrf n³/3 + potri 2n³/3
     factor, info = interruptible(
         lambda: scipy.linalg.lapack.dpotrf(strategy_gram, lower=False, clean=True), flops=flops
@@ -132,9 +130,8 @@ def gram_right_multiply(gram: np.ndarray) -> RightMultiply:
 
     With 0-based cells, all ranges give ``G_ij = c (min(i, j) + 1)(n − max(i, j))`` and prefixes
     ``G_ij = c (n − max(i, j))``; then ``(X G)_j`` needs only prefix sums of ``X`` weighted by
-    ``(i + 1)`` or 1 and suffix sums weighted by ``(n − i)``.  These are the Grams of 1-D range and
-    CDF workloads, the ones p-Identity is optimised for, where the dense product dominates a loss
-    evaluation.
+    ``(i + 1)`` or 1 and suffix sums weighted by ``(n − i)``.  These 1-D range and CDF Grams are the
+    ones p-Identity serves, where the dense product dominates a loss evaluation.
     """
     recognised = structured_gram(gram)
     if recognised is None:
@@ -144,7 +141,24 @@ def gram_right_multiply(gram: np.ndarray) -> RightMultiply:
 
         return dense
     kind, c = recognised
-    return _fast_right_multiply(gram.shape[0], c, kind)
+    n = gram.shape[0]
+    cells = np.arange(n, dtype=np.float64)
+    weight = cells + 1.0 if kind == "ranges" else np.ones(n)  # (min + 1) factor, or 1
+    distance = n - cells
+
+    def multiply(x: np.ndarray, out: np.ndarray) -> np.ndarray:  # O(p n), in place
+        np.multiply(x, weight, out=out)
+        np.cumsum(out, axis=-1, out=out)  # Σ_{i ≤ j} x_i w_i
+        out *= distance
+        x *= distance
+        np.cumsum(x, axis=-1, out=x)
+        np.subtract(x[..., -1:], x, out=x)  # Σ_{i > j} x_i (n − i): the total less the prefix
+        x *= weight
+        out += x
+        out *= c
+        return out
+
+    return multiply
 
 
 def structured_gram(gram: np.ndarray) -> tuple[str, float] | None:
@@ -164,26 +178,6 @@ def structured_gram(gram: np.ndarray) -> tuple[str, float] | None:
         else:
             return kind, c
     return None
-
-
-def _fast_right_multiply(n: int, c: float, kind: str) -> RightMultiply:
-    cells = np.arange(n, dtype=np.float64)
-    weight = cells + 1.0 if kind == "ranges" else np.ones(n)  # (min + 1) factor, or 1
-    distance = n - cells
-
-    def multiply(x: np.ndarray, out: np.ndarray) -> np.ndarray:  # O(p n), in place
-        np.multiply(x, weight, out=out)
-        np.cumsum(out, axis=-1, out=out)  # Σ_{i ≤ j} x_i w_i
-        out *= distance
-        x *= distance
-        np.cumsum(x, axis=-1, out=x)
-        np.subtract(x[..., -1:], x, out=x)  # Σ_{i > j} x_i (n − i): the total less the prefix
-        x *= weight
-        out += x
-        out *= c
-        return out
-
-    return multiply
 
 
 def pidentity_column_scales(theta: np.ndarray, *, noise: NoiseKind) -> np.ndarray:
@@ -458,7 +452,7 @@ def optimize_pidentity_factor(
     identity_loss = best_loss
     for restart in range(restarts + 1):
         if limit is not None and limit.expired():
-            return (*_pidentity_best(seen, noise, scale, iterations), True)
+            return (*_pidentity_best(seen["theta"], seen["loss"], noise, scale, iterations), True)
         if restart == restarts:  # one extra run only when every Laplace start fell back to Θ = 0
             if noise != "laplace" or best_loss < identity_loss:
                 break
@@ -485,24 +479,22 @@ def optimize_pidentity_factor(
             )
         except TimeLimitReached:
             iterations += int(seen["iterations"])
-            return (*_pidentity_best(seen, noise, scale, iterations), True)
+            return (*_pidentity_best(seen["theta"], seen["loss"], noise, scale, iterations), True)
         iterations += result.iterations
         if np.isfinite(result.fun) and result.fun < best_loss:
             best_loss = float(result.fun)
             best_theta = result.x.reshape(p, n)
-    if noise == "laplace":
-        best_theta = np.maximum(best_theta, 0.0)
-    return best_theta, best_loss * scale, iterations, False
+    return (*_pidentity_best(best_theta, best_loss, noise, scale, iterations), False)
 
 
 def _pidentity_best(
-    seen: dict[str, object], noise: NoiseKind, scale: float, iterations: int
+    theta: object, loss: object, noise: NoiseKind, scale: float, iterations: int
 ) -> tuple[np.ndarray, float, int]:
-    """(Θ, unit error, iterations) of the best point evaluated before a time limit stopped."""
-    theta = np.asarray(seen["theta"])
+    """(Θ, unit error, iterations) of a best point (Θ ≥ 0 restored for Laplace)."""
+    theta = np.asarray(theta)
     if noise == "laplace":
         theta = np.maximum(theta, 0.0)
-    return theta, float(seen["loss"]) * scale, iterations  # type: ignore[arg-type]
+    return theta, float(loss) * scale, iterations  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

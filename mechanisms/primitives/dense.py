@@ -23,14 +23,6 @@ from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 MAX_DENSE_CELLS = 8192
 
 
-def _check_cells(n_cells: int) -> None:
-    if n_cells > MAX_DENSE_CELLS:
-        raise ValueError(
-            f"an explicit strategy needs the domain to have at most {MAX_DENSE_CELLS} cells "
-            f"(got {n_cells})"
-        )
-
-
 @dataclass(frozen=True, kw_only=True)
 class DenseStrategy(LeastSquaresAnswers):
     """Strategy ``A`` (p × N) measured as ``A x + noise`` and answered by least squares."""
@@ -43,7 +35,11 @@ class DenseStrategy(LeastSquaresAnswers):
         matrix = np.asarray(self.matrix, dtype=np.float64)
         if matrix.ndim != 2 or not np.all(np.isfinite(matrix)):
             raise ValueError(f"strategy matrix must be a finite 2-D array (shape {matrix.shape})")
-        _check_cells(matrix.shape[1])
+        if matrix.shape[1] > MAX_DENSE_CELLS:
+            raise ValueError(
+                f"an explicit strategy needs the domain to have at most {MAX_DENSE_CELLS} cells "
+                f"(got {matrix.shape[1]})"
+            )
         object.__setattr__(self, "matrix", matrix)
 
     @property

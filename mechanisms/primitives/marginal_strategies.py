@@ -170,11 +170,6 @@ def gram_eigenvalues(coefficients: np.ndarray, domain_sizes: Sequence[int]) -> n
     return superset_sums(coefficients * summed_out_sizes(domain_sizes), len(domain_sizes))
 
 
-# ------------------------------------------------------------------------------------------------
-# The workload in subset space
-# ------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True, eq=False)
 class SubsetWorkload:
     """A workload's projections ``g_T = tr(WᵀW Q_T)`` on the 2^d subset eigenspaces."""
@@ -262,11 +257,6 @@ def subset_workload(workload: Workload) -> SubsetWorkload:
         diagonal=diagonal,
         own_subsets=tuple(own),
     )
-
-
-# ------------------------------------------------------------------------------------------------
-# HDMM's marginals template: one weight per plain marginal
-# ------------------------------------------------------------------------------------------------
 
 
 def marginals_sensitivity(weights: np.ndarray, *, noise: NoiseKind) -> float:
@@ -451,11 +441,6 @@ def search_marginal_weights(
         stopped_early=stopped,
         seconds=time.perf_counter() - started,
     )
-
-
-# ------------------------------------------------------------------------------------------------
-# Weights over subsets
-# ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -718,11 +703,6 @@ def plan_subset_weights(
         )
     cache.save(key, StoredStrategy(parameters=weights.to_parameters()))
     return weights
-
-
-# ------------------------------------------------------------------------------------------------
-# The strategy
-# ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
