@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -98,20 +98,15 @@ def validate_domain_sizes(domain_sizes: Sequence[int]) -> tuple[int, ...]:
 def _lattice_transform(
     values: np.ndarray, num_attributes: int, *, upward: bool, sign: float
 ) -> np.ndarray:
-    """One pass per bit: ``low += sign · high`` (``upward=False``) or ``high += sign · low``.
-
-    Each pass is a contiguous 3-D view.  O(d 2^d).
-    """
+    """One pass per bit, each a contiguous 3-D view: ``low += sign · high`` (``upward=False``) or
+    ``high += sign · low``. O(d 2^d)."""
     out = np.array(values, dtype=np.float64, copy=True)
     if out.shape != (1 << num_attributes,):
         raise ValueError(f"values (shape {out.shape}) must have length 2^d = {1 << num_attributes}")
     for bit in range(num_attributes):
         pairs = out.reshape(-1, 2, 1 << bit)  # (2^(d−1−bit), 2, 2^bit): the middle axis is `bit`
         target, source = (pairs[:, 1, :], pairs[:, 0, :]) if upward else (pairs[:, 0], pairs[:, 1])
-        if sign > 0:
-            target += source
-        else:
-            target -= source
+        target += sign * source  # sign is ±1: exact
     return out
 
 
@@ -156,10 +151,8 @@ def _kept_products(values: Sequence[float]) -> np.ndarray:
 def ij_subset_eigenvalues(
     parts: Sequence[tuple[float, float]], domain_sizes: Sequence[int]
 ) -> np.ndarray:
-    """Eigenvalue of ``⊗_i (a_i I + b_i J)`` on every eigenspace ``P_U``. O(2^d).
-
-    ``a_i`` on the centred part (i ∈ U), ``a_i + b_i n_i`` on the mean direction (i ∉ U).
-    """
+    """Eigenvalue of ``⊗_i (a_i I + b_i J)`` on every eigenspace ``P_U``: ``a_i`` on the centred
+    part (i ∈ U), ``a_i + b_i n_i`` on the mean direction (i ∉ U). O(2^d)."""
     return per_subset_product(
         [a for a, _ in parts], [a + b * n for (a, b), n in zip(parts, domain_sizes, strict=True)]
     )
@@ -196,16 +189,14 @@ class SubsetWorkload:
         return np.divide(self.projections, r, out=np.zeros_like(self.projections), where=r > 0)
 
 
-def _parts(trace: float, total: float, n: int) -> tuple[float, float]:
-    """(centred, mean) parts of one attribute's Gram ``G`` (trace ``trace``, entry sum ``total``):
-    ``tr(G P⁰)`` and ``tr(G P¹) = 1ᵀG1 / n``."""
-    mean = total / n
-    return max(trace - mean, 0.0), mean
-
-
-def _product(parts: Sequence[tuple[float, float]]) -> np.ndarray:
-    """``tr(⊗_i G_i Q_T)`` for every T from the per-attribute parts (bit i ⇔ centred). O(2^d)."""
-    return per_subset_product([c for c, _ in parts], [m for _, m in parts])
+def _projections(grams: Iterable[tuple[float, float, int]]) -> np.ndarray:
+    """``tr(⊗_i G_i Q_T)`` for every T (bit i ⇔ centred) from each ``G_i``'s (trace, entry sum, n):
+    its centred part ``tr(G P⁰)`` and mean part ``tr(G P¹) = 1ᵀG1 / n``. O(2^d)."""
+    centred, means = [], []
+    for trace, total, n in grams:
+        means.append(total / n)
+        centred.append(max(trace - total / n, 0.0))
+    return per_subset_product(centred, means)
 
 
 def _drop_round_off(total: np.ndarray) -> np.ndarray:
@@ -216,27 +207,21 @@ def _drop_round_off(total: np.ndarray) -> np.ndarray:
 
 def item_projections(item: WorkloadItem) -> np.ndarray:
     """``tr(W_itemᵀW_item Q_T)`` for every subset T. O(2^d + Σ_i cost of one product of W_i)."""
-    return _product([_parts(f.gram_trace(), f.gram_sum(), f.n) for f in item.factors])
+    return _projections((f.gram_trace(), f.gram_sum(), f.n) for f in item.factors)
 
 
 def workload_projections(terms: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
     """``tr(WᵀW Q_T)`` for ``WᵀW = Σ_t ⊗_i G_{t,i}`` (dense Gram terms). O(Σ n_i² + 2^d) per term."""
-    return _drop_round_off(
-        np.sum(
-            [
-                _product([_parts(float(np.trace(g)), float(g.sum()), g.shape[0]) for g in term])
-                for term in terms
-            ],
-            axis=0,
-        )
-    )
+    per_term = [
+        _projections((float(np.trace(g)), float(g.sum()), g.shape[0]) for g in term)
+        for term in terms
+    ]
+    return _drop_round_off(np.sum(per_term, axis=0))
 
 
 def subset_workload(workload: Workload) -> SubsetWorkload:
-    """The workload's subset-space projections. O(items · 2^d); d ≤ 20 attributes.
-
-    Identity and total factors cost O(1); other factors one product each (never a Gram).
-    """
+    """The workload's subset-space projections. O(items · 2^d); d ≤ 20 attributes.  Identity and
+    total factors cost O(1); other factors one product each (never a Gram)."""
     d = len(workload.domain_shape)
     if d > MAX_MARGINAL_ATTRIBUTES:
         raise ValueError(

@@ -21,11 +21,9 @@ class Accountant(Protocol):
 
     def charge(self, cost: PrivacyCost, *, label: str) -> str:
         """Record ``cost`` (committed before returning) and return the receipt id."""
-        ...
 
     def holds(self, receipt_id: str) -> bool:
         """True when ``receipt_id`` is a charge on this dataset's ledger (a reusable payment)."""
-        ...
 
 
 class MeasurableStrategy(Protocol):

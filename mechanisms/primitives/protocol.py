@@ -170,21 +170,17 @@ class Strategy(Protocol):
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """``A·x`` (confidential in, confidential out: only the choke point calls it on data)."""
-        ...
 
     def answers(self, y: np.ndarray, workload: Workload) -> dict[str, np.ndarray]:
         """Each item's estimate from the noisy answers ``y`` (least squares unless stated)."""
-        ...
 
     def item_unit_variances(self, item: WorkloadItem, workload: Workload) -> np.ndarray:
         """Per-query variance of the estimate of ``item`` when each answer gets unit noise."""
-        ...
 
     def item_unit_total(self, item: WorkloadItem, workload: Workload) -> float: ...
 
     def support_residual(self, workload: Workload) -> float:
         """≈ 0 iff the estimator answers every workload query without bias."""
-        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,29 +311,23 @@ class Mechanism(Protocol):
 
     def unavailable_reason(self, request: PlanRequest) -> str | None:
         """Why this mechanism cannot serve ``request`` (cheap: sizes and kinds only), or None."""
-        ...
 
     def predicted_seconds(self, request: PlanRequest) -> float:
         """Predicted planning time from sizes alone (never by running the optimiser)."""
-        ...
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> Strategy:
         """The strategy for ``request`` (cached in ``cache``); :class:`CandidateUnavailable`."""
-        ...
 
     def evaluate(self, strategy: Strategy, request: PlanRequest) -> Evaluation:
         """Privacy cost and expected error of measuring ``strategy``."""
-        ...
 
     def measure(self, strategy: Strategy, data: Any, *, context: MeasureContext) -> Measurement:
         """Charge the ledger, then release noisy answers (through the choke point)."""
-        ...
 
     def reconstruct(
         self, measurement: Measurement, *, workload: Workload
     ) -> dict[str, ItemAnswers]:
         """Every item's estimates and uncertainty (post-processing of ``measurement``)."""
-        ...
 
 
 # Optional hook, for mechanisms whose charge can be smaller than the plan's cost because part of it
