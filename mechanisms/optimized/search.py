@@ -280,12 +280,9 @@ def _alternate(
     limit: WorkLimit,
     progress: Progress | None,
 ) -> tuple[list[FactorSolution], float, int, bool]:
-    """One run of the Kronecker alternation from identity factors.
-
-    Returns (factors, error, iterations, stopped early).  Once ``limit`` has passed, the factor
-    in progress returns its best point so far and no further factor is optimised; factors never
-    optimised stay the identity.
-    """
+    """One run of the Kronecker alternation from identity factors: (factors, error, iterations,
+    stopped early).  Once ``limit`` has passed, the factor in progress returns its best point and
+    no further factor is optimised; factors never optimised stay the identity."""
     d = len(sizes)
     # errors[t, i] = tr(G_{t,i} (A_iᵀA_i)⁻¹); identity factors to start
     errors = np.array([[float(np.trace(g)) for g in term] for term in grams])
@@ -365,22 +362,19 @@ def marginals_template(
     point it evaluates keeps the full-identity weight > 0, so the strategy supports the
     workload) and the result is ``stopped_early``.
     """
-    if limit.expired():
-        search = search_marginal_weights(
-            projections, sizes, noise=noise, rng=rng, restarts=1, max_iterations=1
-        )
+    expired, remaining = limit.expired(), limit.remaining()
+    search = search_marginal_weights(
+        projections,
+        sizes,
+        noise=noise,
+        rng=rng,
+        restarts=1 if expired else restarts,
+        max_iterations=1 if expired else 1000,
+        time_limit=None if expired or remaining == float("inf") else max(remaining, 1e-3),
+        progress=None if expired else progress,
+    )
+    if expired:
         search = dataclasses.replace(search, stopped_early=True)
-    else:
-        remaining = limit.remaining()
-        search = search_marginal_weights(
-            projections,
-            sizes,
-            noise=noise,
-            rng=rng,
-            restarts=restarts,
-            time_limit=None if remaining == float("inf") else max(remaining, 1e-3),
-            progress=progress,
-        )
     return OptimizedStrategy(
         kind="marginals",
         domain_sizes=sizes,
@@ -408,15 +402,12 @@ def optimize_workload(
 
     Kronecker: per-attribute p-Identity (Laplace) or full-rank optimum (Gaussian, n_i ≤ 4096),
     alternated over a union of terms.  Marginals: tried when ``d ≤ 20``.  The returned
-    ``details`` maps each candidate to its total error.
-
-    ``time_limit`` (seconds) bounds both templates together: the Kronecker search stops at its
-    next evaluation with its best strategy so far, and the marginals template is skipped if
-    the limit has already passed (``details`` then has no ``"marginals"`` entry); the result
-    has ``stopped_early``.  ``progress(fraction, message)``: Kronecker 0-0.8, marginals 0.8-1.
+    ``details`` maps each candidate to its total error.  ``time_limit`` (seconds) bounds both
+    together: the Kronecker search stops at its next evaluation with its best strategy so far, the
+    marginals template is skipped once the limit has passed (no ``"marginals"`` in ``details``),
+    and the result has ``stopped_early``.  ``progress``: Kronecker 0-0.8, marginals 0.8-1.
 
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
-
     References: HDMM §7 (choosing among templates).
     """
     start = time.perf_counter()
