@@ -397,10 +397,9 @@ def optimize_pidentity_factor(
 
     Θ = 0 (the identity) is always a local minimum of the Laplace loss (extra mass raises the L1
     sensitivity linearly but lowers the trace only quadratically), so Laplace starts stay away
-    from it: every restart starts at HDMM's ``Uniform[0, 1)``, scaled by
-    :func:`_uniform_start_scale` (bounds Θ ≥ 0), and when all of
-    them still end at Θ = 0 (small p: n = 64, p = 4) one more run starts at :func:`_block_start` (a
-    two-level hierarchy; as a first start it converged more slowly).  Gaussian restart 0 starts at
+    from it: every restart starts at HDMM's ``Uniform[0, 1)`` scaled by :func:`_uniform_start_scale`
+    (bounds Θ ≥ 0), and when all of them still end at Θ = 0 (small p: n = 64, p = 4) one more run
+    starts at :func:`_block_start` (a two-level hierarchy; as a first start it converged more slowly).  Gaussian restart 0 starts at
     the SVD-bound-like Θ of :func:`_gaussian_pidentity_start`, later ones perturb it with ``rng``.
     ``initial_theta`` (for warm starts inside the Kronecker alternation) replaces restart 0.
 
