@@ -51,11 +51,11 @@ from dprelease.mechanisms.primitives.strategies import FAMILIES, KronStrategy, i
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
 from dprelease.mechanisms.primitives.union import (
     UnionStrategy,
-    UnionTerm,
     optimize_weights,
     per_item_terms,
     unit_error,
     weight_problem_sizes,
+    weighted_terms,
 )
 from dprelease.mechanisms.primitives.union import predict_seconds as predict_union_seconds
 from dprelease.mechanisms.primitives.workload import Workload
@@ -235,13 +235,10 @@ def _restore(request: PlanRequest, stored: StoredStrategy, *, branching: int) ->
             workload, ordered=request.ordered, family=str(parameters["family"]), branching=branching
         )
         terms = [all_terms[int(k)] for k in parameters["kept_terms"]]
-        weights = [float(w) for w in parameters["weights"]]
         return UnionStrategy(
             name="optimized",
             domain_shape=workload.domain_shape,
-            terms=tuple(
-                UnionTerm(weight=w, factors=f) for w, f in zip(weights, terms, strict=True)
-            ),
+            terms=weighted_terms(terms, parameters["weights"]),
             parameters=parameters,
         )
     if "subset_weights" in parameters:

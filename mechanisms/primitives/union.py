@@ -77,8 +77,14 @@ class UnionTerm:
         return math.prod(f.m for f in self.factors)
 
 
-def _unit_terms(factor_tuples: Sequence[tuple[Factor, ...]]) -> tuple[UnionTerm, ...]:
-    return tuple(UnionTerm(weight=1.0, factors=factors) for factors in factor_tuples)
+def weighted_terms(
+    factor_tuples: Sequence[tuple[Factor, ...]], weights: Sequence[float] | None = None
+) -> tuple[UnionTerm, ...]:
+    """One term per factor tuple, weighted by ``weights`` (1 each when None)."""
+    weights = [1.0] * len(factor_tuples) if weights is None else weights
+    return tuple(
+        UnionTerm(weight=float(w), factors=f) for w, f in zip(weights, factor_tuples, strict=True)
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +102,7 @@ class _Structure:
         return _gram_blocks(terms, choices, self.split_axes, self.dense_axes, self.shape)
 
     def workload_blocks(self, workload: Workload) -> list[np.ndarray]:
-        return self.gram_blocks(_unit_terms([item.factors for item in workload.items]))
+        return self.gram_blocks(weighted_terms([item.factors for item in workload.items]))
 
     def unit_trace(self, blocks: Sequence[np.ndarray]) -> float:
         """``Σ_c mult_c · tr(Q_c S_c⁺)`` for the Gram blocks ``Q_c``. O(2^k D²)."""
@@ -233,7 +239,7 @@ class UnionStrategy(LeastSquaresAnswers):
     def item_unit_total(self, item: WorkloadItem, workload: Workload) -> float:
         """``tr(W_itemᵀW_item (AᵀA)⁺) = Σ_c mult_c · tr(Q_c S_c⁺)``. O(2^k D²)."""
         structure = self.structure(workload)
-        return structure.unit_trace(structure.gram_blocks(_unit_terms([item.factors])))
+        return structure.unit_trace(structure.gram_blocks(weighted_terms([item.factors])))
 
     def support_residual(self, workload: Workload) -> float:
         """Largest relative ‖Q_c − Q_c S_c⁺ S_c‖ over blocks; ≈ 0 iff A supports W."""
@@ -361,12 +367,12 @@ class _WeightProblem:
     ) -> None:
         self.norm = norm = SENSITIVITY_NORM[noise]
         reference = UnionStrategy(
-            name="reference", domain_shape=workload.domain_shape, terms=_unit_terms(term_factors)
+            name="reference", domain_shape=workload.domain_shape, terms=weighted_terms(term_factors)
         )
         structure = reference.structure(workload)
         self.multiplicities = [multiplicity for _, multiplicity, _ in structure.blocks]
         self.workload_blocks = structure.workload_blocks(workload)
-        self.term_blocks = [structure.gram_blocks(_unit_terms([f])) for f in term_factors]
+        self.term_blocks = [structure.gram_blocks(weighted_terms([f])) for f in term_factors]
         # S_c(w) is a positive combination of PSD blocks: its range is that of Σ_t K_{t,c} for every
         # w > 0.  On a basis U of that range UᵀS_c U is positive definite, so each evaluation
         # inverts an r × r block by Cholesky instead of a singular D × D one by eigh (the demo's
@@ -503,7 +509,7 @@ def optimize_weights(
                 break
             reduced = terms[:smallest] + terms[smallest + 1 :]
             trial = UnionStrategy(
-                name=name, domain_shape=workload.domain_shape, terms=_unit_terms(reduced)
+                name=name, domain_shape=workload.domain_shape, terms=weighted_terms(reduced)
             )
             if trial.support_residual(workload) > 1e-8:
                 break
@@ -521,9 +527,7 @@ def optimize_weights(
     return UnionStrategy(
         name=name,
         domain_shape=workload.domain_shape,
-        terms=tuple(
-            UnionTerm(weight=float(w), factors=f) for w, f in zip(weights, terms, strict=True)
-        ),
+        terms=weighted_terms(terms, weights),
         parameters={
             "weights": [float(w) for w in weights],
             "kept_terms": kept,
