@@ -74,11 +74,9 @@ class Factor(LinearOperator):
         return float(row_sums @ row_sums)
 
     def gram_ij(self) -> tuple[float, float] | None:
-        """``(a, b)`` with ``FᵀF = a·I + b·J`` (J all-ones), or None.
-
-        Such attributes are diagonal in the split ``span{1} ⊕ 1^⊥`` (the marginals algebra).
-        Generic factors form their Gram (O(n²)) only up to ``IJ_CHECK_MAX_CELLS`` cells.
-        """
+        """``(a, b)`` with ``FᵀF = a·I + b·J`` (J all-ones), or None: such attributes are diagonal
+        in the split ``span{1} ⊕ 1^⊥`` (the marginals algebra).  Generic factors form their Gram
+        (O(n²)) only up to ``IJ_CHECK_MAX_CELLS`` cells."""
         if self.n > IJ_CHECK_MAX_CELLS:
             return None
         return gram_ij_parts(self.gram())
@@ -114,11 +112,8 @@ class Factor(LinearOperator):
         return float(self.column_norms(norm=norm).max())
 
     def query_variances(self, covariance: np.ndarray) -> np.ndarray:
-        """``diag(F M Fᵀ)`` for a symmetric ``n × n`` cell covariance ``M``. O(m n²) generic.
-
-        ``covariance`` may carry trailing batch axes (shape ``(n, n, *batch)``); the result is then
-        ``(m, *batch)``, one diagonal per batch index (used by :func:`kron_query_variances`).
-        """
+        """``diag(F M Fᵀ)`` for a symmetric ``n × n`` cell covariance ``M``, O(m n²) generic; with
+        trailing batch axes ``(n, n, *batch)`` the result is ``(m, *batch)`` (one per index)."""
         dense = self.dense()
         return np.einsum("ij,jk...,ik->i...", dense, covariance, dense)
 
@@ -469,29 +464,18 @@ def gram_ij_parts(gram: np.ndarray, *, rtol: float = 1e-10) -> tuple[float, floa
 # --- Kronecker products over a domain -------------------------------------------------------------
 
 
-def apply_along_axis(operator: LinearOperator, tensor: np.ndarray, axis: int) -> np.ndarray:
-    """Apply ``operator`` to ``tensor`` along ``axis`` (one factor of a Kronecker product).
-
-    O(cost of operator on n_axis × (size / n_axis) columns).
-    """
-    moved = np.moveaxis(tensor, axis, 0)
-    rest = moved.shape[1:]
-    flat = moved.reshape(moved.shape[0], -1)
-    result = (
-        np.asarray(operator.matmat(flat)) if flat.shape[1] else np.zeros((operator.shape[0], 0))
-    )
-    return np.moveaxis(result.reshape((result.shape[0], *rest)), 0, axis)
-
-
 def kron_apply(factors: Sequence[LinearOperator], x: np.ndarray) -> np.ndarray:
-    """``(F_1 ⊗ … ⊗ F_d) x`` for a row-major flattened ``x``; never forms the product.
-
-    O(Σ_i cost(F_i) · N / n_i) for N cells.
-    """
+    """``(F_1 ⊗ … ⊗ F_d) x`` for a row-major flattened ``x``, each factor applied along its axis;
+    never forms the product.  O(Σ_i cost(F_i) · N / n_i) for N cells."""
     shape = tuple(int(f.shape[1]) for f in factors)
     tensor = np.asarray(x, dtype=np.float64).reshape(shape)
     for axis, factor in enumerate(factors):
-        tensor = apply_along_axis(factor, tensor, axis)
+        moved = np.moveaxis(tensor, axis, 0)
+        flat = moved.reshape(moved.shape[0], -1)
+        result = (
+            np.asarray(factor.matmat(flat)) if flat.shape[1] else np.zeros((factor.shape[0], 0))
+        )
+        tensor = np.moveaxis(result.reshape((result.shape[0], *moved.shape[1:])), 0, axis)
     return tensor.ravel()
 
 
