@@ -87,12 +87,11 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class OptimizedStrategy:
-    """A public, data-independent measurement strategy and its expected error.
-
-    For every kind except ``"marginals"`` the strategy is the Kronecker product of ``factors``.
-    For ``"marginals"`` it stacks ``weights[S] · M_S`` over subsets S (bitmask, bit i = attribute
-    i kept); ``optimized`` measures it as a :class:`mechanisms.primitives.marginal_strategies.SubsetStrategy`.
-    """
+    """A public, data-independent measurement strategy and its expected error.  For every kind
+    except ``"marginals"`` the strategy is the Kronecker product of ``factors``.  For
+    ``"marginals"`` it stacks ``weights[S] · M_S`` over subsets S (bitmask, bit i = attribute i
+    kept); ``optimized`` measures it as a
+    :class:`mechanisms.primitives.marginal_strategies.SubsetStrategy`."""
 
     kind: StrategyKind
     domain_sizes: tuple[int, ...]
@@ -356,12 +355,10 @@ def marginals_template(
     progress: Progress | None,
 ) -> OptimizedStrategy:
     """HDMM's marginals template (OPT_M, §6) for workload projections ``tr(WᵀW Q_T)``: the one
-    search, :func:`mechanisms.primitives.marginal_strategies.search_marginal_weights`, from random starts.
-
-    If ``limit`` has already passed, one L-BFGS-B iteration from one start still runs (every
-    point it evaluates keeps the full-identity weight > 0, so the strategy supports the
-    workload) and the result is ``stopped_early``.
-    """
+    search, :func:`mechanisms.primitives.marginal_strategies.search_marginal_weights`, from random
+    starts.  If ``limit`` has already passed, one L-BFGS-B iteration from one start still runs
+    (every point it evaluates keeps the full-identity weight > 0, so the strategy supports the
+    workload) and the result is ``stopped_early``."""
     expired, remaining = limit.expired(), limit.remaining()
     search = search_marginal_weights(
         projections,
@@ -471,13 +468,11 @@ def predict_seconds(
     restarts: int = 1,
 ) -> float:
     """Predicted seconds of :func:`optimize_workload` from the sizes only (one BLAS thread).
-
     ``num_terms``: Kronecker terms in the workload's Gram (``len(workload.gram_terms())``).
-    Kronecker template: every attribute's factor (p-Identity, or the full-rank optimum for
-    Gaussian noise), times 1.5 for a union of terms, times the runs (``restarts`` for Laplace);
-    marginals template (d ≤ 20): its iterations at O(d 2^d).  Calibrated in
-    ``benchmarks/predict_bench.py``; O(d).
-    """
+    Kronecker template: every attribute's factor (p-Identity, or the full-rank optimum for Gaussian
+    noise), times 1.5 for a union of terms, times the runs (``restarts`` for Laplace); marginals
+    template (d ≤ 20): its iterations at O(d 2^d).  Calibrated in ``benchmarks/predict_bench.py``;
+    O(d)."""
     sizes = validate_domain_sizes(domain_sizes)
     validate_noise(noise)
     validate_restarts(restarts)

@@ -82,7 +82,6 @@ class FactorSolution:
 
 def unit_error(gram: np.ndarray, strategy_gram: np.ndarray) -> float:
     """``tr(G X⁺)`` for a strategy Gram ``X = AᵀA``; ``inf`` if ``X`` does not support ``G``.
-
     Cholesky and ``potri`` when ``X`` is positive definite, else an eigendecomposition and a support
     check (``G`` must vanish on the null space of ``X``).  O(n³)."""
     flops = float(strategy_gram.shape[0]) ** 3  # potrf n³/3 + potri 2n³/3
@@ -126,13 +125,11 @@ RightMultiply = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 def gram_right_multiply(gram: np.ndarray) -> RightMultiply:
     """``X ↦ X @ gram`` in O(p n) when ``gram`` is a multiple of the all-range or the prefix Gram
-    (recognised in O(n²)), else a dense product, O(p n²).
-
-    With 0-based cells, all ranges give ``G_ij = c (min(i, j) + 1)(n − max(i, j))`` and prefixes
-    ``G_ij = c (n − max(i, j))``; then ``(X G)_j`` needs only prefix sums of ``X`` weighted by
-    ``(i + 1)`` or 1 and suffix sums weighted by ``(n − i)``.  These 1-D range and CDF Grams are the
-    ones p-Identity serves, where the dense product dominates a loss evaluation.
-    """
+    (recognised in O(n²)), else a dense product, O(p n²).  With 0-based cells, all ranges give
+    ``G_ij = c (min(i, j) + 1)(n − max(i, j))`` and prefixes ``G_ij = c (n − max(i, j))``; then
+    ``(X G)_j`` needs only prefix sums of ``X`` weighted by ``(i + 1)`` or 1 and suffix sums
+    weighted by ``(n − i)``.  These 1-D range and CDF Grams are the ones p-Identity serves, where
+    the dense product dominates a loss evaluation."""
     recognised = structured_gram(gram)
     if recognised is None:
 
@@ -189,12 +186,10 @@ def pidentity_column_scales(theta: np.ndarray, *, noise: NoiseKind) -> np.ndarra
 
 class PIdentityFactor(Factor):
     """The p-Identity strategy ``A = [I; Θ] S⁻¹`` (``S = diag(s)``, unit column norms), kept as Θ.
-
-    O(p n) memory and products instead of the (n + p) × n matrix (140 MB at n = 4096), and the
-    Gram inverse by Woodbury, ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹``: O(p n²)
-    instead of the dense Gram's O(n³) Cholesky inverse.  ``AᵀA = S⁻¹(I + ΘᵀΘ)S⁻¹ ⪰ S⁻²`` is always
-    positive definite.  Public: Θ comes from the workload alone.
-    """
+    O(p n) memory and products instead of the (n + p) × n matrix (140 MB at n = 4096), and the Gram
+    inverse by Woodbury, ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹``: O(p n²) instead
+    of the dense Gram's O(n³) Cholesky inverse.  ``AᵀA = S⁻¹(I + ΘᵀΘ)S⁻¹ ⪰ S⁻²`` is always positive
+    definite.  Public: Θ comes from the workload alone."""
 
     def __init__(self, theta: np.ndarray, *, noise: NoiseKind) -> None:
         validate_noise(noise)
@@ -256,15 +251,13 @@ class PIdentityFactor(Factor):
 
 
 class PIdentityObjective:
-    """Unit error ``tr(G (AᵀA)⁻¹)`` of the p-Identity strategy and its gradient in ``Θ``.
-
-    Called with ``Θ`` (p × n) flattened row-major, ``Θ ≥ 0`` for Laplace; returns (loss, new
-    gradient array).  With ``S = diag(s)`` the strategy Gram is ``S⁻¹(I + ΘᵀΘ)S⁻¹``, so
-    ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹`` (Woodbury).  Cost O(p² n + p³) in
-    four GEMMs, plus one product with ``G``: O(p n) for all-range and prefix Grams
-    (:func:`gram_right_multiply`), else O(p n²).  Three p × n work arrays are kept between calls:
-    at p·n = 10⁶ a fresh 8 MB array costs about as much in page faults as the arithmetic on it.
-    """
+    """Unit error ``tr(G (AᵀA)⁻¹)`` of the p-Identity strategy and its gradient in ``Θ``.  Called
+    with ``Θ`` (p × n) flattened row-major, ``Θ ≥ 0`` for Laplace; returns (loss, new gradient
+    array).  With ``S = diag(s)`` the strategy Gram is ``S⁻¹(I + ΘᵀΘ)S⁻¹``, so
+    ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹`` (Woodbury).  Cost O(p² n + p³) in four
+    GEMMs, plus one product with ``G``: O(p n) for all-range and prefix Grams
+    (:func:`gram_right_multiply`), else O(p n²).  Three p × n work arrays are kept between calls: at
+    p·n = 10⁶ a fresh 8 MB array costs about as much in page faults as the arithmetic on it."""
 
     def __init__(self, gram: np.ndarray, *, p: int, noise: NoiseKind) -> None:
         self._n = gram.shape[0]
@@ -318,10 +311,9 @@ def _top_eigenpairs(
     gram: np.ndarray, count: int, *, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Leading ``count`` eigenpairs of a PSD matrix: dense ``eigh`` when small, else randomised.
-
     The randomised path is a block power (subspace) iteration with a Gaussian start from ``rng``
-    followed by Rayleigh–Ritz: O(n² (count + 8) · 5).  Returns (values descending, vectors n × count).
-    """
+    followed by Rayleigh–Ritz: O(n² (count + 8) · 5).  Returns (values descending, vectors n ×
+    count)."""
     n = gram.shape[0]
     if n <= 512 or count + 8 >= n // 2:
         values, vectors = np.linalg.eigh(gram)  # O(n³)
@@ -514,14 +506,12 @@ class FullRankSolution:
 
 
 def gaussian_dual(gram: np.ndarray, weights: np.ndarray) -> tuple[float, np.ndarray]:
-    """Dual lower bound and matching primal Gram of the L2 problem at dual point ``v > 0``.
-
-    With ``K = V G V`` (V = diag(v)) and ``T = tr √K``: returns ``T² / ‖v‖²``, a lower bound on
-    ``tr(G X⁺)`` over every X with ``diag(X) ≤ 1`` (the Lagrange dual with multipliers
-    ``μ = c v²``, maximised over the scale c), and ``X_v = V⁻¹ √K V⁻¹``, the minimiser of the
-    Lagrangian, whose unit error after dividing by ``max diag(X_v)`` is ``T · max diag(X_v)``.
-    The dual's gradient in ``μ`` is ``diag(X_μ) − 1``.  O(n³): one eigendecomposition.
-    """
+    """Dual lower bound and matching primal Gram of the L2 problem at dual point ``v > 0``.  With
+    ``K = V G V`` (V = diag(v)) and ``T = tr √K``: returns ``T² / ‖v‖²``, a lower bound on
+    ``tr(G X⁺)`` over every X with ``diag(X) ≤ 1`` (the Lagrange dual with multipliers ``μ = c v²``,
+    maximised over the scale c), and ``X_v = V⁻¹ √K V⁻¹``, the minimiser of the Lagrangian, whose
+    unit error after dividing by ``max diag(X_v)`` is ``T · max diag(X_v)``.  The dual's gradient in
+    ``μ`` is ``diag(X_μ) − 1``.  O(n³): one eigendecomposition."""
     values, vectors = _eigh(gram * np.outer(weights, weights))  # O(n³)
     roots = np.sqrt(np.clip(values, 0.0, None))
     dual = float(roots.sum()) ** 2 / float(weights @ weights)
@@ -707,13 +697,11 @@ def optimize_factor(
     progress: Progress | None = None,
 ) -> tuple[FactorSolution, np.ndarray | None, np.ndarray | None]:
     """Best sensitivity-1 strategy for one attribute among identity and the chosen template.
-
     ``template``: ``"auto"`` (see :func:`_resolved_template`), ``"pidentity"``, ``"fullrank"``
     (Gaussian only) or ``"identity"``.  Returns the solution plus the state for a warm start (Θ or
     dual weights).  ``gram`` must already be validated (:func:`validate_gram`).  ``limit``: an
     expired limit returns the best strategy found so far (never worse than the identity or
-    ``warm_start``) with ``stopped_early``.
-    """
+    ``warm_start``) with ``stopped_early``."""
     n = gram.shape[0]
     template = _resolved_template(template, noise=noise, n=n)
     if template == "fullrank" and noise != "gaussian":

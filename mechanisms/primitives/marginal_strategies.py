@@ -276,10 +276,8 @@ def marginals_loss_and_gradient(
     noise: NoiseKind,
 ) -> tuple[float, np.ndarray]:
     """``Δ(w)² · tr(G X(w)⁺)`` and its gradient in the weights ``w`` (scale invariant). O(d 2^d).
-
     With ``θ = w²``, ``λ = zeta(θ ∘ m)`` and ``f = Σ_U g_U / λ_U``:
-    ``∂f/∂θ_S = −m_S Σ_{U ⊆ S} g_U / λ_U²`` (a subset-sum transform).
-    """
+    ``∂f/∂θ_S = −m_S Σ_{U ⊆ S} g_U / λ_U²`` (a subset-sum transform)."""
     d = len(domain_sizes)
     sizes_out = summed_out_sizes(domain_sizes)
     theta = params * params
@@ -431,10 +429,8 @@ def search_marginal_weights(
 @dataclass(frozen=True, kw_only=True, eq=False)
 class MarginalWeights:
     """One weight per attribute subset (bit i = attribute i) and what the weights achieve.
-
     ``basis="centred"``: term ``w_T ⊗ (C_i if i ∈ T else 1ᵀ)``; ``"marginal"``: term ``w_S M_S``
-    (identity on S, total elsewhere).  Weights are normalised to sensitivity 1 for ``noise``.
-    """
+    (identity on S, total elsewhere).  Weights are normalised to sensitivity 1 for ``noise``."""
 
     domain_shape: tuple[int, ...]
     basis: SubsetBasis
@@ -546,13 +542,12 @@ def marginal_weights_l2(
     time_limit: float | None = None,
     progress: Progress | None = None,
 ) -> MarginalWeights:
-    """Eigen-Design in subset space for L2 noise: centred-marginal weights ``w_T² c_T ∝ √(g_T/r_T)``.
-
-    Closed form, O(items · 2^d): each eigenspace ``Q_T`` gets weight ``μ_T ∝ √λ_T`` (Cauchy–Schwarz
-    on ``Δ₂² · Σ g_T/μ_T`` with ``Δ₂² = Σ μ_T r_T / N``), so the total error is
-    ``(Σ_T √(g_T r_T))² / N``: the SVD bound exactly when the workload is diagonal (all marginals).
-    ``time_limit`` is accepted for a uniform interface (the computation never needs it).
-    """
+    """Eigen-Design in subset space for L2 noise: centred-marginal weights
+    ``w_T² c_T ∝ √(g_T/r_T)``.  Closed form, O(items · 2^d): each eigenspace ``Q_T`` gets weight
+    ``μ_T ∝ √λ_T`` (Cauchy–Schwarz on ``Δ₂² · Σ g_T/μ_T`` with ``Δ₂² = Σ μ_T r_T / N``), so the
+    total error is ``(Σ_T √(g_T r_T))² / N``: the SVD bound exactly when the workload is diagonal
+    (all marginals).  ``time_limit`` is accepted for a uniform interface (the computation never
+    needs it)."""
     _check_time_limit(time_limit)
     started = time.perf_counter()
     subset = workload if isinstance(workload, SubsetWorkload) else subset_workload(workload)
@@ -588,11 +583,9 @@ def marginal_weights_template(
     progress: Progress | None = None,
 ) -> MarginalWeights:
     """HDMM's marginals template: weights ``w_S`` of plain marginals minimising ``Δ² Σ g_T/μ_T``.
-
-    Starts from the workload's own marginals (weight 1 each: the "measure every table" strategy,
-    so the result is never worse than it) and then ``restarts`` random points; L-BFGS-B, O(d 2^d)
-    per evaluation.  On ``time_limit`` the best weights so far are returned (``stopped_early``).
-    """
+    Starts from the workload's own marginals (weight 1 each: the "measure every table" strategy, so
+    the result is never worse than it) and then ``restarts`` random points; L-BFGS-B, O(d 2^d) per
+    evaluation.  On ``time_limit`` the best weights so far are returned (``stopped_early``)."""
     _check_time_limit(time_limit)
     validate_noise(noise)
     subset = workload if isinstance(workload, SubsetWorkload) else subset_workload(workload)
@@ -663,13 +656,11 @@ def marginal_workload_reason(workload: Workload) -> str | None:
 def plan_subset_weights(
     request: PlanRequest, *, cache: StrategyCache, time_limit: float | None
 ) -> MarginalWeights:
-    """The subset-space weights of a marginal workload, searched once per (workload, noise).
-
-    L2 noise: :func:`marginal_weights_l2` (closed form, the SVD bound); L1:
-    :func:`marginal_weights_l1` from the public ``request.seed``.  ``optimized`` and
-    ``marginal_space`` share one ``cache`` entry, under the key ``marginal_space`` has always
-    written (so entries stored before it was shared still load).
-    """
+    """The subset-space weights of a marginal workload, searched once per (workload, noise).  L2
+    noise: :func:`marginal_weights_l2` (closed form, the SVD bound); L1: :func:`marginal_weights_l1`
+    from the public ``request.seed``.  ``optimized`` and ``marginal_space`` share one ``cache``
+    entry, under the key ``marginal_space`` has always written (so entries stored before it was
+    shared still load)."""
     key = cache_key(
         "marginal_space", request.workload_fingerprint, {"norm": SENSITIVITY_NORM[request.noise]}
     )
@@ -692,10 +683,9 @@ def plan_subset_weights(
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class SubsetStrategy(LeastSquaresAnswers):
-    """A subset-weighted strategy with the pipeline's strategy interface.
-
-    Planning (sensitivity, per-item error, per-query variances, support) works in subset space for
-    any number of cells; measuring (``apply``) and ``answers`` go through the equivalent
+    """A subset-weighted strategy with the pipeline's strategy interface.  Planning (sensitivity,
+    per-item error, per-query variances, support) works in subset space for any number of cells;
+    measuring (``apply``) and ``answers`` go through the equivalent
     :class:`~mechanisms.primitives.union.UnionStrategy`, so they need a domain that fits in memory.
     """
 
@@ -758,11 +748,9 @@ class SubsetStrategy(LeastSquaresAnswers):
     def item_unit_variances(
         self, item: WorkloadItem, workload: Workload | None = None
     ) -> np.ndarray:
-        """``diag(W (AᵀA)⁺ Wᵀ) = Σ_T μ_T⁻¹ ⊗_i diag(W_i P^{T_i} W_iᵀ)``, row-major.
-
-        Only subsets of the attributes the item does not sum out contribute (a total factor has no
-        centred part), so the cost is O(2^k · m_item) for k such attributes.
-        """
+        """``diag(W (AᵀA)⁺ Wᵀ) = Σ_T μ_T⁻¹ ⊗_i diag(W_i P^{T_i} W_iᵀ)``, row-major.  Only subsets of
+        the attributes the item does not sum out contribute (a total factor has no centred part), so
+        the cost is O(2^k · m_item) for k such attributes."""
         inverse = self.inverse_eigenvalues
         per_attribute = []
         for factor in item.factors:

@@ -156,10 +156,8 @@ def cost_from_dict(values: dict[str, float]) -> PrivacyCost:
 
 
 def convert(cost: PrivacyCost, *, to: Measure) -> PrivacyCost:
-    """Express ``cost`` in measure ``to`` using only sound one-way implications.
-
-    ε-DP ⇒ (ε²/2)-zCDP and ε-DP ⇒ (ε, 0)-DP.  Anything else raises :class:`MeasureMismatchError`.
-    """
+    """Express ``cost`` in measure ``to`` using only sound one-way implications.  ε-DP ⇒ (ε²/2)-zCDP
+    and ε-DP ⇒ (ε, 0)-DP.  Anything else raises :class:`MeasureMismatchError`."""
     if cost.measure == to:
         return cost
     if cost.measure == "pure" and to == "zcdp":
@@ -173,11 +171,9 @@ def convert(cost: PrivacyCost, *, to: Measure) -> PrivacyCost:
 
 
 def rho_for_epsilon_delta(*, epsilon: float, delta: float) -> float:
-    """Largest ρ whose classic zCDP→(ε,δ) conversion ε = ρ + 2√(ρ ln(1/δ)) meets the target.
-
-    Used only as the starting point of the Gaussian calibration; the charged (ε, δ) is what the
-    OpenDP measurement's map reports (its conversion is tighter).
-    """
+    """Largest ρ whose classic zCDP→(ε,δ) conversion ε = ρ + 2√(ρ ln(1/δ)) meets the target.  Used
+    only as the starting point of the Gaussian calibration; the charged (ε, δ) is what the OpenDP
+    measurement's map reports (its conversion is tighter)."""
     if not epsilon > 0:
         raise ValueError(f"epsilon ({epsilon}) must be > 0")
     if not 0 < delta < 1:

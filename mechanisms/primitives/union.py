@@ -357,10 +357,8 @@ def unit_error(strategy: UnionStrategy, workload: Workload, *, noise: NoiseKind)
 
 class _WeightProblem:
     """Precomputed pieces of ``f(w) = sens(w)² · Σ_c mult_c tr(Q_c S_c(w)⁺)``.
-
     ``S_c(w) = Σ_t w_t² s_{t,c} K_t`` with fixed scalars ``s_{t,c}`` and dense Kronecker Grams
-    ``K_t``; sensitivity from fixed per-term column norms.  One evaluation is O(2^k D³ + T N).
-    """
+    ``K_t``; sensitivity from fixed per-term column norms.  One evaluation is O(2^k D³ + T N)."""
 
     def __init__(
         self, workload: Workload, term_factors: Sequence[tuple[Factor, ...]], *, noise: NoiseKind
@@ -407,11 +405,9 @@ class _WeightProblem:
         self, weights: np.ndarray, *, limit: WorkLimit | None = None, gradient: bool = True
     ) -> tuple[float, np.ndarray]:
         """``f(w)`` and its gradient in the log-weights ``x`` (``w = eˣ``), one pinvh per block.
-
         ``∂T/∂x_t = −2 w_t² Σ_c mult_c ⟨S_c⁺ Q_c S_c⁺, K_{t,c}⟩`` (the range of ``S_c`` does not
         change with positive weights); the sensitivity's max over columns contributes its
-        subgradient at the maximising column.  O(2^k D³ + T D²) per block.
-        """
+        subgradient at the maximising column.  O(2^k D³ + T D²) per block."""
         columns = sum(w**self.norm * c for w, c in zip(weights, self.column_powers, strict=True))
         top = int(np.argmax(columns))
         largest = float(columns[top])
@@ -622,10 +618,9 @@ def predict_seconds(
     max_evaluations: int = 400,
 ) -> float:
     """Predicted seconds of :func:`optimize_weights` from sizes (see :func:`weight_problem_sizes`).
-
     ``min(max_evaluations·T, 10·(T + 1))`` evaluations, each ``split_blocks`` pinvh's and two
-    products of the ``dense_cells``-sized block plus the O(T·N) sensitivity.  One BLAS thread.  O(1).
-    """
+    products of the ``dense_cells``-sized block plus the O(T·N) sensitivity.  One BLAS thread.
+    O(1)."""
     for name, value in (
         ("dense_cells", dense_cells),
         ("split_blocks", split_blocks),
