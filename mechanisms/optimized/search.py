@@ -200,20 +200,18 @@ def kron_template(
     max_sweeps: int = 10,
     tolerance: float = 1e-5,
 ) -> OptimizedStrategy:
-    """Kronecker strategy ``A_1 ⊗ … ⊗ A_d`` for validated Gram terms, by alternation.
-
-    Each sweep re-optimises factor ``i`` against ``Σ_t c_t G_{t,i}``,
-    ``c_t = Π_{j≠i} tr(G_{t,j} (A_jᵀA_j)⁻¹)`` (exact for the other factors), warm-started; a factor
-    is only replaced by something no worse, so the error never increases.  One term is separable
-    (one sweep; for Gaussian noise optimal among all strategies up to ``tolerance``, certified by
-    the product of the factors' dual bounds).  ``ps[i]``: p-Identity size (None: ``n_i // 16``);
-    ``template`` as in :func:`mechanisms.optimized.templates.optimize_factor`; ``start``: the
-    caller's perf_counter at entry.  Once ``limit`` passes, the factor in progress returns its best
-    point, nothing further starts, and the result is ``stopped_early``.
+    """Kronecker strategy ``A_1 ⊗ … ⊗ A_d`` for validated Gram terms, by alternation.  Each sweep
+    re-optimises factor ``i`` against ``Σ_t c_t G_{t,i}``, ``c_t = Π_{j≠i} tr(G_{t,j} (A_jᵀA_j)⁻¹)``
+    (exact for the other factors), warm-started; a factor is only replaced by something no worse, so
+    the error never increases.  One term is separable (one sweep; for Gaussian noise optimal among
+    all strategies up to ``tolerance``, certified by the product of the factors' dual bounds).
+    ``ps[i]``: p-Identity size (None: ``n_i // 16``); ``template`` as in
+    :func:`mechanisms.optimized.templates.optimize_factor`; ``start``: the caller's perf_counter at
+    entry.  Once ``limit`` passes, the factor in progress returns its best point, nothing further
+    starts, and the result is ``stopped_early``.
 
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
-    References: HDMM §6 (OPT_⊗ and unions of Kronecker products).
-    """
+    References: HDMM §6 (OPT_⊗ and unions of Kronecker products)."""
     d = len(sizes)
     ps = [None] * d if ps is None else ps
     deterministic = noise == "gaussian" and template in ("auto", "fullrank", "identity")
@@ -396,17 +394,15 @@ def optimize_workload(
     progress: Progress | None = None,
 ) -> OptimizedStrategy:
     """The lowest-error strategy among the Kronecker template and the marginals template.
-
     Kronecker: per-attribute p-Identity (Laplace) or full-rank optimum (Gaussian, n_i ≤ 4096),
-    alternated over a union of terms.  Marginals: tried when ``d ≤ 20``.  The returned
-    ``details`` maps each candidate to its total error.  ``time_limit`` (seconds) bounds both
-    together: the Kronecker search stops at its next evaluation with its best strategy so far, the
-    marginals template is skipped once the limit has passed (no ``"marginals"`` in ``details``),
-    and the result has ``stopped_early``.  ``progress``: Kronecker 0-0.8, marginals 0.8-1.
+    alternated over a union of terms.  Marginals: tried when ``d ≤ 20``.  The returned ``details``
+    maps each candidate to its total error.  ``time_limit`` (seconds) bounds both together: the
+    Kronecker search stops at its next evaluation with its best strategy so far, the marginals
+    template is skipped once the limit has passed (no ``"marginals"`` in ``details``), and the
+    result has ``stopped_early``.  ``progress``: Kronecker 0-0.8, marginals 0.8-1.
 
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
-    References: HDMM §7 (choosing among templates).
-    """
+    References: HDMM §7 (choosing among templates)."""
     start = time.perf_counter()
     limit = WorkLimit(time_limit=time_limit)
     grams, sizes = validate_terms(terms)

@@ -399,8 +399,7 @@ def optimize_pidentity_factor(
     progress stops and the best Θ evaluated so far (over all runs, and the identity) is returned
     with ``stopped = True``.  The optimiser only evaluates points inside the bounds, so that Θ is
     feasible.  ``progress`` is called after every L-BFGS iteration.  A run stops after
-    ``max_iterations`` or once it stalls (:data:`STALL_ITERATIONS`, :data:`STALL_TOLERANCE`).
-    """
+    ``max_iterations`` or once it stalls (:data:`STALL_ITERATIONS`, :data:`STALL_TOLERANCE`)."""
     n = gram.shape[0]
     scale = max(float(np.trace(gram)) / n, 1e-300)
     normalised = gram / scale  # unit average diagonal: tolerances below are then relative
@@ -529,15 +528,13 @@ def gaussian_full_rank(
     progress: Progress | None = None,
 ) -> FullRankSolution:
     """The L2-optimal strategy Gram for ``gram`` (validated, symmetric) to a relative duality gap of
-    ``tolerance``.
-
-    Deterministic (the problem is convex).  Each iteration, O(n³): eigendecompose
+    ``tolerance``.  Deterministic (the problem is convex).  Each iteration, O(n³): eigendecompose
     ``K = V G V`` (V = diag(v)), read off the dual value ``(tr √K)² / ‖v‖²`` and the primal
-    ``X_v = V⁻¹ √K V⁻¹`` repaired to a unit diagonal (by completion, thesis Lemma 3, or by
-    rescaling its columns; the better one is kept), then update
-    ``v_i ← v_i · (diag(X_v)_i)^{ω/2}``, a multiplicative ascent step on the dual whose gradient is
-    ``diag(X_v) − 1`` (step ω = 2; ω = 1 from the first time the dual decreases).  Cells with ``G_ii = 0``
-    are not needed by the workload and get an identity query.
+    ``X_v = V⁻¹ √K V⁻¹`` repaired to a unit diagonal (by completion, thesis Lemma 3, or by rescaling
+    its columns; the better one is kept), then update ``v_i ← v_i · (diag(X_v)_i)^{ω/2}``, a
+    multiplicative ascent step on the dual whose gradient is ``diag(X_v) − 1`` (step ω = 2; ω = 1
+    from the first time the dual decreases).  Cells with ``G_ii = 0`` are not needed by the workload
+    and get an identity query.
 
     ``limit``: checked before every O(n³) step; once passed, the best strategy
     so far (the identity before the first iteration) and the best dual bound are returned with
@@ -547,8 +544,7 @@ def gaussian_full_rank(
     *Privacy*: none consumed; public computation on the workload only.
 
     References: Li thesis §4.2.2 (proof structure, completion Lemma 3); Yuan et al. 2016 (the
-    convex L2 formulation).  The dual derivation and the fixed-point update are ours.
-    """
+    convex L2 formulation).  The dual derivation and the fixed-point update are ours."""
     n = gram.shape[0]
     diag = np.diag(gram)
     active = diag > 1e-14 * max(float(diag.max()), 1e-300)

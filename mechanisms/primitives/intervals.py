@@ -47,7 +47,6 @@ def normal_quantile(level: float = 0.95) -> float:
 
 def laplace_quantile(level: float = 0.95) -> float:
     """``t/σ`` of the exact two-sided interval of one Laplace draw: ``ln(1/(1 − level))/√2``.
-
     ``Laplace(b)`` has ``σ = √2·b`` and ``P(|L| > t) = exp(−t/b)``; at 0.95 the half-width is
     ``b·ln 20 ≈ 2.996·b ≈ 2.118·σ``.
 

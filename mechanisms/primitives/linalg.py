@@ -16,8 +16,7 @@ def l1_sensitivity(strategy: np.ndarray) -> float:
 
     Privacy: the L1 sensitivity of ``x ↦ A·x`` when neighbouring data differ by at most 1 in one
     cell (Li thesis Prop 2.2; LRM Definition 2); the Laplace scale is this over ε.  A non-finite
-    strategy has no sensitivity and is refused.
-    """
+    strategy has no sensitivity and is refused."""
     matrix = np.asarray(strategy, dtype=np.float64)
     if matrix.ndim != 2 or matrix.size == 0:
         raise ValueError(f"strategy must be a non-empty 2-D array, got shape {matrix.shape}")

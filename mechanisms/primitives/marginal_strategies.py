@@ -325,20 +325,18 @@ def search_marginal_weights(
     time_limit: float | None = None,
     progress: Progress | None = None,
 ) -> WeightSearch:
-    """Nonnegative weights (normalised to sensitivity 1) minimising the expected error.
-
-    L-BFGS-B from each of ``starts`` (e.g. the workload's own marginals) and then from
-    ``restarts`` ``Uniform(0, 1)`` points drawn from ``rng`` (the objective is not convex: a zero
-    weight is a stationary direction, so restarts explore other supports).  The full-identity
-    weight is kept ≥ 1e-6 (relative) so every eigenvalue stays positive; weights below 1e-4 of the
-    largest are dropped when that costs < 1e-6 relative error.  BLAS runs single-threaded (scipy's
-    L-BFGS-B is many times slower per iteration with contended OpenBLAS threads).
+    """Nonnegative weights (normalised to sensitivity 1) minimising the expected error.  L-BFGS-B
+    from each of ``starts`` (e.g. the workload's own marginals) and then from ``restarts``
+    ``Uniform(0, 1)`` points drawn from ``rng`` (the objective is not convex: a zero weight is a
+    stationary direction, so restarts explore other supports).  The full-identity weight is kept ≥
+    1e-6 (relative) so every eigenvalue stays positive; weights below 1e-4 of the largest are
+    dropped when that costs < 1e-6 relative error.  BLAS runs single-threaded (scipy's L-BFGS-B is
+    many times slower per iteration with contended OpenBLAS threads).
 
     ``time_limit`` (seconds, None = none) stops the current run at its next iteration and skips
     the rest; the best point so far is returned with ``stopped_early`` (the first run always
     takes at least one iteration, so an expired limit still yields weights).  ``progress(fraction,
-    message)`` is called after every run.  One evaluation is O(d 2^d).
-    """
+    message)`` is called after every run.  One evaluation is O(d 2^d)."""
     started = time.perf_counter()
     sizes = validate_domain_sizes(domain_sizes)
     d = len(sizes)

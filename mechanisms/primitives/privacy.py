@@ -27,10 +27,9 @@ COMPONENTS = ("epsilon", "rho", "delta")
 
 
 def check_epsilon(value: object, *, name: str = "epsilon") -> float:
-    """``value`` as a float if it is a finite real number > 0; ``ValueError`` otherwise.
-
-    The one rule for an ε a mechanism is asked to spend: a zero, negative, infinite or NaN ε would
-    give infinite, negative or undefined noise scales; it is refused before any scale is computed.
+    """``value`` as a float if it is a finite real number > 0; ``ValueError`` otherwise.  The one
+    rule for an ε a mechanism is asked to spend: a zero, negative, infinite or NaN ε would give
+    infinite, negative or undefined noise scales; it is refused before any scale is computed.
 
     Examples
     --------
@@ -62,10 +61,9 @@ class BudgetExceededError(PrivacyError):
 
 @dataclass(frozen=True, kw_only=True)
 class PrivacyCost:
-    """A privacy cost in one measure.
-
-    Only the fields of ``measure`` are meaningful: ``epsilon`` for pure, ``rho`` for zCDP,
-    ``epsilon`` and ``delta`` for approx.  Costs of one measure add up (sequential composition):
+    """A privacy cost in one measure.  Only the fields of ``measure`` are meaningful: ``epsilon``
+    for pure, ``rho`` for zCDP, ``epsilon`` and ``delta`` for approx.  Costs of one measure add up
+    (sequential composition):
 
     >>> (PrivacyCost(measure="pure", epsilon=0.25) + PrivacyCost(measure="pure", epsilon=0.75)).epsilon
     1.0

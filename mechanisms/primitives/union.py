@@ -471,18 +471,16 @@ def optimize_weights(
     progress: Progress | None = None,
 ) -> UnionStrategy:
     """Weights minimising sensitivity² × total variance, then pruning of terms it drove to ~0.
-
     Deterministic: starts from equal weights and optimises all log-weights (bounded to e^±7, the
-    objective is scale-free) with L-BFGS-B and the analytic gradient.  A term whose weight ends below
-    e^-5 of the largest is dropped when the others still support the workload and the error does
-    not grow.  BLAS runs single-threaded here: the matrices are small and threads only contend.
+    objective is scale-free) with L-BFGS-B and the analytic gradient.  A term whose weight ends
+    below e^-5 of the largest is dropped when the others still support the workload and the error
+    does not grow.  BLAS runs single-threaded here: the matrices are small and threads only contend.
 
     ``time_limit`` (seconds): checked at every objective evaluation (O(2^k D³) each); once
     passed, the best weights evaluated so far are kept (every term stays, so the strategy still
     supports the workload), pruning is skipped, and ``parameters["stopped_early"]`` is True.
     ``progress(fraction, message)``: after every L-BFGS iteration (fraction: evaluations used of
-    ``max_evaluations``, or the share of the time limit if larger).
-    """
+    ``max_evaluations``, or the share of the time limit if larger)."""
     limit = WorkLimit(time_limit=time_limit)
 
     def optimise(candidate_terms: list[tuple[Factor, ...]]) -> tuple[np.ndarray, int, bool]:

@@ -106,8 +106,7 @@ class Workload:
     def dense_matrix(self, *, max_entries: int = DENSE_MATRIX_MAX_ENTRIES) -> np.ndarray:
         """The explicit stacked ``m × N`` query matrix (items in order), for methods that need W
         itself (e.g. LRM's factorisation).  Raises ``ValueError`` naming the size before any work
-        when ``m · N`` exceeds ``max_entries``.  O(m N).
-        """
+        when ``m · N`` exceeds ``max_entries``.  O(m N)."""
         entries = self.num_queries * self.num_cells
         if entries > max_entries:
             raise ValueError(
