@@ -798,14 +798,6 @@ def predict_pidentity_seconds(
     return restarts * iterations * per_iteration
 
 
-def predict_full_rank_seconds(n: int) -> float:
-    """Predicted seconds of :func:`gaussian_full_rank` for an n-cell attribute. O(1)."""
-    if n <= 1:
-        return 0.0
-    per_iteration = _FULL_RANK_EIGHS_PER_ITERATION * eigh_seconds(n) + 2e-4
-    return _FULL_RANK_ITERATIONS * per_iteration
-
-
 def predict_factor_seconds(
     n: int, *, noise: NoiseKind, template: str = "auto", p: int | None = None, restarts: int = 1
 ) -> float:
@@ -814,6 +806,6 @@ def predict_factor_seconds(
     template = _resolved_template(template, noise=noise, n=n)
     if template == "identity" or n <= 1:
         return 0.0
-    if template == "fullrank":
-        return predict_full_rank_seconds(n)
+    if template == "fullrank":  # gaussian_full_rank
+        return _FULL_RANK_ITERATIONS * (_FULL_RANK_EIGHS_PER_ITERATION * eigh_seconds(n) + 2e-4)
     return predict_pidentity_seconds(n, p=p, restarts=restarts)

@@ -459,9 +459,6 @@ def gram_ij_parts(gram: np.ndarray, *, rtol: float = 1e-10) -> tuple[float, floa
     return (a, b) if float(np.abs(gram - expected).max()) <= rtol * scale else None
 
 
-# --- Kronecker products over a domain -------------------------------------------------------------
-
-
 def kron_apply(factors: Sequence[LinearOperator], x: np.ndarray) -> np.ndarray:
     """``(F_1 ⊗ … ⊗ F_d) x`` for a row-major flattened ``x``, each factor applied along its axis;
     never forms the product.  O(Σ_i cost(F_i) · N / n_i) for N cells."""

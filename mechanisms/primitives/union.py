@@ -168,7 +168,6 @@ class UnionStrategy(LeastSquaresAnswers):
             start = stop
         return out
 
-    # --- Gram algebra --------------------------------------------------------------------------
     def structure(self, workload: Workload) -> _Structure:
         """Split/dense partition valid for this strategy *and* ``workload``; blocks' ``S_c⁺``."""
         cached = self._cache.get(id(workload))
@@ -319,9 +318,6 @@ def _dense_query_variances(factors: Sequence[Factor], covariance: np.ndarray) ->
     if len(factors) == 1:
         return factors[0].query_variances(covariance)
     return kron_query_variances(factors, covariance)  # never the m_d × D query matrix
-
-
-# --- default terms and weight optimisation ---------------------------------------------------------
 
 
 def per_item_terms(
@@ -580,8 +576,6 @@ def _optimize_log_weights(
     best = result.x if result.fun <= problem(np.exp(start)) else start
     return np.exp(best), int(result.nfev), False
 
-
-# --- cost prediction ------------------------------------------------------------------------------
 
 # One objective evaluation per split block (a pinvh of the D × D block and the weighted sum of
 # the term blocks): 2.5e-4 s + 2.5 eighs of size D; measured (process time, one BLAS thread) per
