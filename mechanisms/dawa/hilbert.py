@@ -30,6 +30,8 @@ def hilbert_order(k: int) -> np.ndarray:
     and ends at (0, 2^k − 1); consecutive cells share an edge and every aligned ``2^j × 2^j`` block
     is a run of ``4^j`` consecutive positions.  O(4^k · k).
 
+    Examples
+    --------
     >>> hilbert_order(1).tolist()  # (0,0) (1,0) (1,1) (0,1)
     [0, 2, 3, 1]
     """

@@ -98,6 +98,8 @@ class Partition:
 
     The public output of Step 1: bucket boundaries only, no counts.
 
+    Examples
+    --------
     >>> p = Partition.from_starts([0, 2, 3, 7], n_cells=10)
     >>> p.n_buckets, p.sizes.tolist()
     (4, [2, 1, 4, 3])
@@ -442,8 +444,9 @@ class PartitionSelector:
     Call :meth:`select` (or the instance itself, ``selector(x, sampler)``, the form a session's
     ``select`` uses) after charging ``epsilon``; :meth:`noise_scales` is public and data-free.
 
-    Privacy: ε₁-DP under add/remove-one-record neighbours (Theorem 6.1 with the Remark).  Each
-    candidate interval gets one independent Laplace draw; a bucket of length L has cost sensitivity
+    Privacy:
+    ε₁-DP under add/remove-one-record neighbours (Theorem 6.1 with the Remark).  Each candidate
+    interval gets one independent Laplace draw; a bucket of length L has cost sensitivity
     ``Δ_b = 2 − 2/L`` and ``Δ̄`` is the largest among the candidates, so the proof of Theorem 6.1
     needs scale ``(Δ̄ + Δ_b)/ε₁`` (``"per_interval"``; ``2Δ̄/ε₁`` for ``"uniform"``).  Scales are
     multiplied by ``contribution_bound`` (group privacy).  Only the argmin partition is released;

@@ -27,8 +27,11 @@ independent of epsilon, delta and rho, and of the calibration chosen (the thesis
 constants, §3.2.1 and Prop 2.5, give the same ratios).
 Cells are in C order for multi-dimensional domains (the last attribute varies fastest).
 
-References: C. Li, *Optimizing Linear Queries Under Differential Privacy*, PhD thesis, UMass
-Amherst, 2013, chapters 4-5 (also Li & Miklau, PVLDB 5(6), 2012 and ICDT 2013)."""
+References
+----------
+C. Li, *Optimizing Linear Queries Under Differential Privacy*, PhD thesis, UMass Amherst, 2013,
+chapters 4-5 (also Li & Miklau, PVLDB 5(6), 2012 and ICDT 2013).
+"""
 
 from __future__ import annotations
 
@@ -618,19 +621,32 @@ def eigen_design(
        with completion and return whichever has the lower total error (not in the thesis, whose
        weights ignore what completion gains).
 
-    ``gram`` is ``G = W^T W`` (n x n, symmetric positive semidefinite).  ``noise`` is
-    ``"gaussian"`` (L2 sensitivity; rho-zCDP or (eps, delta): same strategy, only P differs) or
-    ``"laplace"`` (L1 sensitivity; pure eps-DP).  The weighting program stops when its primal-dual
-    gap is ``<= solver_rtol`` (the gap reached is reported in ``solver_relative_gap``) or after
-    ``max_iterations`` L-BFGS-B iterations.  The result's ``A`` has sensitivity 1 in the chosen
-    norm; its ``total_error`` is its exact error on G.
+    Parameters
+    ----------
+    gram
+        ``G = W^T W``, n x n, symmetric positive semidefinite.
+    noise
+        ``"gaussian"`` (L2 sensitivity; rho-zCDP or (eps, delta): same strategy, only P differs) or
+        ``"laplace"`` (L1 sensitivity; pure eps-DP).
+    solver_rtol, max_iterations
+        The weighting program stops when its primal-dual gap is ``<= solver_rtol`` (the gap reached
+        is reported in ``solver_relative_gap``) or after ``max_iterations`` L-BFGS-B iterations.
 
+    Returns
+    -------
+    EigenDesignStrategy
+        ``A`` has sensitivity 1 in the chosen norm; ``total_error`` is its exact error on G.
+
+    Notes
+    -----
     Cost: O(n^3) for the eigen-decomposition and the error evaluation; each weighting evaluation
     is O(n r).
 
     *Privacy*: reads only the public workload; spends no budget.
 
-    References: Li thesis, Program 5.1.2 (section 5.1.3), Programs 5.1.1 and 5.1.3, section 5.2.2.
+    References
+    ----------
+    Li thesis, Program 5.1.2 (section 5.1.3), Programs 5.1.1 and 5.1.3, section 5.2.2.
     """
     _validated_design_options(noise, solver_rtol, max_iterations)
     gram = validate_gram(gram, nonzero=True)

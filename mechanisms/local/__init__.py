@@ -9,8 +9,10 @@
   server's estimates from response counts;
 * :mod:`~mechanisms.local.optimizer` — the strategy optimiser of Problem 3.12 and its cost model.
 
-References: R. McKenna, R. K. Maity, A. Mazumdar, G. Miklau, "A workload-adaptive mechanism for
-linear queries under local differential privacy", PVLDB 13(11), 2020 ([McKenna20])."""
+References:
+R. McKenna, R. K. Maity, A. Mazumdar, G. Miklau, "A workload-adaptive mechanism for linear queries
+under local differential privacy", PVLDB 13(11), 2020 ([McKenna20]).
+"""
 
 from dprelease.mechanisms.local.mechanism import MECHANISM
 

@@ -138,8 +138,10 @@ def hierarchical(
     Privacy:
     ε-LDP: a uniform mixture over levels, with each level's oracle ε-LDP on the cells, is ε-LDP.
 
-    References: [McKenna20] §6.1 (Hierarchical [13, 39]); Cormode, Kulkarni, Srivastava, PVLDB 2019;
-    Wang et al., SIGMOD 2019.  Branching 4 with the Hadamard oracle as in the authors' code."""
+    References:
+    [McKenna20] §6.1 (Hierarchical [13, 39]); Cormode, Kulkarni, Srivastava, PVLDB 2019; Wang et
+    al., SIGMOD 2019.  Branching 4 with the Hadamard oracle as in the authors' code.
+    """
     n = check_size(n, minimum=2)
     epsilon = check_epsilon(epsilon)
     branching = check_size(branching, name="branching", minimum=2)

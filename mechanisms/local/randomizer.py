@@ -39,12 +39,13 @@ class LDPStrategy:
     about how it was made: ``optimize_strategy``'s ``objective``, ``steps``, ``stopped_early``)
     are not part of the fingerprint.
 
-    Privacy: Construction raises ``ValueError`` unless (Prop 2.6 of [McKenna20]) every entry is
-    finite and > 0, every column sums to 1 within :data:`COLUMN_SUM_TOLERANCE` (exact float sum),
-    and every row satisfies ``max_u Q[o, u] <= exp(epsilon) * min_u Q[o, u]`` in exact rational
-    arithmetic on the stored floats (``exp(epsilon)`` is ``math.exp``, within one ulp of e^ε).
-    Entries must be strictly positive: an output that never occurs must be removed, and a zero next
-    to a positive entry in one row is not ε-LDP for any ε.
+    Privacy:
+    Construction raises ``ValueError`` unless (Prop 2.6 of [McKenna20]) every entry is finite and
+    > 0, every column sums to 1 within :data:`COLUMN_SUM_TOLERANCE` (exact float sum), and every
+    row satisfies ``max_u Q[o, u] <= exp(epsilon) * min_u Q[o, u]`` in exact rational arithmetic
+    on the stored floats (``exp(epsilon)`` is ``math.exp``, within one ulp of e^ε).  Entries must
+    be strictly positive: an output that never occurs must be removed, and a zero next to a
+    positive entry in one row is not ε-LDP for any ε.
 
     References: [McKenna20] Prop 2.6, Def 3.2."""
 
@@ -176,15 +177,16 @@ def randomize(items: np.ndarray, strategy: LDPStrategy, *, rng: np.random.Genera
     ``o`` has probability exactly ``k_o / Σ k``.  Returns an int64 array of response indices, one
     per item.  Cost ``O(m n + N log N)``.
 
-    Privacy: This is the ε-LDP step, and it runs on the user's device: only the returned response
-    may leave it.  ``rng`` is privacy-critical here.  On a real device it must be a fresh Generator
+    Privacy:
+    This is the ε-LDP step, and it runs on the user's device: only the returned response may
+    leave it.  ``rng`` is privacy-critical here.  On a real device it must be a fresh Generator
     seeded from OS entropy (``numpy.random.default_rng()`` with no seed, or one backed by
     ``secrets``/``os.urandom``), never a fixed, shared or logged seed: whoever knows the seed can
     invert the response.  Seeded generators are for simulation and tests only.  The realised
     probabilities ``k_o / Σ k`` differ from ``Q[o, u]`` by at most ``2^-61`` plus the column-sum
-    rounding, so the realised privacy loss exceeds ε by at most about ``2^-60 / min Q + 2
-    COLUMN_SUM_TOLERANCE`` (below 1e-11 for the strategies built here).  Entries below ``2^-61``
-    cannot be sampled faithfully and raise ``ValueError``.
+    rounding, so the realised privacy loss exceeds ε by at most about
+    ``2^-60 / min Q + 2 COLUMN_SUM_TOLERANCE`` (below 1e-11 for the strategies built here).
+    Entries below ``2^-61`` cannot be sampled faithfully and raise ``ValueError``.
 
     References: [McKenna20] §2 (M_Q(u) samples o ~ q_u)."""
     check_strategy(strategy)

@@ -15,8 +15,10 @@ The paper's own release, error formulas and workload families are in ``tests/ref
 Decisions where the paper is silent or inconsistent (mostly its §5 solver) are listed in
 the docstring of :func:`decompose`.
 
-References: G. Yuan, Z. Zhang, M. Winslett, X. Xiao, Y. Yang, Z. Hao, "Low-Rank Mechanism:
-Optimizing Batch Queries under Differential Privacy", PVLDB 5(11), 2012 (VLDB 2012)."""
+References:
+G. Yuan, Z. Zhang, M. Winslett, X. Xiao, Y. Yang, Z. Hao, "Low-Rank Mechanism: Optimizing Batch
+Queries under Differential Privacy", PVLDB 5(11), 2012 (VLDB 2012).
+"""
 
 from __future__ import annotations
 
@@ -173,25 +175,30 @@ def decompose(
     ``π ← π + β·(W − B·L)``; β is multiplied by ``beta_growth`` every ``beta_period`` outer
     iterations (paper: doubled every 10).  Uses neither data nor ε.
 
-    Parameters:
-
-    - ``rank``: inner dimension r, default ``⌈1.2·rank(W)⌉`` (Table 1); ``r < rank(W)`` cannot
-      reach W.  ``rng``: public randomness (re-seeding of dead rank-one components; no privacy
-      role).  ``gamma``: stopping tolerance γ on ``τ = ‖W − B·L‖_F`` (Table 1 default 0.01); 0
-      runs to the caps.
-    - caps: ``max_outer`` outer iterations (the paper gives none), ``max_inner`` B/L alternations
-      per outer iteration (N_in of §5), ``max_gradient_steps`` projected-gradient steps per L-step
-      (authors' code: 5 and 5).
-    - β ← ``beta_growth``·β every ``beta_period`` outer iterations; stop once β reaches
-      ``beta_max`` ("β sufficiently large", Alg. 1 line 8).
-    - ``time_limit``: seconds after which the run stops at its next safe point (checked at least
-      every ~0.5 s of work, with time kept in reserve to assemble the result) and returns its best
-      *exact* decomposition so far (``stopped_early=True``; :func:`_stopped_result`, for the last
-      completed alternation and the best outer-iteration end).  If even the initial SVD is
-      predicted to overrun the limit, noise on data is returned at once.  ``None``: no limit
-      (results are bit-identical to a run without the argument).
-    - ``progress(fraction, message)`` after every outer iteration: the largest of the iteration
-      share, the log-progress of τ towards γ and the share of the time limit used.
+    Parameters
+    ----------
+    rank
+        Inner dimension r, default ``⌈1.2·rank(W)⌉`` (Table 1); ``r < rank(W)`` cannot reach W.
+    rng
+        Public randomness: re-seeding of dead rank-one components.  No privacy role.
+    gamma
+        Stopping tolerance γ on ``τ = ‖W − B·L‖_F`` (Table 1 default 0.01).  0 runs to the caps.
+    max_outer, max_inner, max_gradient_steps
+        Caps: outer iterations (the paper gives none), B/L alternations per outer iteration (N_in
+        of §5) and projected-gradient steps per L-step (authors' code: 5 and 5).
+    beta_growth, beta_period, beta_max
+        β ← ``beta_growth``·β every ``beta_period`` outer iterations; stop once β reaches
+        ``beta_max`` ("β sufficiently large", Alg. 1 line 8).
+    time_limit
+        Seconds after which the run stops at its next safe point (checked at least every ~0.5 s
+        of work, with time kept in reserve to assemble the result) and returns its best *exact*
+        decomposition so far (``stopped_early=True``; :func:`_stopped_result`, for the last
+        completed alternation and the best outer-iteration end).  If even the initial SVD is
+        predicted to overrun the limit, noise on data is returned at once.  ``None``: no limit
+        (results are bit-identical to a run without the argument).
+    progress
+        ``progress(fraction, message)`` after every outer iteration: the largest of the
+        iteration share, the log-progress of τ towards γ and the share of the time limit used.
 
     Privacy: none spent; the release calibrates the noise to the sensitivity of the matrix it
     measures, so the result is safe to use even if the optimiser is stopped early.
@@ -227,7 +234,9 @@ def decompose(
     References:
     Yuan et al., PVLDB 2012: §4 (Eqs. 6-8, Lemma 1, Theorem 1), §5 (Algorithms 1-2, Eqs. 9-11).
 
-    Example: the paper's Example 2 (noise on data: 40/ε²; the paper's hand-made strategy: 39/ε²):
+    Examples
+    --------
+    The paper's Example 2 (noise on data: 40/ε²; the paper's hand-made strategy: 39/ε²):
 
     >>> W = np.array([[0, 2, 1, 1], [0, 1, 0, 2], [1, 0, 2, 2]], dtype=float)
     >>> decomposition = decompose(W, rng=np.random.default_rng(0))
