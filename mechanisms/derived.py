@@ -64,9 +64,11 @@ standard deviations (2.118); a weighted sum of independent Laplace draws has lig
 @dataclass(frozen=True, kw_only=True)
 class BinnedColumn:
     """Public description of a numeric column's cells.
+
     ``value_low``/``value_high``: the range of raw values a cell holds; ``integer``: the values are
     the integers of that range (else any real in ``[low, high)``); ``representative``: the value
-    each record of the cell counts as in sums and means."""
+    each record of the cell counts as in sums and means.
+    """
 
     value_low: np.ndarray
     value_high: np.ndarray
@@ -195,8 +197,10 @@ class DerivedRows:
 
 def _quadratic(variances: np.ndarray, t: np.ndarray) -> np.ndarray:
     """``Var(S − t·C)`` per group from the moments rows' variances ``(groups, 3)``.
+
     ``Cov(S, C) = Var S + Var C/4 − Var D`` (exact for the estimates' covariance or MSE matrix),
-    clipped to the Cauchy–Schwarz range ``±√(Var S·Var C)`` against round-off. O(groups)."""
+    clipped to the Cauchy–Schwarz range ``±√(Var S·Var C)`` against round-off. O(groups).
+    """
     v_count, v_sum, v_centred = variances.T
     bound = np.sqrt(v_sum * v_count)
     cov = np.clip(v_sum + v_count / 4 - v_centred, -bound, bound)
@@ -213,9 +217,11 @@ def moments(
     z: float = Z95,
 ) -> DerivedRows:
     """Per-group sums (``mean`` False) or means from moments rows ``(groups, 3)`` (module docstring).
+
     A mean and its interval are clipped to ``[r_min, r_max]`` (post-processing: every mean lies
     there); where the estimated count is not above ``z·sd(count)`` the row is ``noise-only`` (no
-    interval) and its ``std_error`` uses that threshold in place of the count."""
+    interval) and its ``std_error`` uses that threshold in place of the count.
+    """
     count, unit_sum, _ = estimates.T
     spread, low = column.spread, column.low
     if not mean:
@@ -257,9 +263,11 @@ def quantiles(
     z: float = Z95,
 ) -> DerivedRows:
     """Quantiles per group from prefix rows ``(groups, n)``; rows ordered group-major, then level.
+
     O(groups · levels · n).  Groups whose count is not above ``1.96·sd(count)`` get the whole
     column range as their interval; groups whose support rows claim no interval (``noise-only``)
-    claim none either."""
+    claim none either.
+    """
     groups = estimates.shape[0]
     total = estimates[:, -1]
     sd_total = np.sqrt(variances[:, -1])

@@ -124,10 +124,12 @@ class CheckReport:
 
 
 def check_data(spec: ReleaseSpec) -> CheckReport:
-    """Read the spec's source as a release would and measure every problem exactly.  Carries on past
-    a problem where it can (a wrong-typed column is left out of the value checks; the others are
-    still counted).  O(rows log rows) for bounding, O(rows) for the rest; reads only the spec's
-    columns.  Confidential result: print it, never store or log it."""
+    """Read the spec's source as a release would and measure every problem exactly.
+
+    Carries on past a problem where it can (a wrong-typed column is left out of the value checks;
+    the others are still counted).  O(rows log rows) for bounding, O(rows) for the rest; reads only
+    the spec's columns.  Confidential result: print it, never store or log it.
+    """
     if spec.model != "central":
         raise SpecError(
             "dprelease check covers central-model specs, whose source holds confidential rows; "

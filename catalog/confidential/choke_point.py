@@ -63,9 +63,11 @@ DEFAULT_SHARD_SIZE = 1 << 20
 
 
 class ShardMapper(Protocol):
-    """Runs ``function`` once on every shard (on cluster workers, say); results in shard order.  A
-    mapper must not retry or re-run a shard.  The choke point refuses any result list that is not
-    exactly one result per shard, in order; a mapper that cannot deliver that raises."""
+    """Runs ``function`` once on every shard (on cluster workers, say); results in shard order.
+
+    A mapper must not retry or re-run a shard.  The choke point refuses any result list that is
+    not exactly one result per shard, in order; a mapper that cannot deliver that raises.
+    """
 
     def __call__(
         self, function: Callable[[NoiseShard], NoisyShard], shards: Sequence[NoiseShard], /
@@ -283,9 +285,11 @@ class ProtectedCells(_Protected):
         accountant: Accountant,
         label: str,
     ) -> tuple[T, str]:
-        """Charge ``cost``, then run a private ``selector(cells, sampler)`` and return its public
-        output.  The selector (e.g. DAWA's private partition) must itself satisfy ``cost`` for the
-        contribution bound of this session; the caller is responsible for passing the bound in."""
+        """Charge ``cost``, then run a private ``selector(cells, sampler)`` and return its public output.
+
+        The selector (e.g. DAWA's private partition) must itself satisfy ``cost`` for the
+        contribution bound of this session; the caller is responsible for passing the bound in.
+        """
         receipt_id = accountant.charge(cost, label=label)  # privacy: charge before the selector
         return selector(self.__cells.copy(), noise.production_sampler()), receipt_id
 
@@ -350,9 +354,11 @@ class ProtectedMarginals(_Protected):
         accountant: Accountant,
         label: str,
     ) -> NoisyMeasurement:
-        """Charge, then release the strategy's answers + noise calibrated to ``target``.  A strategy
-        that reads a marginal not held here is refused before anything is charged. Cost: O(Σ
-        marginal sizes) for the answers, plus the sampler's O(answers)."""
+        """Charge, then release the strategy's answers + noise calibrated to ``target``.
+
+        A strategy that reads a marginal not held here is refused before anything is charged.
+        Cost: O(Σ marginal sizes) for the answers, plus the sampler's O(answers).
+        """
         missing = [axes for axes in strategy.marginal_subsets if axes not in self.__tables]
         if missing:
             raise ValueError(

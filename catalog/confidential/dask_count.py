@@ -120,9 +120,11 @@ class CellCounts:
 
 @dataclass(kw_only=True)
 class Partial:
-    """One worker's confidential partial counts and public-rule flags for its files.  ``counts`` is
-    a cell vector (``subsets is None``) or marginal tables by axes.  Never logged; exists on a
-    worker and, until summed, on the driver."""
+    """One worker's confidential partial counts and public-rule flags for its files.
+
+    ``counts`` is a cell vector (``subsets is None``) or marginal tables by axes.  Never logged;
+    exists on a worker and, until summed, on the driver.
+    """
 
     counts: Any
     any_rows: bool = False
@@ -282,10 +284,12 @@ def _empty(job: CountJob, *, on_worker: bool = False) -> Partial:
 
 
 def count_files(paths: list[str], job: CountJob) -> Partial:
-    """Worker side: stream ``paths`` and return their partial counts and flags.  Without a person
-    column, batch by batch (O(BATCH_ROWS + cells) memory); with one, file by file (a file's input
-    columns must fit in a worker's memory).  Rows are checked and bounded exactly as
-    ``source.read_and_encode`` does."""
+    """Worker side: stream ``paths`` and return their partial counts and flags.
+
+    Without a person column, batch by batch (O(BATCH_ROWS + cells) memory); with one, file by
+    file (a file's input columns must fit in a worker's memory).  Rows are checked and bounded
+    exactly as ``source.read_and_encode`` does.
+    """
     spec = job.spec
     try:
         dataset = ds.dataset(

@@ -69,10 +69,12 @@ def count_marginals(
     key: CatalogKey | None = None,
 ) -> MarginalCountResult:
     """Read, check, bound contributions and count the ``subsets``-marginals of the spec's source.
-    ``subsets`` are ascending axis tuples (``()`` = the total); ``key`` is the catalog's fingerprint
-    key (default: the default catalog's), as for ``source.count_cells``. O(rows) Arrow work for the
-    read and group-by, then O(groups × subsets) numpy; the content fingerprint is hashed on a second
-    thread meanwhile."""
+
+    ``subsets`` are ascending axis tuples (``()`` = the total); ``key`` is the catalog's
+    fingerprint key (default: the default catalog's), as for ``source.count_cells``.
+    O(rows) Arrow work for the read and group-by, then O(groups × subsets) numpy; the content
+    fingerprint is hashed on a second thread meanwhile.
+    """
     check_marginals_runnable(spec, subsets=subsets, output_rows=output_rows)
     encoded, files, input_fingerprint = read_and_encode(spec, key=key)
     valid = encoded.valid

@@ -32,11 +32,14 @@ EPSILON_METADATA_KEY = b"dprelease.ldp.epsilon"
 def count_responses(
     source: str, strategy: PublishedStrategy, *, key: CatalogKey | None = None
 ) -> tuple[Any, tuple[str, ...], str]:
-    """Validate every responses file and count them into ``y`` (length ``m``); also return the files
-    and their keyed content fingerprint.  Each file must be Parquet with an integer ``response``
-    column without nulls, every index in ``[0, m)``, and carry the fingerprint of ``strategy``
-    (schema metadata ``dprelease.ldp.strategy_fingerprint``, or a ``strategy_fingerprint`` column
-    with that single value).  O(rows)."""
+    """Validate every responses file and count them into ``y`` (length ``m``); also return the
+    files and their keyed content fingerprint.
+
+    Each file must be Parquet with an integer ``response`` column without nulls, every index in
+    ``[0, m)``, and carry the fingerprint of ``strategy`` (schema metadata
+    ``dprelease.ldp.strategy_fingerprint``, or a ``strategy_fingerprint`` column with that single
+    value).  O(rows).
+    """
     files = resolve_source(source, key=key)
     expected = strategy.fingerprint
     m = strategy.randomiser.num_outputs

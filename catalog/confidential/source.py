@@ -141,10 +141,12 @@ def _partition_keys(files: SourceFiles) -> list[str]:
 
 @dataclass(frozen=True, kw_only=True)
 class SchemaProblem:
-    """A missing column, a wrong column type or an unreadable file footer.  ``message`` names the
-    column (or file) and the rule only; ``detail`` (the type found, the columns present, Arrow's
-    error text) describes the confidential file and is printed by ``dprelease check`` only, never
-    raised or logged."""
+    """A missing column, a wrong column type or an unreadable file footer.
+
+    ``message`` names the column (or file) and the rule only; ``detail`` (the type found, the
+    columns present, Arrow's error text) describes the confidential file and is printed by
+    ``dprelease check`` only, never raised or logged.
+    """
 
     column: str | None
     file: str | None
@@ -266,9 +268,11 @@ def group_counts(table: pa.Table, attributes: list[str]) -> pa.Table:
 
 @dataclass(frozen=True, kw_only=True)
 class EncodedGroups:
-    """The input's distinct key combinations mapped to cells.  Confidential (it holds exact group
-    counts): it exists only inside :func:`count_cells` and ``dprelease check``; the masks are per
-    group, O(groups)."""
+    """The input's distinct key combinations mapped to cells.
+
+    Confidential (it holds exact group counts): it exists only inside :func:`count_cells` and
+    ``dprelease check``; the masks are per group, O(groups).
+    """
 
     counts: np.ndarray
     index: tuple[np.ndarray, ...]
@@ -357,9 +361,11 @@ def read_and_encode(
 ) -> tuple[EncodedGroups, tuple[str, ...], str]:
     """Read the source once, bound contributions, group and encode the rows over the domain, and
     apply ``on_out_of_domain``; return the encoded groups, the files and their keyed fingerprint.
+
     The one read path of every central input (cells or marginals).  Confidential output; every
     problem is a :class:`DataError` naming the column and the rule only.  O(rows) Arrow work; the
-    fingerprint is hashed on a second thread meanwhile (hashlib releases the GIL)."""
+    fingerprint is hashed on a second thread meanwhile (hashlib releases the GIL).
+    """
     names, partitioned_dir = list_source_files(str(spec.dataset.source))
     with ThreadPoolExecutor(max_workers=1) as pool:
         hashing = pool.submit(content_fingerprint, names, partitioned_dir, key=key)
@@ -381,13 +387,15 @@ def read_and_encode(
 
 
 def count_cells(spec: ReleaseSpec, *, key: CatalogKey | None = None) -> CountResult:
-    """Read, check, bound contributions and count the spec's source into protected cells.  ``key``
-    is the catalog's fingerprint key (default: the default catalog's).
+    """Read, check, bound contributions and count the spec's source into protected cells.
+
+    ``key`` is the catalog's fingerprint key (default: the default catalog's).
 
     Privacy: every input problem raises a :class:`DataError` that names the column and the rule,
-    never a count, a row or a raw value (those would be an unnoised release, and the message reaches
-    Prefect's database and logs).  The exact figures are for the data custodian's local
-    ``dprelease check``.  Whether a problem exists at all is the only thing a refusal reveals."""
+    never a count, a row or a raw value (those would be an unnoised release, and the message
+    reaches Prefect's database and logs).  The exact figures are for the data custodian's local
+    ``dprelease check``.  Whether a problem exists at all is the only thing a refusal reveals.
+    """
     check_runnable(spec)
     encoded, files, input_fingerprint = read_and_encode(spec, key=key)
     valid = encoded.valid

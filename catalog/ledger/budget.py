@@ -36,10 +36,12 @@ from dprelease.mechanisms.primitives.privacy import PrivacyCost, convert
 
 
 class Ledger:
-    """Datasets and the hash-chained ledger in one SQLAlchemy database.  Opening checks what the
-    database is: a fresh one is initialised, a catalog of an older schema is migrated (chain hashes
-    built over its existing entries), and a file that is not SQLite or an SQLite database without
-    the catalog's tables raises :class:`CatalogError` and is left untouched."""
+    """Datasets and the hash-chained ledger in one SQLAlchemy database.
+
+    Opening checks what the database is: a fresh one is initialised, a catalog of an older schema is
+    migrated (chain hashes built over its existing entries), and a file that is not SQLite or an
+    SQLite database without the catalog's tables raises :class:`CatalogError` and is left untouched.
+    """
 
     def __init__(self, url: str | None = None) -> None:
         self.url = url or database.default_url()
@@ -69,9 +71,11 @@ class Ledger:
         return self.key.key_id
 
     def chain_head(self, dataset_id: str | None = None) -> chain.ChainHead:
-        """The last ledger entry (of ``dataset_id``, or of the whole ledger) as a point of the
-        chain.  A release's manifest records it after the release's charges: ``verify`` then checks
-        that this point is still on the chain."""
+        """The last ledger entry (of ``dataset_id``, or of the whole ledger) as a point of the chain.
+
+        A release's manifest records it after the release's charges: ``verify`` then checks that
+        this point is still on the chain.
+        """
         with self.engine.connect() as conn:
             row = _last_entry(conn, dataset_id)
         if row is None:
@@ -80,7 +84,9 @@ class Ledger:
 
     def verify_chain(self) -> list[str]:
         """Every problem of the hash chain and its anchor, as readable lines (empty: it verifies).
-        Reads only; O(entries)."""
+
+        Reads only; O(entries).
+        """
         with self.engine.connect() as conn:
             rows = chain_rows(conn)
         return chain.chain_problems(rows) + self._anchor_problems(rows)
@@ -128,11 +134,13 @@ class Ledger:
         self, dataset_id: str, *, cap: PrivacyCost, partitioned_by: str | None = None
     ) -> PrivacyCost:
         """Register ``dataset_id`` with ``cap`` on first use; afterwards the cap must match.
-        ``partitioned_by`` (``"file"`` or ``"column:NAME"``) records the spec's declaration that the
-        partitions hold disjoint sets of people.  It may be added to a dataset registered without
-        one (its whole-dataset charges keep counting against every partition) but never changed to
-        another partitioning: charges of one partitioning say nothing about the partitions of
-        another.  A spec without the declaration releases the whole dataset."""
+
+        ``partitioned_by`` (``"file"`` or ``"column:NAME"``) records the spec's declaration that
+        the partitions hold disjoint sets of people.  It may be added to a dataset registered
+        without one (its whole-dataset charges keep counting against every partition) but never
+        changed to another partitioning: charges of one partitioning say nothing about the
+        partitions of another.  A spec without the declaration releases the whole dataset.
+        """
         with self._ledger_write() as conn:
             row = conn.execute(sa.select(datasets).where(datasets.c.id == dataset_id)).first()
             if row is None:
@@ -178,9 +186,11 @@ class Ledger:
         return spending.cap_from_row(self._dataset(dataset_id))
 
     def spent(self, dataset_id: str, *, partitions: tuple[str, ...] | None = None) -> PrivacyCost:
-        """What the dataset has spent: the whole-dataset charges plus the largest partition's.  With
-        ``partitions``: the most any of those partitions has spent (what bounds a release that reads
-        them).  Without partitions in the ledger, the sum of all charges.  O(entries)."""
+        """What the dataset has spent: the whole-dataset charges plus the largest partition's.
+
+        With ``partitions``: the most any of those partitions has spent (what bounds a release
+        that reads them).  Without partitions in the ledger, the sum of all charges.  O(entries).
+        """
         with self.engine.connect() as conn:
             totals = spending.Spending.read(conn, dataset_id, self.cap(dataset_id).measure)
         return totals.worst(partitions)[1]
@@ -208,8 +218,10 @@ class Ledger:
         self, dataset_id: str, cost: PrivacyCost, *, partitions: tuple[str, ...] | None = None
     ) -> PrivacyCost:
         """Raise :class:`BudgetExceededError` if ``cost`` does not fit (in every one of
-        ``partitions``, when given); return it in the cap's measure.  Reads only; the authoritative
-        check is repeated atomically by :meth:`charge`."""
+        ``partitions``, when given); return it in the cap's measure.
+
+        Reads only; the authoritative check is repeated atomically by :meth:`charge`.
+        """
         spending.check_partitions(partitions)
         cap = self.cap(dataset_id)
         charged = convert(cost, to=cap.measure)
@@ -228,9 +240,11 @@ class Ledger:
         partitions: tuple[str, ...] | None = None,
     ) -> str:
         """Atomically check the cap and append chained ledger rows; return the first receipt id.
-        Without ``partitions``: one whole-dataset row.  With: one row per partition, each with the
-        full cost, after checking every partition's cap (parallel composition: each person is in at
-        most one partition, as the dataset declares)."""
+
+        Without ``partitions``: one whole-dataset row.  With: one row per partition, each with
+        the full cost, after checking every partition's cap (parallel composition: each person
+        is in at most one partition, as the dataset declares).
+        """
         spending.check_partitions(partitions)
         with self._ledger_write() as conn:
             cap_row = conn.execute(

@@ -54,10 +54,12 @@ def entry_digest(
     partition_key: str | None = None,
 ) -> str:
     """SHA-256 of one ledger entry's canonical content, chained to ``prev_hash``. O(1).
+
     Length-prefixed fields (unambiguous whatever a label contains), floats by ``repr``.  A plain
     whole-dataset charge is hashed in format 1 (as before schema 3); any other entry in format 2,
-    which also covers its kind and partition: a changed kind or partition changes the format or the
-    content, so it never verifies."""
+    which also covers its kind and partition: a changed kind or partition changes the format or
+    the content, so it never verifies.
+    """
     kind = entry_kind or "charge"
     plain = kind == "charge" and partition_key is None
     extra = () if plain else (str(kind), "" if partition_key is None else f"={partition_key}")

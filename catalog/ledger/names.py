@@ -13,11 +13,13 @@ MAX_REVIEWER_LENGTH = 128
 
 
 def normalize_reviewer(reviewer: str) -> str:
-    """NFKC-normalised, stripped, visible and non-empty: the name a review record keeps.  Refused:
-    control and format characters (zero-width spaces and joiners, bidi overrides, soft hyphens),
-    separators other than a space, and the invisible default-ignorable code points that Unicode
-    files as letters or marks (Hangul fillers, the combining grapheme joiner, variation selectors):
-    two names that look the same must be the same name."""
+    """NFKC-normalised, stripped, visible and non-empty: the name a review record keeps.
+
+    Refused: control and format characters (zero-width spaces and joiners, bidi overrides, soft
+    hyphens), separators other than a space, and the invisible default-ignorable code points that
+    Unicode files as letters or marks (Hangul fillers, the combining grapheme joiner, variation
+    selectors): two names that look the same must be the same name.
+    """
     name = unicodedata.normalize("NFKC", str(reviewer)).strip()
     if not name:
         raise CatalogError("reviewer must name a person (got an empty string)")

@@ -71,11 +71,13 @@ class Catalog(Ledger):
         skip_unchanged: bool = False,
     ) -> SkippedRelease | None:
         """Record a release's intent (status ``measuring``), leased to this process.
-        ``skip_unchanged``: when the last release of the series (same ``name`` and ``dataset_id``;
-        failed and aborted ones released nothing and do not count; one still measuring does) has the
-        same ``series_key`` and ``input_fingerprint``, record nothing but a zero-cost ``skipped``
-        ledger entry and return it.  Decided in the transaction that would record the release, so
-        two runs on the same content never both release."""
+
+        ``skip_unchanged``: when the last release of the series (same ``name`` and
+        ``dataset_id``; failed and aborted ones released nothing and do not count; one still
+        measuring does) has the same ``series_key`` and ``input_fingerprint``, record nothing but a
+        zero-cost ``skipped`` ledger entry and return it.  Decided in the transaction that would
+        record the release, so two runs on the same content never both release.
+        """
         if skip_unchanged and (series_key is None or input_fingerprint is None):
             raise CatalogError(
                 "skip_unchanged needs the release's series_key and input_fingerprint"
@@ -127,9 +129,11 @@ class Catalog(Ledger):
 
     def heartbeat(self, release_id: str) -> None:
         """Renew the lease of a ``measuring`` release (call it from long stages, from any process;
-        the owner stays the process that registered the release).  Raises :class:`CatalogError` when
-        the release is no longer ``measuring`` (e.g. ``recover`` moved it to ``failed`` after its
-        lease expired): the run must stop; its charges stay spent."""
+        the owner stays the process that registered the release).
+
+        Raises :class:`CatalogError` when the release is no longer ``measuring`` (e.g. ``recover``
+        moved it to ``failed`` after its lease expired): the run must stop; its charges stay spent.
+        """
         with self.engine.begin() as conn:
             # locked: a concurrent recover waits, then sees this heartbeat
             row = _locked_release(conn, release_id)
@@ -152,8 +156,10 @@ class Catalog(Ledger):
     ) -> list[RecoveredRelease]:
         """Move every ``measuring`` release whose process is gone to ``failed`` (``aborted`` if it
         recorded an interrupt); return what moved.  Charges are kept (the ledger is untouched).
+
         Gone: the owner process on this host no longer exists (or its pid was reused), or the last
-        sign of life (heartbeat, charge, update) is older than ``lease_seconds``."""
+        sign of life (heartbeat, charge, update) is older than ``lease_seconds``.
+        """
         if not lease_seconds > 0:
             raise CatalogError(f"lease_seconds ({lease_seconds!r}) must be > 0")
         clock = now or datetime.now(UTC)
@@ -221,11 +227,13 @@ class Catalog(Ledger):
         required_approvals: int = 1,
     ) -> ReviewRecord:
         """Append a review decision and move the release to approved/rejected (staged only).
+
         ``reviewer`` is NFKC-normalised and must be printable and non-empty.  A rejection decides;
         an approval decides once ``required_approvals`` distinct reviewers (:func:`same_person`)
         approved, until then the release stays ``staged``.  The deciding approval may record where
         the release will be published (``published_directory``) in the same transaction, so an
-        interrupted publication resumes to the same place."""
+        interrupted publication resumes to the same place.
+        """
         if decision not in ("approved", "rejected"):
             raise CatalogError(f"decision {decision!r} must be 'approved' or 'rejected'")
         if required_approvals < 1:
@@ -296,10 +304,12 @@ class _Series:
 
     def skip(self, conn: Connection, *, release_id: str) -> SkippedRelease | None:
         """Inside a ledger write: the ``skipped`` entry when the series' last release is unchanged.
-        Its last release is the newest one that did not fail or abort (one still measuring counts: a
-        second run on the same content is skipped, unless the first one's process is gone or its
-        lease expired, see :meth:`Catalog.recover`: it will release nothing, so this run releases).
-        O(releases of the series) with no index."""
+
+        Its last release is the newest one that did not fail or abort (one still measuring
+        counts: a second run on the same content is skipped, unless the first one's process is
+        gone or its lease expired, see :meth:`Catalog.recover`: it will release nothing, so this
+        run releases).  O(releases of the series) with no index.
+        """
         last = conn.execute(
             sa.select(releases)
             .where(

@@ -35,10 +35,12 @@ def parse_spec(data: Any, *, source: str = "<spec>") -> ReleaseSpec:
 
 
 class _SpecLoader(yaml.SafeLoader):
-    """PyYAML's safe loader without anchors and aliases, and with bounded nesting.  An alias re-uses
-    a node, so nine nested aliases expand to 10⁹ strings ("billion laughs") while the file stays
-    under 1 kB; a spec never needs them.  Refused at the first anchor or alias event, before
-    anything is expanded: O(size of the file)."""
+    """PyYAML's safe loader without anchors and aliases, and with bounded nesting.
+
+    An alias re-uses a node, so nine nested aliases expand to 10⁹ strings ("billion laughs") while
+    the file stays under 1 kB; a spec never needs them.  Refused at the first anchor or alias
+    event, before anything is expanded: O(size of the file).
+    """
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -141,10 +143,12 @@ def require_source(spec: ReleaseSpec) -> None:
 
 def check_runnable(spec: ReleaseSpec) -> None:
     """Refuse, from the spec alone, a central release this machine cannot run; call it before any
-    data is read (``plan`` does not need it: it works up to ``MAX_PLAN_CELLS``).  Raises
-    :class:`SpecError` naming the size and the limit: no ``dataset.source``, a cell vector of more
-    than ``MAX_RELEASE_CELLS`` cells, or output tables of more than ``MAX_RELEASE_QUERIES`` rows
-    together.  O(attributes × workload items); reads no data."""
+    data is read (``plan`` does not need it: it works up to ``MAX_PLAN_CELLS``).
+
+    Raises :class:`SpecError` naming the size and the limit: no ``dataset.source``, a cell vector of
+    more than ``MAX_RELEASE_CELLS`` cells, or output tables of more than ``MAX_RELEASE_QUERIES``
+    rows together.  O(attributes × workload items); reads no data.
+    """
     require_source(spec)
     if spec.num_cells > MAX_RELEASE_CELLS:
         raise SpecError(
@@ -168,14 +172,16 @@ def _check_release_rows(sizes: dict[str, int], *, lower_bound: bool = False) -> 
 
 
 def check_runnable_before_planning(spec: ReleaseSpec) -> None:
-    """Refuse, from sizes alone, a central release that every later check would refuse, before the
-    (costly) plan is made: planning a 10¹⁴-cell identity workload builds dense Gram matrices for
-    seconds and gigabytes only to be refused afterwards.  Raises :class:`SpecError` (the messages of
-    :func:`check_runnable`): no ``dataset.source``; output tables of plain (not derived) items above
-    ``MAX_RELEASE_QUERIES`` rows, which every mechanism writes; and, for a named mechanism that
-    counts the full cell vector, a domain above ``MAX_RELEASE_CELLS``.  ``auto`` may still choose a
-    marginal-space plan, so its cell count is checked after planning.  O(attributes × workload
-    items); reads no data, builds no matrix."""
+    """Refuse, from sizes alone, a central release that every later check would refuse, before
+    the (costly) plan is made: planning a 10¹⁴-cell identity workload builds dense Gram matrices
+    for seconds and gigabytes only to be refused afterwards.
+
+    Raises :class:`SpecError` (the messages of :func:`check_runnable`): no ``dataset.source``;
+    output tables of plain (not derived) items above ``MAX_RELEASE_QUERIES`` rows, which every
+    mechanism writes; and, for a named mechanism that counts the full cell vector, a domain above
+    ``MAX_RELEASE_CELLS``.  ``auto`` may still choose a marginal-space plan, so its cell count is
+    checked after planning.  O(attributes × workload items); reads no data, builds no matrix.
+    """
     if spec.model != "central":
         return
     require_source(spec)

@@ -294,10 +294,12 @@ def _marginals_attributes(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[str
 
 def expand_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[WorkloadItemSpec]:
     """A ``marginals`` item as one ``marginal`` item per k-subset of its attributes (domain order),
-    named ``<item>.<a>.<b>`` (characters outside ``A-Za-z0-9_-`` of an attribute name become ``_``,
-    so every name is a safe file name). O(C(attributes, k)).  The parts are built without
-    re-validation: their attributes and names are checked by the spec's validators
-    (``_cross_checks``, ``_check_marginals_items``)."""
+    named ``<item>.<a>.<b>`` (characters outside ``A-Za-z0-9_-`` of an attribute name become
+    ``_``, so every name is a safe file name). O(C(attributes, k)).
+
+    The parts are built without re-validation: their attributes and names are checked by the
+    spec's validators (``_cross_checks``, ``_check_marginals_items``).
+    """
     if item.marginals is None:
         return [item]
     chosen = _marginals_attributes(spec, item)

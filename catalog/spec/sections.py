@@ -295,12 +295,14 @@ _BLOCK_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9-]{0,62}$"
 
 
 class ReviewPolicy(Strict):
-    """Who must approve a staged release before it is published (``review:`` in a spec).  The person
-    who ran the release (``DPRELEASE_OPERATOR``, else the login name) may not approve it, with or
-    without a ``review`` section, unless ``allow_self_approval: true`` (a one-person setup; recorded
-    with the release, shown by ``dprelease review ID``); ``approvers`` distinct reviewers must
-    approve.  ``notify`` names the Prefect notification block told when the release is staged (see
-    deploy/NOTIFICATIONS.md)."""
+    """Who must approve a staged release before it is published (``review:`` in a spec).
+
+    The person who ran the release (``DPRELEASE_OPERATOR``, else the login name) may not approve
+    it, with or without a ``review`` section, unless ``allow_self_approval: true`` (a one-person
+    setup; recorded with the release, shown by ``dprelease review ID``); ``approvers`` distinct
+    reviewers must approve.  ``notify`` names the Prefect notification block told when the release
+    is staged (see deploy/NOTIFICATIONS.md).
+    """
 
     approvers: int = Field(default=1, ge=1, le=MAX_APPROVERS)
     notify: str | None = None

@@ -266,9 +266,11 @@ class DawaMechanism:
         self, measurement: Measurement, *, workload: Workload
     ) -> dict[str, ItemAnswers]:
         """Bucket least squares, uniform expansion, and each query's honest uncertainty.
+
         ``std_error`` covers the noise and the estimated bias of assuming uniform buckets, both
         from released values only (:func:`mechanisms.dawa.uncertainty.query_uncertainty`); rows whose bias
-        cannot be estimated get a noise-only figure and no interval."""
+        cannot be estimated get a noise-only figure and no interval.
+        """
         measured: DawaDesign = measurement.strategy
         layout = measured.layout
         buckets = measured.greedy.least_squares(measurement.values)

@@ -61,8 +61,10 @@ def hilbert_order(k: int) -> np.ndarray:
 @dataclass(frozen=True, kw_only=True, eq=False)
 class HilbertLayout:
     """The 1-D domain of a ``rows × cols`` grid listed along a Hilbert curve.
+
     Position ``p`` of the 1-D domain holds grid cell ``cell_at[p]`` (row-major index into
-    ``shape``), or is padding (``cell_at[p] == -1``, always an empty cell)."""
+    ``shape``), or is padding (``cell_at[p] == -1``, always an empty cell).
+    """
 
     shape: tuple[int, int]
     cell_at: np.ndarray
@@ -86,9 +88,11 @@ class HilbertLayout:
     @classmethod
     def for_shape(cls, shape: Sequence[int], *, keep_padding: bool = True) -> HilbertLayout:
         """Layout of a ``rows × cols`` grid padded to the enclosing ``2^k × 2^k`` square.
+
         ``keep_padding=True`` keeps the padding positions in the 1-D domain (``4^k`` cells, the
         padding always empty); ``False`` drops them (``rows · cols`` cells), so no estimate mass
-        can land on cells that do not exist."""
+        can land on cells that do not exist.
+        """
         if len(shape) != 2 or not all(isinstance(s, int | np.integer) and s >= 1 for s in shape):
             raise ValueError(f"shape ({tuple(shape)}) must be two integers >= 1")
         rows, cols = int(shape[0]), int(shape[1])
@@ -140,9 +144,11 @@ class HilbertLayout:
         col_hi: np.ndarray | Sequence[int],
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rectangles ``[row_lo, row_hi] × [col_lo, col_hi]`` (inclusive) as runs of 1-D positions.
+
         Returns ``(query, lo, hi)``: rectangle ``query`` covers positions ``lo … hi`` of each of its
         runs (ready for ``IntervalWorkload(row=query, lo=lo, hi=hi, weight=1, ...)``).
-        O(Σ area · log area)."""
+        O(Σ area · log area).
+        """
         bounds = [
             np.atleast_1d(np.asarray(b, dtype=np.int64)) for b in (row_lo, row_hi, col_lo, col_hi)
         ]

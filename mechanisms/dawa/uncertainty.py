@@ -32,10 +32,12 @@ _CHI2_1_QUANTILE = 2.705543454095404
 @dataclass(frozen=True, kw_only=True, eq=False)
 class QueryUncertainty:
     """Per-query error model of DAWA's answers ``W x̂`` (public: computed from released values only).
+
     ``std_error`` is ``√(noise_variance + bias_variance)`` where the bias could be estimated and
     ``√noise_variance`` (a noise-only figure, to be published without an interval) where it could
     not; :attr:`interval` and :attr:`uncertainty` are the per-row values a release table takes.
-    See :func:`query_uncertainty` for the estimator and its assumption."""
+    See :func:`query_uncertainty` for the estimator and its assumption.
+    """
 
     noise_variance: np.ndarray
     """``q (AᵀA)⁻¹ qᵀ · σ²``: variance from the Laplace measurement, given the public partition."""
@@ -78,8 +80,10 @@ class QueryUncertainty:
 
 def cell_coordinates(shape: Sequence[int], cell_at: np.ndarray | None = None) -> np.ndarray:
     """Grid coordinates ``(n_cells, len(shape))`` of DAWA's cells.
+
     ``cell_at[p]`` is the row-major grid index of DAWA position ``p`` (a Hilbert layout's
-    ``cell_at`` without padding); ``None`` means positions are the grid in row-major order."""
+    ``cell_at`` without padding); ``None`` means positions are the grid in row-major order.
+    """
     dims = tuple(int(s) for s in shape)
     if not dims or min(dims) < 1:
         raise ValueError(f"shape ({shape}) must be one or more positive sizes")
@@ -91,8 +95,9 @@ def cell_coordinates(shape: Sequence[int], cell_at: np.ndarray | None = None) ->
 
 def bucket_covariance(strategy: HierarchicalStrategy, *, noise_variance: float) -> np.ndarray:
     """``Cov(ŝ) = σ² (AᵀA)⁻¹`` of the least-squares bucket counts; ``σ²`` = one draw's variance.
-    ``AᵀA`` has full rank (every leaf keeps a positive budget fraction).  O(k³) time, O(k²)
-    memory."""
+
+    ``AᵀA`` has full rank (every leaf keeps a positive budget fraction).  O(k³) time, O(k²) memory.
+    """
     if not (math.isfinite(noise_variance) and noise_variance > 0):
         raise ValueError(f"noise_variance ({noise_variance}) must be finite and > 0")
     a = strategy.matrix()
@@ -132,13 +137,15 @@ def _bucket_slopes_squared(
     coordinates: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Squared density slope of every bucket along every axis, from its neighbouring buckets.
+
     Every grid edge between cells of buckets ``b ≠ b'`` gives, along the edge's axis, the sample
     ``max(0, (d_b' − d_b)² − Var(d_b' − d_b)) / max(|m_b' − m_b|, 1)²`` (``d`` densities, ``m``
     centroids; subtracting the noise variance removes the noise's upward bias, the floor at 0 keeps
     it a square).  A bucket's value per
     axis is the mean of its samples; an axis without samples takes the mean of the bucket's other
     axes.  Returns ``(slopes², centroids, estimable)``; a bucket with no neighbour at all (only when
-    ``k = 1``) is not estimable.  O(n·axes + k)."""
+    ``k = 1``) is not estimable.  O(n·axes + k).
+    """
     k = partition.n_buckets
     bucket = partition.bucket_of_cell()
     sizes = partition.sizes.astype(np.float64)
@@ -172,6 +179,7 @@ def _bucket_roughness(
     partition: Partition, densities: np.ndarray, density_covariance: np.ndarray
 ) -> np.ndarray:
     """Per bucket of a 1-D partition, the variance ``σ²`` of its cells around the local trend.
+
     For a bucket ``b`` between buckets ``l = b−1`` and ``r = b+1`` a linear trend through the
     three centroids predicts ``d_b`` as ``w_l·d_l + w_r·d_r``.  If cells vary around the trend
     independently with variance ``σ²``, the residual's variance is
@@ -181,7 +189,8 @@ def _bucket_roughness(
     1)``, the Poisson variance): a bucket's ``σ²`` is its ``λ`` times the ``_ROUGHNESS_QUANTILE``
     quantile of the dispersion samples of the ``2·_ROUGHNESS_WINDOW + 1`` buckets around it,
     divided by the same quantile of ``χ²₁`` (one squared residual is ``σ²`` times a ``χ²₁`` draw).
-    NaN only when the partition has fewer than three buckets.  O(k·window)."""
+    NaN only when the partition has fewer than three buckets.  O(k·window).
+    """
     k = partition.n_buckets
     if k < 3:
         return np.full(k, np.nan)
@@ -213,9 +222,11 @@ def _partial_covers(
     workload: IntervalWorkload, partition: Partition, coordinates: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every (row, bucket) a query covers unevenly, with its weight sums.
+
     Returns ``(row, bucket, Σa, Σa², Σa·coord)`` over the bucket's cells, ``a`` the query's weight on
     each cell (0 off the query).  Only a piece's first and last bucket can be cut; buckets strictly
-    inside a piece are covered evenly and no other piece of the row meets them.  O(P log P)."""
+    inside a piece are covered evenly and no other piece of the row meets them.  O(P log P).
+    """
     bucket = partition.bucket_of_cell()
     starts, ends = partition.starts, partition.boundaries[1:]
     prefix = np.vstack(

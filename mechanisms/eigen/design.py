@@ -68,8 +68,10 @@ def _frozen_array(values: np.ndarray, dtype: type = np.float64) -> np.ndarray:
 @dataclass(frozen=True, kw_only=True, eq=False)  # array fields: compare by identity
 class WorkloadSpectrum:
     """The non-zero part of the eigen-decomposition ``G = Q diag(eigenvalues) Q^T`` of a Gram matrix.
+
     Eigenvalues are sorted in decreasing order; zero (or negligible) ones are omitted, so
-    ``eigenvectors`` is ``n_cells x rank`` with orthonormal columns."""
+    ``eigenvectors`` is ``n_cells x rank`` with orthonormal columns.
+    """
 
     eigenvalues: np.ndarray
     """Positive eigenvalues sigma_1 >= ... >= sigma_r of G."""
@@ -108,10 +110,12 @@ class WorkloadSpectrum:
 @dataclass(frozen=True, kw_only=True, eq=False)  # array fields: compare by identity
 class MinimizedWorkload:
     """A workload with duplicate columns merged and zero columns dropped (thesis Def 2.6).
+
     Original cell ``j`` maps to column ``column_of_cell[j]`` of the minimised workload, or to -1 if
     no query reads it.  A strategy ``A_min`` on the minimised columns becomes a strategy on the
     original cells as ``A_min[:, column_of_cell]`` with zero columns for the dropped cells; the
-    sensitivity and the total error are unchanged (Prop 5.1)."""
+    sensitivity and the total error are unchanged (Prop 5.1).
+    """
 
     gram: np.ndarray
     """``n_min x n_min`` Gram matrix of the minimised workload."""
@@ -206,9 +210,11 @@ def minimize_workload(
     gram: np.ndarray, *, duplicate_rtol: float = DEFAULT_DUPLICATE_RTOL
 ) -> MinimizedWorkload:
     """Merge duplicate columns and drop zero columns of W, using only G (Def 2.6, O(n n_min)).
+
     Columns j and k of W are equal iff ``G_jj + G_kk - 2 G_jk = |w_j - w_k|^2 = 0``; column j is
     zero iff ``G_jj = 0``.  Both tests use the tolerance ``duplicate_rtol * max_j G_jj``.
-    Each merged group keeps its lowest-index cell as representative."""
+    Each merged group keeps its lowest-index cell as representative.
+    """
     gram = validate_gram(gram, nonzero=True)
     duplicate_rtol = _check_unit_interval("duplicate_rtol", duplicate_rtol, include_one=False)
     diagonal = np.diag(gram)
@@ -238,10 +244,12 @@ def _trace_gram_pinv(
     gram_factor: np.ndarray | None = None,
 ) -> float:
     """``trace(G X^+)`` for ``X = A^T A``, with G given densely or as ``F`` with ``G = F F^T``.
+
     Well-conditioned X: Cholesky (O(n^3)).  Singular X (rank-deficient workloads, strategies
     without completion): pivoted Cholesky ``X = P L L^T P^T`` with L of full column rank k; if
     ``F = P L Y`` (A supports W) then ``trace(F^T X^+ F) = |Y|_F^2`` (O(n^2 (k + r))).  An
-    eigen-decomposition (O(n^3)) settles the cases the pivoted factorisation cannot."""
+    eigen-decomposition (O(n^3)) settles the cases the pivoted factorisation cannot.
+    """
     try:
         factor, lower = scipy.linalg.cho_factor(normal_matrix, lower=True)  # O(n^3 / 3)
         norm_1 = float(np.max(np.sum(np.abs(normal_matrix), axis=0)))
@@ -398,12 +406,14 @@ def _solve_weighting_dual(
     initial_multipliers: np.ndarray | None = None,
 ) -> _WeightingSolution:
     """:func:`_solve_weighting` through its concave dual over cell multipliers mu >= 0.
+
     With s = constraint^T mu: ``x_i(mu) = (p c_i / s_i)^(1/(p+1))`` and
     ``D(mu) = kappa_p sum_i c_i^(1/(p+1)) s_i^(p/(p+1)) - sum_j mu_j`` whose gradient is
     ``constraint @ x(mu) - 1``.  L-BFGS-B maximises D; every evaluation also yields a feasible
     primal point (x rescaled so its largest constraint is 1), and the solve stops when the
     relative primal-dual gap is ``<= rtol``.  Each evaluation is O(n k).  ``initial_multipliers``
-    are in the units of the original costs."""
+    are in the units of the original costs.
+    """
     scale = float(costs.max())
     normalised_costs = costs / scale
     exponent = 1.0 / (power + 1)
@@ -508,10 +518,12 @@ def _candidate(
     complete: bool,
 ) -> _Candidate:
     """Strategy rows ``lambda_i q_i`` plus completion (steps 3-5), with its exact error.
+
     ``variables`` are scaled so the largest column norm is 1.  Completion (Thm 3.11, in the form
     that reproduces Table 4.1) adds the row ``d_j e_j`` to every deficient column j:
     ``d_j = sqrt(1 - m_j^2)`` (L2) or ``d_j = 1 - m_j`` (L1), where m_j is the column norm; the
-    sensitivity stays 1."""
+    sensitivity stays 1.
+    """
     loads = constraint @ variables  # O(n r): squared L2 or L1 column norms
     peak = float(loads.max())
     variables = variables / peak

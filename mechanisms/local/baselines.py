@@ -207,8 +207,10 @@ def baseline_strategies(
     shape: tuple[int, ...], ordered: tuple[bool, ...], *, epsilon: float
 ) -> dict[str, LDPStrategy]:
     """The baselines that apply to a domain.
+
     randomized_response and hadamard always; hierarchical (branching 4, Hadamard oracle) for one
-    ordered attribute; rappor for at most 16 cells; fourier when every attribute is binary."""
+    ordered attribute; rappor for at most 16 cells; fourier when every attribute is binary.
+    """
     n = math.prod(shape)
     found = {
         "randomized_response": randomized_response(n, epsilon=epsilon),

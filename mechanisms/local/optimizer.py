@@ -38,6 +38,7 @@ _PROJECTION_MAX_STEPS = 200
 
 def _project_columns(points: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
     """Euclidean projection of every column of ``points`` onto ``{q : 1^T q = 1, lower <= q <= upper}``.
+
     The projection is ``clip(r + λ, lower, upper)`` where ``λ`` solves ``f(λ) = 1`` for the
     piecewise-linear, non-decreasing ``f(λ) = Σ_o clip(r_o + λ, lower_o, upper_o)`` (§4.1 of
     [McKenna20]; its Algorithm 1 finds the same ``λ`` by sorting the ``2m`` breakpoints).  Here
@@ -45,7 +46,8 @@ def _project_columns(points: np.ndarray, lower: np.ndarray, upper: np.ndarray) -
     ``f(a) <= 1 <= f(b)``, bisecting whenever a Newton step leaves it: a Newton step from a point
     on the root's linear piece lands on the root, so few steps are needed and the result is exact
     up to rounding.  Needs ``Σ lower <= 1 <= Σ upper``.  Cost ``O(n m)`` per step, on the columns
-    not yet resolved."""
+    not yet resolved.
+    """
     shifted = np.ascontiguousarray(points.T)  # n x m: one projected column per row
     num_rows = shifted.shape[1]
     bracket_low = (lower - shifted).min(axis=1)  # f = Σ lower <= 1
@@ -127,9 +129,11 @@ def _lower_bound_gradient(
     exp_epsilon: float,
 ) -> np.ndarray:
     """Chain rule of ``z -> L(Π_z(R))`` at ``Π_z(R) = matrix``, for the row lower bounds ``z``.
+
     For column ``u`` with free set ``F``, lower-bound set ``Lo`` and upper-bound set ``Up``,
     ``dλ_u/dz_o = -(1[o ∈ Lo] + e^ε 1[o ∈ Up]) / |F|``, so
-    ``∂L/∂z_o = Σ_u (1[o ∈ Lo] + e^ε 1[o ∈ Up]) (g_ou - mean_F g_·u)``.  Cost ``O(m n)``."""
+    ``∂L/∂z_o = Σ_u (1[o ∈ Lo] + e^ε 1[o ∈ Up]) (g_ou - mean_F g_·u)``.  Cost ``O(m n)``.
+    """
     at_lower = matrix == lower[:, None]
     at_upper = matrix == upper[:, None]
     free = ~(at_lower | at_upper)
@@ -287,8 +291,10 @@ def _random_start(
     num_rows: int, n: int, epsilon: float, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Random start of §4: ``R ~ U[0,1]^{m x n}`` projected with ``z = (1 + e^-ε) / (2 m)``.
+
     This ``z`` makes a column with every entry at a bound put a fraction ``1 / (e^ε + 1)`` of its
-    rows at the upper bound, the optimal subset size of subset selection."""
+    rows at the upper bound, the optimal subset size of subset selection.
+    """
     lower = np.full(num_rows, (1.0 + math.exp(-epsilon)) / (2.0 * num_rows))
     start = rng.random((num_rows, n))
     return _project_columns(start, lower, math.exp(epsilon) * lower), lower

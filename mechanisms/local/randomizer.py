@@ -113,8 +113,10 @@ def _check_row_ratios(matrix: np.ndarray, epsilon: float) -> None:
 
 def enforce_row_ratio(matrix: np.ndarray, epsilon: float) -> np.ndarray:
     """Lower entries by at most one ulp so that every row satisfies the exact ratio check.
+
     ``nextafter(fl(e^ε · min), 0)`` is <= the exact product under round-to-nearest, so the cap
-    passes :func:`_check_row_ratios`.  Only entries already at the bound move."""
+    passes :func:`_check_row_ratios`.  Only entries already at the bound move.
+    """
     row_min = matrix.min(axis=1)
     cap = np.nextafter(math.exp(epsilon) * row_min, 0.0)
     return np.minimum(matrix, cap[:, None])
@@ -122,10 +124,12 @@ def enforce_row_ratio(matrix: np.ndarray, epsilon: float) -> np.ndarray:
 
 def strategy_fingerprint(strategy: LDPStrategy) -> str:
     """SHA-256 hex digest of the canonical bytes of ``strategy.Q`` and ``strategy.epsilon``.
+
     The canonical bytes are a format tag, the shape as two little-endian int64, ``Q`` as
     little-endian float64 in C order and ``epsilon`` as a little-endian float64.  The name is
     excluded: two strategies with equal matrices and ε accept the same responses.  The pipeline
-    uses it to check that a batch of responses was produced by the published strategy."""
+    uses it to check that a batch of responses was produced by the published strategy.
+    """
     check_strategy(strategy)
     digest = hashlib.sha256()
     digest.update(_FINGERPRINT_TAG)

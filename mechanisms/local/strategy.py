@@ -53,8 +53,10 @@ class ResponseCounts:
 @dataclass(frozen=True, kw_only=True, eq=False)
 class LocalStrategy:
     """A published ε-LDP randomiser and its public record (``parameters``, JSON-able).
+
     Construction checks that the record's fingerprint and ε are the randomiser's, so a restored
-    or read strategy is exactly the one that was published."""
+    or read strategy is exactly the one that was published.
+    """
 
     randomiser: LDPStrategy
     parameters: Mapping[str, Any]
@@ -261,7 +263,9 @@ def estimate_item(
 
 def rounding_floor(item_answers: np.ndarray, num_responses: int, num_outputs: int) -> np.ndarray:
     """Floating-point error bound of ``V y``: ``m ε_mach (|answer| + N)``.
+
     A query the responses determine exactly (the total N, public in the local model) has zero
     sampling variance; its reported ``std_error`` is this rounding bound, so it stays > 0 as
-    output validation requires."""
+    output validation requires.
+    """
     return num_outputs * np.finfo(np.float64).eps * (np.abs(item_answers) + num_responses)

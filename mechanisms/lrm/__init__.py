@@ -133,10 +133,12 @@ class LowRankMechanism(MatrixMechanism):
 @dataclass(frozen=True, kw_only=True)
 class LowRankStrategy(DenseStrategy):
     """LRM's measured matrix ``A = [L; c·D]``, answered by least squares (see the module text).
+
     ``x̂ = A⁺·y`` with ``A⁺ = V·S⁻¹·Uᵀ`` from the thin SVD of ``A`` itself, never through the Gram:
     LRM's ``L`` keeps a few near-dead rows (singular values ~1e-4 of the largest), and both
     ``pinvh(AᵀA)`` and ``(AᵀA)⁺·Aᵀ`` square their condition number, which leaves a relative bias
-    ~1e-7 in the answers; the SVD route leaves round-off (~1e-15)."""
+    ~1e-7 in the answers; the SVD route leaves round-off (~1e-15).
+    """
 
     def pseudo_inverse(self) -> np.ndarray:
         """``A⁺`` (N × p), computed once."""

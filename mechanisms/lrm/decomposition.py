@@ -65,12 +65,14 @@ _PROJECTION_BLOCK = 1 << 21
 @dataclass(frozen=True, kw_only=True, eq=False)
 class LowRankDecomposition:
     """A workload factorisation ``W ≈ B·L`` for the Low-Rank Mechanism (public, data-free).
+
     ``B`` (m×r) post-processes and ``L`` (r×n) receives the noise (read-only copies; arrays, so
     ``eq=False``).  ``rank`` is r, not the rank of ``W``; ``converged`` iff ``‖W − B·L‖_F ≤ γ``
     was met (not merely an iteration cap); ``sensitivity_l1 = Δ(L) = max_j Σ_i |L_ij|`` must equal
     the value recomputed from ``L``; ``bias_sq = ‖W − B·L‖²_F`` (the paper's τ²: squared bias per
     unit squared L2 norm of the data, Theorem 3 with its γ corrected to γ²); ``stopped_early`` iff
-    :func:`decompose` stopped at its time limit with its best exact decomposition so far."""
+    :func:`decompose` stopped at its time limit with its best exact decomposition so far.
+    """
 
     B: np.ndarray
     L: np.ndarray
@@ -119,8 +121,10 @@ class LowRankDecomposition:
 
 def _project_rows(rows: np.ndarray, radius: float, *, limit: WorkLimit | None = None) -> np.ndarray:
     """Project every row of a C-contiguous (n, r) array onto the L1 ball. O(n r log r).
+
     Rows are independent: large arrays go in blocks of :data:`_PROJECTION_BLOCK` entries, with
-    ``limit`` checked (and Ctrl-C seen) between blocks; the result is the same."""
+    ``limit`` checked (and Ctrl-C seen) between blocks; the result is the same.
+    """
     if rows.size <= _PROJECTION_BLOCK:
         return _project_block(rows, radius)
     step = max(1, _PROJECTION_BLOCK // rows.shape[1])
@@ -372,10 +376,12 @@ def predict_seconds(
     max_inner: int = 5,
 ) -> float:
     """Predicted seconds of :func:`decompose` on an ``m×n`` workload, from sizes only.
+
     ``workload_rank`` defaults to ``min(m, n)`` (an upper bound); ``rank`` (the inner dimension)
     to ``⌈1.2·workload_rank⌉``.  SVD plus ``min(max_outer, 150)`` outer iterations of the fitted
     cost model (one BLAS thread, an idle core; see ``_OUTER_COEFFICIENTS``).  Workloads that
-    converge fast (identity-like) take as little as a tenth of this.  O(1)."""
+    converge fast (identity-like) take as little as a tenth of this.  O(1).
+    """
     m, n = _positive_int(num_queries, "num_queries"), _positive_int(num_cells, "num_cells")
     k = min(m, n) if workload_rank is None else _positive_int(workload_rank, "workload_rank")
     r = (6 * k + 4) // 5 if rank is None else _positive_int(rank, "rank")
@@ -418,10 +424,12 @@ def _stopped_result(
     iterations: int,
 ) -> LowRankDecomposition:
     """Best exact decomposition available when ``decompose`` stops at its time limit.
+
     Candidates: noise on data (``B = W``, ``L = I``: exact, noise ``‖W‖²_F``) and, for every
     ``(B, Lᵀ)`` in ``iterates``, with ``R = W − B·L``: the iterate itself if ``‖R‖_F ≤ γ``,
     else the completion of :func:`_completion` (exact, columns in the unit L1 ball).  The one
-    with the lowest noise ``Δ(L)²‖B‖²_F`` is returned.  O(mnr) per iterate."""
+    with the lowest noise ``Δ(L)²‖B‖²_F`` is returned.  O(mnr) per iterate.
+    """
     n = workload.shape[1]
     best_noise = float(np.sum(workload * workload))
     best = (workload, np.eye(n), 0.0)  # W·I = W exactly
@@ -651,11 +659,13 @@ _SCALE_GRID = 241
 @dataclass(frozen=True, kw_only=True, eq=False)
 class SupportedMeasurement:
     """The measured matrix ``[L; c·D]`` whose least-squares estimator answers ``W`` without bias.
+
     ``matrix`` is ``L`` with ``appended = k`` rows ``c·D`` (``D`` orthonormal rows spanning the
     part of the row space of ``W`` that ``L`` misses; ``matrix is L`` and ``scale = 0`` when
     ``k = 0``).  ``missed_norm = ‖W − W·P_L‖_F``, the part of ``W`` outside the row space of ``L``
     (``P_L`` the projector onto it): the paper's estimator ``B·L`` is biased at least by this much
-    per unit ``‖x‖₂`` in Frobenius norm; the least-squares answer from ``matrix`` is not."""
+    per unit ``‖x‖₂`` in Frobenius norm; the least-squares answer from ``matrix`` is not.
+    """
 
     matrix: np.ndarray
     appended: int

@@ -98,11 +98,13 @@ def _centre(table: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class MarginalSpaceStrategy(SubsetStrategy):
-    """Weighted (plain or centred) marginals, measured and answered in marginal space.  Planning
-    algebra (sensitivity, per-item error and per-query variances, support) is
-    :class:`~mechanisms.primitives.marginal_strategies.SubsetStrategy`'s; ``apply`` and ``answers``
-    work on the measured marginals only.  Answers are ordered by ascending subset bitmask, each term
-    row-major over its ascending axes (the same order as ``to_union()``)."""
+    """Weighted (plain or centred) marginals, measured and answered in marginal space.
+
+    Planning algebra (sensitivity, per-item error and per-query variances, support) is
+    :class:`~mechanisms.primitives.marginal_strategies.SubsetStrategy`'s; ``apply`` and ``answers`` work on
+    the measured marginals only.  Answers are ordered by ascending subset bitmask, each term
+    row-major over its ascending axes (the same order as ``to_union()``).
+    """
 
     @property
     def marginal_subsets(self) -> tuple[tuple[int, ...], ...]:
@@ -142,8 +144,10 @@ class MarginalSpaceStrategy(SubsetStrategy):
 
     def components(self, y: np.ndarray, needed: Iterable[int]) -> dict[int, np.ndarray]:
         """``v̂_T = C_T M_T x̂`` (a table over T's axes) for every needed subset T of positive rank.
-        O(Σ_S |y_S| · #{needed T ⊆ S}): sums of each measured table over the axes ``S∖T``.  Raises
-        ``ValueError`` when a needed component has no measurement (``μ_T = 0``)."""
+
+        O(Σ_S |y_S| · #{needed T ⊆ S}): sums of each measured table over the axes ``S∖T``.
+        Raises ``ValueError`` when a needed component has no measurement (``μ_T = 0``).
+        """
         shape = self.domain_shape
         d = len(shape)
         mu = self.weights.strategy_eigenvalues()
@@ -186,8 +190,10 @@ class MarginalSpaceStrategy(SubsetStrategy):
         return np.full(item.num_queries, variance)
 
     def answers(self, y: np.ndarray, workload: Workload) -> dict[str, np.ndarray]:
-        """Least-squares answers of every (marginal) item: ``M_R x̂ = Σ_{T⊆R} spread(v̂_T)``.  O(Σ_R
-        2^|R| |M_R|) after :meth:`components`; never forms the N-vector."""
+        """Least-squares answers of every (marginal) item: ``M_R x̂ = Σ_{T⊆R} spread(v̂_T)``.
+
+        O(Σ_R 2^|R| |M_R|) after :meth:`components`; never forms the N-vector.
+        """
         shape = self.domain_shape
         d = len(shape)
         kept = _item_masks(workload)

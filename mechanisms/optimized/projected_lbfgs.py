@@ -55,11 +55,13 @@ def minimize(
     gradient_tolerance: float = 1e-9,
     callback: IterationCallback | None = None,
 ) -> LbfgsResult:
-    """Minimise ``objective`` from ``start`` (projected onto ``x ≥ 0`` when ``nonnegative``).  Stops
-    after ``max_iterations``, when the largest projected-gradient entry is at most
+    """Minimise ``objective`` from ``start`` (projected onto ``x ≥ 0`` when ``nonnegative``).
+
+    Stops after ``max_iterations``, when the largest projected-gradient entry is at most
     ``gradient_tolerance``, when the line search cannot lower ``f`` (precision reached), or when
-    ``callback`` returns True.  Exceptions raised by ``objective`` (a time limit) propagate.  Cost
-    per iteration: the evaluations of the line search (usually one) plus O(memory · size)."""
+    ``callback`` returns True.  Exceptions raised by ``objective`` (a time limit) propagate.
+    Cost per iteration: the evaluations of the line search (usually one) plus O(memory · size).
+    """
     if memory < 1:
         raise ValueError(f"memory ({memory}) must be >= 1")
     if max_iterations < 0:
@@ -123,9 +125,11 @@ def _largest_magnitude(vector: np.ndarray) -> float:
 
 class _History:
     """The newest ``memory`` pairs (s, y) and their inner products, for the compact L-BFGS form.
+
     ``pairs`` holds the steps in rows ``0..memory-1`` and the gradient changes in rows
     ``memory..2·memory-1`` (zero until used: unused rows always meet zero coefficients);
-    ``sy[i, j] = s_iᵀ y_j`` is kept for i older than or equal to j, ``yy`` in full."""
+    ``sy[i, j] = s_iᵀ y_j`` is kept for i older than or equal to j, ``yy`` in full.
+    """
 
     def __init__(self, *, memory: int, size: int) -> None:
         self.memory = memory
@@ -155,9 +159,11 @@ class _History:
 
     def apply_inverse_hessian(self, vector: np.ndarray) -> None:
         """``vector ← H vector`` in place; with no pairs ``H = I / ‖vector‖`` (a unit first step).
+
         ``H = γI + [S γY] [[R⁻ᵀ(D + γYᵀY)R⁻¹, −R⁻ᵀ], [−R⁻¹, 0]] [Sᵀ; γYᵀ]`` with R the upper
         triangle of SᵀY (chronological), D its diagonal, γ = s_kᵀy_k / y_kᵀy_k of the newest pair.
-        O(memory · size) in two matrix-vector products, O(memory²) besides."""
+        O(memory · size) in two matrix-vector products, O(memory²) besides.
+        """
         if not self.order:
             vector /= max(float(np.linalg.norm(vector)), 1e-300)
             return

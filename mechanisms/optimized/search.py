@@ -87,11 +87,12 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class OptimizedStrategy:
-    """A public, data-independent measurement strategy and its expected error.  For every kind
-    except ``"marginals"`` the strategy is the Kronecker product of ``factors``.  For
-    ``"marginals"`` it stacks ``weights[S] · M_S`` over subsets S (bitmask, bit i = attribute i
-    kept); ``optimized`` measures it as a
-    :class:`mechanisms.primitives.marginal_strategies.SubsetStrategy`."""
+    """A public, data-independent measurement strategy and its expected error.
+
+    For every kind except ``"marginals"`` the strategy is the Kronecker product of ``factors``.
+    For ``"marginals"`` it stacks ``weights[S] · M_S`` over subsets S (bitmask, bit i = attribute
+    i kept); ``optimized`` measures it as a :class:`mechanisms.primitives.marginal_strategies.SubsetStrategy`.
+    """
 
     kind: StrategyKind
     domain_sizes: tuple[int, ...]
@@ -200,18 +201,20 @@ def kron_template(
     max_sweeps: int = 10,
     tolerance: float = 1e-5,
 ) -> OptimizedStrategy:
-    """Kronecker strategy ``A_1 ⊗ … ⊗ A_d`` for validated Gram terms, by alternation.  Each sweep
-    re-optimises factor ``i`` against ``Σ_t c_t G_{t,i}``, ``c_t = Π_{j≠i} tr(G_{t,j} (A_jᵀA_j)⁻¹)``
-    (exact for the other factors), warm-started; a factor is only replaced by something no worse, so
-    the error never increases.  One term is separable (one sweep; for Gaussian noise optimal among
-    all strategies up to ``tolerance``, certified by the product of the factors' dual bounds).
-    ``ps[i]``: p-Identity size (None: ``n_i // 16``); ``template`` as in
-    :func:`mechanisms.optimized.templates.optimize_factor`; ``start``: the caller's perf_counter at
-    entry.  Once ``limit`` passes, the factor in progress returns its best point, nothing further
-    starts, and the result is ``stopped_early``.
+    """Kronecker strategy ``A_1 ⊗ … ⊗ A_d`` for validated Gram terms, by alternation.
+
+    Each sweep re-optimises factor ``i`` against ``Σ_t c_t G_{t,i}``,
+    ``c_t = Π_{j≠i} tr(G_{t,j} (A_jᵀA_j)⁻¹)`` (exact for the other factors), warm-started; a factor
+    is only replaced by something no worse, so the error never increases.  One term is separable
+    (one sweep; for Gaussian noise optimal among all strategies up to ``tolerance``, certified by
+    the product of the factors' dual bounds).  ``ps[i]``: p-Identity size (None: ``n_i // 16``);
+    ``template`` as in :func:`mechanisms.optimized.templates.optimize_factor`; ``start``: the
+    caller's perf_counter at entry.  Once ``limit`` passes, the factor in progress returns its best
+    point, nothing further starts, and the result is ``stopped_early``.
 
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
-    References: HDMM §6 (OPT_⊗ and unions of Kronecker products)."""
+    References: HDMM §6 (OPT_⊗ and unions of Kronecker products).
+    """
     d = len(sizes)
     ps = [None] * d if ps is None else ps
     deterministic = noise == "gaussian" and template in ("auto", "fullrank", "identity")
@@ -353,10 +356,12 @@ def marginals_template(
     progress: Progress | None,
 ) -> OptimizedStrategy:
     """HDMM's marginals template (OPT_M, §6) for workload projections ``tr(WᵀW Q_T)``: the one
-    search, :func:`mechanisms.primitives.marginal_strategies.search_marginal_weights`, from random
-    starts.  If ``limit`` has already passed, one L-BFGS-B iteration from one start still runs
-    (every point it evaluates keeps the full-identity weight > 0, so the strategy supports the
-    workload) and the result is ``stopped_early``."""
+    search, :func:`mechanisms.primitives.marginal_strategies.search_marginal_weights`, from random starts.
+
+    If ``limit`` has already passed, one L-BFGS-B iteration from one start still runs (every
+    point it evaluates keeps the full-identity weight > 0, so the strategy supports the
+    workload) and the result is ``stopped_early``.
+    """
     expired, remaining = limit.expired(), limit.remaining()
     search = search_marginal_weights(
         projections,
@@ -464,11 +469,13 @@ def predict_seconds(
     restarts: int = 1,
 ) -> float:
     """Predicted seconds of :func:`optimize_workload` from the sizes only (one BLAS thread).
+
     ``num_terms``: Kronecker terms in the workload's Gram (``len(workload.gram_terms())``).
-    Kronecker template: every attribute's factor (p-Identity, or the full-rank optimum for Gaussian
-    noise), times 1.5 for a union of terms, times the runs (``restarts`` for Laplace); marginals
-    template (d ≤ 20): its iterations at O(d 2^d).  Calibrated in ``benchmarks/predict_bench.py``;
-    O(d)."""
+    Kronecker template: every attribute's factor (p-Identity, or the full-rank optimum for
+    Gaussian noise), times 1.5 for a union of terms, times the runs (``restarts`` for Laplace);
+    marginals template (d ≤ 20): its iterations at O(d 2^d).  Calibrated in
+    ``benchmarks/predict_bench.py``; O(d).
+    """
     sizes = validate_domain_sizes(domain_sizes)
     validate_noise(noise)
     validate_restarts(restarts)

@@ -186,10 +186,12 @@ def pidentity_column_scales(theta: np.ndarray, *, noise: NoiseKind) -> np.ndarra
 
 class PIdentityFactor(Factor):
     """The p-Identity strategy ``A = [I; Θ] S⁻¹`` (``S = diag(s)``, unit column norms), kept as Θ.
-    O(p n) memory and products instead of the (n + p) × n matrix (140 MB at n = 4096), and the Gram
-    inverse by Woodbury, ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹``: O(p n²) instead
-    of the dense Gram's O(n³) Cholesky inverse.  ``AᵀA = S⁻¹(I + ΘᵀΘ)S⁻¹ ⪰ S⁻²`` is always positive
-    definite.  Public: Θ comes from the workload alone."""
+
+    O(p n) memory and products instead of the (n + p) × n matrix (140 MB at n = 4096), and the
+    Gram inverse by Woodbury, ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹``: O(p n²)
+    instead of the dense Gram's O(n³) Cholesky inverse.  ``AᵀA = S⁻¹(I + ΘᵀΘ)S⁻¹ ⪰ S⁻²`` is always
+    positive definite.  Public: Θ comes from the workload alone.
+    """
 
     def __init__(self, theta: np.ndarray, *, noise: NoiseKind) -> None:
         validate_noise(noise)
@@ -251,13 +253,15 @@ class PIdentityFactor(Factor):
 
 
 class PIdentityObjective:
-    """Unit error ``tr(G (AᵀA)⁻¹)`` of the p-Identity strategy and its gradient in ``Θ``.  Called
-    with ``Θ`` (p × n) flattened row-major, ``Θ ≥ 0`` for Laplace; returns (loss, new gradient
-    array).  With ``S = diag(s)`` the strategy Gram is ``S⁻¹(I + ΘᵀΘ)S⁻¹``, so
-    ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹`` (Woodbury).  Cost O(p² n + p³) in four
-    GEMMs, plus one product with ``G``: O(p n) for all-range and prefix Grams
-    (:func:`gram_right_multiply`), else O(p n²).  Three p × n work arrays are kept between calls: at
-    p·n = 10⁶ a fresh 8 MB array costs about as much in page faults as the arithmetic on it."""
+    """Unit error ``tr(G (AᵀA)⁻¹)`` of the p-Identity strategy and its gradient in ``Θ``.
+
+    Called with ``Θ`` (p × n) flattened row-major, ``Θ ≥ 0`` for Laplace; returns (loss, new
+    gradient array).  With ``S = diag(s)`` the strategy Gram is ``S⁻¹(I + ΘᵀΘ)S⁻¹``, so
+    ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹`` (Woodbury).  Cost O(p² n + p³) in
+    four GEMMs, plus one product with ``G``: O(p n) for all-range and prefix Grams
+    (:func:`gram_right_multiply`), else O(p n²).  Three p × n work arrays are kept between calls:
+    at p·n = 10⁶ a fresh 8 MB array costs about as much in page faults as the arithmetic on it.
+    """
 
     def __init__(self, gram: np.ndarray, *, p: int, noise: NoiseKind) -> None:
         self._n = gram.shape[0]
@@ -311,9 +315,10 @@ def _top_eigenpairs(
     gram: np.ndarray, count: int, *, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Leading ``count`` eigenpairs of a PSD matrix: dense ``eigh`` when small, else randomised.
+
     The randomised path is a block power (subspace) iteration with a Gaussian start from ``rng``
-    followed by Rayleigh–Ritz: O(n² (count + 8) · 5).  Returns (values descending, vectors n ×
-    count)."""
+    followed by Rayleigh–Ritz: O(n² (count + 8) · 5).  Returns (values descending, vectors n × count).
+    """
     n = gram.shape[0]
     if n <= 512 or count + 8 >= n // 2:
         values, vectors = np.linalg.eigh(gram)  # O(n³)
@@ -505,12 +510,14 @@ class FullRankSolution:
 
 
 def gaussian_dual(gram: np.ndarray, weights: np.ndarray) -> tuple[float, np.ndarray]:
-    """Dual lower bound and matching primal Gram of the L2 problem at dual point ``v > 0``.  With
-    ``K = V G V`` (V = diag(v)) and ``T = tr √K``: returns ``T² / ‖v‖²``, a lower bound on
-    ``tr(G X⁺)`` over every X with ``diag(X) ≤ 1`` (the Lagrange dual with multipliers ``μ = c v²``,
-    maximised over the scale c), and ``X_v = V⁻¹ √K V⁻¹``, the minimiser of the Lagrangian, whose
-    unit error after dividing by ``max diag(X_v)`` is ``T · max diag(X_v)``.  The dual's gradient in
-    ``μ`` is ``diag(X_μ) − 1``.  O(n³): one eigendecomposition."""
+    """Dual lower bound and matching primal Gram of the L2 problem at dual point ``v > 0``.
+
+    With ``K = V G V`` (V = diag(v)) and ``T = tr √K``: returns ``T² / ‖v‖²``, a lower bound on
+    ``tr(G X⁺)`` over every X with ``diag(X) ≤ 1`` (the Lagrange dual with multipliers
+    ``μ = c v²``, maximised over the scale c), and ``X_v = V⁻¹ √K V⁻¹``, the minimiser of the
+    Lagrangian, whose unit error after dividing by ``max diag(X_v)`` is ``T · max diag(X_v)``.
+    The dual's gradient in ``μ`` is ``diag(X_μ) − 1``.  O(n³): one eigendecomposition.
+    """
     values, vectors = _eigh(gram * np.outer(weights, weights))  # O(n³)
     roots = np.sqrt(np.clip(values, 0.0, None))
     dual = float(roots.sum()) ** 2 / float(weights @ weights)
@@ -528,13 +535,15 @@ def gaussian_full_rank(
     progress: Progress | None = None,
 ) -> FullRankSolution:
     """The L2-optimal strategy Gram for ``gram`` (validated, symmetric) to a relative duality gap of
-    ``tolerance``.  Deterministic (the problem is convex).  Each iteration, O(n³): eigendecompose
+    ``tolerance``.
+
+    Deterministic (the problem is convex).  Each iteration, O(n³): eigendecompose
     ``K = V G V`` (V = diag(v)), read off the dual value ``(tr √K)² / ‖v‖²`` and the primal
-    ``X_v = V⁻¹ √K V⁻¹`` repaired to a unit diagonal (by completion, thesis Lemma 3, or by rescaling
-    its columns; the better one is kept), then update ``v_i ← v_i · (diag(X_v)_i)^{ω/2}``, a
-    multiplicative ascent step on the dual whose gradient is ``diag(X_v) − 1`` (step ω = 2; ω = 1
-    from the first time the dual decreases).  Cells with ``G_ii = 0`` are not needed by the workload
-    and get an identity query.
+    ``X_v = V⁻¹ √K V⁻¹`` repaired to a unit diagonal (by completion, thesis Lemma 3, or by
+    rescaling its columns; the better one is kept), then update
+    ``v_i ← v_i · (diag(X_v)_i)^{ω/2}``, a multiplicative ascent step on the dual whose gradient is
+    ``diag(X_v) − 1`` (step ω = 2; ω = 1 from the first time the dual decreases).  Cells with ``G_ii = 0``
+    are not needed by the workload and get an identity query.
 
     ``limit``: checked before every O(n³) step; once passed, the best strategy
     so far (the identity before the first iteration) and the best dual bound are returned with
@@ -544,7 +553,8 @@ def gaussian_full_rank(
     *Privacy*: none consumed; public computation on the workload only.
 
     References: Li thesis §4.2.2 (proof structure, completion Lemma 3); Yuan et al. 2016 (the
-    convex L2 formulation).  The dual derivation and the fixed-point update are ours."""
+    convex L2 formulation).  The dual derivation and the fixed-point update are ours.
+    """
     n = gram.shape[0]
     diag = np.diag(gram)
     active = diag > 1e-14 * max(float(diag.max()), 1e-300)

@@ -89,8 +89,10 @@ def solver_size(domain_shape: Sequence[int], cliques: Iterable[int]) -> int:
 @dataclass(frozen=True, kw_only=True)
 class ConsistentMarginals:
     """Consistent, non-negative tables over ``cliques`` (bitmasks over ``domain_shape``).
+
     ``iterations`` and the final relative ``residual`` describe the solve; ``mixing`` is the
-    weight of the uniform tables mixed in to make every cell non-negative."""
+    weight of the uniform tables mixed in to make every cell non-negative.
+    """
 
     domain_shape: tuple[int, ...]
     components: Mapping[int, np.ndarray]
@@ -115,8 +117,10 @@ class ConsistentMarginals:
 
 class _Lattice:
     """Cliques, their sub-components and the spread operator ``B`` (sparse) with its adjoint.
+
     Components are packed into one flat vector (ascending subset), clique tables into another
-    (ascending clique); ``B`` has ``Σ_S |table_S| · 2^|S|`` non-zeros."""
+    (ascending clique); ``B`` has ``Σ_S |table_S| · 2^|S|`` non-zeros.
+    """
 
     def __init__(self, shape: tuple[int, ...], cliques: Sequence[int]) -> None:
         self.shape = shape

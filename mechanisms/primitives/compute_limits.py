@@ -67,8 +67,10 @@ class TimeLimitReached(Exception):
 
 @dataclass(frozen=True, kw_only=True)
 class WorkLimit:
-    """An absolute deadline ``time_limit`` seconds after ``started`` (``None``: no limit).  Built
-    once per public optimiser call and passed down unchanged, so nested stages share it."""
+    """An absolute deadline ``time_limit`` seconds after ``started`` (``None``: no limit).
+
+    Built once per public optimiser call and passed down unchanged, so nested stages share it.
+    """
 
     time_limit: float | None = None
     started: float = field(default_factory=lambda: _now())
@@ -149,9 +151,12 @@ def blocked_matmul(
     left: np.ndarray, right: np.ndarray, *, limit: WorkLimit | None = None
 ) -> np.ndarray:
     """``left @ right`` in row blocks of at most :data:`BLOCK_FLOPS`; checks ``limit`` first and
-    between blocks.  One BLAS call (bit-identical to ``left @ right``) when the product is small.
-    Between blocks Python handles Ctrl-C, and ``limit.check()`` may raise :class:`TimeLimitReached`.
-    O(2·p·q·s) for (p×q)·(q×s)."""
+    between blocks.
+
+    One BLAS call (bit-identical to ``left @ right``) when the product is small.  Between blocks
+    Python handles Ctrl-C, and ``limit.check()`` may raise :class:`TimeLimitReached`.
+    O(2·p·q·s) for (p×q)·(q×s).
+    """
     if limit is not None:
         limit.check()
     rows, inner = left.shape
@@ -169,12 +174,14 @@ def blocked_matmul(
 
 
 def interruptible(function: Callable[[], _Result], *, flops: float) -> _Result:
-    """``function()``, run in a daemon worker thread when ``flops`` is large.  LAPACK releases the
-    GIL but cannot be interrupted, so the calling thread waits in 0.1 s slices and a Ctrl-C raises
-    ``KeyboardInterrupt`` there at once; the abandoned worker finishes its call in the background
-    and its result is dropped (it is a daemon: it never delays the process's exit).  ``flops`` is
-    the call's predicted cost in DGEMM flop-equivalents; below :data:`LAPACK_THREAD_FLOPS` the call
-    runs directly.  Exceptions are re-raised in the caller."""
+    """``function()``, run in a daemon worker thread when ``flops`` is large.
+
+    LAPACK releases the GIL but cannot be interrupted, so the calling thread waits in 0.1 s
+    slices and a Ctrl-C raises ``KeyboardInterrupt`` there at once; the abandoned worker finishes
+    its call in the background and its result is dropped (it is a daemon: it never delays the
+    process's exit).  ``flops`` is the call's predicted cost in DGEMM flop-equivalents; below
+    :data:`LAPACK_THREAD_FLOPS` the call runs directly.  Exceptions are re-raised in the caller.
+    """
     if flops <= LAPACK_THREAD_FLOPS:
         return function()
     outcome: dict[str, object] = {}

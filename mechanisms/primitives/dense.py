@@ -81,12 +81,14 @@ class DenseStrategy(LeastSquaresAnswers):
 
 
 def dense_support_residual(workload: Workload, projector: np.ndarray) -> float:
-    """≈ 0 iff the strategy ``A`` supports every item, from Grams only.  A least-squares answer
-    ``W·x̂`` is unbiased iff ``W`` lies in the row space of ``A`` (Li thesis §3.2.1).  ``projector``
-    is ``P = (AᵀA)⁺AᵀA`` (N × N).  Per item, the largest column norm of ``W(I − P)``,
-    ``√max_j ((I − P)ᵀ WᵀW (I − P))_jj``, relative to ``max(1, max|W|)``: it bounds every entry of
-    the residual ``W − WP`` from above.  O(N³) per item with ``WᵀW`` from closed-form factor Grams;
-    the item's ``m × N`` matrix is never formed."""
+    """≈ 0 iff the strategy ``A`` supports every item, from Grams only.
+
+    A least-squares answer ``W·x̂`` is unbiased iff ``W`` lies in the row space of ``A`` (Li thesis
+    §3.2.1).  ``projector`` is ``P = (AᵀA)⁺AᵀA`` (N × N).  Per item, the largest column norm of
+    ``W(I − P)``, ``√max_j ((I − P)ᵀ WᵀW (I − P))_jj``, relative to ``max(1, max|W|)``: it bounds
+    every entry of the residual ``W − WP`` from above.  O(N³) per item with ``WᵀW`` from
+    closed-form factor Grams; the item's ``m × N`` matrix is never formed.
+    """
     complement = np.eye(projector.shape[0]) - projector
     worst = 0.0
     for item in workload.items:

@@ -47,6 +47,7 @@ def normal_quantile(level: float = 0.95) -> float:
 
 def laplace_quantile(level: float = 0.95) -> float:
     """``t/σ`` of the exact two-sided interval of one Laplace draw: ``ln(1/(1 − level))/√2``.
+
     ``Laplace(b)`` has ``σ = √2·b`` and ``P(|L| > t) = exp(−t/b)``; at 0.95 the half-width is
     ``b·ln 20 ≈ 2.996·b ≈ 2.118·σ``.
 
@@ -68,8 +69,10 @@ def interval_half_widths(
     level: float = 0.95,
 ) -> np.ndarray:
     """Half-width of each row's two-sided interval at ``level`` (NaN where ``interval`` is none).
+
     ``interval`` (one value, or one per row) is ``"laplace"`` when the row's error is exactly one
-    Laplace draw, ``"normal"`` otherwise, and ``"none"`` when no interval is claimed."""
+    Laplace draw, ``"normal"`` otherwise, and ``"none"`` when no interval is claimed.
+    """
     std = np.asarray(std_error, dtype=np.float64)
     kind = np.asarray(interval, dtype=object)
     if kind.ndim and kind.shape != std.shape:
@@ -88,8 +91,10 @@ def interval_half_widths(
 
 
 def single_term_rows(rows: np.ndarray, *, tolerance: float = SINGLE_TERM_TOLERANCE) -> np.ndarray:
-    """Whether each row of a reconstruction matrix has exactly one non-zero entry.  Entries below
-    ``tolerance`` × the row's largest magnitude are zero.  O(size of ``rows``)."""
+    """Whether each row of a reconstruction matrix has exactly one non-zero entry.
+
+    Entries below ``tolerance`` × the row's largest magnitude are zero.  O(size of ``rows``).
+    """
     matrix = np.atleast_2d(np.asarray(rows, dtype=np.float64))
     largest = np.abs(matrix).max(axis=1, keepdims=True)
     nonzero = np.abs(matrix) > tolerance * np.where(largest > 0, largest, 1.0)
@@ -102,9 +107,11 @@ def kron_single_term_rows(
     gram_pinvs: Sequence[np.ndarray],
 ) -> np.ndarray:
     """Rows of ``⊗W_i`` whose least-squares answer from ``⊗A_i`` uses one measurement only.
+
     ``gram_pinvs`` are the strategy's ``(A_iᵀA_i)⁺``.  The answer matrix is ``⊗ W_i(A_iᵀA_i)⁺A_iᵀ``;
     a row of it has one non-zero iff every factor row does.  Rows are in row-major (Kronecker)
-    order, as the item's answers.  O(Σ m_i n_i p_i)."""
+    order, as the item's answers.  O(Σ m_i n_i p_i).
+    """
     if not len(workload_factors) == len(strategy_factors) == len(gram_pinvs):
         raise ValueError(
             f"workload_factors ({len(workload_factors)}), strategy_factors "

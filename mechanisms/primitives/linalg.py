@@ -31,12 +31,14 @@ def psd_pinv(matrix: np.ndarray) -> np.ndarray:
 
 
 def psd_inverse(matrix: np.ndarray) -> tuple[np.ndarray, bool]:
-    """(pseudo-inverse, full rank?) of a symmetric PSD matrix: Cholesky when well conditioned, else
-    the eigendecomposition's pseudo-inverse of its symmetric part (full rank then False).  The
-    Cholesky path is taken only when the factor's diagonal shows the matrix is far from singular (a
-    Cholesky of a singular Gram can succeed in floating point and return garbage); it reads the
-    upper triangle.  O(n³): LAPACK ``potrf`` + ``potri`` (n³ flops in all, a third of a solve
-    against I), else an eigendecomposition; a positive diagonal matrix in O(n²)."""
+    """(pseudo-inverse, full rank?) of a symmetric PSD matrix: Cholesky when well conditioned,
+    else the eigendecomposition's pseudo-inverse of its symmetric part (full rank then False).
+
+    The Cholesky path is taken only when the factor's diagonal shows the matrix is far from
+    singular (a Cholesky of a singular Gram can succeed in floating point and return garbage); it
+    reads the upper triangle.  O(n³): LAPACK ``potrf`` + ``potri`` (n³ flops in all, a third of a
+    solve against I), else an eigendecomposition; a positive diagonal matrix in O(n²).
+    """
     square = np.asarray(matrix, dtype=np.float64)
     diagonal = np.diag(square)
     if np.all(diagonal > 0) and np.count_nonzero(square) == square.shape[0]:
@@ -66,8 +68,10 @@ def _eigh_pinv(symmetric: np.ndarray) -> np.ndarray:
 
 
 def symmetric_from_lower(lower: np.ndarray, *, block: int = 128) -> np.ndarray:
-    """Copy the lower triangle onto the upper one, in place, tile by tile. O(n²).  A whole-matrix
-    transpose at large n is dominated by cache misses; 128-row tiles stay in cache."""
+    """Copy the lower triangle onto the upper one, in place, tile by tile. O(n²).
+
+    A whole-matrix transpose at large n is dominated by cache misses; 128-row tiles stay in cache.
+    """
     n = lower.shape[0]
     for start in range(block, n, block):
         stop = min(n, start + block)

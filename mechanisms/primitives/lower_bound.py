@@ -100,9 +100,11 @@ def svd_bound_gram(gram: np.ndarray) -> float:
 
 def svd_bound(workload: Workload) -> float | None:
     """SVDB of a workload from its factors' closed-form Grams and spectra, or None when the exact
-    method does not fit (:data:`DENSE_BOUND_LIMIT`, :data:`MAX_SPLIT_ATTRIBUTES`).  One item:
-    ``Π_i (Σ √λ(W_iᵀW_i))² / N`` with closed-form factor spectra (identity, total, prefix, all
-    ranges) or a per-factor ``eigvalsh``.  A union: the split method of the module docstring."""
+    method does not fit (:data:`DENSE_BOUND_LIMIT`, :data:`MAX_SPLIT_ATTRIBUTES`).
+
+    One item: ``Π_i (Σ √λ(W_iᵀW_i))² / N`` with closed-form factor spectra (identity, total, prefix,
+    all ranges) or a per-factor ``eigvalsh``.  A union: the split method of the module docstring.
+    """
     sizes = workload.domain_shape
     items = workload.items
     if len(items) == 1:

@@ -220,8 +220,10 @@ def workload_projections(terms: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
 
 
 def subset_workload(workload: Workload) -> SubsetWorkload:
-    """The workload's subset-space projections. O(items · 2^d); d ≤ 20 attributes.  Identity and
-    total factors cost O(1); other factors one product each (never a Gram)."""
+    """The workload's subset-space projections. O(items · 2^d); d ≤ 20 attributes.
+
+    Identity and total factors cost O(1); other factors one product each (never a Gram).
+    """
     d = len(workload.domain_shape)
     if d > MAX_MARGINAL_ATTRIBUTES:
         raise ValueError(
@@ -276,8 +278,10 @@ def marginals_loss_and_gradient(
     noise: NoiseKind,
 ) -> tuple[float, np.ndarray]:
     """``Δ(w)² · tr(G X(w)⁺)`` and its gradient in the weights ``w`` (scale invariant). O(d 2^d).
+
     With ``θ = w²``, ``λ = zeta(θ ∘ m)`` and ``f = Σ_U g_U / λ_U``:
-    ``∂f/∂θ_S = −m_S Σ_{U ⊆ S} g_U / λ_U²`` (a subset-sum transform)."""
+    ``∂f/∂θ_S = −m_S Σ_{U ⊆ S} g_U / λ_U²`` (a subset-sum transform).
+    """
     d = len(domain_sizes)
     sizes_out = summed_out_sizes(domain_sizes)
     theta = params * params
@@ -325,18 +329,20 @@ def search_marginal_weights(
     time_limit: float | None = None,
     progress: Progress | None = None,
 ) -> WeightSearch:
-    """Nonnegative weights (normalised to sensitivity 1) minimising the expected error.  L-BFGS-B
-    from each of ``starts`` (e.g. the workload's own marginals) and then from ``restarts``
-    ``Uniform(0, 1)`` points drawn from ``rng`` (the objective is not convex: a zero weight is a
-    stationary direction, so restarts explore other supports).  The full-identity weight is kept ≥
-    1e-6 (relative) so every eigenvalue stays positive; weights below 1e-4 of the largest are
-    dropped when that costs < 1e-6 relative error.  BLAS runs single-threaded (scipy's L-BFGS-B is
-    many times slower per iteration with contended OpenBLAS threads).
+    """Nonnegative weights (normalised to sensitivity 1) minimising the expected error.
+
+    L-BFGS-B from each of ``starts`` (e.g. the workload's own marginals) and then from
+    ``restarts`` ``Uniform(0, 1)`` points drawn from ``rng`` (the objective is not convex: a zero
+    weight is a stationary direction, so restarts explore other supports).  The full-identity
+    weight is kept ≥ 1e-6 (relative) so every eigenvalue stays positive; weights below 1e-4 of the
+    largest are dropped when that costs < 1e-6 relative error.  BLAS runs single-threaded (scipy's
+    L-BFGS-B is many times slower per iteration with contended OpenBLAS threads).
 
     ``time_limit`` (seconds, None = none) stops the current run at its next iteration and skips
     the rest; the best point so far is returned with ``stopped_early`` (the first run always
     takes at least one iteration, so an expired limit still yields weights).  ``progress(fraction,
-    message)`` is called after every run.  One evaluation is O(d 2^d)."""
+    message)`` is called after every run.  One evaluation is O(d 2^d).
+    """
     started = time.perf_counter()
     sizes = validate_domain_sizes(domain_sizes)
     d = len(sizes)
@@ -427,8 +433,10 @@ def search_marginal_weights(
 @dataclass(frozen=True, kw_only=True, eq=False)
 class MarginalWeights:
     """One weight per attribute subset (bit i = attribute i) and what the weights achieve.
+
     ``basis="centred"``: term ``w_T ⊗ (C_i if i ∈ T else 1ᵀ)``; ``"marginal"``: term ``w_S M_S``
-    (identity on S, total elsewhere).  Weights are normalised to sensitivity 1 for ``noise``."""
+    (identity on S, total elsewhere).  Weights are normalised to sensitivity 1 for ``noise``.
+    """
 
     domain_shape: tuple[int, ...]
     basis: SubsetBasis
@@ -540,12 +548,13 @@ def marginal_weights_l2(
     time_limit: float | None = None,
     progress: Progress | None = None,
 ) -> MarginalWeights:
-    """Eigen-Design in subset space for L2 noise: centred-marginal weights
-    ``w_T² c_T ∝ √(g_T/r_T)``.  Closed form, O(items · 2^d): each eigenspace ``Q_T`` gets weight
-    ``μ_T ∝ √λ_T`` (Cauchy–Schwarz on ``Δ₂² · Σ g_T/μ_T`` with ``Δ₂² = Σ μ_T r_T / N``), so the
-    total error is ``(Σ_T √(g_T r_T))² / N``: the SVD bound exactly when the workload is diagonal
-    (all marginals).  ``time_limit`` is accepted for a uniform interface (the computation never
-    needs it)."""
+    """Eigen-Design in subset space for L2 noise: centred-marginal weights ``w_T² c_T ∝ √(g_T/r_T)``.
+
+    Closed form, O(items · 2^d): each eigenspace ``Q_T`` gets weight ``μ_T ∝ √λ_T`` (Cauchy–Schwarz
+    on ``Δ₂² · Σ g_T/μ_T`` with ``Δ₂² = Σ μ_T r_T / N``), so the total error is
+    ``(Σ_T √(g_T r_T))² / N``: the SVD bound exactly when the workload is diagonal (all marginals).
+    ``time_limit`` is accepted for a uniform interface (the computation never needs it).
+    """
     _check_time_limit(time_limit)
     started = time.perf_counter()
     subset = workload if isinstance(workload, SubsetWorkload) else subset_workload(workload)
@@ -581,9 +590,11 @@ def marginal_weights_template(
     progress: Progress | None = None,
 ) -> MarginalWeights:
     """HDMM's marginals template: weights ``w_S`` of plain marginals minimising ``Δ² Σ g_T/μ_T``.
-    Starts from the workload's own marginals (weight 1 each: the "measure every table" strategy, so
-    the result is never worse than it) and then ``restarts`` random points; L-BFGS-B, O(d 2^d) per
-    evaluation.  On ``time_limit`` the best weights so far are returned (``stopped_early``)."""
+
+    Starts from the workload's own marginals (weight 1 each: the "measure every table" strategy,
+    so the result is never worse than it) and then ``restarts`` random points; L-BFGS-B, O(d 2^d)
+    per evaluation.  On ``time_limit`` the best weights so far are returned (``stopped_early``).
+    """
     _check_time_limit(time_limit)
     validate_noise(noise)
     subset = workload if isinstance(workload, SubsetWorkload) else subset_workload(workload)
@@ -654,11 +665,13 @@ def marginal_workload_reason(workload: Workload) -> str | None:
 def plan_subset_weights(
     request: PlanRequest, *, cache: StrategyCache, time_limit: float | None
 ) -> MarginalWeights:
-    """The subset-space weights of a marginal workload, searched once per (workload, noise).  L2
-    noise: :func:`marginal_weights_l2` (closed form, the SVD bound); L1: :func:`marginal_weights_l1`
-    from the public ``request.seed``.  ``optimized`` and ``marginal_space`` share one ``cache``
-    entry, under the key ``marginal_space`` has always written (so entries stored before it was
-    shared still load)."""
+    """The subset-space weights of a marginal workload, searched once per (workload, noise).
+
+    L2 noise: :func:`marginal_weights_l2` (closed form, the SVD bound); L1:
+    :func:`marginal_weights_l1` from the public ``request.seed``.  ``optimized`` and
+    ``marginal_space`` share one ``cache`` entry, under the key ``marginal_space`` has always
+    written (so entries stored before it was shared still load).
+    """
     key = cache_key(
         "marginal_space", request.workload_fingerprint, {"norm": SENSITIVITY_NORM[request.noise]}
     )
@@ -681,9 +694,10 @@ def plan_subset_weights(
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class SubsetStrategy(LeastSquaresAnswers):
-    """A subset-weighted strategy with the pipeline's strategy interface.  Planning (sensitivity,
-    per-item error, per-query variances, support) works in subset space for any number of cells;
-    measuring (``apply``) and ``answers`` go through the equivalent
+    """A subset-weighted strategy with the pipeline's strategy interface.
+
+    Planning (sensitivity, per-item error, per-query variances, support) works in subset space for
+    any number of cells; measuring (``apply``) and ``answers`` go through the equivalent
     :class:`~mechanisms.primitives.union.UnionStrategy`, so they need a domain that fits in memory.
     """
 
@@ -746,9 +760,11 @@ class SubsetStrategy(LeastSquaresAnswers):
     def item_unit_variances(
         self, item: WorkloadItem, workload: Workload | None = None
     ) -> np.ndarray:
-        """``diag(W (AᵀA)⁺ Wᵀ) = Σ_T μ_T⁻¹ ⊗_i diag(W_i P^{T_i} W_iᵀ)``, row-major.  Only subsets of
-        the attributes the item does not sum out contribute (a total factor has no centred part), so
-        the cost is O(2^k · m_item) for k such attributes."""
+        """``diag(W (AᵀA)⁺ Wᵀ) = Σ_T μ_T⁻¹ ⊗_i diag(W_i P^{T_i} W_iᵀ)``, row-major.
+
+        Only subsets of the attributes the item does not sum out contribute (a total factor has no
+        centred part), so the cost is O(2^k · m_item) for k such attributes.
+        """
         inverse = self.inverse_eigenvalues
         per_attribute = []
         for factor in item.factors:

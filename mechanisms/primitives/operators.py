@@ -252,9 +252,11 @@ class Total(Factor):
 
 
 class Centring(_Square):
-    """``C = I − J/n``: every cell minus the attribute's mean (rank n − 1, ``CᵀC = C``).  Measuring
-    ``C ⊗ …`` measures the centred part of a marginal, the per-attribute "centred" eigenspace of
-    every ``a·I + b·J`` Gram (the marginals algebra)."""
+    """``C = I − J/n``: every cell minus the attribute's mean (rank n − 1, ``CᵀC = C``).
+
+    Measuring ``C ⊗ …`` measures the centred part of a marginal, the per-attribute "centred"
+    eigenspace of every ``a·I + b·J`` Gram (the marginals algebra).
+    """
 
     def _matmat(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
@@ -481,10 +483,12 @@ def kron_apply_transpose(factors: Sequence[LinearOperator], y: np.ndarray) -> np
 
 def kron_query_variances(factors: Sequence[Factor], covariance: np.ndarray) -> np.ndarray:
     """``diag(W M Wᵀ)`` for ``W = F_1 ⊗ … ⊗ F_d`` and a dense N × N cell covariance ``M``.
+
     Attribute by attribute: ``M`` as a tensor with axes ``(n_1, n_1', …, n_d, n_d')`` loses each
-    pair to that factor's (batched) query variances, so W's ``m × N`` matrix is never formed.  Cost
-    O(Σ_i Π_{j<i} m_j · n_i² · Π_{j>i} n_j²); for one attribute it is the factor's own closed form
-    (O(n² + m) for ranges), e.g. 2 M range variances over 2,048 cells in seconds."""
+    pair to that factor's (batched) query variances, so W's ``m × N`` matrix is never formed.
+    Cost O(Σ_i Π_{j<i} m_j · n_i² · Π_{j>i} n_j²); for one attribute it is the factor's own
+    closed form (O(n² + m) for ranges), e.g. 2 M range variances over 2,048 cells in seconds.
+    """
     shape = tuple(f.n for f in factors)
     cells = math.prod(shape)
     covariance = np.asarray(covariance, dtype=np.float64)

@@ -27,9 +27,10 @@ COMPONENTS = ("epsilon", "rho", "delta")
 
 
 def check_epsilon(value: object, *, name: str = "epsilon") -> float:
-    """``value`` as a float if it is a finite real number > 0; ``ValueError`` otherwise.  The one
-    rule for an ε a mechanism is asked to spend: a zero, negative, infinite or NaN ε would give
-    infinite, negative or undefined noise scales; it is refused before any scale is computed.
+    """``value`` as a float if it is a finite real number > 0; ``ValueError`` otherwise.
+
+    The one rule for an ε a mechanism is asked to spend: a zero, negative, infinite or NaN ε would
+    give infinite, negative or undefined noise scales; it is refused before any scale is computed.
 
     Examples
     --------
@@ -61,9 +62,10 @@ class BudgetExceededError(PrivacyError):
 
 @dataclass(frozen=True, kw_only=True)
 class PrivacyCost:
-    """A privacy cost in one measure.  Only the fields of ``measure`` are meaningful: ``epsilon``
-    for pure, ``rho`` for zCDP, ``epsilon`` and ``delta`` for approx.  Costs of one measure add up
-    (sequential composition):
+    """A privacy cost in one measure.
+
+    Only the fields of ``measure`` are meaningful: ``epsilon`` for pure, ``rho`` for zCDP,
+    ``epsilon`` and ``delta`` for approx.  Costs of one measure add up (sequential composition):
 
     >>> (PrivacyCost(measure="pure", epsilon=0.25) + PrivacyCost(measure="pure", epsilon=0.75)).epsilon
     1.0
@@ -154,8 +156,10 @@ def cost_from_dict(values: dict[str, float]) -> PrivacyCost:
 
 
 def convert(cost: PrivacyCost, *, to: Measure) -> PrivacyCost:
-    """Express ``cost`` in measure ``to`` using only sound one-way implications.  ε-DP ⇒ (ε²/2)-zCDP
-    and ε-DP ⇒ (ε, 0)-DP.  Anything else raises :class:`MeasureMismatchError`."""
+    """Express ``cost`` in measure ``to`` using only sound one-way implications.
+
+    ε-DP ⇒ (ε²/2)-zCDP and ε-DP ⇒ (ε, 0)-DP.  Anything else raises :class:`MeasureMismatchError`.
+    """
     if cost.measure == to:
         return cost
     if cost.measure == "pure" and to == "zcdp":
@@ -169,9 +173,11 @@ def convert(cost: PrivacyCost, *, to: Measure) -> PrivacyCost:
 
 
 def rho_for_epsilon_delta(*, epsilon: float, delta: float) -> float:
-    """Largest ρ whose classic zCDP→(ε,δ) conversion ε = ρ + 2√(ρ ln(1/δ)) meets the target.  Used
-    only as the starting point of the Gaussian calibration; the charged (ε, δ) is what the OpenDP
-    measurement's map reports (its conversion is tighter)."""
+    """Largest ρ whose classic zCDP→(ε,δ) conversion ε = ρ + 2√(ρ ln(1/δ)) meets the target.
+
+    Used only as the starting point of the Gaussian calibration; the charged (ε, δ) is what the
+    OpenDP measurement's map reports (its conversion is tighter).
+    """
     if not epsilon > 0:
         raise ValueError(f"epsilon ({epsilon}) must be > 0")
     if not 0 < delta < 1:

@@ -41,9 +41,11 @@ class MeasurableStrategy(Protocol):
 
 class MarginalMeasurableStrategy(Protocol):
     """What the choke point needs from a strategy measured marginal by marginal.
+
     ``marginal_subsets`` lists, in answer order, the attribute subsets (ascending axis tuples) the
     strategy reads; ``term_answers(axes, table)`` is that term's answers computed from the
-    ``axes``-marginal alone (confidential in, confidential out)."""
+    ``axes``-marginal alone (confidential in, confidential out).
+    """
 
     name: str
 

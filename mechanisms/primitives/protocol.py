@@ -40,9 +40,11 @@ CALIBRATION_SIZE_LIMIT = 100_000_000
 
 
 class CandidateUnavailable(Exception):
-    """This mechanism cannot serve this workload; ``reason`` says why (public text).  It is the
-    *only* exception a planner treats as "not a candidate": anything else raised while planning is a
-    bug and fails the plan."""
+    """This mechanism cannot serve this workload; ``reason`` says why (public text).
+
+    It is the *only* exception a planner treats as "not a candidate": anything else raised while
+    planning is a bug and fails the plan.
+    """
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -56,8 +58,10 @@ class OptionsError(ValueError):
 @dataclass(frozen=True, kw_only=True)
 class MechanismOptions:
     """Base of every mechanism's typed options: frozen, keyword-only, validated on construction.
+
     Subclasses declare fields with defaults and validate in ``__post_init__`` (raise
-    :class:`OptionsError` naming ``mechanism_options.<field>``, the value and the rule)."""
+    :class:`OptionsError` naming ``mechanism_options.<field>``, the value and the rule).
+    """
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -127,8 +131,10 @@ def cache_key(*parts: Any) -> str:
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest:
     """Everything public a mechanism needs to plan: the workload, the domain's order, the noise.
+
     ``requested`` is true when the spec named this mechanism (the size limits that keep ``auto``
-    fast then do not apply); ``time_limit`` bounds optimisers (seconds, None = unbounded)."""
+    fast then do not apply); ``time_limit`` bounds optimisers (seconds, None = unbounded).
+    """
 
     workload: Workload
     ordered: tuple[bool, ...]
@@ -180,8 +186,10 @@ class Strategy(Protocol):
 @dataclass(frozen=True, kw_only=True)
 class Evaluation:
     """A planned strategy's privacy cost and expected error at the spec's privacy level.
+
     ``total_variance``/``rmse`` are None for data-dependent mechanisms (their error depends on the
-    data and is not predicted)."""
+    data and is not predicted).
+    """
 
     cost: PrivacyCost
     total_variance: float | None
@@ -199,9 +207,11 @@ class Evaluation:
 
 @dataclass(frozen=True, kw_only=True)
 class ItemAnswers:
-    """One workload item's released estimates with their uncertainty.  ``variances`` are per-query
-    squared standard errors; ``interval`` names the distribution the 95% interval is taken from
-    (``none``: no interval is claimed, e.g. a noise-only figure)."""
+    """One workload item's released estimates with their uncertainty.
+
+    ``variances`` are per-query squared standard errors; ``interval`` names the distribution the
+    95% interval is taken from (``none``: no interval is claimed, e.g. a noise-only figure).
+    """
 
     estimates: np.ndarray
     variances: np.ndarray
@@ -237,9 +247,11 @@ class NoiseDescription:
 @dataclass(frozen=True, kw_only=True)
 class Measurement:
     """What a mechanism released: noisy answers, how they were noised, receipts, public details.
+
     ``strategy`` is what was measured (a data-dependent mechanism builds it while measuring);
-    ``details`` go to the manifest and report under ``mechanism.details``.  ``charged`` is what this
-    release paid (an intermediate reused from an earlier release was paid then)."""
+    ``details`` go to the manifest and report under ``mechanism.details``.  ``charged`` is what
+    this release paid (an intermediate reused from an earlier release was paid then).
+    """
 
     values: np.ndarray
     noise: NoiseDescription
@@ -271,10 +283,12 @@ class Measurement:
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureContext:
-    """Public facts and services a measurement needs (no confidential value in here).  ``released``
-    keeps privately released intermediates (e.g. DAWA's partition) with the receipt that paid for
-    them, keyed by public values including the keyed ``input_fingerprint``, so a re-run on the same
-    input reuses them instead of paying again."""
+    """Public facts and services a measurement needs (no confidential value in here).
+
+    ``released`` keeps privately released intermediates (e.g. DAWA's partition) with the receipt
+    that paid for them, keyed by public values including the keyed ``input_fingerprint``, so a
+    re-run on the same input reuses them instead of paying again.
+    """
 
     target: PrivacyCost
     accountant: Accountant
@@ -324,10 +338,12 @@ class Mechanism(Protocol):
 
 
 class MatrixMechanism:
-    """Shared behaviour of data-independent central mechanisms (the matrix mechanism).  Measure
-    ``A·x + noise`` through :class:`~catalog.confidential.choke_point.ProtectedCells` (charge before
+    """Shared behaviour of data-independent central mechanisms (the matrix mechanism).
+
+    Measure ``A·x + noise`` through :class:`~catalog.confidential.choke_point.ProtectedCells` (charge before
     noise), answer with the strategy's estimator; error is the closed form ``v·w(AᵀA)⁺wᵀ``.
-    Subclasses set the class attributes and implement :meth:`plan`."""
+    Subclasses set the class attributes and implement :meth:`plan`.
+    """
 
     model: ClassVar[Model] = "central"
     data_independent: ClassVar[bool] = True

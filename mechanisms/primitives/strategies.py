@@ -50,10 +50,12 @@ def total_strategy(n: int) -> MatrixFactor:
 
 
 def hierarchical_strategy(n: int, *, branching: int = 2) -> MatrixFactor:
-    """A ``branching``-ary tree of interval counts over ``n`` cells (any n, not only b^k).  Each
-    node's interval is split into ``branching`` near-equal children (``numpy.array_split``) down to
-    single cells; rows are nodes in level order.  For n = b^k this is H_n of the thesis: L1
-    sensitivity 1 + log_b n, L2 sensitivity √(1 + log_b n).  O(n log_b n) non-zeros."""
+    """A ``branching``-ary tree of interval counts over ``n`` cells (any n, not only b^k).
+
+    Each node's interval is split into ``branching`` near-equal children (``numpy.array_split``)
+    down to single cells; rows are nodes in level order.  For n = b^k this is H_n of the thesis:
+    L1 sensitivity 1 + log_b n, L2 sensitivity √(1 + log_b n).  O(n log_b n) non-zeros.
+    """
     if n < 1:
         raise ValueError(f"n ({n}) must be >= 1")
     if branching < 2:
@@ -76,10 +78,12 @@ def hierarchical_strategy(n: int, *, branching: int = 2) -> MatrixFactor:
 
 
 def wavelet_strategy(n: int) -> MatrixFactor:
-    """Unnormalised Haar wavelet ``Y`` (Privelet, Xiao et al.): total row plus left-minus-right
-    rows.  Built by ``Y_1 = [1]``, ``Y_2k = [Y_k ⊗ [1 1]; I_k ⊗ [1 −1]]`` on the next power of two ≥
-    n; the columns of the padding cells are dropped (full column rank is kept because Y is
-    invertible) and rows left empty are removed.  L1 sensitivity 1 + log₂ n for n = 2^k."""
+    """Unnormalised Haar wavelet ``Y`` (Privelet, Xiao et al.): total row plus left-minus-right rows.
+
+    Built by ``Y_1 = [1]``, ``Y_2k = [Y_k ⊗ [1 1]; I_k ⊗ [1 −1]]`` on the next power of two ≥ n; the
+    columns of the padding cells are dropped (full column rank is kept because Y is invertible) and
+    rows left empty are removed.  L1 sensitivity 1 + log₂ n for n = 2^k.
+    """
     if n < 1:
         raise ValueError(f"n ({n}) must be >= 1")
     size = 1
@@ -100,8 +104,10 @@ def wavelet_strategy(n: int) -> MatrixFactor:
 
 @dataclass(frozen=True, kw_only=True)
 class KronStrategy(LeastSquaresAnswers):
-    """``A = A_1 ⊗ … ⊗ A_d`` with cached per-factor ``(A_iᵀA_i)⁺``.  Public: built from the workload
-    and domain only."""
+    """``A = A_1 ⊗ … ⊗ A_d`` with cached per-factor ``(A_iᵀA_i)⁺``.
+
+    Public: built from the workload and domain only.
+    """
 
     name: str
     factors: tuple[Factor, ...]
@@ -142,8 +148,10 @@ class KronStrategy(LeastSquaresAnswers):
     def item_unit_variances(
         self, item: WorkloadItem, workload: Workload | None = None
     ) -> np.ndarray:
-        """``diag(W (AᵀA)⁺ Wᵀ)`` for one item: outer product of per-attribute terms.  O(Σ n_i³ +
-        m_item)."""
+        """``diag(W (AᵀA)⁺ Wᵀ)`` for one item: outer product of per-attribute terms.
+
+        O(Σ n_i³ + m_item).
+        """
         result = np.ones(1)
         for factor, pinv in zip(item.factors, self.gram_pinvs(), strict=True):
             result = np.multiply.outer(result, factor.query_variances(pinv)).ravel()
@@ -187,10 +195,12 @@ def build_kron_strategy(
     attribute_roles: Sequence[tuple[int, str]],
     branching: int = 2,
 ) -> KronStrategy:
-    """A product strategy for a workload, one factor per attribute.  ``attribute_roles`` gives, per
-    attribute, its number of cells and its role in the workload: ``"total"`` (every item sums it
-    out: a single total query suffices), ``"categorical"`` (identity: no order to exploit) or
-    ``"ordered"`` (the family's factor)."""
+    """A product strategy for a workload, one factor per attribute.
+
+    ``attribute_roles`` gives, per attribute, its number of cells and its role in the workload:
+    ``"total"`` (every item sums it out: a single total query suffices), ``"categorical"``
+    (identity: no order to exploit) or ``"ordered"`` (the family's factor).
+    """
     if family not in FAMILIES:
         raise ValueError(f"strategy family ({family!r}) must be one of {FAMILIES}")
     factors = tuple(
@@ -213,9 +223,11 @@ def family_factor(family: str, role: str, n: int, *, branching: int = 2) -> Matr
 
 
 class KronFamily(MatrixMechanism):
-    """A data-independent mechanism measuring one product strategy built by ``family``.  Attributes
-    every item sums out get a single total query; categorical attributes get identity; ordered ones
-    get the family's factor.  Planning is O(Σ n_i³) (per-factor pseudo-inverses)."""
+    """A data-independent mechanism measuring one product strategy built by ``family``.
+
+    Attributes every item sums out get a single total query; categorical attributes get identity;
+    ordered ones get the family's factor.  Planning is O(Σ n_i³) (per-factor pseudo-inverses).
+    """
 
     family: ClassVar[str]
 

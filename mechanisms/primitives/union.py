@@ -353,8 +353,10 @@ def unit_error(strategy: UnionStrategy, workload: Workload, *, noise: NoiseKind)
 
 class _WeightProblem:
     """Precomputed pieces of ``f(w) = sens(w)² · Σ_c mult_c tr(Q_c S_c(w)⁺)``.
+
     ``S_c(w) = Σ_t w_t² s_{t,c} K_t`` with fixed scalars ``s_{t,c}`` and dense Kronecker Grams
-    ``K_t``; sensitivity from fixed per-term column norms.  One evaluation is O(2^k D³ + T N)."""
+    ``K_t``; sensitivity from fixed per-term column norms.  One evaluation is O(2^k D³ + T N).
+    """
 
     def __init__(
         self, workload: Workload, term_factors: Sequence[tuple[Factor, ...]], *, noise: NoiseKind
@@ -401,9 +403,11 @@ class _WeightProblem:
         self, weights: np.ndarray, *, limit: WorkLimit | None = None, gradient: bool = True
     ) -> tuple[float, np.ndarray]:
         """``f(w)`` and its gradient in the log-weights ``x`` (``w = eˣ``), one pinvh per block.
+
         ``∂T/∂x_t = −2 w_t² Σ_c mult_c ⟨S_c⁺ Q_c S_c⁺, K_{t,c}⟩`` (the range of ``S_c`` does not
         change with positive weights); the sensitivity's max over columns contributes its
-        subgradient at the maximising column.  O(2^k D³ + T D²) per block."""
+        subgradient at the maximising column.  O(2^k D³ + T D²) per block.
+        """
         columns = sum(w**self.norm * c for w, c in zip(weights, self.column_powers, strict=True))
         top = int(np.argmax(columns))
         largest = float(columns[top])
@@ -467,16 +471,18 @@ def optimize_weights(
     progress: Progress | None = None,
 ) -> UnionStrategy:
     """Weights minimising sensitivity² × total variance, then pruning of terms it drove to ~0.
+
     Deterministic: starts from equal weights and optimises all log-weights (bounded to e^±7, the
-    objective is scale-free) with L-BFGS-B and the analytic gradient.  A term whose weight ends
-    below e^-5 of the largest is dropped when the others still support the workload and the error
-    does not grow.  BLAS runs single-threaded here: the matrices are small and threads only contend.
+    objective is scale-free) with L-BFGS-B and the analytic gradient.  A term whose weight ends below
+    e^-5 of the largest is dropped when the others still support the workload and the error does
+    not grow.  BLAS runs single-threaded here: the matrices are small and threads only contend.
 
     ``time_limit`` (seconds): checked at every objective evaluation (O(2^k D³) each); once
     passed, the best weights evaluated so far are kept (every term stays, so the strategy still
     supports the workload), pruning is skipped, and ``parameters["stopped_early"]`` is True.
     ``progress(fraction, message)``: after every L-BFGS iteration (fraction: evaluations used of
-    ``max_evaluations``, or the share of the time limit if larger)."""
+    ``max_evaluations``, or the share of the time limit if larger).
+    """
     limit = WorkLimit(time_limit=time_limit)
 
     def optimise(candidate_terms: list[tuple[Factor, ...]]) -> tuple[np.ndarray, int, bool]:
@@ -610,9 +616,10 @@ def predict_seconds(
     max_evaluations: int = 400,
 ) -> float:
     """Predicted seconds of :func:`optimize_weights` from sizes (see :func:`weight_problem_sizes`).
+
     ``min(max_evaluations·T, 10·(T + 1))`` evaluations, each ``split_blocks`` pinvh's and two
-    products of the ``dense_cells``-sized block plus the O(T·N) sensitivity.  One BLAS thread.
-    O(1)."""
+    products of the ``dense_cells``-sized block plus the O(T·N) sensitivity.  One BLAS thread.  O(1).
+    """
     for name, value in (
         ("dense_cells", dense_cells),
         ("split_blocks", split_blocks),

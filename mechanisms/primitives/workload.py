@@ -58,9 +58,11 @@ class WorkloadItem:
         return tuple(f.gram() for f in self.factors)
 
     def dense_gram(self, *, max_cells: int = DENSE_GRAM_MAX_CELLS) -> np.ndarray:
-        """``WᵀW = ⊗_i W_iᵀW_i`` as a dense N × N array from closed-form factor Grams, O(N²).  Never
-        forms the item's ``m × N`` query matrix (2,098,176 × 2,048 for all ranges of 2,048 cells;
-        its Gram is 2,048 × 2,048)."""
+        """``WᵀW = ⊗_i W_iᵀW_i`` as a dense N × N array from closed-form factor Grams, O(N²).
+
+        Never forms the item's ``m × N`` query matrix (2,098,176 × 2,048 for all ranges of 2,048
+        cells; its Gram is 2,048 × 2,048).
+        """
         check_dense_gram_cells(math.prod(f.n for f in self.factors), max_cells=max_cells)
         return kron_matrices(self.gram_factors())
 
@@ -96,7 +98,9 @@ class Workload:
 
     def dense_gram(self, *, max_cells: int = DENSE_GRAM_MAX_CELLS) -> np.ndarray:
         """``WᵀW = Σ_items ⊗_i W_iᵀW_i`` as a dense N × N array. O(items · N²), no ``m × N`` W.
-        Raises ``ValueError`` naming the size before any work when N > ``max_cells``."""
+
+        Raises ``ValueError`` naming the size before any work when N > ``max_cells``.
+        """
         check_dense_gram_cells(self.num_cells, max_cells=max_cells)
         gram = np.zeros((self.num_cells, self.num_cells))
         for item in self.items:
