@@ -151,7 +151,14 @@ def greedy_h_local_error(
     References: Li thesis §6.4.3, eqs. (6.10)–(6.11) (the printed ``t^{−1/2}`` is ``t^{−l/2}``)."""
     lam = np.asarray(lam, dtype=np.float64)
     mixed = mu * np.asarray(a) + (1.0 - np.asarray(mu)) * np.asarray(a_prime)
-    return (e - mixed * lam**2 / ((1.0 - lam) ** 2 + lam**2 * np.asarray(d))) / (1.0 - lam) ** 2
+    return _local_error(lam, e=np.asarray(e), mixed=mixed, d=np.asarray(d))
+
+
+def _local_error(lam: np.ndarray, *, e: np.ndarray, mixed: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Eq. (6.11) with ``mixed = μa + (1−μ)a′`` precomputed (same operations, same order).  O(1) per λ."""
+    lam_sq = lam**2
+    keep_sq = (1.0 - lam) ** 2
+    return (e - mixed * lam_sq / (keep_sq + lam_sq * d)) / keep_sq
 
 
 def _minimise_local_error(
@@ -161,8 +168,10 @@ def _minimise_local_error(
     lam = np.zeros(e.size)
     for chunk in range(0, e.size, _LAMBDA_CHUNK):
         part = slice(chunk, chunk + _LAMBDA_CHUNK)
-        terms = {"e": e[part], "a": a[part], "a_prime": a_prime[part], "d": d[part], "mu": mu[part]}
-        on_grid = greedy_h_local_error(
+        part_mu = mu[part]
+        mixed = part_mu * a[part] + (1.0 - part_mu) * a_prime[part]
+        terms = {"e": e[part], "mixed": mixed, "d": d[part]}
+        on_grid = _local_error(
             _LAMBDA_GRID[None, :], **{name: value[:, None] for name, value in terms.items()}
         )
         pick = np.argmin(on_grid, axis=1)  # first minimum: λ = 0 wins ties
@@ -174,13 +183,13 @@ def _minimise_local_error(
         for _ in range(_GOLDEN_ITERATIONS):
             inner_left = right - inv_phi * (right - left)
             inner_right = left + inv_phi * (right - left)
-            go_left = greedy_h_local_error(inner_left, **terms) < greedy_h_local_error(
-                inner_right, **terms
-            )
+            # Both inner points in one call (row 0 left, row 1 right): elementwise, same values.
+            inner = _local_error(np.stack((inner_left, inner_right)), **terms)
+            go_left = inner[0] < inner[1]
             right = np.where(go_left, inner_right, right)
             left = np.where(go_left, left, inner_left)
         refined = (left + right) / 2.0
-        better = greedy_h_local_error(refined, **terms) < grid_value
+        better = _local_error(refined, **terms) < grid_value
         lam[part] = np.where(better, refined, grid_lam)
     return lam
 
