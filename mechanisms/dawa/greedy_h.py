@@ -32,8 +32,10 @@ _LAMBDA_CHUNK = 1 << 15
 
 class _BucketPieces:
     """The workload rewritten over buckets, ``Ŵ = W·E`` (Prop. 6.2), kept as pieces.
+
     Piece ``p`` of row ``r`` contributes ``w_first`` at bucket ``first``, ``w_mid`` at every bucket
-    strictly between ``first`` and ``last``, and ``w_last`` at ``last`` (when ``last > first``)."""
+    strictly between ``first`` and ``last``, and ``w_last`` at ``last`` (when ``last > first``).
+    """
 
     def __init__(self, workload: IntervalWorkload, partition: Partition) -> None:
         bucket = partition.bucket_of_cell()
@@ -52,9 +54,11 @@ class _BucketPieces:
 
     def node_sq_norms(self, u: np.ndarray, bounds: np.ndarray) -> np.ndarray:
         """``‖Ŵ[:, q] u[q]‖²`` for every node ``q = [bounds[i], bounds[i+1])``.  O(pieces + k).
+
         A piece meets at most two nodes partially (those holding its first and last bucket);
         nodes strictly between are covered with coefficient ``w_mid`` and contribute
-        ``w_mid² (Σ_q u)²``.  Pieces of one row cannot both meet such a covered node."""
+        ``w_mid² (Σ_q u)²``.  Pieces of one row cannot both meet such a covered node.
+        """
         n_nodes = bounds.size - 1
         prefix = np.concatenate(([0.0], np.cumsum(u)))
         node_sum = prefix[bounds[1:]] - prefix[bounds[:-1]]
@@ -127,8 +131,10 @@ def _tree_depths(levels: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 def _sherman_morrison(lam: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``c = λ²/((1−λ)² + λ²d)`` and ``g = (1 − c·d)/(1−λ)²``.
+
     With ``B = blkdiag(M_children⁻¹)``, ``u = B𝟏`` and ``d = 𝟏ᵀB𝟏``:
-    ``M_q⁻¹ = (B − c·u uᵀ)/(1−λ)²`` (thesis §6.4.3), hence ``M_q⁻¹𝟏 = g·u``."""
+    ``M_q⁻¹ = (B − c·u uᵀ)/(1−λ)²`` (thesis §6.4.3), hence ``M_q⁻¹𝟏 = g·u``.
+    """
     c = lam**2 / ((1.0 - lam) ** 2 + lam**2 * d)
     return c, (1.0 - c * d) / (1.0 - lam) ** 2
 
@@ -320,8 +326,10 @@ class HierarchicalStrategy:
 
     def least_squares(self, noisy_answers: np.ndarray) -> np.ndarray:
         """``ŝ = (AᵀA)⁻¹ Aᵀ y``: bucket estimates from the noisy answers (post-processing).
+
         ``AᵀA = M_root`` is applied through the Sherman–Morrison recursion of §6.4.3 from the leaves
-        up (``M_leaf = 1``), never formed.  O(k log k)."""
+        up (``M_leaf = 1``), never formed.  O(k log k).
+        """
         answers = _one_per(noisy_answers, self.num_queries, name="noisy_answers", per="query")
         lo, hi, weight = self.query_buckets()
         # Aᵀy: each query adds weight·y on its bucket range.  O(queries + k)

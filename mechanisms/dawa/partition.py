@@ -176,9 +176,11 @@ class Partition:
 @dataclass(frozen=True, kw_only=True, eq=False)
 class IntervalWorkload:
     """Linear queries whose rows are weighted sums of cell intervals ("pieces").
+
     Row ``r`` is ``Σ_{p: row[p] = r} weight[p] · 1[lo[p] ≤ j ≤ hi[p]]``; pieces of one row must not
     overlap.  A 1-D range query is one piece of weight 1; a rectangle over a Hilbert-ordered grid is
-    one piece per run of consecutive positions.  Public."""
+    one piece per run of consecutive positions.  Public.
+    """
 
     n_cells: int
     n_rows: int
@@ -265,8 +267,10 @@ def _count_and_sum_at_least(
 
 class _DeviationOracle:
     """``dev(x, b)`` (eq. 6.2) for many intervals ``b`` via ``dev = 2 Σ_{x_j ≥ mean} (x_j − mean)``.
+
     Thesis §6.3.2.3 uses a balanced BST slid along x; here a wavelet matrix over the ranks of the
-    distinct values answers a batch of intervals at once (same O(log n) per interval)."""
+    distinct values answers a batch of intervals at once (same O(log n) per interval).
+    """
 
     def __init__(self, x: np.ndarray) -> None:
         self._x = x
@@ -339,9 +343,11 @@ def _backtrack(last_length: np.ndarray) -> np.ndarray:
 
 def _least_cost_dyadic(costs: np.ndarray) -> np.ndarray:
     """Starts of the least-cost partition; ``costs[k, i]`` is the cost of cells ``[i, i + 2^k)``.
+
     ``C[e] = min_k C[e − 2^k] + costs[k, e − 2^k]``; ties go to the shortest last bucket.  Blocks of
     ``_DP_BLOCK`` end positions: candidates at least a block long start before the block and are
-    vectorised; shorter ones are a Python loop.  O(n log n) time."""
+    vectorised; shorter ones are a Python loop.  O(n log n) time.
+    """
     n_lengths, n_cells = costs.shape
     lengths = 1 << np.arange(n_lengths, dtype=np.int64)
     n_short = min(n_lengths, _DP_BLOCK.bit_length() - 1)
@@ -385,8 +391,10 @@ def _least_cost_dyadic(costs: np.ndarray) -> np.ndarray:
 
 def _least_cost_all(packed_costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Starts of the least-cost partition over all intervals.  O(n²) time.
+
     ``packed_costs[offsets[L] + i]`` is the cost of cells ``[i, i + L)``; ties go to the shortest
-    last bucket."""
+    last bucket.
+    """
     n_cells = offsets.size - 2
     best = np.empty(n_cells + 1)
     best[0] = 0.0
@@ -496,8 +504,10 @@ class PartitionSelector:
         return numerator * self.contribution_bound / self.epsilon
 
     def select(self, x: np.ndarray, *, sampler: NoiseSampler) -> Partition:
-        """Run Program 6.3.1 on the confidential ``x``; charge ``epsilon`` first.  O(n log² n) for
-        ``"dyadic"``; O(n² log n) time and O(n²) memory for ``"all"``."""
+        """Run Program 6.3.1 on the confidential ``x``; charge ``epsilon`` first.
+
+        O(n log² n) for ``"dyadic"``; O(n² log n) time and O(n²) memory for ``"all"``.
+        """
         cells = _as_cells(x)
         _check_all_intervals_size(cells.size, self.intervals)
         if cells.size == 1:
