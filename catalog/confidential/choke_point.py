@@ -238,14 +238,19 @@ def _assemble(shards: Sequence[NoiseShard], results: list[Any], *, abandoned: st
 
 
 class ProtectedCells(_Protected):
-    """Confidential cell counts over a public domain: ``cells`` holds the true count per cell
-    (row-major over ``domain_shape``); ``contribution_bound``, the most rows one privacy unit can
-    contribute (after bounding), multiplies every sensitivity.
+    """Confidential cell counts over a public domain.
 
     The counts have no accessor and never print:
 
     >>> ProtectedCells([3.0, 4.0], domain_shape=(2,), contribution_bound=1)
     ProtectedCells(domain_shape=(2,), values=<redacted>)
+
+    Parameters
+    ----------
+    cells:
+        The true count per cell (row-major over ``domain_shape``).
+    contribution_bound:
+        Most rows one privacy unit can contribute (after bounding); multiplies every sensitivity.
     """
 
     def __init__(
@@ -306,6 +311,9 @@ class ProtectedMarginals(_Protected):
 
     >>> ProtectedMarginals({(0,): [3.0, 4.0]}, domain_shape=(2, 3), contribution_bound=1)
     ProtectedMarginals(domain_shape=(2, 3), subsets=((0,),), values=<redacted>)
+
+    :meth:`measure` keeps :class:`ProtectedCells`' order; the answers are computed marginal by
+    marginal, after the charge.
 
     Privacy: every table must come from the same contribution-bounded rows, so one privacy unit
     changes each table by at most ``contribution_bound`` in L1; a strategy's sensitivity (column

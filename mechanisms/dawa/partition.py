@@ -473,8 +473,12 @@ class PartitionSelector:
     contribution_bound: int = 1
     """Most records one privacy unit contributes; multiplies every scale."""
     noise_offset: float = 0.0
-    """Location of every candidate's Laplace noise, in units of its scale (0 = the thesis); a
-    public constant, so privacy is unchanged (Lemma 4 is translation-invariant; module text)."""
+    """Location of every candidate's Laplace noise, in units of its scale (0 = the thesis).
+
+    A public constant, so privacy is unchanged (Lemma 4 is translation-invariant).  A positive
+    offset counters the least-cost search's preference for many buckets whose noise happens to be
+    negative; see ``benchmarks/dawa_bench.py`` for its effect.
+    """
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
