@@ -94,7 +94,7 @@ def register(
         if skipped is not None:
             return skipped
     check_memory(predict_plan(spec, plan))  # refused before any data is read or charge made
-    due = cost_due(spec, plan, catalog)
+    due = cost_due(spec, plan, catalog, input_fingerprint=input_fingerprint)
     catalog.check_budget(spec.dataset.id, due, partitions=touched)  # before any data is read
     before = catalog.spent(spec.dataset.id, partitions=touched)
     # who runs it and who must approve it, recorded first: no release exists without its policy
@@ -110,17 +110,23 @@ def register(
     return before if skipped is None else skipped
 
 
-def cost_due(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> PrivacyCost:
+def cost_due(
+    spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, input_fingerprint: str | None = None
+) -> PrivacyCost:
     """What this release will charge: the plan's cost, unless the mechanism knows (from public
     facts: the keyed fingerprint of the input files and its released intermediates) that part of
-    it was paid by an earlier release (e.g. a local-model collection already charged)."""
+    it was paid by an earlier release (e.g. a local-model collection already charged).
+    ``input_fingerprint``: the keyed fingerprint when the caller already hashed the input (the
+    skip check did); otherwise the files are hashed here, once (O(bytes))."""
     hook = getattr(plan.mechanism, "cost_due", None)
     if hook is None or spec.dataset.source is None:
         return plan.expected_cost
+    if input_fingerprint is None:
+        input_fingerprint = resolve_source(spec.dataset.source, key=catalog.key).fingerprint
     return hook(
         plan.strategy,
         dataset_id=spec.dataset.id,
-        input_fingerprint=resolve_source(spec.dataset.source, key=catalog.key).fingerprint,
+        input_fingerprint=input_fingerprint,
         released=StrategyStore.released(catalog.url),
     )
 

@@ -16,6 +16,7 @@ import pytest
 from dprelease.catalog import release
 from dprelease.catalog.confidential import inputs
 from dprelease.catalog.confidential import responses as response_files
+from dprelease.catalog.confidential.source import resolve_source
 from dprelease.catalog.errors import BudgetExceededError, DataError, SpecError
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.planning import responses
@@ -429,6 +430,29 @@ def test_a_collection_is_charged_once(tmp_path: Path, store: StrategyStore) -> N
     assert not _release(spec2, plan, catalog, "r3").details["collection_reused"]
     assert len(catalog.ledger_entries(spec.dataset.id)) == 2
     assert catalog.spent(spec.dataset.id).epsilon == 2.0
+
+
+def test_a_scheduled_release_hashes_its_input_once_before_the_charge(
+    tmp_path: Path, store: StrategyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The skip check's keyed fingerprint is the one ``cost_due`` asks the mechanism about: the
+    files are read once for both (a second O(bytes) pass on every scheduled run otherwise)."""
+    catalog = Catalog(f"sqlite:///{tmp_path / 'catalog.db'}")
+    _, plan = planned(store)
+    source = _responses(tmp_path, plan, [1, 2, 3], "one.parquet")
+    spec = local_spec(source=str(source), mechanism_options=FAST)
+    hashed: list[str] = []
+
+    def counting(path: str, **kwargs: Any) -> Any:
+        hashed.append(str(path))
+        return resolve_source(path, **kwargs)
+
+    monkeypatch.setattr(release, "resolve_source", counting)
+    before = release.register(spec, plan, catalog, release_id="r1", on_unchanged="skip")
+    assert before.as_dict() == {"epsilon": 0.0}  # registered (nothing to skip), nothing spent yet
+    assert hashed == [str(source)]
+    assert release.cost_due(spec, plan, catalog).as_dict() == {"epsilon": 1.0}
+    assert hashed == [str(source)] * 2  # without a fingerprint from its caller it hashes itself
 
 
 def test_a_charged_collection_is_released_again_without_budget_left(
