@@ -105,6 +105,14 @@ def _start_marker(path: Path) -> Path:
     return path.with_name(path.name + ".starting")
 
 
+def write_start_marker(marker: Path) -> None:
+    """Name this process in ``marker``: written whole, then renamed into place, so a command never
+    reads a marker that exists but does not name the service yet (it would validate itself)."""
+    partial = marker.with_name(f"{marker.name}.{os.getpid()}")
+    partial.write_text(f"{os.getpid()}\n")
+    os.replace(partial, marker)
+
+
 def _starting(path: Path) -> bool:
     """The service of ``path`` is alive and importing GX: its start marker names a live process
     that is this socket's validation service (a marker left by a killed one is ignored)."""
@@ -183,7 +191,7 @@ def serve(path: Path, *, parent_pid: int) -> int:
         os.nice(NICENESS)
     marker = _start_marker(path)
     with contextlib.suppress(OSError):  # best effort: without it commands import GX themselves
-        marker.write_text(f"{os.getpid()}\n")  # they wait for this import instead
+        write_start_marker(marker)  # they wait for this import instead
     try:
         gx.load()  # the import this process exists for, before the socket appears
     except BaseException:

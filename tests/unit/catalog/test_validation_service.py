@@ -216,6 +216,26 @@ def test_a_command_waits_for_a_service_that_is_still_importing(
         assert not marker.exists()
 
 
+def test_the_start_marker_appears_only_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command that finds the marker reads this process's pid from it, never an empty file (the
+    CI failure of a marker seen between its creation and its write)."""
+    marker = tmp_path / "m.sock.starting"
+    seen: list[tuple[bool, str]] = []
+    replace = os.replace
+
+    def observed(source: Path, target: Path) -> None:
+        seen.append((Path(target).exists(), Path(source).read_text()))
+        replace(source, target)
+
+    monkeypatch.setattr(validation_service.os, "replace", observed)
+    validation_service.write_start_marker(marker)
+    assert seen == [(False, f"{os.getpid()}\n")]  # absent until it is renamed in whole
+    assert marker.read_text() == f"{os.getpid()}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [marker.name]  # no partial file left
+
+
 def test_a_stale_start_marker_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A marker left by a killed service, or naming a process that is not this socket's service,
     neither delays a command nor stops it from validating itself."""
