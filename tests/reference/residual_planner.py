@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class ResidualProgram:
     tables: tuple[tuple[int, ...], ...]  # the workload's marginals, attribute indices ascending
     residuals: tuple[tuple[int, ...], ...]  # their downward closure
     privacy_weights: np.ndarray  # p_A, one per residual set
-    variance_coefficients: np.ndarray  # c_{S,A}: tables × residual sets (0 where A ⊄ S)
+    variance_coefficients: sparse.csr_array  # c_{S,A}: tables × residual sets (0 where A ⊄ S)
     cells: np.ndarray  # cells of each table
 
     @classmethod
@@ -52,14 +53,20 @@ class ResidualProgram:
         index = {subset: column for column, subset in enumerate(closure)}
         fraction = [(n - 1) / n for n in sizes]
         privacy_weights = np.array([math.prod(fraction[i] for i in subset) for subset in closure])
-        coefficients = np.zeros((len(tables), len(closure)))
+        rows, columns, values = [], [], []
         for row, table in enumerate(tables):
             for k in range(len(table) + 1):
                 for subset in itertools.combinations(table, k):
                     rest = (j for j in table if j not in subset)
-                    coefficients[row, index[subset]] = math.prod(
-                        fraction[i] for i in subset
-                    ) / math.prod(sizes[j] ** 2 for j in rest)
+                    rows.append(row)
+                    columns.append(index[subset])
+                    values.append(
+                        math.prod(fraction[i] for i in subset)
+                        / math.prod(sizes[j] ** 2 for j in rest)
+                    )
+        coefficients = sparse.csr_array(
+            (values, (rows, columns)), shape=(len(tables), len(closure))
+        )  # 2^|S| entries per table S
         cells = np.array([math.prod(sizes[i] for i in table) for table in tables], dtype=float)
         return cls(sizes, tables, tuple(closure), privacy_weights, coefficients, cells)
 
