@@ -42,31 +42,29 @@ class ResidualProgram:
     def for_marginals(
         cls, sizes: Sequence[int], tables: Sequence[Sequence[int]]
     ) -> ResidualProgram:
-        """The program for the marginals ``tables`` over attributes of ``sizes``.  O(T · 2^k · R)
-        for T tables of at most k attributes and R residual sets."""
+        """The program for the marginals ``tables`` over attributes of ``sizes``.  O(T · 2^k · k)
+        for T tables of at most k attributes."""
         sizes = tuple(int(n) for n in sizes)
         tables = tuple(tuple(sorted(int(i) for i in table)) for table in tables)
-        closure = sorted(
-            {subset for table in tables for k in range(len(table) + 1) for subset in itertools.combinations(table, k)},
-            key=lambda subset: (len(subset), subset),
-        )  # fmt: skip
+        pairs = [
+            (row, subset)
+            for row, table in enumerate(tables)
+            for k in range(len(table) + 1)
+            for subset in itertools.combinations(table, k)
+        ]  # (table, residual set A ⊆ it)
+        closure = sorted({subset for _, subset in pairs}, key=lambda subset: (len(subset), subset))
         index = {subset: column for column, subset in enumerate(closure)}
         fraction = [(n - 1) / n for n in sizes]
         privacy_weights = np.array([math.prod(fraction[i] for i in subset) for subset in closure])
-        rows, columns, values = [], [], []
-        for row, table in enumerate(tables):
-            for k in range(len(table) + 1):
-                for subset in itertools.combinations(table, k):
-                    rest = (j for j in table if j not in subset)
-                    rows.append(row)
-                    columns.append(index[subset])
-                    values.append(
-                        math.prod(fraction[i] for i in subset)
-                        / math.prod(sizes[j] ** 2 for j in rest)
-                    )
+        values = [
+            math.prod(fraction[i] for i in subset)
+            / math.prod(sizes[j] ** 2 for j in tables[row] if j not in subset)
+            for row, subset in pairs
+        ]
         coefficients = sparse.csr_array(
-            (values, (rows, columns)), shape=(len(tables), len(closure))
-        )  # 2^|S| entries per table S
+            (values, ([row for row, _ in pairs], [index[subset] for _, subset in pairs])),
+            shape=(len(tables), len(closure)),
+        )
         cells = np.array([math.prod(sizes[i] for i in table) for table in tables], dtype=float)
         return cls(sizes, tables, tuple(closure), privacy_weights, coefficients, cells)
 

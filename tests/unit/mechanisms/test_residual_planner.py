@@ -10,8 +10,11 @@ optimum equals the product's L2 design (the SVD bound) on workloads with unequal
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
+from scipy.linalg import block_diag
 
 from dprelease.mechanisms.primitives.marginal_strategies import marginal_weights_l2
 from dprelease.mechanisms.primitives.operators import Identity, Total
@@ -88,10 +91,7 @@ def _residual(sizes: tuple[int, ...], subset: tuple[int, ...]) -> np.ndarray:
 
 
 def _kron(factors: list[np.ndarray]) -> np.ndarray:
-    result = np.ones((1, 1))
-    for factor in factors:
-        result = np.kron(result, factor)
-    return result
+    return functools.reduce(np.kron, factors, np.ones((1, 1)))
 
 
 def test_cost_and_variances_equal_the_dense_residual_mechanism(rng: np.random.Generator) -> None:
@@ -113,23 +113,12 @@ def test_cost_and_variances_equal_the_dense_residual_mechanism(rng: np.random.Ge
     )
     np.testing.assert_allclose(per_cell, program.privacy_cost(scales), rtol=1e-10)
     measured = np.vstack(blocks)
-    precision = np.linalg.inv(_block_diagonal(covariances))
+    precision = np.linalg.inv(block_diag(*covariances))
     estimate_covariance = np.linalg.pinv(measured.T @ precision @ measured)
     for table, variance in zip(tables, program.table_variances(scales), strict=True):
         query = _kron([np.eye(n) if i in table else np.ones((1, n)) for i, n in enumerate(sizes)])
         cells = np.diag(query @ estimate_covariance @ query.T)
         np.testing.assert_allclose(cells, variance, rtol=1e-9)
-
-
-def _block_diagonal(blocks: list[np.ndarray]) -> np.ndarray:
-    size = sum(block.shape[0] for block in blocks)
-    result = np.zeros((size, size))
-    start = 0
-    for block in blocks:
-        end = start + block.shape[0]
-        result[start:end, start:end] = block
-        start = end
-    return result
 
 
 @pytest.mark.parametrize(
