@@ -101,7 +101,7 @@ class ResidualProgram:
         form above with ``v = Cᵀλ``, a lower bound on the optimum that is concave in ``λ``; its
         minimiser ``x(λ)`` is feasible, and its largest variance an upper bound.  Exponentiated
         gradient steps on ``λ`` (the gradient is ``Var(x(λ))``) until the bounds agree within
-        ``gap`` (relative), so the value returned is certified.  O(iterations · T · R).
+        ``gap`` (relative), so the value returned is certified.  O(iterations · T · 2^k).
         """
         coefficients, weights = self.variance_coefficients, self.privacy_weights
         table_weights = np.full(len(self.tables), 1.0 / len(self.tables))

@@ -2,8 +2,8 @@
 and the product's subset-space design.
 
 The reference is what issue 28's objectives will be checked against, so it is itself checked
-three ways: its closed forms reproduce the numbers of Xiao et al. (Tables 2–3, recomputed in
-``reference/residual-planner.md``); its privacy cost and per-cell variances equal those of the
+three ways: its closed forms reproduce the numbers of Xiao et al. (Tables 2–3, and optima
+recomputed from the same formulas); its privacy cost and per-cell variances equal those of the
 explicit residual matrices and generalised least squares on a small domain; and its sum-of-variances
 optimum equals the product's L2 design (the SVD bound) on workloads with unequal attribute sizes.
 """
