@@ -11,7 +11,9 @@ module is the CLI's side, which does not depend on the flow's cooperation:
   also arms a watchdog: the C-level signal handler writes to a wake-up fd that a thread reads at
   once, even while the main thread is stuck in one long C call (a big ``eigh``, an Arrow scan),
   and ``GRACE_SECONDS`` after the first Ctrl-C (or at a second one) the watchdog does the same
-  clean-up itself and ends the process with ``os._exit(130)``.
+  clean-up itself and ends the process with ``os._exit(130)``.  The watchdog records the abort
+  already at the first Ctrl-C (a slow exit under load still finds it recorded); the clean-up
+  records it again, for a release that stopped since.
 
 The shared Prefect server (``flows.server``) runs in its own session: it is not a child to stop.
 """
@@ -169,19 +171,25 @@ class InterruptGuard:
                 signal.signal(signal.SIGINT, self._previous_handler)
             self._previous_handler = None
 
-    def _clean_up(self) -> list[str]:
-        with self._cleaned:
-            if self._aborted is None:
-                try:
-                    self._aborted = abort_own_releases(self.catalog_url)
-                except Exception as error:  # reporting must not hide the interrupt
-                    self.write(
-                        f"could not record the abort ({type(error).__name__}); "
-                        "`dprelease recover` will"
-                    )
-                    self._aborted = []
-                stop_own_children()
+    def _record_abort(self) -> list[str]:
+        with self._cleaned:  # idempotent: at the first Ctrl-C and again in the clean-up
+            self._aborted = abort_own_releases(self.catalog_url)
             return self._aborted
+
+    def _record_abort_early(self) -> None:
+        with contextlib.suppress(Exception):  # the clean-up tries again and reports a failure
+            self._record_abort()
+
+    def _clean_up(self) -> list[str]:
+        try:
+            aborted = self._record_abort()
+        except Exception as error:  # reporting must not hide the interrupt
+            self.write(
+                f"could not record the abort ({type(error).__name__}); `dprelease recover` will"
+            )
+            aborted = self._aborted or []
+        stop_own_children()
+        return aborted
 
     def _arm(self) -> None:
         try:
@@ -215,6 +223,8 @@ class InterruptGuard:
                 if deadline is not None:  # a second Ctrl-C: stop now
                     self._hard_exit()
                 deadline = time.monotonic() + GRACE_SECONDS
+                # recorded now: the hard exit's CLEANUP_SECONDS may be too short under load
+                threading.Thread(target=self._record_abort_early, daemon=True).start()
             if deadline is not None and time.monotonic() >= deadline:
                 self._hard_exit()
 

@@ -18,7 +18,6 @@ recorded with the release's review policy, shown by ``dprelease review ID``, and
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -36,56 +35,30 @@ MAX_ERROR_CHARACTERS = 500
 WEBHOOK_JSON = {"subject": "{{subject}}", "body": "{{body}}", "source": "{{name}}"}
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReviewNotice:
-    """The message reviewers get: public facts about a staged release."""
-
-    release_id: str
-    dataset_id: str
-    spec_name: str
-    charged: dict[str, float]
-    required_approvals: int
-    operator: str | None
-    report: str
-
-    @property
-    def subject(self) -> str:
-        return f"dprelease: release {self.release_id} awaits review"
-
-    @property
-    def body(self) -> str:
-        spent = ", ".join(f"{k}={v:.6g}" for k, v in self.charged.items()) or "nothing"
-        return "\n".join(
-            [
-                f"release: {self.release_id}",
-                f"dataset: {self.dataset_id}",
-                f"spec: {self.spec_name}",
-                f"privacy budget spent (whatever the decision): {spent}",
-                f"approvals needed: {self.required_approvals} (distinct reviewers"
-                + (f", not {self.operator}, who ran it)" if self.operator else ")"),
-                f"report: {self.report}",
-                f"decide: dprelease review {self.release_id} --approve|--reject --reviewer NAME",
-            ]
-        )
-
-
-def notice_for(catalog: Catalog, release_id: str) -> ReviewNotice:
-    """The notice of a staged release, from the catalog and its manifest (public fields only)."""
+def review_notice(catalog: Catalog, release_id: str) -> tuple[str, str]:
+    """The subject and body of a staged release's notice, from the catalog and its manifest
+    (public fields only)."""
     from dprelease.catalog.publishing import artifacts
 
     record = catalog.release(release_id)
     policy = policy_of(catalog, release_id)
     directory = Path(str(record.directory))
-    manifest = artifacts.read_manifest(directory)
-    return ReviewNotice(
-        release_id=record.id,
-        dataset_id=record.dataset_id,
-        spec_name=record.name,
-        charged={k: float(v) for k, v in manifest["privacy"]["charged"].items()},
-        required_approvals=policy.required_approvals,
-        operator=policy.operator if policy.exclude_operator else None,
-        report=str(directory / "report.html"),
+    charged = artifacts.read_manifest(directory)["privacy"]["charged"]
+    spent = ", ".join(f"{k}={float(v):.6g}" for k, v in charged.items()) or "nothing"
+    operator = policy.operator if policy.exclude_operator else None
+    body = "\n".join(
+        [
+            f"release: {record.id}",
+            f"dataset: {record.dataset_id}",
+            f"spec: {record.name}",
+            f"privacy budget spent (whatever the decision): {spent}",
+            f"approvals needed: {policy.required_approvals} (distinct reviewers"
+            + (f", not {operator}, who ran it)" if operator else ")"),
+            f"report: {directory / 'report.html'}",
+            f"decide: dprelease review {record.id} --approve|--reject --reviewer NAME",
+        ]
     )
+    return f"dprelease: release {record.id} awaits review", body
 
 
 def load_notification_block(reference: str) -> NotificationBlock:
@@ -111,8 +84,8 @@ def send_notice(catalog: Catalog, release_id: str) -> str | None:
     if policy.notify is None:
         return None
     try:
-        notice = notice_for(catalog, release_id)
-        load_notification_block(policy.notify).notify(body=notice.body, subject=notice.subject)
+        subject, body = review_notice(catalog, release_id)
+        load_notification_block(policy.notify).notify(body=body, subject=subject)
     except Exception as exc:  # any failure of the block: recorded, the release stays staged
         # the HTTP client's text names the webhook URL, whose path or query often holds a token
         error = re.sub(r"https?://\S+", "<webhook URL>", f"{type(exc).__name__}: {exc}")
