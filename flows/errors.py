@@ -78,7 +78,7 @@ def debug_enabled() -> bool:
     return _debug or os.environ.get("DPRELEASE_DEBUG", "") not in ("", "0", "false", "no")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class Failure:
     """How one exception is reported."""
 
@@ -97,74 +97,57 @@ class Refused(DprReleaseError):
         self.hint = hint
 
 
-def _user_error(
-    kind: type[BaseException], title: str, hint: str, exit_code: int = EXIT_USER
-) -> tuple[type[BaseException], Failure]:
-    return kind, Failure(title=title, hint=hint, exit_code=exit_code)
-
-
 # Most specific first.
-_USER_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
-    _user_error(
-        SpecError,
+_USER_ERRORS: dict[type[BaseException], Failure] = {
+    SpecError: Failure(
         "invalid release spec",
         "fix the spec and run again; `dprelease plan SPEC` checks a spec without reading any data",
     ),
-    _user_error(
-        DataError,
+    DataError: Failure(
         "the input data does not fit the spec",
         "fix the data, or the spec's domain and privacy unit (out-of-domain rows can be dropped "
         "with on_out_of_domain: drop), then run again",
     ),
-    _user_error(
-        BudgetExceededError,
+    BudgetExceededError: Failure(
         "privacy budget exceeded",
         "see `dprelease budget DATASET`; ask for less (a lower epsilon or rho) or use a dataset "
         "whose budget allows it",
     ),
-    _user_error(
-        PrivacyError,
+    PrivacyError: Failure(
         "privacy accounting refused the request",
         "check the spec's privacy and dataset.budget sections (same measure, valid values)",
     ),
-    _user_error(
-        VerificationError,
+    VerificationError: Failure(
         "verification failed",
         "do not publish this release; compare it with the original release directory",
         EXIT_CHECK_FAILED,
     ),
-    _user_error(
-        ValidationFailedError,
+    ValidationFailedError: Failure(
         "the release failed validation",
         "nothing was staged and the budget stays spent; see the validation results and the "
         "spec's privacy level",
         EXIT_CHECK_FAILED,
     ),
-    _user_error(
-        MemoryLimitError,
+    MemoryLimitError: Failure(
         "not enough memory for this release",
         "nothing was read or charged; run on a machine with more memory (or set "
         "DPRELEASE_MEMORY_LIMIT if the limit is wrong), or narrow the workload; "
         "`dprelease plan SPEC` shows each stage's predicted memory",
     ),
-    _user_error(
-        SettingError, "invalid setting", "fix or unset the environment variable named above"
-    ),
-    _user_error(
-        StageTimeLimitExceeded,
+    SettingError: Failure("invalid setting", "fix or unset the environment variable named above"),
+    StageTimeLimitExceeded: Failure(
         "the release stopped",
         "if the stage needs longer, raise DPRELEASE_STAGE_TIMEOUT (seconds) and run again; "
         "`dprelease recover` lists runs that ended inside a stage",
         EXIT_CHECK_FAILED,
     ),
-    _user_error(
-        CatalogError,
+    CatalogError: Failure(
         "the catalog refused the operation",
         "see `dprelease releases` for each release's status; the reason above names the release, "
         "dataset or setting refused and what to change",
     ),
-    _user_error(DprReleaseError, "dprelease refused", "fix the input named above"),
-)
+    DprReleaseError: Failure("dprelease refused", "fix the input named above"),
+}
 _PATH_ERROR = Failure(
     title="a path cannot be used",
     hint="check that the path exists and that you may read or write it",
@@ -175,7 +158,7 @@ def classify(exc: BaseException) -> Failure | None:
     """The user-facing report of ``exc``; None for an internal error."""
     if isinstance(exc, Refused):
         return Failure(title=exc.title, hint=exc.hint)
-    for kind, failure in _USER_ERRORS:
+    for kind, failure in _USER_ERRORS.items():
         if isinstance(exc, kind):
             return failure
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
