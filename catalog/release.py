@@ -35,7 +35,7 @@ from dprelease.catalog.planning.memory import check_memory, predict_plan
 from dprelease.catalog.planning.planner import Plan, build_workload
 from dprelease.catalog.planning.strategy_store import StrategyStore
 from dprelease.catalog.publishing import artifacts
-from dprelease.catalog.publishing.manifest import Manifest
+from dprelease.catalog.publishing.manifest import Manifest, NoiseRecord
 from dprelease.catalog.publishing.report import write_report
 from dprelease.catalog.publishing.tables import build_table, derived_descriptions, derived_tables
 from dprelease.catalog.review.policy import record_policy
@@ -246,8 +246,6 @@ def stage(
         if entry.receipt_id in measurement.receipts
         or (entry.release_id == release_id and entry.kind == "charge")
     ]
-    noise = measurement.noise
-    mechanism = plan.mechanism
     manifest = Manifest.model_validate(
         {
             "release_id": release_id,
@@ -268,11 +266,7 @@ def stage(
                 "reason": plan.reason,
                 "parameters": dict(spec.mechanism_options),
                 "noise": {
-                    "kind": noise.kind,
-                    "scale": noise.scale,
-                    "sensitivity": noise.sensitivity,
-                    "size": noise.size,
-                    "sampler": noise.sampler,
+                    name: getattr(measurement.noise, name) for name in NoiseRecord.model_fields
                 },
                 "details": dict(measurement.details) | estimators.details(spec, plan),
             },
@@ -280,7 +274,7 @@ def stage(
                 "requested": dict(spec.privacy),
                 "charged": measurement.charged.as_dict(),
                 "receipts_in_budget_measure": [r["cost"] for r in receipts],
-                "model": f"{plan.model}: {mechanism.summary}",
+                "model": f"{plan.model}: {plan.mechanism.summary}",
                 "allow_large_delta": spec.allow_large_delta,
             },
             "budget": {

@@ -767,14 +767,7 @@ def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
 
 
 def _terminate(child: subprocess.Popen[bytes]) -> None:
-    if child.poll() is not None:
-        return
-    child.terminate()
-    try:
-        child.wait(timeout=STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
+    terminate(lambda: [] if child.poll() is not None else [child.pid], grace=STOP_GRACE_SECONDS)
 
 
 def _log(message: str) -> None:
