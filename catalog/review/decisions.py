@@ -174,11 +174,7 @@ def _finish(catalog: Catalog, record: ReleaseRecord, publish_dir: Path | None) -
         catalog.update_release(record.id, manifest_sha256=digest)
         if record.status == "staged":
             approvers = [r.reviewer for r in decisions if r.decision == "approved"]
-            return {
-                **result,
-                "approvals": approvers,
-                "required_approvals": policy.required_approvals,
-            }
+            result |= {"approvals": approvers, "required_approvals": policy.required_approvals}
         return result
     target = _target(record, publish_dir)
     if record.published_directory is not None:
