@@ -56,16 +56,10 @@ class DeploymentSummary:
     """What ``dprelease deploy`` registered for one spec (public)."""
 
     name: str
-    deployment_id: str
-    spec_path: str
     dataset_id: str
     schedule: str | None
     arrival_trigger: bool
-    work_pool: str
     concurrency_limit: str
-    work_queue: str = ""
-    on_unchanged: str = "skip"
-    partitioned_by: str | None = None
 
 
 def arrival_trigger(dataset_id: str) -> Any:
@@ -277,13 +271,12 @@ def deploy_specs(spec_paths: list[Path], **options: Any) -> list[DeploymentSumma
         ensure_work_pool(client, settings.work_pool)
     summaries = []
     for path, spec in specs:
-        partitions = spec.dataset.partitions
         limit = ensure_dataset_limit(spec.dataset.id)
         with get_client(sync_client=True) as client:
-            queue = ensure_dataset_queue(client, spec.dataset.id, settings.work_pool)
+            ensure_dataset_queue(client, spec.dataset.id, settings.work_pool)
             kept = kept_state(client, f"{release_deployment_flow.name}/{spec.name}")
         deployment = build_deployment(path, spec, kept=kept, **options)
-        deployment_id = deployment.apply()
+        deployment.apply()
         schedule = None
         if spec.schedule is not None:
             schedule = f"cron {spec.schedule.cron} ({spec.schedule.timezone})"
@@ -292,16 +285,10 @@ def deploy_specs(spec_paths: list[Path], **options: Any) -> list[DeploymentSumma
         summaries.append(
             DeploymentSummary(
                 name=deployment.full_name,
-                deployment_id=str(deployment_id),
-                spec_path=str(path.resolve()),
                 dataset_id=spec.dataset.id,
                 schedule=schedule,
                 arrival_trigger=spec.trigger == "arrival",
-                work_pool=settings.work_pool,
                 concurrency_limit=limit,
-                work_queue=queue,
-                on_unchanged=spec.on_unchanged,
-                partitioned_by=None if partitions is None else partitions.declaration(),
             )
         )
     return summaries

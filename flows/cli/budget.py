@@ -10,6 +10,9 @@ from rich.table import Table
 
 from dprelease.flows.cli.common import JsonOption, add_id_column, cost_text, print_json, stdout
 
+# A ledger entry's fields in `budget --json`, in this order, before its charge and running totals.
+ENTRY_FIELDS = ("seq", "created_at", "release_id", "receipt_id", "label", "kind", "partition")
+
 
 def budget(
     dataset_id: Annotated[
@@ -96,14 +99,8 @@ def _budget_json(catalog: Any, dataset_id: str) -> dict[str, Any]:
     spent = catalog.spent(dataset_id)
     entries = catalog.ledger_entries(dataset_id)
     timeline = [
-        {
-            "seq": entry.seq,
-            "created_at": entry.created_at,
-            "release_id": entry.release_id,
-            "receipt_id": entry.receipt_id,
-            "label": entry.label,
-            "kind": entry.kind,
-            "partition": entry.partition,
+        {name: getattr(entry, name) for name in ENTRY_FIELDS}
+        | {
             "charge": entry.cost.as_dict(),
             "cumulative": running.as_dict(),
             "remaining": running.remaining(cap).as_dict(),

@@ -77,44 +77,41 @@ def review(
     from dprelease.catalog.watch_state import ReviewRuns
 
     catalog = Catalog()
+    outcome = None
     if approve is None:
         if reviewer is not None or note or publish_dir is not None:
             raise DprReleaseError(
                 "--reviewer, --note and --publish-dir need a decision: add --approve or --reject"
             )
-        current = reviewing.status(catalog, release_id)
-        if as_json:
-            print_json(current)
-        else:
-            _print_review_status(current)
-        return
-    if reviewer is None:
+    elif reviewer is None:
         raise DprReleaseError("--reviewer NAME is required with --approve or --reject")
-    outcome = None
-    paused_run = ReviewRuns(catalog.url).get(release_id)
-    if paused_run is not None and paused_run.status == "awaiting":
-        # refused here, before the paused run is resumed with a decision it would refuse
-        reviewing.check_reviewer(catalog, release_id, approve=approve, reviewer=reviewer)
-        outcome = _review_through_flow_run(
-            paused_run, approve, reviewer, note, publish_dir, catalog
-        )
-    if outcome is None:
-        outcome = reviewing.review(
-            catalog,
-            release_id,
-            approve=approve,
-            reviewer=reviewer,
-            note=note,
-            publish_dir=publish_dir,
-        )
+    else:
+        paused_run = ReviewRuns(catalog.url).get(release_id)
+        if paused_run is not None and paused_run.status == "awaiting":
+            # refused here, before the paused run is resumed with a decision it would refuse
+            reviewing.check_reviewer(catalog, release_id, approve=approve, reviewer=reviewer)
+            outcome = _review_through_flow_run(
+                paused_run, approve, reviewer, note, publish_dir, catalog
+            )
+        if outcome is None:
+            outcome = reviewing.review(
+                catalog,
+                release_id,
+                approve=approve,
+                reviewer=reviewer,
+                note=note,
+                publish_dir=publish_dir,
+            )
     current = reviewing.status(catalog, release_id)
     if as_json:
         print_json(current)
-        return
-    stdout.print(f"{release_id}: {outcome['status']}{outcome.get('through', '')}")
-    if outcome.get("published_directory"):
-        stdout.print(f"published to {outcome['published_directory']}")
-    _print_approval_progress(current)
+    elif outcome is None:
+        _print_review_status(current)
+    else:
+        stdout.print(f"{release_id}: {outcome['status']}{outcome.get('through', '')}")
+        if outcome.get("published_directory"):
+            stdout.print(f"published to {outcome['published_directory']}")
+        _print_approval_progress(current)
 
 
 def _print_approval_progress(current: dict[str, Any]) -> None:
