@@ -68,9 +68,6 @@ class CatalogKey:
             mac.update(part)
         return mac.hexdigest()
 
-    def mac(self, data: bytes) -> str:
-        return hmac.new(self.secret, data, hashlib.sha256).hexdigest()
-
     @property
     def anchor_path(self) -> Path | None:
         return None if self.path is None else self.path.with_suffix(".anchor")
@@ -100,7 +97,7 @@ class CatalogKey:
             valid = (
                 data.get("format") == ANCHOR_FORMAT
                 and data.get("key_id") == self.key_id
-                and hmac.compare_digest(str(data.get("mac")), self.mac(_canonical(body)))
+                and hmac.compare_digest(str(data.get("mac")), self.fingerprint([_canonical(body)]))
             )
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
             raise CatalogError(f"ledger anchor {path} cannot be read ({exc})") from None
@@ -131,7 +128,9 @@ class CatalogKey:
             "written_at": written_at,
             "adopted": list(adopted),
         }
-        text = json.dumps({**body, "mac": self.mac(_canonical(body))}, indent=2, sort_keys=True)
+        text = json.dumps(
+            {**body, "mac": self.fingerprint([_canonical(body)])}, indent=2, sort_keys=True
+        )
         _write_private(path, text.encode(), replace=True)
 
 

@@ -141,8 +141,7 @@ def check_arrived_file_task(path: str, expected_fingerprint: str) -> None:
     """Refuse a file whose bytes changed since the watcher announced them (reads bytes, no rows)."""
     if not Path(path).is_file():
         raise DataError(f"announced file {path!r} no longer exists")
-    actual = file_fingerprint(path)
-    if actual != expected_fingerprint:
+    if file_fingerprint(path) != expected_fingerprint:
         raise DataError(
             f"announced file {path!r} changed since it was announced (its keyed fingerprint "
             "differs); the new content will be announced again"
@@ -194,14 +193,13 @@ def release_deployment_flow(
     logger = get_run_logger()
     catalog_url = catalog_url or default_url()
     spec = load_spec(spec_path)
-    dataset_id = spec.dataset.id
     run = _current_run()
     started = started_by(run)
     flow_run_id = None if run is None else str(run.id)
     policy = on_unchanged or unchanged_policy(spec.on_unchanged, started)
     if source_override is not None and expected_fingerprint is not None:
         check_arrived_file_task(source_override, expected_fingerprint)
-    limit = ensure_dataset_limit(dataset_id)
+    limit = ensure_dataset_limit(spec.dataset.id)
     waited = time.perf_counter()
     with concurrency(limit, occupy=1, strict=True):  # one running release per dataset id
         logger.info(
