@@ -91,20 +91,16 @@ def _announced(dataset_id: str, fingerprint: str) -> sa.ColumnElement[bool]:
     return (files.dataset_id == dataset_id) & (files.fingerprint == fingerprint)
 
 
-def _check_fingerprint(fingerprint: str) -> None:
-    if not _FINGERPRINT.fullmatch(fingerprint):
-        raise ValueError(
-            f"fingerprint ({fingerprint!r}) must be a lowercase hex sha256 (64 characters)"
-        )
-
-
 class WatchState(_OperationsTables):
     """Fingerprints of files already announced, persisted in the catalog database."""
 
     def claim(self, *, dataset_id: str, fingerprint: str, path: str, size: int) -> bool:
         """Record that this content is being announced for ``dataset_id``; ``False`` (and nothing
         changed) when the same content was announced before."""
-        _check_fingerprint(fingerprint)
+        if not _FINGERPRINT.fullmatch(fingerprint):
+            raise ValueError(
+                f"fingerprint ({fingerprint!r}) must be a lowercase hex sha256 (64 characters)"
+            )
         if size < 0:
             raise ValueError(f"size ({size}) must be >= 0")
         try:

@@ -145,31 +145,31 @@ class InterruptGuard:
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
             if _hard_exit_allowed:
-                self._arm()
+                with contextlib.suppress(ValueError):  # pragma: no cover - not the main thread
+                    self._signals = StopSignals()
+                    self._thread = threading.Thread(
+                        target=self._watch, name="dprelease-ctrl-c", daemon=True
+                    )
+                    self._thread.start()
         return self
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
-        if exc is not None and (self.sigint_seen or _caused_by_interrupt(exc)):
-            if self._previous_handler is not None:
-                # a second Ctrl-C must not break the clean-up: the watchdog answers it
-                signal.signal(signal.SIGINT, _ignore)
-                self._previous_handler = None
+        interrupted = exc is not None and (self.sigint_seen or _caused_by_interrupt(exc))
+        if self._previous_handler is not None:
+            # after an interrupt a second Ctrl-C must not break the clean-up: the watchdog answers
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGINT, _ignore if interrupted else self._previous_handler)
+            self._previous_handler = None
+        if interrupted:
             aborted = self._clean_up()
             # the watchdog stays armed until the process is gone: exit hooks must not hang it
             raise Interrupted(_describe(aborted)) from None
-        self._restore_handler()
         self._disarm()
         return False
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         self.sigint_seen = True  # whatever exception Prefect turns the interrupt into
         raise KeyboardInterrupt
-
-    def _restore_handler(self) -> None:
-        if self._previous_handler is not None:
-            with contextlib.suppress(ValueError):
-                signal.signal(signal.SIGINT, self._previous_handler)
-            self._previous_handler = None
 
     def _record_abort(self) -> list[str]:
         with self._cleaned:  # idempotent: at the first Ctrl-C and again in the clean-up
@@ -190,14 +190,6 @@ class InterruptGuard:
             aborted = self._aborted or []
         stop_own_children()
         return aborted
-
-    def _arm(self) -> None:
-        try:
-            self._signals = StopSignals()
-        except ValueError:  # pragma: no cover - not the main thread after all
-            return
-        self._thread = threading.Thread(target=self._watch, name="dprelease-ctrl-c", daemon=True)
-        self._thread.start()
 
     def _disarm(self) -> None:
         if self._thread is None:

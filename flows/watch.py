@@ -214,18 +214,14 @@ class Watcher:
         self._settled: dict[Path, _Stat] = {}  # files dealt with, in this exact state
         self._waiting_logged: set[tuple[Path, _Stat]] = set()
 
-    def _files(self) -> Iterator[Path]:
-        for path in sorted(self.directory.rglob("*")):
-            if path.is_file() and not any(
-                is_temporary_name(Path(part)) for part in path.relative_to(self.directory).parts
-            ):
-                yield path
-
     def poll(self) -> list[ArrivalEvent]:
         """One pass over the folder, O(files + new bytes)."""
         emitted: list[ArrivalEvent] = []
         present: set[Path] = set()
-        for path in self._files():
+        for path in sorted(self.directory.rglob("*")):
+            parts = path.relative_to(self.directory).parts
+            if not path.is_file() or any(is_temporary_name(Path(part)) for part in parts):
+                continue
             present.add(path)
             try:
                 info = path.stat()

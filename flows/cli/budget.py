@@ -49,6 +49,10 @@ def budget(
             table.add_column("partition", overflow="fold")
         for entry in entries:
             skipped = entry["kind"] == "skipped"
+            partition = entry["partition"]
+            where = (
+                str(partition) if partition is not None else "" if skipped else "(whole dataset)"
+            )
             table.add_row(
                 str(entry["seq"]),
                 entry["created_at"],
@@ -57,15 +61,9 @@ def budget(
                 cost_text(entry["cumulative"]),
                 cost_text(entry["remaining"]),
                 entry["label"],
-                *([_partition_cell(entry["partition"], skipped)] if len(table.columns) > 7 else []),
+                *([where] if len(table.columns) > 7 else []),
             )
         stdout.print(table)
-
-
-def _partition_cell(partition: str | None, skipped: bool) -> str:
-    if partition is not None:
-        return str(partition)
-    return "" if skipped else "(whole dataset)"
 
 
 def _print_partitions(current: dict[str, Any]) -> None:
