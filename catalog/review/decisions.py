@@ -95,9 +95,13 @@ def check_reviewer(
     policy = policy_of(catalog, release_id)
     if not approve:
         return policy
-    refusal = policy.refusal(reviewer)
-    if refusal is not None:
-        raise CatalogError(refusal)
+    if policy.exclude_operator and policy.operator and same_person(reviewer, policy.operator):
+        raise CatalogError(
+            f"reviewer {reviewer!r} ran release {release_id!r} (operator {policy.operator!r}) and "
+            f"may not approve it: it needs {policy.required_approvals} approval(s) by someone "
+            "other than the person who ran it; ask another reviewer (a one-person setup sets "
+            "review: {allow_self_approval: true} in the spec, for releases run after that)"
+        )
     if any(
         r.decision == "approved" and same_person(r.reviewer, reviewer)
         for r in catalog.reviews(release_id)

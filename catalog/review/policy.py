@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 
 from dprelease.catalog.errors import CatalogError
 from dprelease.catalog.ledger.leases import process_owner
-from dprelease.catalog.ledger.names import normalize_reviewer, same_person
+from dprelease.catalog.ledger.names import normalize_reviewer
 from dprelease.catalog.ledger.schema import create_tables, now
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.spec.model import ReleaseSpec
@@ -68,18 +68,6 @@ class ReviewPolicyRecord:
     """When reviewers were last told (through ``notify``) that the release is staged."""
     notify_error: str | None = None
     """Why the last notification failed (the release stays staged; notify again)."""
-
-    def refusal(self, reviewer: str) -> str | None:
-        """Why ``reviewer`` (normalised) may not approve this release, or None."""
-        if self.exclude_operator and self.operator and same_person(reviewer, self.operator):
-            return (
-                f"reviewer {reviewer!r} ran release {self.release_id!r} (operator "
-                f"{self.operator!r}) and may not approve it: it needs "
-                f"{self.required_approvals} approval(s) by someone other than the person who "
-                "ran it; ask another reviewer (a one-person setup sets review: "
-                "{allow_self_approval: true} in the spec, for releases run after that)"
-            )
-        return None
 
 
 def current_operator() -> str:
