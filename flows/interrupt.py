@@ -125,6 +125,14 @@ def _describe(aborted: list[str]) -> str:
     return f"release {names} recorded as aborted; its privacy charges stay spent"
 
 
+def _in_background(target: Callable[[], object]) -> threading.Thread:
+    """The watchdog's clean-up, on a daemon thread: the abort recorded at the first Ctrl-C, the
+    whole clean-up before a hard exit."""
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    return worker
+
+
 class InterruptGuard:
     """``with InterruptGuard(): release_flow(...)``: see the module docstring."""
 
@@ -145,6 +153,9 @@ class InterruptGuard:
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
             if _hard_exit_allowed:
+                # what the watchdog's clean-up needs, imported here: its threads import nothing
+                import dprelease.catalog.ledger.store  # noqa: F401
+
                 with contextlib.suppress(ValueError):  # pragma: no cover - not the main thread
                     self._signals = StopSignals()
                     self._thread = threading.Thread(
@@ -216,15 +227,14 @@ class InterruptGuard:
                     self._hard_exit()
                 deadline = time.monotonic() + GRACE_SECONDS
                 # recorded now: the hard exit's CLEANUP_SECONDS may be too short under load
-                threading.Thread(target=self._record_abort_early, daemon=True).start()
+                _in_background(self._record_abort_early)
             if deadline is not None and time.monotonic() >= deadline:
                 self._hard_exit()
 
     def _hard_exit(self) -> None:
         """The main thread did not get out in time: clean up from here and end the process."""
-        worker = threading.Thread(target=self._clean_up, daemon=True)
-        worker.start()
-        worker.join(timeout=CLEANUP_SECONDS)  # a locked catalog must not hold the exit
+        # bounded: a locked catalog must not hold the exit
+        _in_background(self._clean_up).join(timeout=CLEANUP_SECONDS)
         aborted = self._aborted
         if debug_enabled():  # where the main thread was stuck
             with contextlib.suppress(Exception):
