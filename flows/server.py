@@ -38,6 +38,7 @@ only): the supervisor must stay small.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -67,11 +68,6 @@ from dprelease.catalog.processes import (
     process_start,
     procfs_available,
 )
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no advisory locks, one command at a time
-    fcntl = None  # type: ignore[assignment]
 
 SERVER_FILE = "server.json"
 LOCK_FILE = "server.lock"
@@ -243,9 +239,6 @@ def _last_used(home: Path) -> float | None:
 def _locked(home: Path, *, timeout: float, blocking: bool = True) -> Iterator[bool]:
     """Hold the exclusive server lock (True), or yield False if ``blocking`` is off and it is busy."""
     with open(home / LOCK_FILE, "a+") as handle:
-        if fcntl is None:  # pragma: no cover
-            yield True
-            return
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -295,11 +295,9 @@ class StopSignals:
 def _own_stop_signals() -> StopSignals | None:
     """:class:`StopSignals` for the watchdog, unless this is not the main thread or another guard
     (the CLI's Ctrl-C guard) already owns the wake-up fd."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
     try:
         signals = StopSignals()
-    except ValueError:  # pragma: no cover - not the main thread after all
+    except ValueError:  # not the main thread
         return None
     if signals.previous != -1:  # someone else watches signals: give the fd back
         signals.close()
