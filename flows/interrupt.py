@@ -156,12 +156,11 @@ class InterruptGuard:
                 # what the watchdog's clean-up needs, imported here: its threads import nothing
                 import dprelease.catalog.ledger.store  # noqa: F401
 
-                with contextlib.suppress(ValueError):  # pragma: no cover - not the main thread
-                    self._signals = StopSignals()
-                    self._thread = threading.Thread(
-                        target=self._watch, name="dprelease-ctrl-c", daemon=True
-                    )
-                    self._thread.start()
+                self._signals = StopSignals()
+                self._thread = threading.Thread(
+                    target=self._watch, name="dprelease-ctrl-c", daemon=True
+                )
+                self._thread.start()
         return self
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:

@@ -183,8 +183,7 @@ class RunWatchdog:
         if self._signals is not None:
             self._signals.close()  # armed only when nobody else held the fd: it goes back to -1
             self._signals = None
-        with contextlib.suppress(FileNotFoundError):
-            self._record_path.unlink()
+        self._record_path.unlink(missing_ok=True)
 
     def __enter__(self) -> RunWatchdog:
         return self
@@ -344,8 +343,7 @@ def stop_stuck(problem: RunProblem, *, grace: float = 5.0) -> bool:
 
 
 def forget(problem: RunProblem) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        problem.path.unlink()
+    problem.path.unlink(missing_ok=True)
 
 
 def _same_process_alive(record: RunRecord) -> bool:
