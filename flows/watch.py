@@ -34,7 +34,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dprelease.catalog.errors import DprReleaseError
@@ -280,9 +280,7 @@ class Watcher:
             event = ArrivalEvent(
                 dataset_id=dataset_id, path=str(path), fingerprint=fingerprint, size=stat[0]
             )
-            if not self.state.claim(
-                dataset_id=dataset_id, fingerprint=fingerprint, path=str(path), size=stat[0]
-            ):
+            if not self.state.claim(**asdict(event)):  # the event's four fields
                 earlier = self.state.announcement(dataset_id=dataset_id, fingerprint=fingerprint)
                 logger.info(
                     "not announcing %s for %s: the same content was announced before (%s)",
