@@ -53,7 +53,6 @@ from dprelease.mechanisms.primitives.protocol import (
 )
 from dprelease.mechanisms.primitives.workload import (
     Workload,
-    WorkloadItem,
     axes_of,
     item_subset,
     mask_of,
@@ -168,26 +167,6 @@ class MarginalSpaceStrategy(SubsetStrategy):
                 summed = tuple(k for k, a in enumerate(axes) if not t >> a & 1)
                 totals[t] += factor * (table.sum(axis=summed) if summed else table)
         return {t: _centre(total) / float(mu[t]) for t, total in totals.items()}
-
-    def item_unit_variances(
-        self, item: WorkloadItem, workload: Workload | None = None
-    ) -> np.ndarray:
-        """Per-cell variance of a marginal item at unit noise: the same for every cell,
-        ``Σ_{T⊆R} μ_T⁻¹ Π_{i∈T}(1 − 1/n_i) Π_{i∈R∖T} n_i⁻¹ Π_{i∉R} n_i``. O(2^|R| + |M_R|)."""
-        mask = item_subset(item)
-        if mask is None:
-            return super().item_unit_variances(item, workload)
-        shape = self.domain_shape
-        inverse = self.inverse_eigenvalues
-        outside = math.prod(n for i, n in enumerate(shape) if not mask >> i & 1)
-        variance = 0.0
-        for t in down_closure([mask]):
-            factor = math.prod(
-                (1.0 - 1.0 / shape[i]) if t >> i & 1 else 1.0 / shape[i]
-                for i in axes_of(mask, len(shape))
-            )
-            variance += float(inverse[t]) * factor * outside
-        return np.full(item.num_queries, variance)
 
     def answers(self, y: np.ndarray, workload: Workload) -> dict[str, np.ndarray]:
         """Least-squares answers of every (marginal) item: ``M_R x̂ = Σ_{T⊆R} spread(v̂_T)``.
