@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from dprelease.mechanisms.dawa.partition import IntervalWorkload, Partition, _one_per, _readonly
+from dprelease.mechanisms.dawa.partition import IntervalWorkload, Partition, _one_per
+from dprelease.mechanisms.primitives.linalg import read_only
 from dprelease.mechanisms.primitives.privacy import check_epsilon
 
 # GreedyH's search range for λ (λ = 1 would give the subtree no budget and make M singular).
@@ -229,7 +230,7 @@ class HierarchicalStrategy:
     """Budget fraction ``f_q`` of ε₂ for every node of every level (0 = not measured)."""
 
     def __post_init__(self) -> None:
-        levels = tuple(_readonly(np.asarray(b, dtype=np.int64)) for b in self.level_bounds)
+        levels = tuple(read_only(b, np.int64) for b in self.level_bounds)
         k = self.partition.n_buckets
         if not levels or not np.array_equal(levels[0], np.arange(k + 1)):
             raise ValueError(f"level_bounds[0] must be 0 … n_buckets ({k})")
@@ -253,7 +254,7 @@ class HierarchicalStrategy:
                 raise ValueError(f"lambdas[{level - 1}] must lie in [0, 1)")
             if np.any(lam[_group_sizes(levels, level) < 2] != 0):
                 raise ValueError(f"lambdas[{level - 1}] must be 0 at carried (single-child) nodes")
-            lambdas.append(_readonly(lam))
+            lambdas.append(read_only(lam))
         object.__setattr__(self, "level_bounds", levels)
         object.__setattr__(self, "lambdas", tuple(lambdas))
         # Budget fractions, top-down.  O(k)
@@ -261,9 +262,9 @@ class HierarchicalStrategy:
         reaching = np.ones(1)
         for level in range(len(levels) - 1, 0, -1):
             lam = lambdas[level - 1]
-            fractions[level] = _readonly(lam * reaching)
+            fractions[level] = read_only(lam * reaching)
             reaching = np.repeat(reaching * (1.0 - lam), _group_sizes(levels, level))
-        fractions[0] = _readonly(reaching)
+        fractions[0] = read_only(reaching)
         object.__setattr__(self, "fractions", tuple(fractions))
 
     @property

@@ -43,6 +43,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from dprelease.mechanisms.primitives.linalg import read_only
 from dprelease.mechanisms.primitives.noise import NoiseSampler
 from dprelease.mechanisms.primitives.privacy import check_epsilon
 
@@ -75,12 +76,6 @@ def _as_cells(x: np.ndarray, *, name: str = "x") -> np.ndarray:
     if not np.all(np.isfinite(cells)):
         raise ValueError(f"{name} must contain only finite values")
     return cells
-
-
-def _readonly(array: np.ndarray) -> np.ndarray:
-    array = np.array(array, copy=True)
-    array.setflags(write=False)
-    return array
 
 
 def _one_per(
@@ -122,7 +117,7 @@ class Partition:
             raise ValueError(f"boundaries[0] ({bounds[0]}) must be 0")
         if np.any(np.diff(bounds) <= 0):
             raise ValueError("boundaries must be strictly increasing (no empty buckets)")
-        object.__setattr__(self, "boundaries", _readonly(bounds.astype(np.int64)))
+        object.__setattr__(self, "boundaries", read_only(bounds.astype(np.int64)))
 
     @classmethod
     def from_starts(cls, starts: Sequence[int] | np.ndarray, *, n_cells: int) -> Partition:
@@ -221,7 +216,7 @@ class IntervalWorkload:
         if np.any(same_row & (lo[order][1:] <= hi[order][:-1])):
             raise ValueError("pieces of one row must not overlap")
         for name, value in (("row", row), ("lo", lo), ("hi", hi), ("weight", weight)):
-            object.__setattr__(self, name, _readonly(value))
+            object.__setattr__(self, name, read_only(value))
 
 
 def _count_and_sum_at_least(

@@ -12,8 +12,9 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from dprelease.mechanisms.dawa.greedy_h import HierarchicalStrategy
-from dprelease.mechanisms.dawa.partition import IntervalWorkload, Partition, _readonly
+from dprelease.mechanisms.dawa.partition import IntervalWorkload, Partition
 from dprelease.mechanisms.primitives.intervals import single_term_rows
+from dprelease.mechanisms.primitives.linalg import read_only
 
 # Rows of the per-query coverage matrix formed at once (bounds working memory to ~16 MB per chunk).
 _COVERAGE_CHUNK_ENTRIES = 2_000_000
@@ -50,7 +51,7 @@ class QueryUncertainty:
 
     def __post_init__(self) -> None:
         for name in ("noise_variance", "bias_variance", "single_laplace_term"):
-            object.__setattr__(self, name, _readonly(getattr(self, name)))
+            object.__setattr__(self, name, read_only(getattr(self, name)))
 
     @property
     def bias_estimated(self) -> np.ndarray:

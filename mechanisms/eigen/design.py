@@ -44,6 +44,7 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
+from dprelease.mechanisms.primitives.linalg import read_only
 from dprelease.mechanisms.primitives.lower_bound import svd_bound_gram, validate_gram
 from dprelease.mechanisms.primitives.noise import NoiseKind, validate_noise
 
@@ -57,12 +58,6 @@ DEFAULT_DUPLICATE_RTOL = 1e-10
 
 _SINGULAR_RCOND = 1e-12
 _SUPPORT_RTOL = 1e-8
-
-
-def _frozen_array(values: np.ndarray, dtype: type = np.float64) -> np.ndarray:
-    array = np.array(values, dtype=dtype, copy=True)
-    array.flags.writeable = False
-    return array
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)  # array fields: compare by identity
@@ -95,8 +90,8 @@ class WorkloadSpectrum:
             raise ValueError("eigenvalues must be sorted in decreasing order")
         if not np.all(np.isfinite(eigenvectors)):
             raise ValueError("eigenvectors must be finite")
-        object.__setattr__(self, "eigenvalues", _frozen_array(eigenvalues))
-        object.__setattr__(self, "eigenvectors", _frozen_array(eigenvectors))
+        object.__setattr__(self, "eigenvalues", read_only(eigenvalues, np.float64))
+        object.__setattr__(self, "eigenvectors", read_only(eigenvectors, np.float64))
 
     @property
     def n_cells(self) -> int:
@@ -123,8 +118,8 @@ class MinimizedWorkload:
     """Length n (original cells), values in ``-1 .. n_min - 1``."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "gram", _frozen_array(self.gram))
-        object.__setattr__(self, "column_of_cell", _frozen_array(self.column_of_cell, np.intp))
+        object.__setattr__(self, "gram", read_only(self.gram, np.float64))
+        object.__setattr__(self, "column_of_cell", read_only(self.column_of_cell, np.intp))
 
     def expand_strategy(self, strategy_on_columns: np.ndarray) -> np.ndarray:
         """Lift a ``p x n_min`` strategy to the ``p x n`` original cells (O(p n))."""
@@ -173,8 +168,8 @@ class EigenDesignStrategy:
 
     def __post_init__(self) -> None:
         for field_name in ("A", "weights", "eigenvalues_kept", "completion_weights"):
-            object.__setattr__(self, field_name, _frozen_array(getattr(self, field_name)))
-        object.__setattr__(self, "column_of_cell", _frozen_array(self.column_of_cell, np.intp))
+            object.__setattr__(self, field_name, read_only(getattr(self, field_name), np.float64))
+        object.__setattr__(self, "column_of_cell", read_only(self.column_of_cell, np.intp))
 
 
 def _check_positive_int(name: str, value: int) -> int:

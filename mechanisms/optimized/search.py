@@ -64,6 +64,7 @@ from dprelease.mechanisms.primitives.compute_limits import (
     report,
     scaled,
 )
+from dprelease.mechanisms.primitives.linalg import read_only
 from dprelease.mechanisms.primitives.lower_bound import validate_gram
 from dprelease.mechanisms.primitives.marginal_strategies import (
     MAX_MARGINAL_ATTRIBUTES,
@@ -77,12 +78,6 @@ from dprelease.mechanisms.primitives.operators import Factor, MatrixFactor
 Term = tuple[np.ndarray, ...]
 StrategyKind = Literal["pidentity", "fullrank", "kron", "marginals"]
 STRATEGY_KINDS: tuple[str, ...] = ("pidentity", "fullrank", "kron", "marginals")
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    copy = np.array(array, dtype=np.float64, copy=True)
-    copy.setflags(write=False)
-    return copy
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -131,17 +126,19 @@ class OptimizedStrategy:
         if self.kind == "marginals":
             if self.weights is None or np.shape(self.weights) != (2**d,):
                 raise ValueError(f"a marginals strategy needs 2^d = {2**d} weights")
-            object.__setattr__(self, "weights", _read_only(self.weights))
+            object.__setattr__(self, "weights", read_only(self.weights, np.float64))
         else:
             if len(self.factors) != d:
                 raise ValueError(f"factors ({len(self.factors)}) must number d = {d}")
             for factor, n in zip(self.factors, self.domain_sizes, strict=True):
                 if np.ndim(factor) != 2 or np.shape(factor)[1] != n:
                     raise ValueError(f"factor shape {np.shape(factor)} must be (rows, {n})")
-            object.__setattr__(self, "factors", tuple(_read_only(f) for f in self.factors))
+            object.__setattr__(
+                self, "factors", tuple(read_only(f, np.float64) for f in self.factors)
+            )
             if self.thetas and len(self.thetas) != d:
                 raise ValueError(f"thetas ({len(self.thetas)}) must be empty or number d = {d}")
-            thetas = tuple(None if t is None else _read_only(t) for t in self.thetas)
+            thetas = tuple(None if t is None else read_only(t, np.float64) for t in self.thetas)
             object.__setattr__(self, "thetas", thetas)
         object.__setattr__(self, "details", MappingProxyType(dict(self.details)))
 

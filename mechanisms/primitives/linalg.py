@@ -11,6 +11,13 @@ import numpy as np
 import scipy.linalg
 
 
+def read_only(values: np.ndarray, dtype: type | None = None) -> np.ndarray:
+    """A write-protected copy of ``values`` (for arrays held by frozen dataclasses)."""
+    array = np.array(values, dtype=dtype, copy=True)
+    array.setflags(write=False)
+    return array
+
+
 def l1_sensitivity(strategy: np.ndarray) -> float:
     """Maximum column L1 norm ``max_j Σ_i |A_ij|`` of a dense strategy. O(p n).
 

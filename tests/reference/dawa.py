@@ -28,9 +28,9 @@ from dprelease.mechanisms.dawa.partition import (
     _check_choice,
     _DeviationOracle,
     _least_cost_partition,
-    _readonly,
     split_budget,
 )
+from dprelease.mechanisms.primitives.linalg import read_only
 from dprelease.mechanisms.primitives.noise import NoiseSampler
 from dprelease.mechanisms.primitives.privacy import check_epsilon
 
@@ -172,7 +172,7 @@ class DawaResult:
 
     def __post_init__(self) -> None:
         for name in ("estimate", "bucket_estimates", "noisy_answers"):
-            object.__setattr__(self, name, _readonly(getattr(self, name)))
+            object.__setattr__(self, name, read_only(getattr(self, name)))
 
     @property
     def epsilon(self) -> float:
