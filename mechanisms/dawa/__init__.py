@@ -195,11 +195,7 @@ class DawaMechanism:
             design.epsilon,
             design.options.as_dict(),
         )
-        stored = context.released.load(key)
-        if stored is not None and not context.accountant.holds(
-            str(stored.parameters["receipt_id"])
-        ):
-            stored = None  # its receipt is not on this catalog's ledger: select (and pay) again
+        stored = context.reusable(key)
         reused = stored is not None
         if not reused:
             boundaries, receipt = self._select(design, data, context=context, cost=partition_cost)

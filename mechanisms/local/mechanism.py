@@ -251,11 +251,7 @@ class LocalMechanism:
             strategy_fingerprint=strategy.fingerprint,
             responses=context.input_fingerprint,
         )
-        stored = context.released.load(key)
-        if stored is not None and not context.accountant.holds(
-            str(stored.parameters["receipt_id"])
-        ):
-            stored = None  # its receipt is not on this catalog's ledger: charge again
+        stored = context.reusable(key)
         if stored is None:
             receipt = context.accountant.charge(
                 strategy.cost, label=f"{context.label}: {COLLECTION_LABEL} [collection {key[:32]}]"

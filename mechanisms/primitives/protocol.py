@@ -298,6 +298,14 @@ class MeasureContext:
     dataset_id: str
     released: StrategyCache
 
+    def reusable(self, key: str) -> StoredStrategy | None:
+        """The released intermediate under ``key``; None when there is none or its receipt is not
+        on this catalog's ledger (then it is released, and paid for, again)."""
+        stored = self.released.load(key)
+        if stored is None or not self.accountant.holds(str(stored.parameters["receipt_id"])):
+            return None
+        return stored
+
 
 class Mechanism(Protocol):
     """One algorithm of the papers, as the pipeline sees it (see the module docstring)."""
