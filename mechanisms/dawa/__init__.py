@@ -45,6 +45,7 @@ from dprelease.mechanisms.primitives.protocol import (
     StoredStrategy,
     StrategyCache,
     cache_key,
+    require_available,
     require_int,
     require_number,
 )
@@ -157,9 +158,7 @@ class DawaMechanism:
         return 0.01 + request.workload.num_queries * 1e-6
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> DawaDesign:
-        reason = self.unavailable_reason(request)
-        if reason is not None:
-            raise CandidateUnavailable(reason)
+        require_available(self, request)
         options = DawaOptions.parse(request.options)
         shape = request.workload.domain_shape
         hilbert = None if len(shape) == 1 else HilbertLayout.for_shape(shape, keep_padding=False)

@@ -11,12 +11,12 @@ from dprelease.mechanisms.primitives.compute_limits import predict_eigen_design_
 from dprelease.mechanisms.primitives.dense import DenseStrategy
 from dprelease.mechanisms.primitives.noise import SENSITIVITY_NORM
 from dprelease.mechanisms.primitives.protocol import (
-    CandidateUnavailable,
     MatrixMechanism,
     PlanRequest,
     StoredStrategy,
     StrategyCache,
     cache_key,
+    require_available,
 )
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
 
@@ -40,9 +40,7 @@ class EigenDesignMechanism(MatrixMechanism):
         return predict_eigen_design_seconds(request.workload.num_cells)  # O(N³) eigendecompositions
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> DenseStrategy:
-        reason = self.unavailable_reason(request)
-        if reason is not None:
-            raise CandidateUnavailable(reason)
+        require_available(self, request)
         norm = f"l{SENSITIVITY_NORM[request.noise]}"  # the token entries have always stored
         key = cache_key("eigen", request.workload_fingerprint, {"norm": norm})
         stored = cache.load(key)

@@ -39,7 +39,6 @@ from dprelease.mechanisms.local.strategy import (
 )
 from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from dprelease.mechanisms.primitives.protocol import (
-    CandidateUnavailable,
     Evaluation,
     ItemAnswers,
     MeasureContext,
@@ -51,6 +50,7 @@ from dprelease.mechanisms.primitives.protocol import (
     StoredStrategy,
     StrategyCache,
     cache_key,
+    require_available,
     require_int,
 )
 from dprelease.mechanisms.primitives.workload import Workload
@@ -149,9 +149,7 @@ class LocalMechanism:
         return 0.01 + options.iterations * step
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> LocalStrategy:
-        reason = self.unavailable_reason(request)
-        if reason is not None:
-            raise CandidateUnavailable(reason)
+        require_available(self, request)
         settings = optimizer_settings(request)
         epsilon = request.target.epsilon
         key = strategy_key(request)

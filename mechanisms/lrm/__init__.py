@@ -43,6 +43,7 @@ from dprelease.mechanisms.primitives.protocol import (
     Strategy,
     StrategyCache,
     cache_key,
+    require_available,
 )
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
 from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
@@ -76,9 +77,7 @@ class LowRankMechanism(MatrixMechanism):
         return predict_seconds(request.workload.num_queries, request.workload.num_cells)
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> LowRankStrategy:
-        reason = self.unavailable_reason(request)
-        if reason is not None:
-            raise CandidateUnavailable(reason)
+        require_available(self, request)
         workload = request.workload
         # "least-squares": strategies stored before the unbiased answering rule hold B, not A.
         key = cache_key("lrm", "least-squares", request.workload_fingerprint)

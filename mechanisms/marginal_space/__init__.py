@@ -45,11 +45,11 @@ from dprelease.mechanisms.primitives.marginal_strategies import (
     summed_out_sizes,
 )
 from dprelease.mechanisms.primitives.protocol import (
-    CandidateUnavailable,
     InputKind,
     MatrixMechanism,
     PlanRequest,
     StrategyCache,
+    require_available,
 )
 from dprelease.mechanisms.primitives.workload import (
     Workload,
@@ -235,9 +235,7 @@ class MarginalSpaceMechanism(MatrixMechanism):
         return seconds
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> MarginalSpaceStrategy:
-        reason = self.unavailable_reason(request)
-        if reason is not None:
-            raise CandidateUnavailable(reason)
+        require_available(self, request)
         limit = request.time_limit
         limit = None if limit is None else max(limit, MIN_TIME_LIMIT)
         weights = plan_subset_weights(request, cache=cache, time_limit=limit)

@@ -51,6 +51,14 @@ class CandidateUnavailable(Exception):
         self.reason = reason
 
 
+def require_available(mechanism: Mechanism, request: PlanRequest) -> None:
+    """Raise :class:`CandidateUnavailable` with the mechanism's reason when it cannot serve
+    ``request``."""
+    reason = mechanism.unavailable_reason(request)
+    if reason is not None:
+        raise CandidateUnavailable(reason)
+
+
 class OptionsError(ValueError):
     """A ``mechanism_options`` value breaks its rule (the message names the option and the rule)."""
 
