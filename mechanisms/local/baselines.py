@@ -20,6 +20,11 @@ from dprelease.mechanisms.primitives.privacy import check_epsilon
 RAPPOR_MAX_DOMAIN = 16
 
 
+def _strategy(name: str, matrix: np.ndarray, epsilon: float) -> LDPStrategy:
+    """The validated strategy, entries at the ratio bound lowered by one ulp (exact check)."""
+    return LDPStrategy(name=name, Q=enforce_row_ratio(matrix, epsilon), epsilon=epsilon)
+
+
 def randomized_response(n: int, *, epsilon: float) -> LDPStrategy:
     """Randomized response on ``n`` items: report the true item w.p. ∝ e^ε, any other ∝ 1.
 
@@ -33,9 +38,7 @@ def randomized_response(n: int, *, epsilon: float) -> LDPStrategy:
     exp_epsilon = math.exp(epsilon)
     matrix = np.full((n, n), 1.0 / (exp_epsilon + n - 1.0))
     np.fill_diagonal(matrix, exp_epsilon / (exp_epsilon + n - 1.0))
-    return LDPStrategy(
-        name="randomized_response", Q=enforce_row_ratio(matrix, epsilon), epsilon=epsilon
-    )
+    return _strategy("randomized_response", matrix, epsilon)
 
 
 def rappor(n: int, *, epsilon: float) -> LDPStrategy:
@@ -59,7 +62,7 @@ def rappor(n: int, *, epsilon: float) -> LDPStrategy:
     # Hamming distance to e_u: bits set elsewhere, plus bit u if it is clear.
     distance = ones_per_output[:, None] - bits + (1 - bits)
     matrix = keep ** (n - distance) * (1.0 - keep) ** distance
-    return LDPStrategy(name="rappor", Q=enforce_row_ratio(matrix, epsilon), epsilon=epsilon)
+    return _strategy("rappor", matrix, epsilon)
 
 
 def _sylvester_hadamard_signs(rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -109,11 +112,7 @@ def hadamard(n: int, *, epsilon: float, blocks: int | None = None) -> LDPStrateg
         weights[rows, in_block] = np.where(signs[:, in_block] > 0, exp_epsilon, 1.0)
     column_total = (block_size / 2.0) * (exp_epsilon + 1.0) + (num_outputs - block_size)
     matrix = weights / column_total
-    return LDPStrategy(
-        name=f"hadamard(blocks={blocks})",
-        Q=enforce_row_ratio(matrix, epsilon),
-        epsilon=epsilon,
-    )
+    return _strategy(f"hadamard(blocks={blocks})", matrix, epsilon)
 
 
 FrequencyOracle = Callable[..., LDPStrategy]
@@ -161,11 +160,7 @@ def hierarchical(
         width *= branching
     matrix = np.vstack(level_matrices) / len(level_matrices)
     oracle_name = getattr(oracle, "__name__", type(oracle).__name__)
-    return LDPStrategy(
-        name=f"hierarchical(branching={branching}, oracle={oracle_name})",
-        Q=enforce_row_ratio(matrix, epsilon),
-        epsilon=epsilon,
-    )
+    return _strategy(f"hierarchical(branching={branching}, oracle={oracle_name})", matrix, epsilon)
 
 
 def fourier(d: int, *, epsilon: float, order: int | None = None) -> LDPStrategy:
@@ -198,9 +193,7 @@ def fourier(d: int, *, epsilon: float, order: int | None = None) -> LDPStrategy:
     matrix = np.empty((2 * len(subsets), 2**d))
     matrix[0::2] = positive
     matrix[1::2] = 1.0 / len(subsets) - positive
-    return LDPStrategy(
-        name=f"fourier(order={order})", Q=enforce_row_ratio(matrix, epsilon), epsilon=epsilon
-    )
+    return _strategy(f"fourier(order={order})", matrix, epsilon)
 
 
 def baseline_strategies(
