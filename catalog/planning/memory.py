@@ -83,6 +83,9 @@ def predict(
     input_kind: str = "cells",
 ) -> MemoryPrediction:
     """Per-stage predicted peak of the process (base imports included); pure arithmetic."""
+    # only a cells-input mechanism forms the cell vector; the others count and reconstruct
+    # in the space of their measured queries
+    held = cells if input_kind == "cells" else 0
     counted = cells if input_kind == "cells" else strategy_rows
     ingested = f"{input_bytes:,} bytes of Parquet input and {counted:,} counted cells"
     measured = f"{strategy_rows:,} measured strategy rows"
@@ -92,8 +95,10 @@ def predict(
         ("measure", BASE_BYTES + MEASURE_PER_ROW * strategy_rows + FLOAT * counted, measured),
         (
             "reconstruct",
-            BASE_BYTES + RECONSTRUCT_PER_QUERY * queries + RECONSTRUCT_PER_CELL * cells,
-            f"{queries:,} queries x {cells:,} cells",
+            BASE_BYTES + RECONSTRUCT_PER_QUERY * queries + RECONSTRUCT_PER_CELL * held,
+            f"{queries:,} queries x {cells:,} cells"
+            if input_kind == "cells"
+            else f"{queries:,} queries (no cell vector is held)",
         ),
         ("validate", BASE_BYTES + VALIDATE_PER_ROW * released_rows, released),
         ("stage", BASE_BYTES + STAGE_PER_ROW * released_rows, released),
@@ -104,15 +109,13 @@ def predict(
 def predict_plan(spec: Any, plan: Any) -> MemoryPrediction:
     """The prediction for a planned release (sizes from the plan and the input's metadata)."""
     strategy_rows = int(getattr(plan.strategy, "num_queries", plan.num_queries) or 0)
-    input_kind = getattr(plan.mechanism, "input_kind", "cells")
-    cells = plan.num_cells if input_kind == "cells" else 0
     return predict(
-        cells=cells,
+        cells=plan.num_cells,
         queries=plan.num_queries,
         strategy_rows=strategy_rows,
         released_rows=sum(plan.item_queries.values()),
         input_bytes=parquet_bytes(getattr(spec.dataset, "source", None), list(spec.domain)),
-        input_kind=input_kind,
+        input_kind=getattr(plan.mechanism, "input_kind", "cells"),
     )
 
 

@@ -98,3 +98,11 @@ def test_register_refuses_past_the_limit_before_any_charge(
     monkeypatch.setenv("DPRELEASE_MEMORY_LIMIT", "100GB")
     release.register(spec, plan, catalog, release_id="r2")
     assert [(r.id, r.status) for r in catalog.releases()] == [("r2", "measuring")]
+
+
+def test_reconstruct_without_a_cell_vector_is_explained_by_queries_alone() -> None:
+    sizes = {"queries": 10**8, "strategy_rows": 10, "released_rows": 10, "input_bytes": 0}
+    marginals = memory.predict(cells=10**17, input_kind="marginals", **sizes)
+    stage, peak, driver = marginals.peak
+    assert stage == "reconstruct" and driver == "100,000,000 queries (no cell vector is held)"
+    assert peak == memory.predict(cells=10, input_kind="marginals", **sizes).peak[1]
