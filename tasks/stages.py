@@ -172,6 +172,8 @@ def summary_markdown(spec: ReleaseSpec, plan: Plan, staged: release.StagedReleas
         f"* privacy charged: **{', '.join(f'{k}={v:.6g}' for k, v in staged.charged.items())}**",
         f"* expected RMSE: {_fmt(plan.candidate(plan.chosen).rmse)}; SVD lower bound: "
         + _fmt(plan.lower_bound_rmse),
+        f"* objective: {plan.objective}; largest cell standard error: "
+        + _fmt(None if plan.largest_std_error is None else plan.largest_std_error[1]),
         f"* artifacts: `{staged.directory}`",
         "",
         "| candidate | rmse |",

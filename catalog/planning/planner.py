@@ -14,6 +14,7 @@ object, they never rebuild it."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,7 +22,7 @@ from typing import Any
 
 from dprelease.catalog.errors import SpecError
 from dprelease.catalog.planning.strategy_store import StrategyStore
-from dprelease.catalog.spec.limits import MAX_RELEASE_CELLS
+from dprelease.catalog.spec.limits import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES
 from dprelease.catalog.spec.model import ReleaseSpec, derived_rows, derived_support
 from dprelease.catalog.spec.sections import WorkloadItemSpec
 from dprelease.mechanisms import registry
@@ -108,6 +109,7 @@ def plan_request(
         requested=requested,
         time_limit=time_limit,
         progress=progress,
+        objective=spec.objective,
     )
 
 
@@ -121,6 +123,9 @@ class Candidate:
     seconds: float
     sensitivity: float | None = None
     noise_scale: float | None = None
+    largest_variance: float | None = None
+    """The largest variance of any released cell (computed for the chosen candidate, and for
+    every candidate when the objective is ``max_variance``)."""
     status: str = "planned"
     """``planned`` (evaluated), ``unavailable`` (cannot serve the workload) or ``skipped``."""
     note: str | None = None
@@ -148,6 +153,10 @@ class Plan:
     num_cells: int
     item_queries: dict[str, int]
     strategy_parameters: dict[str, Any]
+    objective: str = "total_variance"
+    item_std_errors: dict[str, float] | None = None
+    """Per item of the chosen strategy, the largest standard error of its cells (None when the
+    error is not predicted: data-dependent mechanisms)."""
     strategy: Any = field(default=None, repr=False, compare=False)
     workload: Workload | None = field(default=None, repr=False, compare=False)
 
@@ -176,7 +185,16 @@ class Plan:
             "workload_fingerprint": self.workload_fingerprint,
             "strategy_parameters": self.strategy_parameters,
             "candidates": [candidate.to_json() for candidate in self.candidates],
+            "objective": self.objective,
+            "item_std_errors": self.item_std_errors,
         }
+
+    @property
+    def largest_std_error(self) -> tuple[str, float] | None:
+        """(item, standard error) of the noisiest released cell of the chosen strategy."""
+        if not self.item_std_errors:
+            return None
+        return max(self.item_std_errors.items(), key=lambda pair: pair[1])
 
 
 @dataclass(kw_only=True)
@@ -184,6 +202,7 @@ class _Planned:
     candidate: Candidate
     evaluation: Evaluation | None = None
     strategy: Any = None
+    largest_variances: dict[str, float] | None = None
 
 
 def make_plan(
@@ -233,6 +252,7 @@ def make_plan(
         rmse = result.candidate.rmse
         if (
             spec.mechanism == registry.AUTO
+            and spec.objective == "total_variance"  # the bound is on the total, not the largest
             and rmse is not None
             and lower_rmse is not None
             and rmse <= (1 + EARLY_STOP) * lower_rmse
@@ -241,6 +261,12 @@ def make_plan(
                 f"not needed: {mechanism.name} is within {EARLY_STOP:.1%} of the SVD lower bound"
             )
     chosen, reason = _choose(spec, planned)
+    if chosen.largest_variances is None:
+        mechanism = registry.get(chosen.candidate.mechanism, model=spec.model)
+        _add_largest_variances(
+            chosen, mechanism, plan_request(spec, workload=workload, requested=True)
+        )
+    variances = chosen.largest_variances
     return Plan(
         model=spec.model,
         chosen=chosen.candidate.mechanism,
@@ -259,6 +285,8 @@ def make_plan(
             **{i.name: derived_rows(spec, i) for i in spec.workload if i.derived_column},
         },
         strategy_parameters=dict(chosen.strategy.parameters),
+        objective=spec.objective,
+        item_std_errors=None if variances is None else {k: v**0.5 for k, v in variances.items()},
         strategy=chosen.strategy,
         workload=workload,
     )
@@ -330,7 +358,7 @@ def _plan_one(
             f"a release counts at most {MAX_RELEASE_CELLS:,})"
         )
         status = "plan-only"
-    return _Planned(
+    result = _Planned(
         candidate=Candidate(
             mechanism=mechanism.name,
             rmse=evaluation.rmse,
@@ -344,6 +372,25 @@ def _plan_one(
         evaluation=evaluation,
         strategy=strategy,
     )
+    if request.objective == "max_variance":
+        _add_largest_variances(result, mechanism, request)
+    return result
+
+
+def _add_largest_variances(planned: _Planned, mechanism: Mechanism, request: PlanRequest) -> None:
+    """Set each item's largest cell variance on ``planned``, when its mechanism predicts error and
+    the per-cell variances are affordable (all cells of a marginal of a subset-space strategy
+    share one; otherwise one variance per released cell, as reconstruct computes them)."""
+    hook = getattr(mechanism, "largest_variances", None)
+    strategy = planned.strategy
+    if hook is None or planned.candidate.total_variance is None:
+        return
+    uniform = hasattr(strategy, "uniform_unit_variance")
+    if not uniform and request.workload.num_queries > MAX_RELEASE_QUERIES:
+        return
+    planned.largest_variances = hook(strategy, request)
+    largest = max(planned.largest_variances.values())
+    planned.candidate = dataclasses.replace(planned.candidate, largest_variance=largest)
 
 
 def _unavailable(
@@ -384,8 +431,11 @@ def _choose(spec: ReleaseSpec, planned: list[_Planned]) -> tuple[_Planned, str]:
         scored = [p for p in planned if p.candidate.total_variance is not None]
     if not scored:
         raise SpecError("no candidate mechanism supports this workload")
-    chosen = min(scored, key=lambda p: p.candidate.total_variance or float("inf"))
     names = ", ".join(p.candidate.mechanism for p in scored)
+    if spec.objective == "max_variance":
+        chosen = min(scored, key=lambda p: p.candidate.largest_variance or float("inf"))
+        return chosen, f"auto: least largest cell variance among {names}"
+    chosen = min(scored, key=lambda p: p.candidate.total_variance or float("inf"))
     return chosen, f"auto: least expected total error among {names}"
 
 

@@ -460,6 +460,7 @@ def render_report(
                 "mechanism",
                 "rmse",
                 "total_variance",
+                "largest_variance",
                 "ratio to bound",
                 "sensitivity",
                 "noise_scale",
@@ -468,6 +469,7 @@ def render_report(
         ),
         f"<p>SVD lower bound on RMSE: <b>{_fmt(bound)}</b> "
         f"({html.escape(plan.get('lower_bound_note', ''))}).</p>",
+        _objective_html(plan),
         *(
             [f"<figure aria-label='expected error by candidate'>{error_plot(plan)}</figure>"]
             if any(c.get("rmse") is not None for c in plan["candidates"])
@@ -503,6 +505,20 @@ def render_report(
 
 def _cost(cost: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:.6g}" for k, v in cost.items())
+
+
+def _objective_html(plan: dict[str, Any]) -> str:
+    """What the plan minimised, and the chosen strategy's largest cell standard error per table."""
+    objective = html.escape(str(plan.get("objective", "total_variance")))
+    errors = plan.get("item_std_errors")
+    if not errors:
+        return f"<p>Objective: <b>{objective}</b>; cell standard errors not predicted.</p>"
+    table, largest = max(errors.items(), key=lambda pair: pair[1])
+    return (
+        f"<p>Objective: <b>{objective}</b>; largest cell standard error <b>{_fmt(largest)}</b> "
+        f"(table <code>{html.escape(table)}</code>; every table's is in "
+        "the manifest, <code>plan.item_std_errors</code>).</p>"
+    )
 
 
 def _kv(values: dict[str, Any]) -> str:

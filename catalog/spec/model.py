@@ -36,6 +36,7 @@ from dprelease.catalog.spec.sections import (
 from dprelease.mechanisms import registry
 from dprelease.mechanisms.derived import BinnedColumn, support_item
 from dprelease.mechanisms.primitives.privacy import PrivacyCost, cost_from_dict
+from dprelease.mechanisms.primitives.protocol import Objective
 from dprelease.mechanisms.primitives.workload import WorkloadItem
 
 MAX_EXPANDED_MARGINALS = 10_000
@@ -55,6 +56,10 @@ class ReleaseSpec(Strict):
     privacy: dict[str, float]
     on_out_of_domain: Literal["error", "drop"] = "error"
     postprocess: Postprocess = Postprocess()
+    objective: Objective = "total_variance"
+    """What the plan minimises: the sum of every released cell's variance, or the largest variance
+    of any released cell (``auto`` picks by it; ``marginal_space`` and ``optimized`` optimise their
+    subset-space weights for it on workloads of marginals)."""
     reconstruct: Literal["least_squares", "pgm", "auto"] = "least_squares"
     """``pgm``: consistent, non-negative tables (marginal-space plans; :mod:`catalog.planning.estimators`);
     ``auto``: ``pgm`` where the plan supports it, least squares otherwise."""
@@ -253,6 +258,8 @@ class ReleaseSpec(Strict):
             del data["dataset"]["partitions"]
         if self.on_unchanged == "skip":
             del data["on_unchanged"]
+        if self.objective == "total_variance":
+            del data["objective"]
         if self.review is not None and not self.review.allow_self_approval:
             del data["review"]["allow_self_approval"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -24,6 +24,9 @@ from dprelease.flows.cli.common import (
     stdout,
 )
 from dprelease.flows.cli.review import print_review_policy
+
+if TYPE_CHECKING:
+    from dprelease.catalog.planning.planner import Plan
 
 
 def bundled_spec() -> Path:
@@ -174,11 +177,25 @@ def plan(
     stdout.print(
         f"SVD lower bound on rmse: {bound} ({result.lower_bound_note})",
         f"chosen: {result.chosen} — {result.reason}",
+        f"objective: {result.objective}; {_std_errors_line(result)}",
         f"privacy cost: {result.expected_cost.describe()} ({result.noise_kind} noise)",
         "predicted memory: "
         + ", ".join(f"{name} {size / 1e6:,.0f} MB" for name, size, _ in memory.stages)
         + f"; peak {peak_stage} ({driver})",
         sep="\n",
+    )
+
+
+def _std_errors_line(result: Plan) -> str:
+    """The chosen strategy's largest cell standard error, and its range over the tables."""
+    largest = result.largest_std_error
+    if largest is None or result.item_std_errors is None:
+        return "cell standard errors: not predicted (data-dependent)"
+    values = result.item_std_errors.values()
+    return (
+        f"largest cell standard error {largest[1]:.4f} (table {largest[0]}); per table "
+        f"{min(values):.4f} to {max(values):.4f} over {len(result.item_std_errors)} tables "
+        "(--json lists each)"
     )
 
 

@@ -36,12 +36,12 @@ import numpy as np
 
 from dprelease.mechanisms.pgm import ConsistentMarginals, consistent_marginals, maximal_masks
 from dprelease.mechanisms.primitives.compute_limits import MIN_TIME_LIMIT
+from dprelease.mechanisms.primitives.marginal_objectives import plan_subset_weights
 from dprelease.mechanisms.primitives.marginal_strategies import (
     DEFAULT_L1_RESTARTS,
     SubsetStrategy,
     eigenspace_multiplicities,
     marginal_workload_reason,
-    plan_subset_weights,
     summed_out_sizes,
 )
 from dprelease.mechanisms.primitives.protocol import (

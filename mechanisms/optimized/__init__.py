@@ -28,11 +28,11 @@ from dprelease.mechanisms.optimized.search import OptimizedStrategy, optimize_wo
 from dprelease.mechanisms.optimized.search import predict_seconds as predict_template_seconds
 from dprelease.mechanisms.optimized.templates import PIdentityFactor
 from dprelease.mechanisms.primitives.compute_limits import WorkLimit
+from dprelease.mechanisms.primitives.marginal_objectives import plan_subset_weights
 from dprelease.mechanisms.primitives.marginal_strategies import (
     MarginalWeights,
     SubsetStrategy,
     marginal_workload_reason,
-    plan_subset_weights,
     subset_strategy,
     subset_unit_error,
     subset_workload,

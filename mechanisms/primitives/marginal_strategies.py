@@ -62,10 +62,6 @@ from dprelease.mechanisms.primitives.noise import (
 from dprelease.mechanisms.primitives.operators import Centring
 from dprelease.mechanisms.primitives.protocol import (
     LeastSquaresAnswers,
-    PlanRequest,
-    StoredStrategy,
-    StrategyCache,
-    cache_key,
 )
 from dprelease.mechanisms.primitives.strategies import identity_strategy, total_strategy
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
@@ -662,36 +658,6 @@ def marginal_workload_reason(workload: Workload) -> str | None:
     return None
 
 
-def plan_subset_weights(
-    request: PlanRequest, *, cache: StrategyCache, time_limit: float | None
-) -> MarginalWeights:
-    """The subset-space weights of a marginal workload, searched once per (workload, noise).
-
-    L2 noise: :func:`marginal_weights_l2` (closed form, the SVD bound); L1:
-    :func:`marginal_weights_l1` from the public ``request.seed``.  ``optimized`` and
-    ``marginal_space`` share one ``cache`` entry, under the key ``marginal_space`` has always
-    written (so entries stored before it was shared still load).
-    """
-    key = cache_key(
-        "marginal_space", request.workload_fingerprint, {"norm": SENSITIVITY_NORM[request.noise]}
-    )
-    stored = cache.load(key)
-    if stored is not None:
-        return MarginalWeights.from_parameters(request.workload.domain_shape, stored.parameters)
-    subset = subset_workload(request.workload)
-    if request.noise == "gaussian":
-        weights = marginal_weights_l2(subset, time_limit=time_limit, progress=request.progress)
-    else:
-        weights = marginal_weights_l1(
-            subset,
-            rng=np.random.default_rng(request.seed),
-            time_limit=time_limit,
-            progress=request.progress,
-        )
-    cache.save(key, StoredStrategy(parameters=weights.to_parameters()))
-    return weights
-
-
 @dataclass(frozen=True, kw_only=True, eq=False)
 class SubsetStrategy(LeastSquaresAnswers):
     """A subset-weighted strategy with the pipeline's strategy interface.
@@ -756,6 +722,13 @@ class SubsetStrategy(LeastSquaresAnswers):
     def item_unit_total(self, item: WorkloadItem, workload: Workload | None = None) -> float:
         """``tr(W_itemᵀW_item (AᵀA)⁺) = Σ_T g_T(item) / μ_T``. O(2^d)."""
         return float(item_projections(item) @ self.inverse_eigenvalues)
+
+    def uniform_unit_variance(self, item: WorkloadItem) -> float | None:
+        """The variance every cell of a marginal ``item`` shares (each ``Q_T`` has a constant
+        diagonal on a marginal's rows), None for other items. O(2^d)."""
+        if item_subset(item) is None:
+            return None
+        return self.item_unit_total(item) / item.num_queries
 
     def item_unit_variances(
         self, item: WorkloadItem, workload: Workload | None = None

@@ -25,7 +25,12 @@ from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 import numpy as np
 
 from dprelease.mechanisms.primitives.compute_limits import Progress
-from dprelease.mechanisms.primitives.noise import NoiseKind, calibrate, noise_kind_for
+from dprelease.mechanisms.primitives.noise import (
+    NoiseKind,
+    NoiseMechanism,
+    calibrate,
+    noise_kind_for,
+)
 from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from dprelease.mechanisms.primitives.protected import Accountant, NoisyMeasurement
 from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
@@ -33,6 +38,10 @@ from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 Model = Literal["central", "local"]
 InputKind = Literal["cells", "responses", "marginals"]
 Interval = Literal["normal", "laplace", "none"]
+Objective = Literal["total_variance", "max_variance"]
+OBJECTIVES: tuple[str, ...] = ("total_variance", "max_variance")
+"""What a plan minimises: the sum of the variances of every released cell (the matrix mechanism's
+total squared error), or the largest variance of any released cell."""
 STORE_VERSION = "2"
 # OpenDP's slack depends on the vector size; beyond 1e8 answers (plan-only domains) the calibration
 # at 1e8 values is used (the slack is then ~1e-7 relative).
@@ -153,6 +162,7 @@ class PlanRequest:
     requested: bool = False
     time_limit: float | None = None
     progress: Progress | None = None
+    objective: Objective = "total_variance"
 
     @property
     def noise(self) -> NoiseKind:
@@ -374,12 +384,7 @@ class MatrixMechanism:
         return 1e-3 + sum(n**3 for n in request.workload.domain_shape) * 1e-9
 
     def evaluate(self, strategy: Strategy, request: PlanRequest) -> Evaluation:
-        sensitivity = strategy.sensitivity(noise=request.noise) * request.contribution_bound
-        noise = calibrate(
-            target=request.target,
-            sensitivity=sensitivity,
-            size=min(strategy.num_queries, CALIBRATION_SIZE_LIMIT),
-        )
+        noise = _calibrated(strategy, request)
         workload = request.workload
         total = noise.variance * sum(
             strategy.item_unit_total(item, workload) for item in workload.items
@@ -388,10 +393,22 @@ class MatrixMechanism:
             cost=noise.cost,
             total_variance=float(total),
             num_queries=workload.num_queries,
-            sensitivity=sensitivity,
+            sensitivity=noise.sensitivity,
             noise_scale=noise.scale,
             note=describe_template(strategy),
         )
+
+    def largest_variances(self, strategy: Strategy, request: PlanRequest) -> dict[str, float]:
+        """Per item, the largest variance of any of its cells at the spec's privacy level.
+
+        O(2^k) per marginal of a subset-space strategy (all its cells share one variance), else
+        the cost of the strategy's ``item_unit_variances``."""
+        variance = _calibrated(strategy, request).variance
+        workload = request.workload
+        return {
+            item.name: variance * largest_unit_variance(strategy, item, workload)
+            for item in workload.items
+        }
 
     def measure(self, strategy: Strategy, data: Any, *, context: MeasureContext) -> Measurement:
         noisy = data.measure(
@@ -416,6 +433,25 @@ class MatrixMechanism:
             )
             for item in workload.items
         }
+
+
+def _calibrated(strategy: Strategy, request: PlanRequest) -> NoiseMechanism:
+    """The noise a release of ``strategy`` at the spec's privacy level gets."""
+    return calibrate(
+        target=request.target,
+        sensitivity=strategy.sensitivity(noise=request.noise) * request.contribution_bound,
+        size=min(strategy.num_queries, CALIBRATION_SIZE_LIMIT),
+    )
+
+
+def largest_unit_variance(strategy: Strategy, item: WorkloadItem, workload: Workload) -> float:
+    """The largest of ``item``'s per-cell variances per unit noise variance; a strategy whose
+    cells of ``item`` share one variance may say so with ``uniform_unit_variance(item)``."""
+    uniform = getattr(strategy, "uniform_unit_variance", None)
+    value = uniform(item) if uniform is not None else None
+    if value is None:
+        value = float(np.max(strategy.item_unit_variances(item, workload)))
+    return float(value)
 
 
 class LeastSquaresAnswers:

@@ -18,7 +18,7 @@ import pytest
 from dprelease.catalog.planning.strategy_store import StrategyStore
 from dprelease.mechanisms.marginal_space import MECHANISM as MARGINAL_SPACE
 from dprelease.mechanisms.optimized import MECHANISM as OPTIMIZED
-from dprelease.mechanisms.primitives import marginal_strategies
+from dprelease.mechanisms.primitives import marginal_objectives, marginal_strategies
 from dprelease.mechanisms.primitives.marginal_strategies import MarginalWeights, SubsetStrategy
 from dprelease.mechanisms.primitives.operators import Identity, Prefix, Total
 from dprelease.mechanisms.primitives.privacy import PrivacyCost
@@ -133,13 +133,13 @@ def test_auto_searches_a_marginal_workload_once(
 ) -> None:
     calls = {"l1": 0, "l2": 0}
     for name, counter in (("marginal_weights_l1", "l1"), ("marginal_weights_l2", "l2")):
-        original = getattr(marginal_strategies, name)
+        original = getattr(marginal_objectives, name)
 
         def counted(*args: object, _original=original, _counter=counter, **kwargs: object):
             calls[_counter] += 1
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(marginal_strategies, name, counted)
+        monkeypatch.setattr(marginal_objectives, name, counted)  # where the planner calls them
     cache: dict[str, StoredStrategy] = {}
 
     class DictCache:

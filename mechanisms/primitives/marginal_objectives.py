@@ -1,0 +1,224 @@
+"""What a marginal workload's subset-space weights minimise, and the one place they are planned.
+
+:func:`plan_subset_weights` serves ``marginal_space`` and ``optimized`` by the request's objective:
+``total_variance`` is the closed form of
+:func:`~mechanisms.primitives.marginal_strategies.marginal_weights_l2` (L2) or HDMM's marginals
+template (L1); ``max_variance`` is the design below (L2) or, for L1, the better of the template
+and measuring each table on its own.
+
+The design of least largest cell variance (L2).
+
+In the centred basis of :mod:`~mechanisms.primitives.marginal_strategies` at L2 sensitivity 1
+(``Σ_T μ_T r_T / N = 1``), every row of marginal item ``t`` has the same variance per unit noise
+variance, ``V_t(μ) = Σ_T a_{t,T} / μ_T`` with ``a_{t,T} = g_T(item t) / m_t`` (``m_t`` rows; only
+subsets T of the item's own attributes are non-zero).  ``min_μ max_t V_t(μ)`` is convex and is
+solved through its dual (ResidualPlanner: Xiao et al., NeurIPS 2023, §5, the max-variance loss):
+
+* for item weights ``θ`` on the simplex, ``min_μ Σ_t θ_t V_t(μ)`` is the closed form of
+  :func:`~mechanisms.primitives.marginal_strategies.marginal_weights_l2` with ``v = Aᵀθ``; its
+  value ``(Σ_T √(v_T r_T))² / N`` is a lower bound on the optimum (weak duality);
+* its minimiser ``μ(θ)`` has sensitivity 1, so its largest ``V_t`` is an upper bound;
+* exponentiated-gradient steps on ``θ`` (the gradient is ``V(μ(θ))``) until the bounds agree
+  within ``gap`` (relative): the design returned is certified to be that close to the optimum.
+
+*Privacy*: reads only the public workload and spends nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+
+from dprelease.mechanisms.primitives.compute_limits import Progress
+from dprelease.mechanisms.primitives.marginal_strategies import (
+    MarginalWeights,
+    SubsetStrategy,
+    SubsetWorkload,
+    item_projections,
+    marginal_weights_l1,
+    marginal_weights_l2,
+    subset_unit_error,
+    subset_workload,
+    summed_out_sizes,
+)
+from dprelease.mechanisms.primitives.noise import SENSITIVITY_NORM
+from dprelease.mechanisms.primitives.protocol import (
+    PlanRequest,
+    StoredStrategy,
+    StrategyCache,
+    cache_key,
+)
+from dprelease.mechanisms.primitives.workload import Workload, item_subset
+
+DEFAULT_GAP = 1e-6
+"""Relative distance between the certified lower bound and the design's largest variance."""
+MAX_STEPS = 10_000
+STEP = 2.0
+"""Exponentiated-gradient step on the item weights, in units of ``V_t / max V − 1``."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class MaxVarianceDesign:
+    """Centred-basis weights and what they achieve, per unit noise variance at sensitivity 1."""
+
+    weights: MarginalWeights
+    largest_variance: float
+    """``max_t V_t`` of ``weights``: the largest variance of any released cell."""
+    lower_bound: float
+    """No design of this family at the same cost has a largest variance below this."""
+    item_variances: tuple[float, ...]
+    """``V_t`` per workload item, in the workload's item order."""
+
+
+def item_row_variances(workload: Workload) -> sparse.csr_array:
+    """``A``: items × subsets, ``a_{t,T} = g_T(item t) / m_t``. O(items · 2^d) to build, sparse.
+
+    Raises ``ValueError`` naming the first item that is not a marginal (its rows would not share
+    one variance)."""
+    rows, columns, values = [], [], []
+    for row, item in enumerate(workload.items):
+        if item_subset(item) is None:
+            raise ValueError(
+                f"objective max_variance needs a workload of marginals; item {item.name!r} has "
+                "other queries"
+            )
+        projections = item_projections(item)
+        support = np.flatnonzero(projections)
+        rows.extend([row] * support.size)
+        columns.extend(support.tolist())
+        values.extend((projections[support] / item.num_queries).tolist())
+    shape = (len(workload.items), 2 ** len(workload.domain_shape))
+    return sparse.csr_array((values, (rows, columns)), shape=shape)
+
+
+def marginal_weights_max_variance(
+    workload: Workload,
+    *,
+    gap: float = DEFAULT_GAP,
+    max_steps: int = MAX_STEPS,
+    time_limit: float | None = None,
+    progress: Progress | None = None,
+) -> MaxVarianceDesign:
+    """The centred-basis design of least largest cell variance (module docstring).
+
+    O(steps · nnz(A)); Adult's 1–3-way marginals (470 tables) certify within 1e-6 in about 20
+    steps.  When ``max_steps`` or ``time_limit`` stops the search first, the best design found is
+    returned with ``weights.stopped_early`` set and its lower bound (the gap is then wider).
+    """
+    if not 0.0 < gap < 1.0:
+        raise ValueError(f"gap ({gap}) must be in (0, 1)")
+    if max_steps < 1:
+        raise ValueError(f"max_steps ({max_steps}) must be >= 1")
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit ({time_limit}) must be > 0 seconds or None")
+    started = time.perf_counter()
+    subset = subset_workload(workload)
+    coefficients = item_row_variances(workload)
+    if coefficients.nnz == 0:
+        raise ValueError("the workload has no non-zero query")
+    privacy = subset.multiplicities() / subset.num_cells  # r_T / N: Δ₂² = Σ_T μ_T r_T / N
+    item_weights = np.full(coefficients.shape[0], 1.0 / coefficients.shape[0])
+    lower, upper = 0.0, math.inf
+    best = np.empty(0)
+    steps = 0
+    stopped_early = True
+    while steps < max_steps:
+        steps += 1
+        roots = np.sqrt(privacy * (coefficients.T @ item_weights))  # O(nnz)
+        mu = np.divide(roots, privacy, out=np.zeros_like(roots), where=roots > 0) / roots.sum()
+        inverse = np.divide(1.0, mu, out=np.zeros_like(mu), where=mu > 0)
+        variances = coefficients @ inverse
+        lower = max(lower, float(roots.sum()) ** 2)
+        if variances.max() < upper:
+            upper, best = float(variances.max()), mu
+        if upper <= lower * (1.0 + gap):
+            stopped_early = False
+            break
+        if time_limit is not None and time.perf_counter() - started > time_limit:
+            break
+        item_weights = item_weights * np.exp(STEP * (variances / variances.max() - 1.0))
+        item_weights /= item_weights.sum()
+    inverse = np.divide(1.0, best, out=np.zeros_like(best), where=best > 0)
+    weights = MarginalWeights(
+        domain_shape=subset.domain_shape,
+        basis="centred",
+        weights=np.sqrt(best / summed_out_sizes(subset.domain_shape)),
+        noise="gaussian",
+        unit_total_error=float(subset.projections @ inverse),
+        stopped_early=stopped_early,
+        iterations=steps,
+        seconds=time.perf_counter() - started,
+    )
+    if progress is not None:
+        progress(1.0, f"max-variance design: {weights.subsets.size} centred marginals")
+    return MaxVarianceDesign(
+        weights=weights,
+        largest_variance=upper,
+        lower_bound=lower,
+        item_variances=tuple(float(v) for v in coefficients @ inverse),
+    )
+
+
+def plan_subset_weights(
+    request: PlanRequest, *, cache: StrategyCache, time_limit: float | None
+) -> MarginalWeights:
+    """The subset-space weights of a marginal workload, searched once per (workload, noise,
+    objective); see the module docstring for what each objective gets.
+
+    ``optimized`` and ``marginal_space`` share one ``cache`` entry, under the key
+    ``marginal_space`` has always written; ``objective`` enters the key only when it is not the
+    default, so entries stored before objectives existed still load.
+    """
+    settings: dict[str, object] = {"norm": SENSITIVITY_NORM[request.noise]}
+    if request.objective != "total_variance":
+        settings["objective"] = request.objective
+    key = cache_key("marginal_space", request.workload_fingerprint, settings)
+    stored = cache.load(key)
+    if stored is not None:
+        return MarginalWeights.from_parameters(request.workload.domain_shape, stored.parameters)
+    subset = subset_workload(request.workload)
+    progress = request.progress
+    if request.noise == "gaussian" and request.objective == "max_variance":
+        weights = marginal_weights_max_variance(
+            request.workload, time_limit=time_limit, progress=progress
+        ).weights
+    elif request.noise == "gaussian":
+        weights = marginal_weights_l2(subset, time_limit=time_limit, progress=progress)
+    else:
+        rng = np.random.default_rng(request.seed)  # public: derived from the workload
+        weights = marginal_weights_l1(subset, rng=rng, time_limit=time_limit, progress=progress)
+        if request.objective == "max_variance":
+            weights = min(
+                (weights, _each_table_on_its_own(subset)),
+                key=lambda w: _largest_unit_variance(w, request.workload),
+            )
+    cache.save(key, StoredStrategy(parameters=weights.to_parameters()))
+    return weights
+
+
+def _each_table_on_its_own(subset: SubsetWorkload) -> MarginalWeights:
+    """Every table of the workload measured once, with equal weights (L1 sensitivity 1)."""
+    weights = np.zeros(2 ** len(subset.domain_shape))
+    own = sorted(set(subset.own_subsets))
+    weights[own] = 1.0 / len(own)
+    separate = MarginalWeights(
+        domain_shape=subset.domain_shape,
+        basis="marginal",
+        weights=weights,
+        noise="laplace",
+        unit_total_error=math.nan,  # set below, from these weights
+    )
+    error = subset_unit_error(separate, subset.projections)
+    return dataclasses.replace(separate, unit_total_error=error)
+
+
+def _largest_unit_variance(weights: MarginalWeights, workload: Workload) -> float:
+    """``Δ² · max_t V_t``: the largest cell variance per unit noise variance at sensitivity 1."""
+    strategy = SubsetStrategy(name="candidate", weights=weights)
+    squared = weights.sensitivity(noise=weights.noise) ** 2
+    return squared * max(strategy.uniform_unit_variance(item) or 0.0 for item in workload.items)
