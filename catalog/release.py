@@ -27,7 +27,7 @@ from dprelease.catalog import partitions
 from dprelease.catalog.confidential.distributed_noise import noise_cluster, sharded
 from dprelease.catalog.confidential.inputs import READERS, Ingested
 from dprelease.catalog.confidential.source import resolve_source
-from dprelease.catalog.errors import SpecError, ValidationFailedError
+from dprelease.catalog.errors import BudgetExceededError, SpecError, ValidationFailedError
 from dprelease.catalog.ledger.budget import DatasetAccountant
 from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning import estimators
@@ -49,6 +49,12 @@ from dprelease.mechanisms.primitives.protocol import MeasureContext, Measurement
 def new_release_id(spec: ReleaseSpec) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{spec.name}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def planned_spec(spec: ReleaseSpec, plan: Plan) -> ReleaseSpec:
+    """``spec`` at the plan's privacy level: a spec with accuracy targets has none until planned
+    (the plan found the smallest level that meets them); any other spec is returned as is."""
+    return spec if spec.privacy is not None else spec.with_privacy(plan.privacy)
 
 
 def register(
@@ -95,7 +101,16 @@ def register(
             return skipped
     check_memory(predict_plan(spec, plan))  # refused before any data is read or charge made
     due = cost_due(spec, plan, catalog, input_fingerprint=input_fingerprint)
-    catalog.check_budget(spec.dataset.id, due, partitions=touched)  # before any data is read
+    try:
+        catalog.check_budget(spec.dataset.id, due, partitions=touched)  # before any data is read
+    except BudgetExceededError as exc:
+        binding = plan.binding_table
+        if binding is None or plan.targets is None:
+            raise
+        raise BudgetExceededError(
+            f"{exc}; the accuracy targets need this much: table {binding!r} binds "
+            f"(max_std_error {plan.targets[binding]:g}): loosen it, or raise the cap"
+        ) from None
     before = catalog.spent(spec.dataset.id, partitions=touched)
     # who runs it and who must approve it, recorded first: no release exists without its policy
     record_policy(catalog, release_id=release_id, spec=spec)

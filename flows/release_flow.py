@@ -65,6 +65,7 @@ def release_flow(
             spec = with_execution(loaded, engine=engine, address=address)
         with watchdog.stage("plan"):
             plan = plan_task(spec)
+            spec = release.planned_spec(spec, plan)  # accuracy targets: the level plan found
         release_id = release.new_release_id(spec)
         directory = release.release_directory(out_dir, release_id)
         with watchdog.stage("register"):

@@ -109,8 +109,16 @@ def plan_request(
         requested=requested,
         time_limit=time_limit,
         progress=progress,
-        objective=spec.objective,
+        objective=spec.effective_objective,
+        item_scales=_item_scales(spec),
     )
+
+
+def _item_scales(spec: ReleaseSpec) -> dict[str, float] | None:
+    """``1/target²`` per table under accuracy targets: a table meets its target exactly when its
+    scaled largest variance is 1 (at the planned privacy level)."""
+    targets = spec.item_targets()
+    return None if targets is None else {name: t**-2 for name, t in targets.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,6 +165,9 @@ class Plan:
     item_std_errors: dict[str, float] | None = None
     """Per item of the chosen strategy, the largest standard error of its cells (None when the
     error is not predicted: data-dependent mechanisms)."""
+    targets: dict[str, float] | None = None
+    """Per item, the spec's ``max_std_error`` (accuracy targets; the plan's privacy level is the
+    smallest that meets them all)."""
     strategy: Any = field(default=None, repr=False, compare=False)
     workload: Workload | None = field(default=None, repr=False, compare=False)
 
@@ -187,7 +198,17 @@ class Plan:
             "candidates": [candidate.to_json() for candidate in self.candidates],
             "objective": self.objective,
             "item_std_errors": self.item_std_errors,
+            "targets": self.targets,
+            "binding_table": self.binding_table,
         }
+
+    @property
+    def binding_table(self) -> str | None:
+        """The table whose target decides the privacy level (accuracy targets only)."""
+        if self.targets is None or self.item_std_errors is None:
+            return None
+        errors, targets = self.item_std_errors, self.targets
+        return max(targets, key=lambda name: errors[name] / targets[name])
 
     @property
     def largest_std_error(self) -> tuple[str, float] | None:
@@ -212,9 +233,13 @@ def make_plan(
     cache: StrategyCache | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Plan:
-    """Plan the candidates the spec calls for and choose (auto: least expected total error)."""
+    """Plan the candidates the spec calls for and choose (auto: least expected total error, or
+    by the spec's objective); a spec with accuracy targets is planned at the smallest privacy
+    level that meets them (:func:`_plan_for_targets`)."""
     if not time_budget > 0:
         raise SpecError(f"the time budget ({time_budget!r} s) must be > 0")
+    if spec.privacy is None:
+        return _plan_for_targets(spec, time_budget=time_budget, cache=cache, progress=progress)
     cache = cache if cache is not None else StrategyStore()
     progress_callback = _optimiser_progress(progress)
     workload = build_workload(spec)
@@ -285,7 +310,7 @@ def make_plan(
             **{i.name: derived_rows(spec, i) for i in spec.workload if i.derived_column},
         },
         strategy_parameters=dict(chosen.strategy.parameters),
-        objective=spec.objective,
+        objective=spec.effective_objective,
         item_std_errors=None if variances is None else {k: v**0.5 for k, v in variances.items()},
         strategy=chosen.strategy,
         workload=workload,
@@ -432,11 +457,66 @@ def _choose(spec: ReleaseSpec, planned: list[_Planned]) -> tuple[_Planned, str]:
     if not scored:
         raise SpecError("no candidate mechanism supports this workload")
     names = ", ".join(p.candidate.mechanism for p in scored)
+    if spec.accuracy is not None:
+        scales = _item_scales(spec) or {}
+        chosen = min(scored, key=lambda p: _largest_scaled(p, scales))
+        return chosen, f"auto: least privacy loss to meet the accuracy targets among {names}"
     if spec.objective == "max_variance":
-        chosen = min(scored, key=lambda p: p.candidate.largest_variance or float("inf"))
+        chosen = min(scored, key=lambda p: _largest_scaled(p, {}))
         return chosen, f"auto: least largest cell variance among {names}"
     chosen = min(scored, key=lambda p: p.candidate.total_variance or float("inf"))
     return chosen, f"auto: least expected total error among {names}"
+
+
+def _largest_scaled(planned: _Planned, scales: dict[str, float]) -> float:
+    """``max_t s_t · variance_t`` of a candidate (inf when it does not predict its error)."""
+    if planned.largest_variances is None:
+        return float("inf")
+    return max(scales.get(name, 1.0) * v for name, v in planned.largest_variances.items())
+
+
+TARGET_ROUNDS = 5
+TARGET_TOLERANCE = 1e-6  # the binding table's standard error is within this of its target
+_LEVEL_KEY = {"gaussian": "rho", "laplace": "epsilon"}
+
+
+def _plan_for_targets(spec: ReleaseSpec, **options: Any) -> Plan:
+    """The plan at the smallest privacy level whose chosen strategy gives every cell of every
+    table at most the table's target standard error.
+
+    The strategy does not depend on the level (its weights minimise ``max_t V_t / target_t²``),
+    and every variance scales as ``1/ρ`` (Gaussian noise, zCDP) or ``1/ε²`` (Laplace), so one
+    plan at level 1 gives the level: ``ρ = max_t V_t / target_t²`` or ``ε = √(…)``.  OpenDP's
+    calibration slack (~1e-9 relative) is absorbed by re-planning at the corrected level (the
+    strategies come from the store) until the binding table is within :data:`TARGET_TOLERANCE`
+    below its target and no table above its own.
+    """
+    targets = spec.item_targets() or {}
+    key = _LEVEL_KEY[spec.noise]
+    power = 1.0 if key == "rho" else 0.5
+    level, binding = 1.0, ""
+    for _ in range(TARGET_ROUNDS):
+        try:
+            at_level = spec.with_privacy({key: level})
+        except ValueError as exc:
+            raise SpecError(
+                f"the accuracy targets need {key}={level:.6g}, outside the supported range "
+                f"({exc}); table {binding!r} binds (max_std_error {targets[binding]:g}): "
+                "loosen its target"
+            ) from None
+        plan = make_plan(at_level, **options)
+        errors = plan.item_std_errors
+        if errors is None:
+            raise SpecError(
+                f"accuracy targets need a mechanism whose error is predicted; {plan.chosen!r} is "
+                "data-dependent (choose a data-independent mechanism, or give privacy instead)"
+            )
+        binding = max(targets, key=lambda name: errors[name] / targets[name])
+        excess = (errors[binding] / targets[binding]) ** 2  # (achieved / target) squared
+        if 1.0 - TARGET_TOLERANCE <= excess <= 1.0:
+            return dataclasses.replace(plan, targets=targets)
+        level *= excess**power * (1.0 + 1e-12)
+    raise SpecError(f"no privacy level met the accuracy targets within {TARGET_ROUNDS} rounds")
 
 
 def _lower_bound(spec: ReleaseSpec, workload: Workload) -> tuple[float | None, str]:

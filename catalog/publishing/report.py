@@ -514,10 +514,24 @@ def _objective_html(plan: dict[str, Any]) -> str:
     if not errors:
         return f"<p>Objective: <b>{objective}</b>; cell standard errors not predicted.</p>"
     table, largest = max(errors.items(), key=lambda pair: pair[1])
-    return (
+    summary = (
         f"<p>Objective: <b>{objective}</b>; largest cell standard error <b>{_fmt(largest)}</b> "
         f"(table <code>{html.escape(table)}</code>; every table's is in "
         "the manifest, <code>plan.item_std_errors</code>).</p>"
+    )
+    targets = plan.get("targets")
+    if not targets:
+        return summary
+    rows = [
+        {"table": name, "target std_error": target, "achieved std_error": errors[name]}
+        for name, target in targets.items()
+    ]
+    return (
+        summary
+        + "<p>Accuracy targets: the privacy level above is the smallest that gives every cell "
+        f"of every table at most its target standard error; table "
+        f"<code>{html.escape(str(plan.get('binding_table')))}</code> decides it.</p>"
+        + _table_html(rows, ["table", "target std_error", "achieved std_error"])
     )
 
 

@@ -26,6 +26,7 @@ from dprelease.catalog.spec.domain import (
 from dprelease.catalog.spec.limits import MAX_PLAN_CELLS, check_large_delta, check_privacy_dict
 from dprelease.catalog.spec.sections import (
     ID_PATTERN,
+    Accuracy,
     DatasetSection,
     Postprocess,
     PrivacyUnit,
@@ -53,7 +54,10 @@ class ReleaseSpec(Strict):
     workload: list[WorkloadItemSpec]
     mechanism: str = "auto"
     mechanism_options: dict[str, Any] = Field(default_factory=dict)
-    privacy: dict[str, float]
+    privacy: dict[str, float] | None = None
+    accuracy: Accuracy | None = None
+    """Accuracy targets instead of ``privacy``: the plan finds the smallest privacy level that
+    meets them (:meth:`with_privacy` gives the planned spec)."""
     on_out_of_domain: Literal["error", "drop"] = "error"
     postprocess: Postprocess = Postprocess()
     objective: Objective = "total_variance"
@@ -107,8 +111,43 @@ class ReleaseSpec(Strict):
 
     @field_validator("privacy")
     @classmethod
-    def _check_privacy(cls, privacy: dict[str, float]) -> dict[str, float]:
-        return check_privacy_dict(privacy, field="privacy")
+    def _check_privacy(cls, privacy: dict[str, float] | None) -> dict[str, float] | None:
+        return None if privacy is None else check_privacy_dict(privacy, field="privacy")
+
+    @model_validator(mode="after")
+    def _check_privacy_or_accuracy(self) -> ReleaseSpec:
+        if (self.privacy is None) == (self.accuracy is None):
+            raise ValueError(
+                "give exactly one of privacy (a privacy level, e.g. {rho: 0.5}) and accuracy "
+                "(targets, e.g. {max_std_error: 50}: the smallest privacy level meeting them)"
+            )
+        targeted = [item.name for item in self.workload if item.max_std_error is not None]
+        if self.accuracy is None:
+            if targeted:
+                raise ValueError(
+                    f"workload item {targeted[0]!r}: max_std_error needs an accuracy section "
+                    "(accuracy: {noise: gaussian} instead of privacy)"
+                )
+            return self
+        if self.model != "central":
+            raise ValueError("accuracy targets apply to central releases (model: central)")
+        if "objective" in self.model_fields_set and self.objective != "max_variance":
+            raise ValueError(
+                f"objective ({self.objective!r}) must be max_variance or left out with accuracy "
+                "targets: a target bounds every cell of its table"
+            )
+        for item in self.workload:
+            if item.derived_column is not None:
+                raise ValueError(
+                    f"workload item {item.name!r}: accuracy targets apply to count tables, not "
+                    f"derived statistics ({item.kind})"
+                )
+            if item.max_std_error is None and self.accuracy.max_std_error is None:
+                raise ValueError(
+                    f"workload item {item.name!r} has no target: give it max_std_error, or "
+                    "give accuracy.max_std_error for every table"
+                )
+        return self
 
     @field_validator("mechanism")
     @classmethod
@@ -171,7 +210,7 @@ class ReleaseSpec(Strict):
         registry.check_options(
             requested=self.mechanism, model=self.model, options=self.mechanism_options
         )
-        if self.model == "local":
+        if self.model == "local" and self.privacy is not None:
             if set(self.privacy) != {"epsilon"}:
                 raise ValueError(
                     f"model: local needs privacy {{epsilon}} (the per-user epsilon); got {self.privacy}"
@@ -187,7 +226,7 @@ class ReleaseSpec(Strict):
 
     @model_validator(mode="after")
     def _check_sizes_and_delta(self) -> ReleaseSpec:
-        check_large_delta(self.privacy, field="privacy", allowed=self.allow_large_delta)
+        check_large_delta(self.privacy or {}, field="privacy", allowed=self.allow_large_delta)
         check_large_delta(
             self.dataset.budget, field="dataset.budget", allowed=self.allow_large_delta
         )
@@ -247,7 +286,41 @@ class ReleaseSpec(Strict):
         return math.prod(self.domain_shape)
 
     def privacy_target(self) -> PrivacyCost:
+        if self.privacy is None:
+            raise ValueError(
+                "a spec with accuracy targets has no privacy level until it is planned "
+                "(planner.make_plan; then ReleaseSpec.with_privacy)"
+            )
         return cost_from_dict(self.privacy)
+
+    @property
+    def noise(self) -> str:
+        """``laplace`` (ε-DP) or ``gaussian`` (ρ-zCDP, (ε, δ)): from the privacy level, or the
+        accuracy section before planning."""
+        if self.privacy is None:
+            return self.accuracy.noise  # type: ignore[union-attr]  # validated: one of the two
+        return "laplace" if self.privacy_target().measure == "pure" else "gaussian"
+
+    @property
+    def effective_objective(self) -> Objective:
+        """What the plan minimises: accuracy targets bound every cell (``max_variance``)."""
+        return "max_variance" if self.accuracy is not None else self.objective
+
+    def item_targets(self) -> dict[str, float] | None:
+        """Each output table's ``max_std_error`` (expanded ``marginals`` inherit theirs); None
+        without an accuracy section."""
+        if self.accuracy is None:
+            return None
+        default = self.accuracy.max_std_error
+        return {
+            part.name: float(item.max_std_error or default)  # type: ignore[arg-type]  # validated
+            for item in self.workload
+            for part in expand_item(self, item)
+        }
+
+    def with_privacy(self, privacy: dict[str, float]) -> ReleaseSpec:
+        """This spec at ``privacy`` (the level a plan found for its accuracy targets)."""
+        return self.model_copy(update={"privacy": check_privacy_dict(privacy, field="privacy")})
 
     def canonical_json(self) -> str:
         # where a run counts changes no output; fields added later at their default change no hash
@@ -260,6 +333,11 @@ class ReleaseSpec(Strict):
             del data["on_unchanged"]
         if self.objective == "total_variance":
             del data["objective"]
+        if self.accuracy is None:
+            del data["accuracy"]
+        for item in data["workload"]:
+            if item["max_std_error"] is None:
+                del item["max_std_error"]
         if self.review is not None and not self.review.allow_self_approval:
             del data["review"]["allow_self_approval"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -279,15 +357,20 @@ class ReleaseSpec(Strict):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def workload_fingerprint(self) -> str:
-        """sha256 of what determines strategies: domain sizes and order, workload, noise kind, options."""
+        """sha256 of what determines strategies: domain sizes and order, workload, noise kind, options
+        and objective (plans and stored strategies are keyed by it)."""
         payload = {
             "domain": {name: attr.model_dump(mode="json") for name, attr in self.domain.items()},
             "workload": [item.model_dump(mode="json", exclude_none=True) for item in self.workload],
             "matrices": [_file_sha256(item.matrix) for item in self.workload if item.matrix],
-            "noise": "laplace" if self.privacy_target().measure == "pure" else "gaussian",
+            "noise": self.noise,
             "mechanism": self.mechanism,
             "options": self.mechanism_options,
         }
+        if self.objective != "total_variance":  # the default leaves existing fingerprints
+            payload["objective"] = self.objective
+        if self.accuracy is not None:  # the targets weigh the tables
+            payload["accuracy"] = self.accuracy.model_dump(mode="json")
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -314,6 +397,7 @@ def expand_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[WorkloadItemS
         WorkloadItemSpec.model_construct(
             name=".".join([item.name, *(re.sub(r"[^A-Za-z0-9_-]", "_", a) for a in combo)]),
             marginal=list(combo),
+            max_std_error=item.max_std_error,
         )
         for combo in itertools.combinations(chosen, item.marginals.degree)
     ]

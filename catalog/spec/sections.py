@@ -156,6 +156,32 @@ class QuantilesSelection(Strict):
         return q
 
 
+def check_std_error_target(value: float | None, *, field: str) -> float | None:
+    """A standard-error target is a finite number > 0 (in counts)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{field} ({value}) must be a finite number > 0 (a count)")
+    return value
+
+
+class Accuracy(Strict):
+    """Accuracy targets instead of a privacy level (``accuracy:`` in a spec).
+
+    Every released cell of a table gets at most the table's ``max_std_error`` (its own, else this
+    default); ``plan`` finds the smallest privacy loss under ``noise`` whose strategy meets every
+    target and ``run`` charges exactly that.
+    """
+
+    max_std_error: float | None = None
+    """The target of every table that does not give its own."""
+    noise: Literal["gaussian", "laplace"] = "gaussian"
+    """``gaussian``: the smallest ρ (zCDP; the budget is in rho); ``laplace``: the smallest ε."""
+
+    @field_validator("max_std_error")
+    @classmethod
+    def _check_target(cls, value: float | None) -> float | None:
+        return check_std_error_target(value, field="accuracy.max_std_error")
+
+
 class WorkloadItemSpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
     marginal: list[str] | None = None
@@ -178,6 +204,8 @@ class WorkloadItemSpec(Strict):
     """Group attributes of a derived item (one row per cell of theirs and statistic)."""
     representative: list[float] | None = None
     """Derived: the value each cell of the column counts as (default: the cells' midpoints)."""
+    max_std_error: float | None = None
+    """With ``accuracy:``, the largest standard error any cell of this table may have."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> WorkloadItemSpec:
@@ -205,6 +233,7 @@ class WorkloadItemSpec(Strict):
             raise ValueError(f"all_ranges ({self.all_ranges}) takes one or two attributes")
         if self.total is False:
             raise ValueError("total must be true when given")
+        check_std_error_target(self.max_std_error, field=f"{where}: max_std_error")
         if self.derived_column is None:
             for field in ("by", "representative"):
                 if getattr(self, field) is not None:

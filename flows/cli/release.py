@@ -140,6 +140,10 @@ def plan(
 ) -> None:
     """Data-free plan: the candidates' expected errors, the SVD lower bound, the choice and the cost.
 
+    A spec with accuracy targets (accuracy: {max_std_error: ...}) is planned at the smallest
+    privacy level that meets every table's target; the table that binds and the dataset's
+    remaining budget are shown.
+
     A spec that names a mechanism plans only that one; auto plans the registry's mechanisms
     cheapest first and stops once one is within 0.5% of the lower bound.  Optimised strategies
     are kept in the strategy store, so `run` after `plan` reuses them.
@@ -178,12 +182,36 @@ def plan(
         f"SVD lower bound on rmse: {bound} ({result.lower_bound_note})",
         f"chosen: {result.chosen} — {result.reason}",
         f"objective: {result.objective}; {_std_errors_line(result)}",
+        *_targets_lines(result, loaded.dataset.id),
         f"privacy cost: {result.expected_cost.describe()} ({result.noise_kind} noise)",
         "predicted memory: "
         + ", ".join(f"{name} {size / 1e6:,.0f} MB" for name, size, _ in memory.stages)
         + f"; peak {peak_stage} ({driver})",
         sep="\n",
     )
+
+
+def _targets_lines(result: Plan, dataset_id: str) -> list[str]:
+    """Accuracy targets: the level found, the table that decides it, and the dataset's budget."""
+    binding = result.binding_table
+    if binding is None or result.targets is None:
+        return []
+    from dprelease.catalog.ledger.store import Catalog
+
+    catalog = Catalog()
+    if dataset_id in catalog.dataset_ids():
+        cap, spent = catalog.cap(dataset_id), catalog.spent(dataset_id)
+        budget = (
+            f"dataset {dataset_id}: remaining {cost_text(spent.remaining(cap).as_dict())} of "
+            f"cap {cost_text(cap.as_dict())}"
+        )
+    else:
+        budget = f"dataset {dataset_id}: not in the catalog yet (nothing spent)"
+    return [
+        f"accuracy targets: {result.expected_cost.describe()} is the smallest privacy level that "
+        f"meets every table's max_std_error (table {binding} binds: "
+        f"{result.targets[binding]:g}); {budget}",
+    ]
 
 
 def _std_errors_line(result: Plan) -> str:

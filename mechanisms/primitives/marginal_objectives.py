@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,20 +69,24 @@ class MaxVarianceDesign:
 
     weights: MarginalWeights
     largest_variance: float
-    """``max_t V_t`` of ``weights``: the largest variance of any released cell."""
+    """``max_t s_t V_t`` of ``weights``: the largest (scaled) variance of any released cell."""
     lower_bound: float
-    """No design of this family at the same cost has a largest variance below this."""
+    """No design of this family at the same cost has a largest (scaled) variance below this."""
     item_variances: tuple[float, ...]
-    """``V_t`` per workload item, in the workload's item order."""
+    """``s_t V_t`` per workload item, in the workload's item order."""
 
 
-def item_row_variances(workload: Workload) -> sparse.csr_array:
-    """``A``: items × subsets, ``a_{t,T} = g_T(item t) / m_t``. O(items · 2^d) to build, sparse.
+def item_row_variances(
+    workload: Workload, *, item_scales: Mapping[str, float] | None = None
+) -> sparse.csr_array:
+    """``A``: items × subsets, ``a_{t,T} = s_t · g_T(item t) / m_t`` (``s_t`` from ``item_scales``,
+    else 1). O(items · 2^d) to build, sparse.
 
     Raises ``ValueError`` naming the first item that is not a marginal (its rows would not share
     one variance)."""
     rows, columns, values = [], [], []
     for row, item in enumerate(workload.items):
+        scale = 1.0 if item_scales is None else float(item_scales[item.name])
         if item_subset(item) is None:
             raise ValueError(
                 f"objective max_variance needs a workload of marginals; item {item.name!r} has "
@@ -91,7 +96,7 @@ def item_row_variances(workload: Workload) -> sparse.csr_array:
         support = np.flatnonzero(projections)
         rows.extend([row] * support.size)
         columns.extend(support.tolist())
-        values.extend((projections[support] / item.num_queries).tolist())
+        values.extend((scale * projections[support] / item.num_queries).tolist())
     shape = (len(workload.items), 2 ** len(workload.domain_shape))
     return sparse.csr_array((values, (rows, columns)), shape=shape)
 
@@ -99,12 +104,14 @@ def item_row_variances(workload: Workload) -> sparse.csr_array:
 def marginal_weights_max_variance(
     workload: Workload,
     *,
+    item_scales: Mapping[str, float] | None = None,
     gap: float = DEFAULT_GAP,
     max_steps: int = MAX_STEPS,
     time_limit: float | None = None,
     progress: Progress | None = None,
 ) -> MaxVarianceDesign:
-    """The centred-basis design of least largest cell variance (module docstring).
+    """The centred-basis design of least largest cell variance (module docstring); with
+    ``item_scales``, of least largest ``s_t · V_t`` (accuracy targets: ``s_t = 1/target_t²``).
 
     O(steps · nnz(A)); Adult's 1–3-way marginals (470 tables) certify within 1e-6 in about 20
     steps.  When ``max_steps`` or ``time_limit`` stops the search first, the best design found is
@@ -118,7 +125,11 @@ def marginal_weights_max_variance(
         raise ValueError(f"time_limit ({time_limit}) must be > 0 seconds or None")
     started = time.perf_counter()
     subset = subset_workload(workload)
-    coefficients = item_row_variances(workload)
+    if item_scales is not None:
+        bad = {k: v for k, v in item_scales.items() if not (math.isfinite(v) and v > 0)}
+        if bad:
+            raise ValueError(f"item_scales {bad} must be finite and > 0")
+    coefficients = item_row_variances(workload, item_scales=item_scales)
     if coefficients.nnz == 0:
         raise ValueError("the workload has no non-zero query")
     privacy = subset.multiplicities() / subset.num_cells  # r_T / N: Δ₂² = Σ_T μ_T r_T / N
@@ -172,7 +183,8 @@ def plan_subset_weights(
 
     ``optimized`` and ``marginal_space`` share one ``cache`` entry, under the key
     ``marginal_space`` has always written; ``objective`` enters the key only when it is not the
-    default, so entries stored before objectives existed still load.
+    default, so entries stored before objectives existed still load (``item_scales`` come from
+    the spec's accuracy targets, which the workload fingerprint includes).
     """
     settings: dict[str, object] = {"norm": SENSITIVITY_NORM[request.noise]}
     if request.objective != "total_variance":
@@ -185,7 +197,10 @@ def plan_subset_weights(
     progress = request.progress
     if request.noise == "gaussian" and request.objective == "max_variance":
         weights = marginal_weights_max_variance(
-            request.workload, time_limit=time_limit, progress=progress
+            request.workload,
+            item_scales=request.item_scales,
+            time_limit=time_limit,
+            progress=progress,
         ).weights
     elif request.noise == "gaussian":
         weights = marginal_weights_l2(subset, time_limit=time_limit, progress=progress)
@@ -195,7 +210,7 @@ def plan_subset_weights(
         if request.objective == "max_variance":
             weights = min(
                 (weights, _each_table_on_its_own(subset)),
-                key=lambda w: _largest_unit_variance(w, request.workload),
+                key=lambda w: _largest_unit_variance(w, request.workload, request.item_scales),
             )
     cache.save(key, StoredStrategy(parameters=weights.to_parameters()))
     return weights
@@ -217,8 +232,14 @@ def _each_table_on_its_own(subset: SubsetWorkload) -> MarginalWeights:
     return dataclasses.replace(separate, unit_total_error=error)
 
 
-def _largest_unit_variance(weights: MarginalWeights, workload: Workload) -> float:
-    """``Δ² · max_t V_t``: the largest cell variance per unit noise variance at sensitivity 1."""
+def _largest_unit_variance(
+    weights: MarginalWeights, workload: Workload, item_scales: Mapping[str, float] | None
+) -> float:
+    """``Δ² · max_t s_t V_t``: the largest (scaled) cell variance per unit noise variance."""
     strategy = SubsetStrategy(name="candidate", weights=weights)
     squared = weights.sensitivity(noise=weights.noise) ** 2
-    return squared * max(strategy.uniform_unit_variance(item) or 0.0 for item in workload.items)
+    return squared * max(
+        (1.0 if item_scales is None else item_scales[item.name])
+        * (strategy.uniform_unit_variance(item) or 0.0)
+        for item in workload.items
+    )

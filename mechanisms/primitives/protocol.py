@@ -163,6 +163,9 @@ class PlanRequest:
     time_limit: float | None = None
     progress: Progress | None = None
     objective: Objective = "total_variance"
+    item_scales: Mapping[str, float] | None = None
+    """Per item, what its cells' variances are multiplied by before the largest is taken
+    (``1/target²`` for accuracy targets); None: 1 for every item."""
 
     @property
     def noise(self) -> NoiseKind:

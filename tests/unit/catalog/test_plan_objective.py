@@ -50,7 +50,9 @@ def test_the_default_objective_leaves_every_fingerprint_unchanged() -> None:
     default, explicit, other = _spec(), _spec("total_variance"), _spec("max_variance")
     assert "objective" not in json.loads(default.canonical_json())
     assert default.fingerprint() == explicit.fingerprint() != other.fingerprint()
-    assert default.workload_fingerprint() == other.workload_fingerprint()
+    # plans (the flow's cached plan task) and strategies are keyed by the workload fingerprint
+    assert default.workload_fingerprint() == explicit.workload_fingerprint()
+    assert default.workload_fingerprint() != other.workload_fingerprint()
 
 
 def test_max_variance_equalises_the_tables_and_lowers_the_worst_cell(tmp_path: Path) -> None:

@@ -432,7 +432,9 @@ INVALID = [
         id="unknown-dataset-key",
     ),
     pytest.param({"name": DELETE}, r"name: Field required", id="missing-name"),
-    pytest.param({"privacy": DELETE}, r"privacy: Field required", id="missing-privacy"),
+    pytest.param(
+        {"privacy": DELETE}, r"give exactly one of privacy .* and accuracy", id="missing-privacy"
+    ),
     pytest.param(
         {"dataset.id": "bad id"},
         r"dataset\.id: String should match pattern .*\(got 'bad id'\)",
