@@ -126,3 +126,25 @@ def test_a_workload_with_other_queries_is_refused_by_item_name() -> None:
 def test_invalid_search_settings_are_refused(options, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         marginal_weights_max_variance(marginals((3, 2), [(0,), (1,)]), **options)
+
+
+def test_item_scales_weigh_the_tables() -> None:
+    """A scale of 4 on one table (a target standard error half as large): the design equalises
+    the scaled variances, so that table gets a larger share of the budget."""
+    workload = marginals((3, 4, 5), [(0, 1), (1, 2), (0, 2)])
+    plain = marginal_weights_max_variance(workload)
+    scales = {"0-1": 4.0, "1-2": 1.0, "0-2": 1.0}
+    weighted = marginal_weights_max_variance(workload, item_scales=scales)
+    strategy = subset_strategy(weighted.weights, name="weighted")
+    for item, scaled in zip(workload.items, weighted.item_variances, strict=True):
+        raw = strategy.uniform_unit_variance(item)
+        assert scaled == pytest.approx(scales[item.name] * raw, rel=1e-9)
+    raw_first = weighted.item_variances[0] / 4.0
+    assert raw_first < plain.item_variances[0]  # the tight table gets more of the budget
+    assert weighted.largest_variance > plain.largest_variance  # and pays for it in scaled terms
+
+
+def test_invalid_item_scales_are_refused() -> None:
+    workload = marginals((3, 2), [(0,), (1,)])
+    with pytest.raises(ValueError, match=r"item_scales \{'0': 0.0\} must be finite and > 0"):
+        marginal_weights_max_variance(workload, item_scales={"0": 0.0, "1": 1.0})
