@@ -141,6 +141,27 @@ def test_the_plan_meets_every_target_at_the_smallest_level(tmp_path: Path) -> No
     assert below.item_std_errors[binding] > plan.targets[binding]
 
 
+def test_the_level_is_within_1_percent_of_a_bisection_over_rho(tmp_path: Path) -> None:
+    """The closed-form level against the definition: the smallest ρ at which the same strategy
+    family (the design weighted by the targets) meets every target, found by bisection."""
+    spec = parse_spec(_raw(mechanism="marginal_space"))
+    store = StrategyStore(tmp_path / "s")
+    plan = make_plan(spec, cache=store)
+    targets = spec.item_targets() or {}
+
+    def meets(rho: float) -> bool:
+        errors = make_plan(spec.with_privacy({"rho": rho}), cache=store).item_std_errors or {}
+        return all(errors[name] <= target for name, target in targets.items())
+
+    low, high = 1e-4, 100.0
+    assert not meets(low) and meets(high)
+    for _ in range(40):  # geometric bisection: the ratio high/low ends below 1.0001
+        middle = (low * high) ** 0.5
+        low, high = (low, middle) if meets(middle) else (middle, high)
+    assert plan.privacy["rho"] == pytest.approx(high, rel=0.01)
+    assert plan.privacy["rho"] <= high * (1 + 1e-6)
+
+
 def test_the_weights_are_optimised_for_the_targets_not_scaled_up(tmp_path: Path) -> None:
     """A tight target on one table: the design weighted by the targets needs less ρ than the
     plain max-variance design (every table equal) scaled until the tight table meets its target."""
