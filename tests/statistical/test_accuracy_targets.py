@@ -34,8 +34,8 @@ from dprelease.catalog.spec.load import parse_spec
 from dprelease.mechanisms.marginal_space import marginal_of
 from dprelease.mechanisms.primitives import noise
 from dprelease.mechanisms.primitives.noise import calibrate
-from dprelease.mechanisms.primitives.privacy import PrivacyCost
-from dprelease.mechanisms.primitives.protocol import MeasureContext, StoredStrategy
+from dprelease.mechanisms.primitives.protocol import MeasureContext
+from tests.doubles import FreeAccountant, MemoryStore
 from tests.samplers import SeededNumpyNoise
 
 pytestmark = pytest.mark.statistical
@@ -44,25 +44,6 @@ ALPHA = 1e-6
 RELEASES = 2000
 SIZES = {"a": 6, "b": 5, "c": 4}
 TARGETS = {"ab": 6.0, "c": 2.0, "a": 4.0}
-
-
-class _Store:
-    def __init__(self) -> None:
-        self.store: dict[str, StoredStrategy] = {}
-
-    def load(self, key: str) -> StoredStrategy | None:
-        return self.store.get(key)
-
-    def save(self, key: str, stored: StoredStrategy) -> None:
-        self.store[key] = stored
-
-
-class _Accountant:
-    def charge(self, cost: PrivacyCost, *, label: str) -> str:
-        return "receipt"
-
-    def holds(self, receipt_id: str) -> bool:
-        return False
 
 
 def _spec():
@@ -126,12 +107,12 @@ def test_released_errors_meet_their_targets(
     )
     context = MeasureContext(
         target=released.privacy_target(),
-        accountant=_Accountant(),
+        accountant=FreeAccountant(),
         label="test",
         contribution_bound=1,
         input_fingerprint="f" * 64,
         dataset_id="targets",
-        released=_Store(),
+        released=MemoryStore(),
     )
     sampler = SeededNumpyNoise(np.random.default_rng(20261128))
     monkeypatch.setattr(noise, "production_sampler", lambda: sampler)

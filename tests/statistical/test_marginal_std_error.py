@@ -24,8 +24,9 @@ from dprelease.mechanisms.marginal_space import MECHANISM, marginal_of
 from dprelease.mechanisms.primitives import noise
 from dprelease.mechanisms.primitives.operators import Identity, Total
 from dprelease.mechanisms.primitives.privacy import PrivacyCost
-from dprelease.mechanisms.primitives.protocol import MeasureContext, PlanRequest, StoredStrategy
+from dprelease.mechanisms.primitives.protocol import MeasureContext, PlanRequest
 from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
+from tests.doubles import FreeAccountant, MemoryStore
 from tests.samplers import SeededNumpyNoise
 
 pytestmark = pytest.mark.statistical
@@ -33,25 +34,6 @@ pytestmark = pytest.mark.statistical
 ALPHA = 1e-6
 RELEASES = 400
 SHAPE = (3, 4, 5)
-
-
-class _Cache:
-    def __init__(self) -> None:
-        self.store: dict[str, StoredStrategy] = {}
-
-    def load(self, key: str) -> StoredStrategy | None:
-        return self.store.get(key)
-
-    def save(self, key: str, stored: StoredStrategy) -> None:
-        self.store[key] = stored
-
-
-class _Accountant:
-    def charge(self, cost: PrivacyCost, *, label: str) -> str:
-        return "receipt"
-
-    def holds(self, receipt_id: str) -> bool:
-        return False
 
 
 def _workload() -> Workload:
@@ -92,7 +74,7 @@ def test_squared_standardised_errors_average_one(
         options={},
         workload_fingerprint="5a" * 32,
     )
-    strategy = MECHANISM.plan(request, cache=_Cache())
+    strategy = MECHANISM.plan(request, cache=MemoryStore())
     protected = ProtectedMarginals(
         {axes: marginal_of(x, SHAPE, axes) for axes in strategy.marginal_subsets},
         domain_shape=SHAPE,
@@ -101,12 +83,12 @@ def test_squared_standardised_errors_average_one(
     truth = {item.name: item.answer(x) for item in workload.items}
     context = MeasureContext(
         target=target,
-        accountant=_Accountant(),
+        accountant=FreeAccountant(),
         label="test",
         contribution_bound=1,
         input_fingerprint="f" * 64,
         dataset_id="test",
-        released=_Cache(),
+        released=MemoryStore(),
     )
     sampler = SeededNumpyNoise(rng)
     monkeypatch.setattr(noise, "production_sampler", lambda: sampler)
