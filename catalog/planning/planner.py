@@ -508,8 +508,9 @@ def _plan_for_targets(spec: ReleaseSpec, **options: Any) -> Plan:
         errors = plan.item_std_errors
         if errors is None:
             raise SpecError(
-                f"accuracy targets need a mechanism whose error is predicted; {plan.chosen!r} is "
-                "data-dependent (choose a data-independent mechanism, or give privacy instead)"
+                f"accuracy targets need a mechanism that predicts each cell's error; "
+                f"{plan.chosen!r} does not (it is data-dependent, or its tables have more than "
+                f"{MAX_RELEASE_QUERIES:,} rows): choose another mechanism, or give privacy"
             )
         binding = max(targets, key=lambda name: errors[name] / targets[name])
         excess = (errors[binding] / targets[binding]) ** 2  # (achieved / target) squared

@@ -297,8 +297,8 @@ class ReleaseSpec(Strict):
     def noise(self) -> str:
         """``laplace`` (ε-DP) or ``gaussian`` (ρ-zCDP, (ε, δ)): from the privacy level, or the
         accuracy section before planning."""
-        if self.privacy is None:
-            return self.accuracy.noise  # type: ignore[union-attr]  # validated: one of the two
+        if self.privacy is None and self.accuracy is not None:
+            return self.accuracy.noise
         return "laplace" if self.privacy_target().measure == "pure" else "gaussian"
 
     @property

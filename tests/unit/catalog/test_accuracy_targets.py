@@ -214,7 +214,7 @@ def test_a_data_dependent_mechanism_cannot_meet_targets(tmp_path: Path) -> None:
             dataset={"id": "d", "budget": {"epsilon": 5}},
         )
     )
-    with pytest.raises(SpecError, match="'dawa' is data-dependent"):
+    with pytest.raises(SpecError, match="'dawa' does not \\(it is data-dependent"):
         make_plan(spec, cache=StrategyStore(tmp_path / "s"))
 
 
