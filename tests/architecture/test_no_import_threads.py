@@ -25,7 +25,10 @@ REVIEWED = {
         1,
     ): "runs one LAPACK call so the caller can be interrupted",
     ("mechanisms/primitives/noise.py", 1): "OpenDP noise shards (the sampler is imported before)",
-    ("flows/interrupt.py", 2): "the Ctrl-C wake-up fd reader, and its bounded clean-up",
+    ("flows/interrupt.py", 2): (
+        "the Ctrl-C wake-up fd reader, and its clean-up threads (the abort recorded at the first "
+        "Ctrl-C, the bounded clean-up before a hard exit)"
+    ),
     ("flows/server.py", 1): "touches the server's last-used file while a command runs",
     ("flows/watchdog.py", 2): "the stage monitor, and its bounded clean-up before a hard exit",
 }
