@@ -39,7 +39,6 @@ Model = Literal["central", "local"]
 InputKind = Literal["cells", "responses", "marginals"]
 Interval = Literal["normal", "laplace", "none"]
 Objective = Literal["total_variance", "max_variance"]
-OBJECTIVES: tuple[str, ...] = ("total_variance", "max_variance")
 """What a plan minimises: the sum of the variances of every released cell (the matrix mechanism's
 total squared error), or the largest variance of any released cell."""
 STORE_VERSION = "2"
