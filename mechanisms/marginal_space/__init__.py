@@ -34,15 +34,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from dprelease.mechanisms.pgm import ConsistentMarginals, consistent_marginals, maximal_masks
+from dprelease.mechanisms.pgm import ConsistentMarginals, consistent_marginals
 from dprelease.mechanisms.primitives.compute_limits import MIN_TIME_LIMIT
 from dprelease.mechanisms.primitives.marginal_objectives import plan_subset_weights
 from dprelease.mechanisms.primitives.marginal_strategies import (
     DEFAULT_L1_RESTARTS,
     SubsetStrategy,
-    eigenspace_multiplicities,
     marginal_workload_reason,
-    summed_out_sizes,
 )
 from dprelease.mechanisms.primitives.protocol import (
     InputKind,
@@ -51,25 +49,18 @@ from dprelease.mechanisms.primitives.protocol import (
     StrategyCache,
     require_available,
 )
+from dprelease.mechanisms.primitives.subset_family import (
+    MAX_MARGINAL_ATTRIBUTES,
+    closure_size_bound,
+    down_closure,
+    maximal_masks,
+    set_bits,
+)
 from dprelease.mechanisms.primitives.workload import (
     Workload,
-    axes_of,
     item_subset,
     mask_of,
 )
-
-
-def down_closure(masks: Iterable[int]) -> list[int]:
-    """Every subset of every mask, ascending. O(Σ 2^|R|)."""
-    closed: set[int] = set()
-    for mask in set(masks):
-        sub = mask
-        while True:  # enumerate the subsets of `mask` (Gosper-free: sub = (sub − 1) & mask)
-            closed.add(sub)
-            if sub == 0:
-                break
-            sub = (sub - 1) & mask
-    return sorted(closed)
 
 
 def marginal_of(x: np.ndarray, domain_shape: tuple[int, ...], axes: tuple[int, ...]) -> np.ndarray:
@@ -85,6 +76,11 @@ def _item_masks(workload: Workload) -> dict[str, int]:
         if mask is None:
             raise ValueError(f"item {name!r} is not a marginal (Identity/Total factors)")
     return masks  # type: ignore[return-value]
+
+
+def _summed_out(shape: tuple[int, ...], axes: tuple[int, ...]) -> float:
+    """``c_S = Π_{i∉S} n_i`` (float: the product may pass 2⁶³). O(|S|)."""
+    return float(math.prod(shape)) / math.prod(float(shape[a]) for a in axes)
 
 
 def _centre(table: np.ndarray) -> np.ndarray:
@@ -108,13 +104,12 @@ class MarginalSpaceStrategy(SubsetStrategy):
     @property
     def marginal_subsets(self) -> tuple[tuple[int, ...], ...]:
         """The measured marginals (ascending axes), in answer order."""
-        d = len(self.domain_shape)
-        return tuple(axes_of(int(mask), d) for mask in self.weights.subsets)
+        return tuple(tuple(set_bits(int(mask))) for mask in self.weights.subsets)
 
     def term_answers(self, axes: tuple[int, ...], table: np.ndarray) -> np.ndarray:
         """One term's answers from its own marginal: ``w_S · table`` (centred for the centred
         basis). Confidential in, confidential out; O(table size)."""
-        weight = float(self.weights.weights[mask_of(axes)])
+        weight = self.weights.weight_of(mask_of(axes))
         values = np.asarray(table, dtype=np.float64)
         if self.weights.basis == "centred":
             values = _centre(values)
@@ -148,25 +143,23 @@ class MarginalSpaceStrategy(SubsetStrategy):
         Raises ``ValueError`` when a needed component has no measurement (``μ_T = 0``).
         """
         shape = self.domain_shape
-        d = len(shape)
+        family = self.weights.family
         mu = self.weights.strategy_eigenvalues()
-        rank = eigenspace_multiplicities(shape)
-        sizes_out = summed_out_sizes(shape)
-        targets = [int(t) for t in needed if rank[int(t)] > 0]
-        unsupported = [axes_of(t, d) for t in targets if not mu[t] > 0]
+        targets = [int(t) for t in needed if all(shape[a] > 1 for a in set_bits(int(t)))]
+        unsupported = [tuple(set_bits(t)) for t in targets if not family.value_at(mu, t) > 0]
         if unsupported:
             raise ValueError(f"the strategy measures no marginal covering {unsupported[:3]}")
-        totals = {t: np.zeros(tuple(shape[a] for a in axes_of(t, d))) for t in targets}
+        totals = {t: np.zeros(tuple(shape[a] for a in set_bits(t))) for t in targets}
         centred = self.weights.basis == "centred"
         for mask, table in self._split(y):
-            factor = float(self.weights.weights[mask]) * float(sizes_out[mask])
-            axes = axes_of(mask, d)
+            axes = tuple(set_bits(mask))
+            factor = self.weights.weight_of(mask) * _summed_out(shape, axes)
             for t in [mask] if centred else targets:
                 if t not in totals or t & ~mask:
                     continue
                 summed = tuple(k for k, a in enumerate(axes) if not t >> a & 1)
                 totals[t] += factor * (table.sum(axis=summed) if summed else table)
-        return {t: _centre(total) / float(mu[t]) for t, total in totals.items()}
+        return {t: _centre(total) / family.value_at(mu, t) for t, total in totals.items()}
 
     def answers(self, y: np.ndarray, workload: Workload) -> dict[str, np.ndarray]:
         """Least-squares answers of every (marginal) item: ``M_R x̂ = Σ_{T⊆R} spread(v̂_T)``.
@@ -174,12 +167,11 @@ class MarginalSpaceStrategy(SubsetStrategy):
         O(Σ_R 2^|R| |M_R|) after :meth:`components`; never forms the N-vector.
         """
         shape = self.domain_shape
-        d = len(shape)
         kept = _item_masks(workload)
         parts = self.components(y, down_closure(kept.values()))
         out = {}
         for name, mask in kept.items():
-            axes = axes_of(mask, d)
+            axes = tuple(set_bits(mask))
             estimate = np.zeros(tuple(shape[a] for a in axes))
             for t, part in parts.items():
                 if t & ~mask:
@@ -197,12 +189,15 @@ class MarginalSpaceStrategy(SubsetStrategy):
         cliques = maximal_masks(list(_item_masks(workload).values()))
         needed = down_closure(cliques)
         mu = self.weights.strategy_eigenvalues()
-        sizes_out = summed_out_sizes(self.domain_shape)
+        shape = self.domain_shape
         return consistent_marginals(
-            domain_shape=self.domain_shape,
+            domain_shape=shape,
             cliques=cliques,
             estimates=self.components(y, needed),
-            precisions={t: float(mu[t] / sizes_out[t]) for t in needed},
+            precisions={
+                t: self.weights.family.value_at(mu, t) / _summed_out(shape, tuple(set_bits(t)))
+                for t in needed
+            },
         )
 
     def consistent_answers(self, y: np.ndarray, workload: Workload) -> dict[str, np.ndarray]:
@@ -228,8 +223,13 @@ class MarginalSpaceMechanism(MatrixMechanism):
     def predicted_seconds(self, request: PlanRequest) -> float:
         # subset projections O(items · 2^d); the L1 template adds ~300 evaluations of O(d 2^d)
         # per start (~1 ms per 2^14 subsets on one core).
-        d = len(request.workload.domain_shape)
-        seconds = 1e-3 + len(request.workload.items) * 2**d * 1e-7
+        workload = request.workload
+        d = len(workload.domain_shape)
+        if d > MAX_MARGINAL_ATTRIBUTES:  # the downward closure: O(Σ 2^|R|) per evaluation
+            subsets = closure_size_bound(item_subset(item) or 0 for item in workload.items)
+            evaluations = 1 + (300 if request.noise == "laplace" else 0)
+            return 1e-3 + len(workload.items) * 2e-5 + evaluations * subsets * 2e-7
+        seconds = 1e-3 + len(workload.items) * 2**d * 1e-7
         if request.noise == "laplace":
             seconds += (1 + DEFAULT_L1_RESTARTS) * 300 * d * 2**d * 5e-9
         return seconds

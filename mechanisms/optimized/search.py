@@ -67,13 +67,13 @@ from dprelease.mechanisms.primitives.compute_limits import (
 from dprelease.mechanisms.primitives.linalg import read_only
 from dprelease.mechanisms.primitives.lower_bound import validate_gram
 from dprelease.mechanisms.primitives.marginal_strategies import (
-    MAX_MARGINAL_ATTRIBUTES,
     marginals_sensitivity,
     search_marginal_weights,
     validate_domain_sizes,
     workload_projections,
 )
 from dprelease.mechanisms.primitives.operators import Factor, MatrixFactor
+from dprelease.mechanisms.primitives.subset_family import MAX_MARGINAL_ATTRIBUTES
 
 Term = tuple[np.ndarray, ...]
 StrategyKind = Literal["pidentity", "fullrank", "kron", "marginals"]

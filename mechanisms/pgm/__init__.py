@@ -40,6 +40,8 @@ import numpy as np
 from scipy.sparse import coo_matrix, csr_matrix
 from scipy.sparse.csgraph import minimum_spanning_tree
 
+from dprelease.mechanisms.primitives.subset_family import maximal_masks, set_bits, submasks
+
 DEFAULT_TOLERANCE = 1e-6
 DEFAULT_MAX_ITERATIONS = 3000
 _RHO_BALANCE = 10.0  # residual balancing (Boyd §3.4.1): adapt ρ when residuals differ by >10×
@@ -47,29 +49,6 @@ _RHO_FACTOR = 2.0
 _RELAXATION = 1.6
 _FLOOR = 1e-9  # every cell ends ≥ 1e-9 × its uniform level, so round-off never makes it < 0
 _CHECK_EVERY = 10  # residuals cost two more passes: checked every 10 iterations
-
-
-def _axes(mask: int, d: int) -> tuple[int, ...]:
-    return tuple(i for i in range(d) if mask >> i & 1)
-
-
-def _subsets(mask: int) -> list[int]:
-    out, sub = [], mask
-    while True:
-        out.append(sub)
-        if sub == 0:
-            return out
-        sub = (sub - 1) & mask
-
-
-def maximal_masks(masks: Iterable[int]) -> list[int]:
-    """The masks not contained in another one (the cliques), ascending.
-
-    >>> maximal_masks([0b011, 0b001, 0b110])
-    [3, 6]
-    """
-    unique = sorted(set(int(m) for m in masks))
-    return [m for m in unique if not any(o != m and m & ~o == 0 for o in unique)]
 
 
 def solver_size(domain_shape: Sequence[int], cliques: Iterable[int]) -> int:
@@ -81,7 +60,7 @@ def solver_size(domain_shape: Sequence[int], cliques: Iterable[int]) -> int:
     """
     shape = tuple(int(n) for n in domain_shape)
     return sum(
-        math.prod(shape[a] for a in _axes(s, len(shape))) * 2 ** len(_axes(s, len(shape)))
+        math.prod(shape[a] for a in set_bits(s)) * 2 ** s.bit_count()
         for s in maximal_masks(cliques)
     )
 
@@ -103,9 +82,9 @@ class ConsistentMarginals:
     def marginal(self, mask: int) -> np.ndarray:
         """The table over ``mask``'s ascending axes (any subset of a clique). O(|table| 2^|mask|)."""
         shape = self.domain_shape
-        axes = _axes(mask, len(shape))
+        axes = tuple(set_bits(mask))
         table = np.zeros(tuple(shape[a] for a in axes))
-        for t in _subsets(mask):
+        for t in submasks(mask):
             part = self.components.get(t)
             if part is None:
                 raise ValueError(f"no clique covers the attributes {axes}")
@@ -126,16 +105,16 @@ class _Lattice:
         self.shape = shape
         self.d = len(shape)
         self.cliques = list(cliques)
-        self.closure = sorted({t for s in self.cliques for t in _subsets(s)})
+        self.closure = sorted({t for s in self.cliques for t in submasks(s)})
         self.offsets = self._offsets(self.closure)
         self.starts = self._offsets(self.cliques)
         rows, cols, data = [], [], []
         for s in self.cliques:
-            axes = _axes(s, self.d)
+            axes = tuple(set_bits(s))
             sizes = self.table_shape(s)
             grid = np.indices(sizes).reshape(len(sizes), math.prod(sizes))  # cell index per axis
             cells = self.starts[s] + np.arange(grid.shape[1])
-            for t in _subsets(s):
+            for t in submasks(s):
                 keep = [k for k, a in enumerate(axes) if t >> a & 1]
                 sub = self.table_shape(t)
                 flat = np.ravel_multi_index(tuple(grid[k] for k in keep), sub) if keep else 0
@@ -166,10 +145,10 @@ class _Lattice:
         return offsets
 
     def _divisor(self, s: int, t: int) -> float:
-        return float(math.prod(self.shape[a] for a in _axes(s & ~t, self.d)))
+        return float(math.prod(self.shape[a] for a in set_bits(s & ~t)))
 
     def table_shape(self, mask: int) -> tuple[int, ...]:
-        return tuple(self.shape[a] for a in _axes(mask, self.d))
+        return tuple(self.shape[a] for a in set_bits(mask))
 
     def expand(self, values: Mapping[int, float]) -> np.ndarray:
         """One value per component, repeated over its entries."""
@@ -197,7 +176,7 @@ class _Lattice:
         """Per axis slot k: ``(R_k, P_k)`` with ``R_k x`` the means of every component along its
         k-th axis and ``P_k`` broadcasting them back; ``x − P_k R_k x`` centres that axis.
         nnz O(num_components) each."""
-        degree = max(len(_axes(t, self.d)) for t in self.closure)
+        degree = max(len(set_bits(t)) for t in self.closure)
         operators = []
         for k in range(degree):
             entries, groups, weights, at = [], [], [], 0
@@ -266,16 +245,16 @@ def consistent_marginals(
         raise ValueError(f"tolerance ({tolerance}) must be > 0")
     if max_iterations < 1:
         raise ValueError(f"max_iterations ({max_iterations}) must be >= 1")
-    closure = sorted({t for s in cliques for t in _subsets(s)})
+    closure = sorted({t for s in cliques for t in submasks(s)})
     weight = {}
     for t in closure:
         if t not in estimates or t not in precisions:
             raise ValueError(
-                f"estimates/precisions: component {_axes(t, len(shape))} of a clique is missing"
+                f"estimates/precisions: component {tuple(set_bits(t))} of a clique is missing"
             )
         weight[t] = float(precisions[t])
         if not (math.isfinite(weight[t]) and weight[t] >= 0):
-            raise ValueError(f"precisions[{_axes(t, len(shape))}] ({weight[t]}) must be >= 0")
+            raise ValueError(f"precisions[{tuple(set_bits(t))}] ({weight[t]}) must be >= 0")
     scale = max(weight.values())
     if not scale > 0:
         raise ValueError("precisions: at least one component must be measured (precision > 0)")

@@ -40,12 +40,11 @@ from dprelease.mechanisms.primitives.marginal_strategies import (
     MarginalWeights,
     SubsetStrategy,
     SubsetWorkload,
-    item_projections,
+    item_support,
     marginal_weights_l1,
     marginal_weights_l2,
     subset_unit_error,
     subset_workload,
-    summed_out_sizes,
 )
 from dprelease.mechanisms.primitives.noise import SENSITIVITY_NORM
 from dprelease.mechanisms.primitives.protocol import (
@@ -54,6 +53,7 @@ from dprelease.mechanisms.primitives.protocol import (
     StrategyCache,
     cache_key,
 )
+from dprelease.mechanisms.primitives.subset_family import SubsetFamily
 from dprelease.mechanisms.primitives.workload import Workload, item_subset
 
 DEFAULT_GAP = 1e-6
@@ -77,13 +77,19 @@ class MaxVarianceDesign:
 
 
 def item_row_variances(
-    workload: Workload, *, item_scales: Mapping[str, float] | None = None
+    workload: Workload,
+    *,
+    family: SubsetFamily | None = None,
+    item_scales: Mapping[str, float] | None = None,
 ) -> sparse.csr_array:
-    """``A``: items × subsets, ``a_{t,T} = s_t · g_T(item t) / m_t`` (``s_t`` from ``item_scales``,
-    else 1). O(items · 2^d) to build, sparse.
+    """``A``: items × subsets of ``family`` (default: the workload's), ``a_{t,T} = s_t · g_T(item t) / m_t`` (``s_t`` from
+    ``item_scales``, else 1). O(items · 2^d) to build on the lattice, O(Σ 2^k · k) on a closed
+    family; sparse.
 
     Raises ``ValueError`` naming the first item that is not a marginal (its rows would not share
     one variance)."""
+    if family is None:
+        family = subset_workload(workload).family
     rows, columns, values = [], [], []
     for row, item in enumerate(workload.items):
         scale = 1.0 if item_scales is None else float(item_scales[item.name])
@@ -92,12 +98,11 @@ def item_row_variances(
                 f"objective max_variance needs a workload of marginals; item {item.name!r} has "
                 "other queries"
             )
-        projections = item_projections(item)
-        support = np.flatnonzero(projections)
+        support, projections = item_support(item, family)
         rows.extend([row] * support.size)
         columns.extend(support.tolist())
-        values.extend((scale * projections[support] / item.num_queries).tolist())
-    shape = (len(workload.items), 2 ** len(workload.domain_shape))
+        values.extend((scale * projections / item.num_queries).tolist())
+    shape = (len(workload.items), len(family))
     return sparse.csr_array((values, (rows, columns)), shape=shape)
 
 
@@ -129,7 +134,8 @@ def marginal_weights_max_variance(
         bad = {k: v for k, v in item_scales.items() if not (math.isfinite(v) and v > 0)}
         if bad:
             raise ValueError(f"item_scales {bad} must be finite and > 0")
-    coefficients = item_row_variances(workload, item_scales=item_scales)
+    family = subset.family
+    coefficients = item_row_variances(workload, family=family, item_scales=item_scales)
     if coefficients.nnz == 0:
         raise ValueError("the workload has no non-zero query")
     privacy = subset.multiplicities() / subset.num_cells  # r_T / N: Δ₂² = Σ_T μ_T r_T / N
@@ -158,7 +164,8 @@ def marginal_weights_max_variance(
     weights = MarginalWeights(
         domain_shape=subset.domain_shape,
         basis="centred",
-        weights=np.sqrt(best / summed_out_sizes(subset.domain_shape)),
+        weights=np.sqrt(best / family.summed_out_sizes()),
+        family=family,
         noise="gaussian",
         unit_total_error=float(subset.projections @ inverse),
         stopped_early=stopped_early,
@@ -193,36 +200,45 @@ def plan_subset_weights(
     stored = cache.load(key)
     if stored is not None:
         return MarginalWeights.from_parameters(request.workload.domain_shape, stored.parameters)
-    subset = subset_workload(request.workload)
-    progress = request.progress
     if request.noise == "gaussian" and request.objective == "max_variance":
         weights = marginal_weights_max_variance(
             request.workload,
             item_scales=request.item_scales,
             time_limit=time_limit,
-            progress=progress,
+            progress=request.progress,
         ).weights
-    elif request.noise == "gaussian":
-        weights = marginal_weights_l2(subset, time_limit=time_limit, progress=progress)
     else:
-        rng = np.random.default_rng(request.seed)  # public: derived from the workload
-        weights = marginal_weights_l1(subset, rng=rng, time_limit=time_limit, progress=progress)
-        if request.objective == "max_variance":
-            weights = min(
-                (weights, _each_table_on_its_own(subset)),
-                key=lambda w: _largest_unit_variance(w, request.workload, request.item_scales),
-            )
+        weights = _closed_form_or_template(request, time_limit=time_limit)
     cache.save(key, StoredStrategy(parameters=weights.to_parameters()))
     return weights
 
 
+def _closed_form_or_template(request: PlanRequest, *, time_limit: float | None) -> MarginalWeights:
+    """Gaussian total variance: the closed form; Laplace: HDMM's template (under max_variance,
+    the better of it and each table on its own, for the largest scaled variance)."""
+    subset = subset_workload(request.workload)
+    progress = request.progress
+    if request.noise == "gaussian":
+        return marginal_weights_l2(subset, time_limit=time_limit, progress=progress)
+    rng = np.random.default_rng(request.seed)  # public: derived from the workload
+    weights = marginal_weights_l1(subset, rng=rng, time_limit=time_limit, progress=progress)
+    if request.objective != "max_variance":
+        return weights
+    return min(
+        (weights, _each_table_on_its_own(subset)),
+        key=lambda w: _largest_unit_variance(w, request.workload, request.item_scales),
+    )
+
+
 def _each_table_on_its_own(subset: SubsetWorkload) -> MarginalWeights:
     """Every table of the workload measured once, with equal weights (L1 sensitivity 1)."""
-    weights = np.zeros(2 ** len(subset.domain_shape))
+    family = subset.family
     own = sorted(set(subset.own_subsets))
-    weights[own] = 1.0 / len(own)
+    weights = np.zeros(len(family))
+    weights[[family.position(mask) for mask in own]] = 1.0 / len(own)
     separate = MarginalWeights(
         domain_shape=subset.domain_shape,
+        family=family,
         basis="marginal",
         weights=weights,
         noise="laplace",

@@ -64,6 +64,16 @@ from dprelease.mechanisms.primitives.protocol import (
     LeastSquaresAnswers,
 )
 from dprelease.mechanisms.primitives.strategies import identity_strategy, total_strategy
+from dprelease.mechanisms.primitives.subset_family import (
+    MAX_FAMILY_SUBSETS,
+    MAX_MARGINAL_ATTRIBUTES,
+    SubsetFamily,
+    closure_size_bound,
+    per_subset_product,
+    set_bits,
+    submasks,
+    superset_sums,
+)
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
 from dprelease.mechanisms.primitives.union import UnionStrategy, UnionTerm
 from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem, item_subset
@@ -73,9 +83,6 @@ BASES: tuple[str, ...] = ("centred", "marginal")
 DEFAULT_L1_RESTARTS = 16
 """Random starts of the L1 template after the workload's own marginals (O(d 2^d) per evaluation)."""
 _POSITIVE_RTOL = 1e-12
-
-MAX_MARGINAL_ATTRIBUTES = 20
-"""Largest ``d`` for the marginals template (2^d weights)."""
 
 
 def validate_domain_sizes(domain_sizes: Sequence[int]) -> tuple[int, ...]:
@@ -89,44 +96,6 @@ def validate_domain_sizes(domain_sizes: Sequence[int]) -> tuple[int, ...]:
     if any(n < 1 for n in sizes):
         raise ValueError(f"domain_sizes ({sizes}) must all be >= 1")
     return sizes
-
-
-def _lattice_transform(
-    values: np.ndarray, num_attributes: int, *, upward: bool, sign: float
-) -> np.ndarray:
-    """One pass per bit, each a contiguous 3-D view: ``low += sign · high`` (``upward=False``) or
-    ``high += sign · low``. O(d 2^d)."""
-    out = np.array(values, dtype=np.float64, copy=True)
-    if out.shape != (1 << num_attributes,):
-        raise ValueError(f"values (shape {out.shape}) must have length 2^d = {1 << num_attributes}")
-    for bit in range(num_attributes):
-        pairs = out.reshape(-1, 2, 1 << bit)  # (2^(d−1−bit), 2, 2^bit): the middle axis is `bit`
-        target, source = (pairs[:, 1, :], pairs[:, 0, :]) if upward else (pairs[:, 0], pairs[:, 1])
-        target += sign * source  # sign is ±1: exact
-    return out
-
-
-def superset_sums(values: np.ndarray, num_attributes: int) -> np.ndarray:
-    """``out[U] = Σ_{S ⊇ U} values[S]`` (zeta transform over supersets). O(d 2^d)."""
-    return _lattice_transform(values, num_attributes, upward=False, sign=1.0)
-
-
-def superset_differences(values: np.ndarray, num_attributes: int) -> np.ndarray:
-    """Inverse of :func:`superset_sums` (Möbius transform over supersets). O(d 2^d)."""
-    return _lattice_transform(values, num_attributes, upward=False, sign=-1.0)
-
-
-def subset_sums(values: np.ndarray, num_attributes: int) -> np.ndarray:
-    """``out[S] = Σ_{U ⊆ S} values[U]`` (zeta transform over subsets; adjoint of supersets)."""
-    return _lattice_transform(values, num_attributes, upward=True, sign=1.0)
-
-
-def per_subset_product(kept: Sequence[float], summed: Sequence[float]) -> np.ndarray:
-    """``out[S] = Π_i (kept[i] if i ∈ S else summed[i])`` for every bitmask S. O(2^d)."""
-    out = np.ones(1)
-    for kept_value, summed_value in zip(kept, summed, strict=True):
-        out = np.concatenate([out * summed_value, out * kept_value])
-    return out
 
 
 def summed_out_sizes(domain_sizes: Sequence[int]) -> np.ndarray:
@@ -161,23 +130,29 @@ def gram_eigenvalues(coefficients: np.ndarray, domain_sizes: Sequence[int]) -> n
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class SubsetWorkload:
-    """A workload's projections ``g_T = tr(WᵀW Q_T)`` on the 2^d subset eigenspaces."""
+    """A workload's projections ``g_T = tr(WᵀW Q_T)`` on the subset eigenspaces of ``family``."""
 
     domain_shape: tuple[int, ...]
     projections: np.ndarray
-    """``g_T`` (length 2^d; round-off below 1e-12 of the total set to 0)."""
+    """``g_T``, one per subset of ``family`` (round-off below 1e-12 of the total set to 0)."""
     diagonal: bool
     """True when ``WᵀW = Σ_T λ_T Q_T`` exactly (every factor's Gram is ``a·I + b·J``)."""
     own_subsets: tuple[int, ...]
     """Per item, the bitmask of the attributes it does not sum out (its own marginal)."""
+    family: SubsetFamily = None  # type: ignore[assignment]
+    """The subsets ``projections`` hold; default: every subset of ``domain_shape``."""
+
+    def __post_init__(self) -> None:
+        if self.family is None:
+            object.__setattr__(self, "family", SubsetFamily.every_subset(self.domain_shape))
 
     @property
     def num_cells(self) -> float:
-        return float(math.prod(self.domain_shape))
+        return self.family.num_cells
 
     def multiplicities(self) -> np.ndarray:
         """``r_T = Π_{i∈T}(n_i − 1)``."""
-        return eigenspace_multiplicities(self.domain_shape)
+        return self.family.multiplicities()
 
     def eigenvalues(self) -> np.ndarray:
         """``λ_T = g_T / r_T`` (0 where ``r_T = 0``): the Gram's spectrum when ``diagonal``."""
@@ -185,13 +160,16 @@ class SubsetWorkload:
         return np.divide(self.projections, r, out=np.zeros_like(self.projections), where=r > 0)
 
 
+def _gram_parts(trace: float, total: float, n: int) -> tuple[float, float]:
+    """A Gram's centred part ``tr(G P⁰)`` and mean part ``tr(G P¹) = 1ᵀG1 / n`` from its trace
+    and entry sum."""
+    return max(trace - total / n, 0.0), total / n
+
+
 def _projections(grams: Iterable[tuple[float, float, int]]) -> np.ndarray:
-    """``tr(⊗_i G_i Q_T)`` for every T (bit i ⇔ centred) from each ``G_i``'s (trace, entry sum, n):
-    its centred part ``tr(G P⁰)`` and mean part ``tr(G P¹) = 1ᵀG1 / n``. O(2^d)."""
-    centred, means = [], []
-    for trace, total, n in grams:
-        means.append(total / n)
-        centred.append(max(trace - total / n, 0.0))
+    """``tr(⊗_i G_i Q_T)`` for every T (bit i ⇔ centred) from each ``G_i``'s (trace, entry sum, n).
+    O(2^d)."""
+    centred, means = zip(*(_gram_parts(*gram) for gram in grams), strict=True)
     return per_subset_product(centred, means)
 
 
@@ -201,9 +179,50 @@ def _drop_round_off(total: np.ndarray) -> np.ndarray:
     return np.where(total > floor, total, 0.0)
 
 
-def item_projections(item: WorkloadItem) -> np.ndarray:
-    """``tr(W_itemᵀW_item Q_T)`` for every subset T. O(2^d + Σ_i cost of one product of W_i)."""
-    return _projections((f.gram_trace(), f.gram_sum(), f.n) for f in item.factors)
+def own_subset(item: WorkloadItem) -> int:
+    """Bitmask of the attributes whose factor has a centred part (the item's own marginal):
+    ``g_T(item) = 0`` unless ``T`` is a subset of it. O(1) for a marginal, else O(d)."""
+    mask = item_subset(item)
+    if mask is not None:
+        return mask
+    parts = [f.gram_ij() for f in item.factors]
+    return sum(1 << i for i, part in enumerate(parts) if part is None or part[0] != 0.0)
+
+
+def item_support(item: WorkloadItem, family: SubsetFamily) -> tuple[np.ndarray, np.ndarray]:
+    """``(positions, g_T)``: the item's non-zero projections ``tr(W_itemᵀW_item Q_T)`` and their
+    positions in ``family`` (−1 for a subset the family lacks). O(2^d) on the lattice; on a
+    closed family O(2^k · k) for a marginal keeping k attributes, O(d + 2^k) otherwise."""
+    if family.is_lattice:
+        dense = _projections((f.gram_trace(), f.gram_sum(), f.n) for f in item.factors)
+        support = np.flatnonzero(dense)
+        return support, dense[support]
+    sizes = family.sizes
+    mask = item_subset(item)
+    if mask is not None:  # centred part n − 1 on a kept attribute, mean part n on a summed one
+        kept = set_bits(mask)
+        centred = {i: float(sizes[i] - 1) for i in kept}
+        means = dict.fromkeys(kept, 1.0)
+        rest = family.num_cells / math.prod(float(sizes[i]) for i in kept)
+    else:
+        parts = [_gram_parts(f.gram_trace(), f.gram_sum(), f.n) for f in item.factors]
+        mask = own_subset(item)
+        kept = set_bits(mask)
+        centred = {i: parts[i][0] for i in kept}
+        means = {i: parts[i][1] for i in kept}
+        rest = math.prod(parts[i][1] for i in range(len(parts)) if not mask >> i & 1)
+    subsets = list(submasks(mask))
+    values = np.array(
+        [rest * math.prod(centred[i] if t >> i & 1 else means[i] for i in kept) for t in subsets]
+    )
+    positions = np.array([_position_or_missing(family, t) for t in subsets], dtype=np.int64)
+    nonzero = values > 0
+    return positions[nonzero], values[nonzero]
+
+
+def _position_or_missing(family: SubsetFamily, mask: int) -> int:
+    position = family.position(mask)
+    return -1 if position is None else position
 
 
 def workload_projections(terms: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
@@ -216,29 +235,36 @@ def workload_projections(terms: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
 
 
 def subset_workload(workload: Workload) -> SubsetWorkload:
-    """The workload's subset-space projections. O(items · 2^d); d ≤ 20 attributes.
-
-    Identity and total factors cost O(1); other factors one product each (never a Gram).
-    """
-    d = len(workload.domain_shape)
-    if d > MAX_MARGINAL_ATTRIBUTES:
-        raise ValueError(
-            f"the subset space of {d} attributes has 2^{d} subsets; at most "
-            f"{MAX_MARGINAL_ATTRIBUTES} attributes"
+    """The workload's subset-space projections: on every subset up to
+    ``MAX_MARGINAL_ATTRIBUTES`` attributes (O(items · 2^d)), else on the downward closure of the
+    items' own marginals (a workload of marginals: O(items + Σ 2^|R|); otherwise O(items · d)
+    more).  Identity and total factors cost O(1); other factors one product each (no Gram)."""
+    shape = workload.domain_shape
+    own = tuple(own_subset(item) for item in workload.items)
+    family = SubsetFamily.for_masks(shape, own)
+    marginal = [item_subset(item) for item in workload.items]
+    diagonal = all(mask is not None for mask in marginal) or all(
+        f.gram_ij() is not None for item in workload.items for f in item.factors
+    )
+    total = np.zeros(len(family))
+    if not family.is_lattice and all(mask is not None for mask in marginal):
+        # g_T = r_T Σ_{R ⊇ T} N / |R|: one superset sum over the tables' own subsets
+        kept_cells = np.array([math.prod(shape[i] for i in set_bits(m)) for m in own], float)
+        positions = np.array([family.position(m) for m in own], dtype=np.int64)
+        per_table = np.bincount(
+            positions, weights=family.num_cells / kept_cells, minlength=len(family)
         )
-    total = np.zeros(2**d)
-    own = []
-    diagonal = True
-    for item in workload.items:
-        total += item_projections(item)
-        parts = [f.gram_ij() for f in item.factors]
-        own.append(sum(1 << i for i, part in enumerate(parts) if part is None or part[0] != 0.0))
-        diagonal = diagonal and all(part is not None for part in parts)
+        total = family.multiplicities() * family.superset_sums(per_table)
+    else:
+        for item in workload.items:
+            positions, values = item_support(item, family)
+            np.add.at(total, positions, values)
     return SubsetWorkload(
-        domain_shape=workload.domain_shape,
+        domain_shape=shape,
         projections=_drop_round_off(total),
         diagonal=diagonal,
-        own_subsets=tuple(own),
+        own_subsets=own,
+        family=family,
     )
 
 
@@ -251,12 +277,18 @@ def marginals_sensitivity(weights: np.ndarray, *, noise: NoiseKind) -> float:
     return float(np.sqrt(np.sum(weights**2)))
 
 
+def as_family(family: SubsetFamily | Sequence[int]) -> SubsetFamily:
+    """``family`` itself, or every subset of the domain sizes it lists."""
+    return family if isinstance(family, SubsetFamily) else SubsetFamily.every_subset(family)
+
+
 def marginals_unit_error(
-    weights: np.ndarray, projections: np.ndarray, domain_sizes: Sequence[int]
+    weights: np.ndarray, projections: np.ndarray, family: SubsetFamily | Sequence[int]
 ) -> float:
     """``tr(G X⁺)`` for ``X = Σ w_S² B_S``; ``inf`` if the strategy does not support ``G``."""
-    eigenvalues = gram_eigenvalues(np.asarray(weights, dtype=np.float64) ** 2, domain_sizes)
-    return _unit_trace(eigenvalues, projections)
+    family = as_family(family)
+    squared = np.asarray(weights, dtype=np.float64) ** 2
+    return _unit_trace(family.superset_sums(squared * family.summed_out_sizes()), projections)
 
 
 def _unit_trace(mu: np.ndarray, projections: np.ndarray) -> float:
@@ -270,7 +302,7 @@ def _unit_trace(mu: np.ndarray, projections: np.ndarray) -> float:
 def marginals_loss_and_gradient(
     params: np.ndarray,
     projections: np.ndarray,
-    domain_sizes: tuple[int, ...],
+    family: SubsetFamily | Sequence[int],
     noise: NoiseKind,
 ) -> tuple[float, np.ndarray]:
     """``Δ(w)² · tr(G X(w)⁺)`` and its gradient in the weights ``w`` (scale invariant). O(d 2^d).
@@ -278,14 +310,14 @@ def marginals_loss_and_gradient(
     With ``θ = w²``, ``λ = zeta(θ ∘ m)`` and ``f = Σ_U g_U / λ_U``:
     ``∂f/∂θ_S = −m_S Σ_{U ⊆ S} g_U / λ_U²`` (a subset-sum transform).
     """
-    d = len(domain_sizes)
-    sizes_out = summed_out_sizes(domain_sizes)
+    family = as_family(family)
+    sizes_out = family.summed_out_sizes()
     theta = params * params
-    eigenvalues = superset_sums(theta * sizes_out, d)
+    eigenvalues = family.superset_sums(theta * sizes_out)
     needed = projections > 0
     safe = np.where(needed, eigenvalues, 1.0)
     f = float(np.sum(np.where(needed, projections / safe, 0.0)))
-    d_theta = -sizes_out * subset_sums(np.where(needed, projections / safe**2, 0.0), d)
+    d_theta = -sizes_out * family.subset_sums(np.where(needed, projections / safe**2, 0.0))
     if noise == "laplace":
         sensitivity = float(np.sum(params))
         d_sensitivity_sq = 2.0 * sensitivity * np.ones_like(params)
@@ -315,7 +347,7 @@ class WeightSearch:
 
 def search_marginal_weights(
     projections: np.ndarray,
-    domain_sizes: Sequence[int],
+    family: SubsetFamily | Sequence[int],
     *,
     noise: NoiseKind,
     rng: np.random.Generator,
@@ -329,8 +361,8 @@ def search_marginal_weights(
 
     L-BFGS-B from each of ``starts`` (e.g. the workload's own marginals) and then from
     ``restarts`` ``Uniform(0, 1)`` points drawn from ``rng`` (the objective is not convex: a zero
-    weight is a stationary direction, so restarts explore other supports).  The full-identity
-    weight is kept ≥ 1e-6 (relative) so every eigenvalue stays positive; weights below 1e-4 of the
+    weight is a stationary direction, so restarts explore other supports).  The weights of the
+    family's maximal subsets (the full identity on the whole lattice) are kept ≥ 1e-6 (relative) so every eigenvalue stays positive; weights below 1e-4 of the
     largest are dropped when that costs < 1e-6 relative error.  BLAS runs single-threaded (scipy's
     L-BFGS-B is many times slower per iteration with contended OpenBLAS threads).
 
@@ -340,28 +372,29 @@ def search_marginal_weights(
     message)`` is called after every run.  One evaluation is O(d 2^d).
     """
     started = time.perf_counter()
-    sizes = validate_domain_sizes(domain_sizes)
-    d = len(sizes)
+    if not isinstance(family, SubsetFamily):
+        family = SubsetFamily.every_subset(validate_domain_sizes(family))
+    size = len(family)
     if restarts < 0:
         raise ValueError(f"restarts ({restarts}) must be >= 0")
     if time_limit is not None and not time_limit >= 0:
         raise ValueError(f"time_limit ({time_limit}) must be >= 0 seconds or None")
     initial = [np.asarray(x, dtype=np.float64) for x in starts]
     for x in initial:
-        if x.shape != (2**d,) or not np.all(np.isfinite(x)) or np.any(x < 0) or not x.any():
-            raise ValueError(f"every start must be 2^d = {2**d} finite weights >= 0, not all 0")
+        if x.shape != (size,) or not np.all(np.isfinite(x)) or np.any(x < 0) or not x.any():
+            raise ValueError(f"every start must be {size:,} finite weights >= 0, not all 0")
     if not initial and restarts == 0:
         raise ValueError("need at least one start or restart")
     deadline = math.inf if time_limit is None else started + time_limit
-    full = 2**d - 1
+    floored = family.maximal_positions()
     scale = max(float(projections.max()), 1e-300)
     normalised = projections / scale
-    best_weights, best_loss, iterations, runs, stopped = np.zeros(2**d), np.inf, 0, 0, False
+    best_weights, best_loss, iterations, runs, stopped = np.zeros(size), np.inf, 0, 0, False
     total_runs = len(initial) + restarts
 
     def objective(params: np.ndarray, level: float = 1.0) -> tuple[float, np.ndarray]:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            loss, gradient = marginals_loss_and_gradient(params, normalised, sizes, noise)
+            loss, gradient = marginals_loss_and_gradient(params, normalised, family, noise)
         if not (np.isfinite(loss) and np.all(np.isfinite(gradient))):
             return math.inf, np.zeros_like(params)  # a weight vector that loses support
         return loss / level, gradient / level
@@ -375,12 +408,13 @@ def search_marginal_weights(
             if run > 0 and time.perf_counter() > deadline:
                 stopped = True
                 break
-            start = initial[run] if run < len(initial) else rng.random(2**d)
+            start = initial[run] if run < len(initial) else rng.random(size)
             start = np.array(start, dtype=np.float64)
             start /= marginals_sensitivity(start, noise=noise)  # the objective is scale-free
-            bounds = [(0.0, None)] * (2**d)
-            bounds[full] = (1e-6 * float(start.mean()), None)
-            start[full] = max(start[full], bounds[full][0])
+            bounds = [(0.0, None)] * size
+            for position in floored:
+                bounds[position] = (1e-6 * float(start.mean()), None)
+                start[position] = max(start[position], bounds[position][0])
             # Divide by the starting loss so L-BFGS-B's relative-reduction test (which compares
             # against max(|f|, 1)) sees f ≈ 1: with f ≪ 1 it stopped after one iteration.
             level, _ = objective(start)
@@ -410,10 +444,10 @@ def search_marginal_weights(
     if not np.isfinite(best_loss):
         raise ValueError("the marginals template found no weights that support the workload")
     best_weights = best_weights / marginals_sensitivity(best_weights, noise=noise)
-    error = marginals_unit_error(best_weights, normalised, sizes)
+    error = marginals_unit_error(best_weights, normalised, family)
     pruned = np.where(best_weights >= 1e-4 * best_weights.max(), best_weights, 0.0)
     pruned = pruned / marginals_sensitivity(pruned, noise=noise)
-    pruned_error = marginals_unit_error(pruned, normalised, sizes)
+    pruned_error = marginals_unit_error(pruned, normalised, family)
     if pruned_error <= error * (1 + 1e-6):
         best_weights, error = pruned, pruned_error
     return WeightSearch(
@@ -448,33 +482,46 @@ class MarginalWeights:
     """True when ``time_limit`` stopped the search (the weights are the best found by then)."""
     iterations: int = 0
     seconds: float = 0.0
+    family: SubsetFamily = None  # type: ignore[assignment]
+    """The subsets ``weights`` hold (default: every subset of ``domain_shape``)."""
 
     def __post_init__(self) -> None:
         if self.basis not in BASES:
             raise ValueError(f"basis ({self.basis!r}) must be one of {BASES}")
         validate_noise(self.noise)
-        d = len(self.domain_shape)
+        object.__setattr__(self, "domain_shape", tuple(int(n) for n in self.domain_shape))
+        if self.family is None:
+            object.__setattr__(self, "family", SubsetFamily.every_subset(self.domain_shape))
+        size = len(self.family)
         weights = np.array(self.weights, dtype=np.float64, copy=True)  # frozen below
-        if weights.shape != (2**d,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
-            raise ValueError(f"weights must be 2^d = {2**d} finite values >= 0")
+        if weights.shape != (size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise ValueError(f"weights must be {size:,} finite values >= 0 (one per subset)")
         if not weights.any():
             raise ValueError("weights must not all be 0")
-        object.__setattr__(self, "domain_shape", tuple(int(n) for n in self.domain_shape))
         weights.setflags(write=False)
         object.__setattr__(self, "weights", weights)
 
     @property
     def subsets(self) -> np.ndarray:
-        """Bitmasks with a non-zero weight (the measured terms), ascending."""
-        return np.flatnonzero(self.weights > 0)
+        """Bitmasks with a non-zero weight (the measured terms), ascending (Python ints beyond
+        62 attributes)."""
+        positions = np.flatnonzero(self.weights > 0)
+        if self.family.is_lattice:
+            return positions
+        dtype = np.int64 if len(self.domain_shape) < 63 else object
+        return np.array(self.family.masks_at(positions), dtype=dtype)
+
+    def weight_of(self, mask: int) -> float:
+        """The weight of subset ``mask`` (0 when the family does not hold it)."""
+        return self.family.value_at(self.weights, int(mask))
 
     def strategy_eigenvalues(self) -> np.ndarray:
-        """``μ_T``: the strategy Gram's eigenvalue on each ``Q_T``. O(d 2^d)."""
-        sizes_out = summed_out_sizes(self.domain_shape)  # c_T = Π_{i∉T} n_i
-        squared = self.weights**2 * sizes_out
+        """``μ_T``: the strategy Gram's eigenvalue on each ``Q_T`` of the family. O(d 2^d) on
+        the lattice, O(Σ 2^|S|) on a closed family."""
+        squared = self.weights**2 * self.family.summed_out_sizes()  # c_T = Π_{i∉T} n_i
         if self.basis == "centred":
             return squared
-        return superset_sums(squared, len(self.domain_shape))
+        return self.family.superset_sums(squared)
 
     def sensitivity(self, *, noise: NoiseKind) -> float:
         """Largest column norm of the stacked terms (every column has the same norm). O(d 2^d)."""
@@ -483,25 +530,23 @@ class MarginalWeights:
             return marginals_sensitivity(self.weights, noise=noise)
         sizes = np.array(self.domain_shape, dtype=np.float64)
         if noise == "gaussian":  # ‖C column‖² = 1 − 1/n, ‖1ᵀ column‖² = 1
-            squared = _kept_products((sizes - 1.0) / sizes)
+            squared = self.family.kept_products((sizes - 1.0) / sizes)
             return float(np.sqrt(np.sum(self.weights**2 * squared)))
         # ‖C column‖₁ = 2 (n − 1) / n, ‖1ᵀ column‖₁ = 1
-        return float(np.sum(self.weights * _kept_products(2.0 * (sizes - 1.0) / sizes)))
+        return float(np.sum(self.weights * self.family.kept_products(2.0 * (sizes - 1.0) / sizes)))
 
     @property
     def num_answers(self) -> int:
         """Noisy answers measured: ``Π_{i∈S} n_i`` per weighted subset."""
         shape = self.domain_shape
-        return sum(
-            math.prod(n for i, n in enumerate(shape) if int(mask) >> i & 1) for mask in self.subsets
-        )
+        return sum(math.prod(shape[i] for i in set_bits(int(mask))) for mask in self.subsets)
 
     def to_parameters(self) -> dict[str, Any]:
         """JSON-able record (non-zero weights by bitmask) that :meth:`from_parameters` rebuilds."""
         return {
             "basis": self.basis,
             "norm": SENSITIVITY_NORM[self.noise],  # the token entries have always stored
-            "subset_weights": {str(int(s)): float(self.weights[s]) for s in self.subsets},
+            "subset_weights": {str(int(s)): self.weight_of(s) for s in self.subsets},
             "unit_total_error": self.unit_total_error,
             "lower_bound": self.lower_bound,
             "stopped_early": self.stopped_early,
@@ -512,11 +557,14 @@ class MarginalWeights:
     def from_parameters(
         cls, domain_shape: tuple[int, ...], parameters: dict[str, Any]
     ) -> MarginalWeights:
-        weights = np.zeros(2 ** len(domain_shape))
-        for mask, value in dict(parameters["subset_weights"]).items():
-            weights[int(mask)] = float(value)
+        stored = {int(mask): float(value) for mask, value in parameters["subset_weights"].items()}
+        family = SubsetFamily.for_masks(domain_shape, stored)
+        weights = np.zeros(len(family))
+        for mask, value in stored.items():
+            weights[family.position(mask)] = value
         return cls(
             domain_shape=domain_shape,
+            family=family,
             basis=parameters["basis"],
             weights=weights,
             noise=noise_for_norm(int(parameters["norm"])),
@@ -546,7 +594,7 @@ def marginal_weights_l2(
 ) -> MarginalWeights:
     """Eigen-Design in subset space for L2 noise: centred-marginal weights ``w_T² c_T ∝ √(g_T/r_T)``.
 
-    Closed form, O(items · 2^d): each eigenspace ``Q_T`` gets weight ``μ_T ∝ √λ_T`` (Cauchy–Schwarz
+    Closed form, O(items · 2^d) (on a closed family O(items + Σ 2^|R|)): each eigenspace ``Q_T`` gets weight ``μ_T ∝ √λ_T`` (Cauchy–Schwarz
     on ``Δ₂² · Σ g_T/μ_T`` with ``Δ₂² = Σ μ_T r_T / N``), so the total error is
     ``(Σ_T √(g_T r_T))² / N``: the SVD bound exactly when the workload is diagonal (all marginals).
     ``time_limit`` is accepted for a uniform interface (the computation never needs it).
@@ -561,9 +609,10 @@ def marginal_weights_l2(
     roots = np.sqrt(g * r)  # √(g_T r_T) = r_T √λ_T
     mu = np.divide(np.sqrt(g), np.sqrt(r), out=np.zeros_like(g), where=r > 0)  # √λ_T
     mu *= subset.num_cells / float(roots.sum())  # Δ₂² = Σ μ_T r_T / N = 1
-    weights = np.sqrt(mu / summed_out_sizes(subset.domain_shape))
+    weights = np.sqrt(mu / subset.family.summed_out_sizes())
     result = MarginalWeights(
         domain_shape=subset.domain_shape,
+        family=subset.family,
         basis="centred",
         weights=weights,
         noise="gaussian",
@@ -589,25 +638,29 @@ def marginal_weights_template(
 
     Starts from the workload's own marginals (weight 1 each: the "measure every table" strategy,
     so the result is never worse than it) and then ``restarts`` random points; L-BFGS-B, O(d 2^d)
-    per evaluation.  On ``time_limit`` the best weights so far are returned (``stopped_early``).
+    per evaluation.  Beyond ``MAX_MARGINAL_ATTRIBUTES`` attributes the search runs on the downward
+    closure of the workload's tables, from their own marginals only (O(Σ 2^|R|) per evaluation;
+    random points in 10⁵ dimensions rarely beat that start).  On ``time_limit`` the best weights so far are returned (``stopped_early``).
     """
     _check_time_limit(time_limit)
     validate_noise(noise)
     subset = workload if isinstance(workload, SubsetWorkload) else subset_workload(workload)
-    start = np.zeros(2 ** len(subset.domain_shape))
-    start[list(set(subset.own_subsets))] = 1.0
+    family = subset.family
+    start = np.zeros(len(family))
+    start[[family.position(mask) for mask in set(subset.own_subsets)]] = 1.0
     search = search_marginal_weights(
         subset.projections,
-        subset.domain_shape,
+        family,
         noise=noise,
         rng=rng,
-        restarts=restarts,
+        restarts=restarts if family.is_lattice else 0,
         starts=(start,),
         time_limit=time_limit,
         progress=progress,
     )
     return MarginalWeights(
         domain_shape=subset.domain_shape,
+        family=family,
         basis="marginal",
         weights=search.weights,
         noise=noise,
@@ -648,13 +701,22 @@ def _bound(subset: SubsetWorkload) -> float | None:
 
 
 def marginal_workload_reason(workload: Workload) -> str | None:
-    """Why ``workload`` is not a union of marginals the subset space serves (None when it is)."""
-    d = len(workload.domain_shape)
-    if d > MAX_MARGINAL_ATTRIBUTES:
-        return f"at most {MAX_MARGINAL_ATTRIBUTES} attributes (this domain has {d})"
+    """Why ``workload`` is not a union of marginals the subset space serves (None when it is):
+    an item with other queries, or more than ``MAX_FAMILY_SUBSETS`` subsets below the tables
+    (beyond ``MAX_MARGINAL_ATTRIBUTES`` attributes). O(items)."""
+    masks = []
     for item in workload.items:
-        if item_subset(item) is None:
+        mask = item_subset(item)
+        if mask is None:
             return f"answers marginals only; item {item.name!r} has other queries"
+        masks.append(mask)
+    if len(workload.domain_shape) > MAX_MARGINAL_ATTRIBUTES:
+        bound = closure_size_bound(masks)
+        if bound > MAX_FAMILY_SUBSETS:
+            return (
+                f"the tables have up to {bound:,} attribute subsets below them; at most "
+                f"{MAX_FAMILY_SUBSETS:,}"
+            )
     return None
 
 
@@ -694,7 +756,7 @@ class SubsetStrategy(LeastSquaresAnswers):
         measured = Centring if self.weights.basis == "centred" else identity_strategy
         terms = tuple(
             UnionTerm(
-                weight=float(self.weights.weights[mask]),
+                weight=self.weights.weight_of(mask),
                 factors=tuple(
                     measured(n) if mask >> i & 1 else total_strategy(n) for i, n in enumerate(shape)
                 ),
@@ -714,18 +776,22 @@ class SubsetStrategy(LeastSquaresAnswers):
 
     @cached_property
     def inverse_eigenvalues(self) -> np.ndarray:
-        """``1/μ_T`` (0 where ``μ_T = 0``: the pseudo-inverse). O(d 2^d) once."""
+        """``1/μ_T`` per subset of the family (0 where ``μ_T = 0``: the pseudo-inverse). O(d 2^d)
+        once (O(Σ 2^|S|) on a closed family)."""
         mu = self.weights.strategy_eigenvalues()
         positive = mu > _POSITIVE_RTOL * max(float(mu.max()), np.finfo(np.float64).tiny)
         return np.divide(1.0, mu, out=np.zeros_like(mu), where=positive)
 
     def item_unit_total(self, item: WorkloadItem, workload: Workload | None = None) -> float:
-        """``tr(W_itemᵀW_item (AᵀA)⁺) = Σ_T g_T(item) / μ_T``. O(2^d)."""
-        return float(item_projections(item) @ self.inverse_eigenvalues)
+        """``tr(W_itemᵀW_item (AᵀA)⁺) = Σ_T g_T(item) / μ_T`` (a subset outside the family has
+        ``μ_T = 0``). O(2^d) on the lattice, O(2^k · k) for a marginal keeping k attributes."""
+        positions, values = item_support(item, self.weights.family)
+        held = positions >= 0
+        return float(values[held] @ self.inverse_eigenvalues[positions[held]])
 
     def uniform_unit_variance(self, item: WorkloadItem) -> float | None:
         """The variance every cell of a marginal ``item`` shares (each ``Q_T`` has a constant
-        diagonal on a marginal's rows), None for other items. O(2^d)."""
+        diagonal on a marginal's rows), None for other items. As :meth:`item_unit_total`."""
         if item_subset(item) is None:
             return None
         return self.item_unit_total(item) / item.num_queries
@@ -736,8 +802,13 @@ class SubsetStrategy(LeastSquaresAnswers):
         """``diag(W (AᵀA)⁺ Wᵀ) = Σ_T μ_T⁻¹ ⊗_i diag(W_i P^{T_i} W_iᵀ)``, row-major.
 
         Only subsets of the attributes the item does not sum out contribute (a total factor has no
-        centred part), so the cost is O(2^k · m_item) for k such attributes.
+        centred part), so the cost is O(2^k · m_item) for k such attributes; a marginal's rows
+        share one variance (:meth:`uniform_unit_variance`).
         """
+        uniform = self.uniform_unit_variance(item)
+        if uniform is not None:
+            return np.full(item.num_queries, uniform)
+        family = self.weights.family
         inverse = self.inverse_eigenvalues
         per_attribute = []
         for factor in item.factors:
@@ -750,19 +821,25 @@ class SubsetStrategy(LeastSquaresAnswers):
         total = np.zeros(tuple(f.m for f in item.factors))
         for choice in range(1 << len(free)):
             mask = sum(1 << free[k] for k in range(len(free)) if choice >> k & 1)
-            if inverse[mask] == 0.0:
+            inverse_mu = family.value_at(inverse, mask)
+            if inverse_mu == 0.0:
                 continue
             outer = np.ones(())
             for i, (mean, centred) in enumerate(per_attribute):
                 outer = np.multiply.outer(outer, centred if mask >> i & 1 else mean)
-            total += inverse[mask] * outer
+            total += inverse_mu * outer
         return total.ravel()
 
     def support_residual(self, workload: Workload) -> float:
         """0 when ``μ_T > 0`` wherever the workload has mass, else 1 (an unsupported eigenspace
-        leaves a residual of the order of the queries)."""
-        subset = subset_workload(workload)
-        return 0.0 if math.isfinite(subset_unit_error(self.weights, subset.projections)) else 1.0
+        leaves a residual of the order of the queries). O(Σ_items 2^k)."""
+        inverse = self.inverse_eigenvalues
+        for item in workload.items:
+            positions, values = item_support(item, self.weights.family)
+            positions = positions[values > _POSITIVE_RTOL * values.sum()]  # not round-off
+            if np.any(positions < 0) or np.any(inverse[positions] == 0.0):
+                return 1.0
+        return 0.0
 
 
 def subset_strategy(

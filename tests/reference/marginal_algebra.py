@@ -17,9 +17,9 @@ from dprelease.mechanisms.primitives.marginal_strategies import (
     eigenspace_multiplicities,
     gram_eigenvalues,
     summed_out_sizes,
-    superset_differences,
     validate_domain_sizes,
 )
+from dprelease.mechanisms.primitives.subset_family import superset_differences
 
 
 def gram_coefficients(eigenvalues: np.ndarray, domain_sizes: Sequence[int]) -> np.ndarray:

@@ -41,11 +41,10 @@ from dprelease.mechanisms.primitives.marginal_strategies import (
     marginals_loss_and_gradient,
     marginals_sensitivity,
     marginals_unit_error,
-    superset_differences,
-    superset_sums,
     validate_domain_sizes,
     workload_projections,
 )
+from dprelease.mechanisms.primitives.subset_family import superset_differences, superset_sums
 from tests.fake_clock import install_fake_clock
 from tests.reference.lower_bound import svd_bound_terms as svd_bound
 from tests.reference.marginal_algebra import (

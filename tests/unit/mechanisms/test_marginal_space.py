@@ -16,7 +16,6 @@ import pytest
 from dprelease.mechanisms.marginal_space import (
     MECHANISM,
     MarginalSpaceStrategy,
-    down_closure,
     marginal_of,
 )
 from dprelease.mechanisms.primitives.marginal_strategies import (
@@ -32,6 +31,7 @@ from dprelease.mechanisms.primitives.protocol import (
     PlanRequest,
     StoredStrategy,
 )
+from dprelease.mechanisms.primitives.subset_family import down_closure
 from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem, axes_of, item_subset
 
 
@@ -206,7 +206,7 @@ def test_plan_is_cached_and_rebuilt_identically() -> None:
     assert MECHANISM.predicted_seconds(request) > 0
 
 
-def test_unavailable_for_non_marginal_items_and_too_many_attributes() -> None:
+def test_unavailable_for_non_marginal_items_and_too_many_subsets() -> None:
     base = dict(
         ordered=(True,),
         target=PrivacyCost(measure="pure", epsilon=1.0),
@@ -221,11 +221,20 @@ def test_unavailable_for_non_marginal_items_and_too_many_attributes() -> None:
     )
     with pytest.raises(CandidateUnavailable, match="marginals only"):
         MECHANISM.plan(request, cache=DictCache())
-    wide = marginals_workload((2,) * 21, [(0, 1)])
-    reason = MECHANISM.unavailable_reason(
-        PlanRequest(workload=wide, **{**base, "ordered": (True,) * 21})
+    wide = marginals_workload((2,) * 21, [(0, 1)])  # beyond the whole lattice: its closure
+    assert (
+        MECHANISM.unavailable_reason(
+            PlanRequest(workload=wide, **{**base, "ordered": (True,) * 21})
+        )
+        is None
     )
-    assert reason == "at most 20 attributes (this domain has 21)"
+    huge = marginals_workload((2,) * 30, [tuple(range(30))])
+    reason = MECHANISM.unavailable_reason(
+        PlanRequest(workload=huge, **{**base, "ordered": (True,) * 30})
+    )
+    assert reason == (
+        "the tables have up to 1,073,741,824 attribute subsets below them; at most 20,000,000"
+    )
 
 
 def test_subset_helpers() -> None:

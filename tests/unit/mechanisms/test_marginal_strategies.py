@@ -24,7 +24,6 @@ from dprelease.mechanisms.primitives.marginal_strategies import (
     subset_strategy,
     subset_unit_error,
     subset_workload,
-    superset_differences,
 )
 from dprelease.mechanisms.primitives.operators import (
     AllRanges,
@@ -34,6 +33,7 @@ from dprelease.mechanisms.primitives.operators import (
     kron_dense,
     kron_matrices,
 )
+from dprelease.mechanisms.primitives.subset_family import superset_differences
 from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 SHAPE = (2, 3, 4)
@@ -288,7 +288,7 @@ def test_parameters_round_trip() -> None:
             lambda: MarginalWeights(
                 domain_shape=SHAPE, basis="centred", weights=np.ones(7), noise="gaussian", unit_total_error=1
             ),
-            r"2\^d = 8 finite values",
+            r"weights must be 8 finite values >= 0 \(one per subset\)",
         ),
         (
             lambda: MarginalWeights(
@@ -302,7 +302,10 @@ def test_parameters_round_trip() -> None:
             ),
             r"noise \('uniform'\) must be one of",
         ),
-        (lambda: subset_workload(_marginals((2,) * 21, [(0,)])), "at most 20 attributes"),
+        (
+            lambda: subset_workload(_marginals((2,) * 30, [tuple(range(30))])),
+            "up to 1,073,741,824 attribute subsets below them; at most 20,000,000",
+        ),
         (
             lambda: marginal_weights_l2(
                 SubsetWorkload(
@@ -314,7 +317,7 @@ def test_parameters_round_trip() -> None:
     ],
     ids=[
         "l2-time-limit", "l1-time-limit", "norm", "restarts", "basis", "weights-shape",
-        "weights-zero", "weights-norm", "too-many-attributes", "empty-workload",
+        "weights-zero", "weights-norm", "too-many-subsets", "empty-workload",
     ],
 )  # fmt: skip
 def test_validation_fires(call, message: str) -> None:

@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from dprelease.mechanisms.marginal_space import MarginalSpaceStrategy, down_closure, marginal_of
+from dprelease.mechanisms.marginal_space import MarginalSpaceStrategy, marginal_of
 from dprelease.mechanisms.pgm import (
     _Lattice,
     chow_liu_tree,
     consistent_marginals,
-    maximal_masks,
     mutual_information,
     sample_tree,
 )
 from dprelease.mechanisms.primitives.marginal_strategies import MarginalWeights
 from dprelease.mechanisms.primitives.noise import NoiseKind
 from dprelease.mechanisms.primitives.operators import Identity, Total
+from dprelease.mechanisms.primitives.subset_family import down_closure, maximal_masks
 from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
 
 SHAPE = (2, 3, 2)
