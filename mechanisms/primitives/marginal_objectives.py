@@ -53,7 +53,7 @@ from dprelease.mechanisms.primitives.protocol import (
     StrategyCache,
     cache_key,
 )
-from dprelease.mechanisms.primitives.subset_family import SubsetFamily
+from dprelease.mechanisms.primitives.subset_family import SubsetFamily, set_bits
 from dprelease.mechanisms.primitives.workload import Workload, item_subset
 
 DEFAULT_GAP = 1e-6
@@ -90,14 +90,25 @@ def item_row_variances(
     one variance)."""
     if family is None:
         family = subset_workload(workload).family
-    rows, columns, values = [], [], []
-    for row, item in enumerate(workload.items):
-        scale = 1.0 if item_scales is None else float(item_scales[item.name])
-        if item_subset(item) is None:
+    masks = []
+    for item in workload.items:
+        mask = item_subset(item)
+        if mask is None:
             raise ValueError(
                 f"objective max_variance needs a workload of marginals; item {item.name!r} has "
                 "other queries"
             )
+        masks.append(mask)
+    scales = np.array(
+        [1.0 if item_scales is None else float(item_scales[item.name]) for item in workload.items]
+    )
+    if not family.is_lattice:  # a_{t,T} = s_t r_T c_R / |R| for T ⊆ R: rows of one sparse matrix
+        sizes = family.sizes
+        kept = np.array([math.prod(float(sizes[i]) for i in set_bits(m)) for m in masks])
+        rows = family.subset_rows([family.position(m) for m in masks], family.multiplicities())
+        return sparse.csr_array(sparse.diags_array(scales * family.num_cells / kept**2) @ rows)
+    rows, columns, values = [], [], []
+    for row, (item, scale) in enumerate(zip(workload.items, scales, strict=True)):
         support, projections = item_support(item, family)
         rows.extend([row] * support.size)
         columns.extend(support.tolist())

@@ -240,9 +240,12 @@ def subset_workload(workload: Workload) -> SubsetWorkload:
     items' own marginals (a workload of marginals: O(items + Σ 2^|R|); otherwise O(items · d)
     more).  Identity and total factors cost O(1); other factors one product each (no Gram)."""
     shape = workload.domain_shape
-    own = tuple(own_subset(item) for item in workload.items)
-    family = SubsetFamily.for_masks(shape, own)
     marginal = [item_subset(item) for item in workload.items]
+    own = tuple(
+        own_subset(item) if mask is None else mask
+        for item, mask in zip(workload.items, marginal, strict=True)
+    )
+    family = SubsetFamily.for_masks(shape, own)
     diagonal = all(mask is not None for mask in marginal) or all(
         f.gram_ij() is not None for item in workload.items for f in item.factors
     )
@@ -782,10 +785,24 @@ class SubsetStrategy(LeastSquaresAnswers):
         positive = mu > _POSITIVE_RTOL * max(float(mu.max()), np.finfo(np.float64).tiny)
         return np.divide(1.0, mu, out=np.zeros_like(mu), where=positive)
 
+    @cached_property
+    def _marginal_sums(self) -> np.ndarray:
+        """``Σ_{T⊆R} r_T / μ_T`` for every subset R of the family: a marginal R's total is this
+        times ``c_R = Π_{i∉R} n_i`` (``g_T(R) = r_T c_R``). One subset sum, O(d 2^d) or O(pairs)."""
+        family = self.weights.family
+        return family.subset_sums(family.multiplicities() * self.inverse_eigenvalues)
+
     def item_unit_total(self, item: WorkloadItem, workload: Workload | None = None) -> float:
         """``tr(W_itemᵀW_item (AᵀA)⁺) = Σ_T g_T(item) / μ_T`` (a subset outside the family has
-        ``μ_T = 0``). O(2^d) on the lattice, O(2^k · k) for a marginal keeping k attributes."""
-        positions, values = item_support(item, self.weights.family)
+        ``μ_T = 0``). O(k) for a marginal of k attributes the family holds (after one subset sum
+        over the family), else O(2^d) on the lattice and O(2^k · k) on a closed family."""
+        family = self.weights.family
+        mask = item_subset(item)
+        position = None if mask is None else family.position(mask)
+        if position is not None:
+            kept = math.prod(float(family.sizes[i]) for i in set_bits(mask))
+            return float(self._marginal_sums[position]) * family.num_cells / kept
+        positions, values = item_support(item, family)
         held = positions >= 0
         return float(values[held] @ self.inverse_eigenvalues[positions[held]])
 

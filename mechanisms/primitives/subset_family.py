@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from scipy import sparse
 
 MAX_MARGINAL_ATTRIBUTES = 20
 """Largest ``d`` whose family is the whole lattice (2^d subsets: the marginals template's)."""
@@ -66,8 +67,9 @@ def down_closure(masks: Iterable[int]) -> list[int]:
     [0, 1, 4, 5]
     """
     closed: set[int] = set()
-    for mask in maximal_masks(masks):
-        closed.update(submasks(mask))
+    for mask in set(masks):
+        if mask not in closed:
+            closed.update(submasks(mask))
     return sorted(closed)
 
 
@@ -239,6 +241,19 @@ class SubsetFamily:
             return subset_sums(values, len(self.sizes))
         supersets, subsets = self._pairs
         return np.bincount(supersets, weights=values[subsets], minlength=len(self))
+
+    def subset_rows(self, positions: np.ndarray, values: np.ndarray) -> sparse.csr_array:
+        """Rows ``positions`` of the family × family matrix ``(S, T) ↦ values[T]`` for ``T ⊆ S``
+        (a closed family only: its pairs are stored by superset). O(pairs of those rows)."""
+        if self.closed_masks is None:
+            raise ValueError("subset_rows needs a closed family (the lattice has 3^d pairs)")
+        supersets, subsets = self._pairs
+        starts = np.concatenate([[0], np.cumsum(np.bincount(supersets, minlength=len(self)))])
+        matrix = sparse.csr_array(
+            (np.asarray(values, dtype=np.float64)[subsets], subsets, starts),
+            shape=(len(self), len(self)),
+        )
+        return matrix[np.asarray(positions, dtype=np.int64)]
 
     def maximal_positions(self) -> list[int]:
         """Positions of the subsets no other member contains (the full set on the lattice)."""

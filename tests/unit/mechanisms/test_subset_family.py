@@ -38,6 +38,7 @@ from tests.doubles import MemoryStore
 
 SHAPE = (2, 3, 4, 1, 3)
 TABLES = [(0, 1), (1, 2, 4), (3,), (0, 4), ()]
+SCALES = {"m0_1": 4.0, "m1_2_4": 1.0, "m3": 0.5, "m0_4": 9.0, "m": 1.0}
 
 
 def marginals(shape: tuple[int, ...], tables: list[tuple[int, ...]]) -> Workload:
@@ -136,6 +137,7 @@ def test_the_closure_plans_what_the_lattice_plans(closure_only: None) -> None:
         lattice_subset = subset_workload(workload)
         lattice_l2 = marginal_weights_l2(lattice_subset)
         lattice_max = marginal_weights_max_variance(workload)
+        lattice_scaled = marginal_weights_max_variance(workload, item_scales=SCALES)
         lattice_l1 = marginal_weights_l1(lattice_subset, rng=np.random.default_rng(1), restarts=0)
     closed_subset = subset_workload(workload)
     assert not closed_subset.family.is_lattice
@@ -149,6 +151,9 @@ def test_the_closure_plans_what_the_lattice_plans(closure_only: None) -> None:
     closed_max = marginal_weights_max_variance(workload)
     assert closed_max.largest_variance == pytest.approx(lattice_max.largest_variance, rel=1e-9)
     assert closed_max.item_variances == pytest.approx(lattice_max.item_variances, rel=1e-9)
+    closed_scaled = marginal_weights_max_variance(workload, item_scales=SCALES)
+    assert closed_scaled.item_variances == pytest.approx(lattice_scaled.item_variances, rel=1e-9)
+    assert closed_scaled.largest_variance != pytest.approx(closed_max.largest_variance, rel=1e-3)
     closed_l1 = marginal_weights_l1(closed_subset, rng=np.random.default_rng(1), restarts=0)
     assert closed_l1.unit_total_error <= lattice_l1.unit_total_error * (1 + 1e-6)
 
