@@ -55,6 +55,7 @@ from dprelease.mechanisms.primitives.subset_family import (
     down_closure,
     maximal_masks,
     set_bits,
+    submasks,
 )
 from dprelease.mechanisms.primitives.workload import (
     Workload,
@@ -154,8 +155,8 @@ class MarginalSpaceStrategy(SubsetStrategy):
         for mask, table in self._split(y):
             axes = tuple(set_bits(mask))
             factor = self.weights.weight_of(mask) * _summed_out(shape, axes)
-            for t in [mask] if centred else targets:
-                if t not in totals or t & ~mask:
+            for t in [mask] if centred else submasks(mask):  # O(2^|S|) per measured table
+                if t not in totals:
                     continue
                 summed = tuple(k for k, a in enumerate(axes) if not t >> a & 1)
                 totals[t] += factor * (table.sum(axis=summed) if summed else table)
@@ -173,8 +174,9 @@ class MarginalSpaceStrategy(SubsetStrategy):
         for name, mask in kept.items():
             axes = tuple(set_bits(mask))
             estimate = np.zeros(tuple(shape[a] for a in axes))
-            for t, part in parts.items():
-                if t & ~mask:
+            for t in submasks(mask):  # O(2^|R|): never the whole closure per table
+                part = parts.get(t)
+                if part is None:
                     continue
                 spread = [shape[a] if t >> a & 1 else 1 for a in axes]
                 divisor = math.prod(shape[a] for a in axes if not t >> a & 1)
