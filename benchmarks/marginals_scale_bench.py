@@ -66,7 +66,7 @@ def write_data(path: Path, *, attributes: int, rows: int, seed: int) -> None:
     pq.write_table(pa.table(columns), path)
 
 
-def write_spec(folder: Path, data: Path, *, attributes: int) -> Path:
+def write_spec(folder: Path, data: Path, *, attributes: int, reconstruct: str) -> Path:
     spec = {
         "name": f"scale{attributes}",
         "dataset": {"id": f"scale{attributes}", "source": str(data), "budget": {"rho": 10.0}},
@@ -76,6 +76,7 @@ def write_spec(folder: Path, data: Path, *, attributes: int) -> Path:
         ],
         "mechanism": "marginal_space",
         "privacy": {"rho": 0.5},
+        "reconstruct": reconstruct,
     }
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -151,16 +152,24 @@ def main() -> None:
     parser.add_argument("--attributes", type=int, default=30)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=20261129)
+    parser.add_argument(
+        "--reconstruct",
+        choices=("least_squares", "pgm"),
+        default="least_squares",
+        help="pgm: consistent, non-negative tables (its error is empirical: the MSE ratio then "
+        "compares it with least squares' predicted variance)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dprelease-scale-") as scratch:
         folder = Path(scratch)
         data = folder / "data.parquet"
         write_data(data, attributes=args.attributes, rows=args.rows, seed=args.seed)
-        spec = write_spec(folder, data, attributes=args.attributes)
+        spec = write_spec(folder, data, attributes=args.attributes, reconstruct=args.reconstruct)
         tables = sum(len(list(itertools.combinations(range(args.attributes), k))) for k in DEGREES)
         print(
             f"{args.attributes} attributes × {VALUES} values, {args.rows:,} rows, "
-            f"all {'/'.join(map(str, DEGREES))}-way marginals ({tables:,} tables), ρ = 0.5"
+            f"all {'/'.join(map(str, DEGREES))}-way marginals ({tables:,} tables), ρ = 0.5, "
+            f"reconstruct: {args.reconstruct}"
         )
         floor = group_by_seconds(data)
         seconds, peak_mb, directory = run_release(spec, folder / "home")
