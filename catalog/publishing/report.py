@@ -13,6 +13,10 @@ Cost: O(total rows) to format the tables; charts are inline SVG (:mod:`catalog.p
 a release of 91 tables renders and loads in a browser quickly (``benchmarks/report_bench.py``
 measures both).  No matplotlib: the candidates, budget and partition charts are inline SVG too
 (importing matplotlib slowed every release).
+
+From :data:`SPLIT_FROM` tables on (one page of them all would load in seconds to minutes), the
+tables part of ``report.html`` is an index with a search box (``assets/report/search.js``) and each
+table's section is its own page, ``report/<name>.html``, hashed in the manifest like every file.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from __future__ import annotations
 import html
 import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +44,14 @@ EMBED_MAX_ROWS = 100_000
 """Rows of one table the page itself carries at most (the CSV always has all of them)."""
 EMBED_TOTAL_ROWS = 1_000_000
 """Rows the page carries over all its tables, shared evenly (91 two-way Adult tables: every row)."""
+SPLIT_FROM = 200
+"""From this many tables the report's tables part is a searchable index and every table's section
+is its own page under :data:`TABLE_PAGES`.  Measured one page of all tables in headless Chromium
+(``benchmarks/report_bench.py``, 2 cores): 91 tables 3.9 MB 0.8 s, 175 tables 4.2 MB 1.2 s, 377
+tables 9.7 MB 3.5-12 s; 987 tables were 26 MB, 4,525 would be ~120 MB.  The split index of 4,525
+tables loads in about 1 s."""
+TABLE_PAGES = "report"
+"""Folder of the per-table pages, relative to ``report.html``."""
 DATA_DOCS = "validation/docs/index.html"  # relative to the report, in the release directory
 HEADINGS = {"std_error": "std. error", "ci_low": "95% low", "ci_high": "95% high"}
 
@@ -160,10 +174,19 @@ def _cell(encoded: Any, index: int) -> str:
     return _fmt(encoded) if isinstance(encoded, float) or encoded is None else encoded
 
 
-def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMBED_MAX_ROWS) -> str:
+def table_section(
+    index: int,
+    name: str,
+    table: pa.Table,
+    *,
+    max_rows: int = EMBED_MAX_ROWS,
+    release_root: str = "",
+) -> str:
     """One released table: caption, chart, the first page, a pager over every row, the CSV link.
 
-    A table longer than ``max_rows`` pages through its first rows only and says so;
+    ``release_root`` is the path from the page to the release directory (``"../"`` on a per-table
+    page), and then the CSV link is URL-quoted.  A table longer than ``max_rows`` pages through its
+    first rows only and says so;
     its CSV and Parquet hold every row (364 three-way Adult marginals are 20.9M rows: embedded,
     no browser could open the page; ``benchmarks/report_bench.py`` times its load).
     """
@@ -212,7 +235,7 @@ def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMB
         if rows > PAGE_ROWS
         else f"<div class='pager-bar'><span class='muted'>all {rows:,} rows</span></div>"
     )
-    csv = f"tables/{name}.csv"
+    csv = f"{release_root}tables/{quote(name) if release_root else name}.csv"
     page_data = {"n": rows, "c": encoded, "k": kinds}
     # "<" escaped so a label can never close the script element
     data = json.dumps(page_data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
@@ -238,6 +261,81 @@ def table_section(index: int, name: str, table: pa.Table, *, max_rows: int = EMB
     )
 
 
+def table_page_path(name: str) -> str:
+    """A table's own page (above :data:`SPLIT_FROM` tables), relative to the release directory."""
+    return f"{TABLE_PAGES}/{name}.html"
+
+
+INDEX_CHUNK = 100
+"""Index rows per block; the browser lays out only the blocks near the view (CSS
+``content-visibility``): one HTML table of 4,525 rows took 2.5 s to load, these blocks 0.8 s."""
+
+
+def searchable_index(tables: dict[str, pa.Table], plan: dict[str, Any]) -> str:
+    """The tables part of a report above :data:`SPLIT_FROM` tables: a search box and one row per
+    table (name linking to its own page, what rows are, row count, predicted cell standard error
+    and target when the plan has them, CSV). O(tables + rows) (the row model reads each table)."""
+    errors = plan.get("item_std_errors") or {}
+    targets = plan.get("targets") or {}
+
+    def number(value: Any) -> str:
+        return html.escape(_fmt(float(value))) if isinstance(value, int | float) else ""
+
+    rows = [
+        f"<div class='ir' data-name='{html.escape(name, quote=True)}'>"
+        f"<span class='lab'><a href='{html.escape(quote(table_page_path(name)), quote=True)}'>"
+        f"{html.escape(name)}</a></span>"
+        f"<span class='lab'>{html.escape(describe(table, table_model(table)))}</span>"
+        f"<span class='num'>{table.num_rows:,}</span>"
+        f"<span class='num'>{number(errors.get(name))}</span>"
+        + (f"<span class='num'>{number(targets.get(name))}</span>" if targets else "")
+        + f"<span class='lab'><a href='{html.escape(quote(f'tables/{name}.csv'), quote=True)}' "
+        "download>CSV</a></span></div>"
+        for name, table in tables.items()
+    ]
+    blocks = (
+        "<div class='ic'>" + "".join(rows[at : at + INDEX_CHUNK]) + "</div>"
+        for at in range(0, len(rows), INDEX_CHUNK)
+    )
+    head = "".join(
+        f"<span class='{kind}'>{text}</span>"
+        for kind, text in (
+            ("lab", "table (its own page)"),
+            ("lab", "rows are"),
+            ("num", "rows"),
+            ("num", "predicted std. error"),
+            *([("num", "target std. error")] if targets else []),
+            ("lab", "download"),
+        )
+    )
+    return (
+        "<p class='search'><label>Find a table: <input type='search' id='table-search' "
+        "placeholder='name contains… (all words)' autocomplete='off'></label> "
+        f"<span id='table-count' class='muted'>{len(tables):,} tables</span></p>"
+        f"<div class='index{' targets' if targets else ''}' id='table-index'>"
+        f"<div class='ir ih'>{head}</div>" + "".join(blocks) + "</div>"
+    )
+
+
+def table_pages(manifest: dict[str, Any], tables: dict[str, pa.Table]) -> Iterator[tuple[str, str]]:
+    """(path relative to the release directory, HTML) of every table's own page: its full
+    section (chart, pager over every row, CSV link) and a link back to the report's index.
+    One page at a time (O(rows of that table) memory)."""
+    title = f"{manifest['name']} — differentially private release {manifest['release_id']}"
+    for index, (name, table) in enumerate(tables.items()):
+        yield (
+            table_page_path(name),
+            "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{html.escape(name)} — {html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body><nav class='toc'>"
+            "<a href='../report.html#tables'>← all tables</a><a href='../report.html'>report</a>"
+            f"</nav><main><p class='muted'>{html.escape(title)}</p>"
+            f"{table_section(index, name, table, release_root='../')}"
+            f"</main><script>{PAGER_SCRIPT}</script></body></html>",
+        )
+
+
 def tables_index(tables: dict[str, pa.Table]) -> str:
     rows = [
         f"<tr><td class='lab'><a href='#t{index}'>{html.escape(name)}</a></td>"
@@ -258,6 +356,8 @@ _ASSETS = Path(__file__).resolve().parents[1] / "assets" / "report"
 PAGER_SCRIPT = (_ASSETS / "pager.js").read_text(encoding="utf-8")
 """Pages through every table's embedded rows and draws charts when scrolled near."""
 STYLE = (_ASSETS / "report.css").read_text(encoding="utf-8")
+SEARCH_SCRIPT = (_ASSETS / "search.js").read_text(encoding="utf-8")
+"""Filters the table index of a report above :data:`SPLIT_FROM` tables by name."""
 
 
 def describe_check(result: dict[str, Any]) -> str:
@@ -383,7 +483,11 @@ def render_report(
     ledger_rows: list[dict[str, Any]],
     reviews: list[dict[str, Any]],
 ) -> str:
-    """The whole report as one HTML string (its CSV links point at ``tables/<name>.csv``)."""
+    """The whole report as one HTML string (its CSV links point at ``tables/<name>.csv``).
+
+    From :data:`SPLIT_FROM` tables on, the tables part is a searchable index linking to each
+    table's own page (:func:`table_pages` renders those)."""
+    split = len(tables) >= SPLIT_FROM
     release_id = html.escape(manifest["release_id"])
     status = manifest.get("review", {}).get("status", "staged")
     valid = validation.get("success")
@@ -477,20 +581,31 @@ def render_report(
         ),
         *_details_section(manifest),
         "</section><section id='tables'><h2>Released tables</h2>",
-        "<p>Every table is complete below (paged; choose the page size, or download the CSV). "
+        "<p>Every table is complete "
+        + (
+            f"on its own page (one per table, linked from the index below: {len(tables):,} "
+            "tables are too many for one page; "
+            if split
+            else "below ("
+        )
+        + "paged; choose the page size, or download the CSV). "
         "95% intervals come from each row's error model (column <code>uncertainty</code> says what "
         "<code>std_error</code> covers): estimate ± 1.96 · std_error where the error is close to "
         "normal, the exact Laplace quantile (± 2.12 · std_error) where a row is one measured answer "
         "plus one Laplace draw, and no interval on rows labelled <i>noise-only</i> (their "
         "std_error omits a bias the release cannot estimate).</p>",
-        tables_index(tables),
+        searchable_index(tables, plan) if split else tables_index(tables),
         "</section>",
     ]
     per_table = min(EMBED_MAX_ROWS, max(PAGE_SIZES[-1], EMBED_TOTAL_ROWS // max(1, len(tables))))
-    parts += [
-        table_section(index, name, table, max_rows=per_table)
-        for index, (name, table) in enumerate(tables.items())
-    ]
+    parts += (
+        []
+        if split  # sections on their own pages: table_pages
+        else [
+            table_section(index, name, table, max_rows=per_table)
+            for index, (name, table) in enumerate(tables.items())
+        ]
+    )
     parts.append("<section id='validation'>")
     parts.append("<h2>Validation (released values and public metadata only)</h2>")
     parts += validation_section(validation)
@@ -499,7 +614,8 @@ def render_report(
         parts.append(_table_html(reviews, ["at", "decision", "reviewer", "note"]))
     else:
         parts.append("<p>Awaiting review: staged releases are published only after approval.</p>")
-    parts.append(f"</section></main><script>{PAGER_SCRIPT}</script></body></html>")
+    script = SEARCH_SCRIPT if split else PAGER_SCRIPT
+    parts.append(f"</section></main><script>{script}</script></body></html>")
     return "\n".join(parts)
 
 
@@ -639,3 +755,12 @@ def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) ->
         reviews=manifest["review"]["trail"],
     )
     (directory / "report.html").write_text(html_text)
+    pages = directory / TABLE_PAGES
+    if pages.is_dir() and not pages.is_symlink():
+        # stale pages of an earlier rendering (re-rendered on review): O(pages)
+        for old in pages.glob("*.html"):
+            old.unlink()
+    if len(tables) >= SPLIT_FROM:
+        pages.mkdir(exist_ok=True)
+        for relative, text in table_pages(manifest, tables):
+            (directory / relative).write_text(text)

@@ -256,3 +256,66 @@ def test_the_browser_checks_can_fail(tmp_path: Path) -> None:
     assert has("image does not load: 'data:image/png;base64,AAAA'"), problems
     assert has("failed request", "missing.png"), problems
     assert has("network request https://example.org/x.png"), problems
+
+
+def test_the_index_of_a_split_report_searches_and_its_table_pages_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above ``SPLIT_FROM`` tables (lowered here): the search box filters the index by name (all
+    words, any case), each row links to the table's own page, which pages and links back."""
+    from dprelease.catalog.publishing import report
+    from tests.unit.catalog.test_report import manifest as report_manifest
+    from tests.unit.catalog.test_report import render, spec_with, tables_of
+    from tests.unit.catalog.test_report_scale import named_tables
+
+    monkeypatch.setattr(report, "SPLIT_FROM", 2)
+    long = tables_of(
+        spec_with(
+            {"age": {"min": 0, "max": 9}, "c": {"min": 0, "max": 3}},
+            [{"name": "age_by_c", "marginal": ["age", "c"]}],
+        )
+    )
+    tables = {**named_tables(), **long}
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report.html").write_text(render(tables))
+    for relative, text in report.table_pages(report_manifest(), tables):
+        (tmp_path / relative).write_text(text)
+    visible = (
+        "[...document.querySelectorAll('#table-index .ir:not(.ih)')]"
+        ".filter(r => r.offsetParent !== null).map(r => r.dataset.name)"
+    )
+
+    def search(browser: Browser, text: str) -> list[str]:
+        browser.evaluate(
+            f"(() => {{ const b = document.getElementById('table-search'); b.value = {json.dumps(text)};"
+            " b.dispatchEvent(new Event('input')); return 0; })()"
+        )
+        return browser.evaluate(visible)
+
+    with Browser(offline=True) as browser:
+        browser.open(tmp_path / "report.html")
+        assert browser.evaluate(visible) == list(tables)
+        assert search(browser, "AGE") == ["age_by_sex", "by_age", "age_by_c"]
+        assert search(browser, "by sex") == ["by_sex", "age_by_sex"]
+        assert browser.evaluate("document.getElementById('table-count').textContent") == (
+            f"2 of {len(tables)} tables"
+        )
+        assert search(browser, "<b>&") == ["odd<b>&'\"#? name"]
+        assert search(browser, "nothing such") == []
+        assert search(browser, "") == list(tables)
+        link = browser.evaluate(
+            "document.querySelector('#table-index .ir[data-name=\"age_by_c\"] a').href"
+        )
+        browser.settle(0.2)
+        assert network_problems(browser) == []
+    with Browser(offline=True) as browser:
+        browser.open(Path(link.removeprefix("file://")))
+        assert browser.evaluate("document.querySelector('h3').textContent").startswith("age_by_c")
+        browser.evaluate("document.querySelector('button[data-go=next]').click()")
+        assert browser.evaluate("document.querySelector('.pos').textContent") == "rows 26–40 of 40"
+        back = browser.evaluate("document.querySelector('nav.toc a').href")
+        assert back == (tmp_path / "report.html").as_uri() + "#tables"
+        csv = browser.evaluate("document.querySelector('a.csv').href")
+        assert csv == (tmp_path / "tables" / "age_by_c.csv").as_uri()
+        browser.settle(0.2)
+        assert network_problems(browser) == []
