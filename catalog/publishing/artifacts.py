@@ -41,6 +41,9 @@ MANIFEST = "manifest.json"
 MANIFEST_KEY_ID = "input_fingerprint_key_id"  # id of the catalog key the input fingerprint used
 MANIFEST_CHAIN_HEAD = "ledger_chain_head"  # Catalog.chain_head(dataset).as_dict() after the charges
 PUBLISHED_FOLDER = "published"
+SHOWN_PROBLEMS = 50
+"""Problems a failed ``verify`` names in its message; the exception's ``problems`` hold all (a
+release of 4,525 tables has 13,500 files: one per line would bury the first problem)."""
 
 
 def sha256_file(path: Path) -> str:
@@ -103,15 +106,19 @@ def _scan(directory: Path) -> tuple[dict[str, str], list[str]]:
     return dict(sorted(hashes.items())), sorted(links)
 
 
-def _inside(directory: Path, name: Any) -> bool:
-    """Is ``name`` (from an untrusted manifest) a relative path that stays inside ``directory``?"""
+def _inside(directory: Path, name: Any, *, resolved: Path | None = None) -> bool:
+    """Is ``name`` (from an untrusted manifest) a relative path that stays inside ``directory``?
+
+    ``resolved``: ``directory.resolve()`` when the caller checks many names (a release of 4,525
+    tables lists 13,500 files; resolving the root once per name was 2 s of ``verify``)."""
     if not isinstance(name, str) or not name or "\0" in name or "\\" in name:
         return False
     if PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute():
         return False
     if ".." in PurePosixPath(name).parts:
         return False
-    return (directory / name).resolve().is_relative_to(directory.resolve())
+    root = directory.resolve() if resolved is None else resolved
+    return (directory / name).resolve().is_relative_to(root)
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> str:
@@ -197,8 +204,15 @@ def verify(directory: Path, catalog: Catalog, *, input_path: str | Path | None =
     problems += _fingerprint_problems(manifest, catalog, input_path)
     problems += _validation_problems(directory, manifest)
     if problems:
+        shown = [f"  - {p}" for p in problems[:SHOWN_PROBLEMS]]
+        if len(problems) > SHOWN_PROBLEMS:
+            shown.append(
+                f"  … and {len(problems) - SHOWN_PROBLEMS:,} more (`dprelease verify --json` "
+                "lists every problem)"
+            )
         raise VerificationError(
-            f"release {directory} failed verification:\n" + "\n".join(f"  - {p}" for p in problems),
+            f"release {directory} failed verification ({len(problems):,} problems):\n"
+            + "\n".join(shown),
             problems=tuple(problems),
         )
     return problems
@@ -211,12 +225,13 @@ def _file_problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
         problems.append("manifest field 'artifacts' must map relative paths to sha256 digests")
         recorded = {}
     actual, links = _scan(directory)
+    root = directory.resolve()
     problems += [
         f"{link} is a symbolic link; a release holds regular files only (not followed)"
         for link in links
     ]
     for name, digest in sorted(recorded.items()):
-        if not _inside(directory, name):
+        if not _inside(directory, name, resolved=root):
             problems.append(
                 f"manifest lists artifact {name!r} outside the release directory (absolute or "
                 "'..' path); it was not read"
@@ -352,10 +367,11 @@ def _validation_problems(directory: Path, manifest: dict[str, Any]) -> list[str]
             if not isinstance(results, dict) or not results.get("success"):
                 problems.append("validation results record a failure")
     tables = manifest.get("tables", [])
+    folder = (directory / "tables").resolve()
     for name in tables if isinstance(tables, list) else []:
         if (
             not isinstance(name, str)
-            or not _inside(directory / "tables", f"{name}.parquet")
+            or not _inside(directory / "tables", f"{name}.parquet", resolved=folder)
             or ("/" in name)
         ):
             problems.append(f"manifest table name {name!r} is not a plain name; it was not read")

@@ -201,6 +201,10 @@ def show(
     _print_summary(summary)
 
 
+SHOWN_TABLES = 10
+"""Table paths ``show`` prints before it folds the rest into one line (``--json`` has all)."""
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     release = summary["release"]
     stdout.print(
@@ -235,8 +239,18 @@ def _print_summary(summary: dict[str, Any]) -> None:
         )
     _print_review_status(summary["review"], header=False)
     stdout.print("  artifacts:")
+    tables = [name for name in summary["paths"] if name.startswith("table ")]
+    folded = set(tables[SHOWN_TABLES:]) if len(tables) > SHOWN_TABLES + 1 else set()
     for name, path in summary["paths"].items():
+        if name in folded:
+            continue
         stdout.print(f"    {name + ':':<20} {path or '-'}")
+        if folded and name == tables[SHOWN_TABLES - 1]:
+            # O(tables) once: 4,525 lines of paths would bury the rest of the summary
+            stdout.print(
+                f"    {'':<20} … and {len(folded):,} more tables in the same folder "
+                "(`--json` lists every path)"
+            )
     for item in summary["synthetic"]:
         stdout.print(
             f"  synthetic:  {item['path']} ({item['rows']:,} rows, seed {item['seed']}, "

@@ -178,3 +178,58 @@ def test_re_rendering_below_the_threshold_removes_the_table_pages(
     assert list((staged.directory / "report").iterdir()) == []
     text = (staged.directory / "report.html").read_text()
     assert text.count("<section class='tbl'") == len(tables)
+
+
+def many_table_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int):
+    """A staged release (in the CLI's home) whose manifest lists ``count`` tables, every one
+    written, so ``verify`` passes."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DPRELEASE_HOME", str(home))
+    monkeypatch.delenv("DPRELEASE_CATALOG_URL", raising=False)
+    staged = build_staged(home)
+    table = pa.table({"estimate": [1.0, 2.0]})
+    names = [f"t{k:03d}" for k in range(count)]
+    for name in names:
+        write_table(staged.directory, name, table)
+    manifest = artifacts.read_manifest(staged.directory)
+    manifest.pop("artifacts")
+    digest = artifacts.write_manifest(staged.directory, {**manifest, "tables": names})
+    staged.catalog.update_release(RELEASE, manifest_sha256=digest)
+    return staged, names
+
+
+def test_show_folds_thousands_of_table_paths_into_one_line_and_json_keeps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from dprelease.flows.cli import app
+    from dprelease.flows.cli.review import SHOWN_TABLES
+
+    staged, names = many_table_release(tmp_path, monkeypatch, 3 * SHOWN_TABLES)
+    runner = CliRunner()
+    text = runner.invoke(app, ["show", RELEASE])
+    assert text.exit_code == 0, text.output
+    listed = [line for line in text.stdout.splitlines() if line.strip().startswith("table t")]
+    assert [line.split()[1] for line in listed] == [f"{n}:" for n in names[:SHOWN_TABLES]]
+    assert f"… and {2 * SHOWN_TABLES} more tables in the same folder" in text.stdout
+    assert str(staged.directory / "report.html") in text.stdout  # what follows is still there
+    shown = json.loads(runner.invoke(app, ["show", RELEASE, "--json"]).stdout)
+    assert [k for k in shown["paths"] if k.startswith("table ")] == [f"table {n}" for n in names]
+
+
+def test_a_failed_verify_names_the_first_problems_and_counts_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staged, names = many_table_release(tmp_path, monkeypatch, artifacts.SHOWN_PROBLEMS + 5)
+    assert verify(staged.directory, staged.catalog) == []
+    for name in names:
+        (staged.directory / "tables" / f"{name}.csv").write_text("estimate\n9\n")
+    with pytest.raises(VerificationError) as caught:
+        verify(staged.directory, staged.catalog)
+    assert len(caught.value.problems) == len(names)
+    message = str(caught.value)
+    assert f"({len(names)} problems)" in message and "tables/t000.csv was modified" in message
+    assert f"t{artifacts.SHOWN_PROBLEMS:03d}.csv" not in message
+    assert "… and 5 more (`dprelease verify --json` lists every problem)" in message
