@@ -849,10 +849,20 @@ class SubsetStrategy(LeastSquaresAnswers):
 
     def support_residual(self, workload: Workload) -> float:
         """0 when ``μ_T > 0`` wherever the workload has mass, else 1 (an unsupported eigenspace
-        leaves a residual of the order of the queries). O(Σ_items 2^k)."""
+        leaves a residual of the order of the queries).  A marginal R the family holds needs every
+        ``T ⊆ R`` of positive rank measured: one subset sum counts the unmeasured ones below each
+        R (O(d 2^d) or O(pairs) once, then O(1) per table); other items O(2^k) each."""
+        family = self.weights.family
         inverse = self.inverse_eigenvalues
+        unmeasured = family.subset_sums(((inverse == 0.0) & (family.multiplicities() > 0)) * 1.0)
         for item in workload.items:
-            positions, values = item_support(item, self.weights.family)
+            mask = item_subset(item)
+            position = None if mask is None else family.position(mask)
+            if position is not None:
+                if unmeasured[position] > 0:
+                    return 1.0
+                continue
+            positions, values = item_support(item, family)
             positions = positions[values > _POSITIVE_RTOL * values.sum()]  # not round-off
             if np.any(positions < 0) or np.any(inverse[positions] == 0.0):
                 return 1.0

@@ -209,3 +209,26 @@ def test_seventy_attributes_plan_at_the_closed_form() -> None:
     assert strategy.weights.unit_total_error == pytest.approx(closed_form / cells, rel=1e-12)
     assert {int(m) for m in strategy.weights.subsets} == set(roots)
     assert strategy.weights.subsets.dtype == object  # masks past 62 bits stay Python ints
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["lattice", "closure"])
+def test_support_residual_finds_an_unmeasured_subset(closed: bool) -> None:
+    """Centred 0- and 1-way marginals support the 1-way tables, not the 2-way one."""
+    shape = (3, 4)
+    family = SubsetFamily.below(shape, [0b11]) if closed else SubsetFamily.every_subset(shape)
+    weights = np.zeros(len(family))
+    for measured in (0b00, 0b01, 0b10):
+        weights[family.position(measured)] = 1.0
+    strategy = MarginalSpaceStrategy(
+        name="one-way",
+        weights=MarginalWeights(
+            domain_shape=shape,
+            family=family,
+            basis="centred",
+            weights=weights,
+            noise="gaussian",
+            unit_total_error=1.0,
+        ),
+    )
+    assert strategy.support_residual(marginals(shape, [(0,), (1,), ()])) == 0.0
+    assert strategy.support_residual(marginals(shape, [(0,), (0, 1)])) == 1.0
