@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 WIDTH = 640
 # label columns come before it, value columns from it on (catalog.publishing.tables)
@@ -72,10 +73,21 @@ def table_model(table: pa.Table) -> list[Axis]:
 
 def axis_labels(table: pa.Table, axis: Axis) -> list[str]:
     """One display label per row for ``axis`` (a range reads ``low–high``). O(rows)."""
-    columns = [[_label(v) for v in table[c].to_pylist()] for c in axis.columns]
+    columns = [_column_labels(table[c]) for c in axis.columns]
     if axis.kind == "range":
         return [lo if lo == hi else f"{lo}–{hi}" for lo, hi in zip(*columns, strict=True)]
     return columns[0]
+
+
+def _column_labels(column: pa.ChunkedArray) -> list[str]:
+    """:func:`_label` of every value: formatted once per distinct value (a grid axis has a few
+    levels repeated; 4,525 marginal tables of 1,000 rows made 13.5M per-row calls). O(rows)."""
+    values = column.combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    encoded = pc.dictionary_encode(values, null_encoding="encode")
+    names = np.array([_label(v) for v in encoded.dictionary.to_pylist()] or [""], dtype=object)
+    return names[encoded.indices.to_numpy(zero_copy_only=False)].tolist()
 
 
 def _label(value: Any) -> str:
@@ -156,10 +168,14 @@ def _grid(table: pa.Table, axes: list[Axis]) -> tuple[list[str], list[str], tupl
     grid of the axes' levels. O(rows · axes)."""
     codes, levels = [], []
     for axis in axes:
-        labels = axis_labels(table, axis)
-        order: dict[str, int] = {}
-        codes.append(np.fromiter((order.setdefault(v, len(order)) for v in labels), np.int64))
-        levels.append(list(order))
+        labels = np.asarray(axis_labels(table, axis), dtype=str)
+        # levels in order of first appearance; O(rows log rows) in numpy, not per row in Python
+        unique, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        codes.append(rank[inverse.reshape(-1)].astype(np.int64))
+        levels.append(unique[order].tolist())
     sizes = tuple(len(level) for level in levels)
     if math.prod(sizes) != table.num_rows:
         return None
