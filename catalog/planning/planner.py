@@ -14,16 +14,23 @@ object, they never rebuild it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dprelease.catalog.errors import SpecError
 from dprelease.catalog.planning.strategy_store import StrategyStore
 from dprelease.catalog.spec.limits import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES
-from dprelease.catalog.spec.model import ReleaseSpec, derived_rows, derived_support
+from dprelease.catalog.spec.model import (
+    ReleaseSpec,
+    derived_rows,
+    derived_support,
+    expansion_tables,
+)
 from dprelease.catalog.spec.sections import WorkloadItemSpec
 from dprelease.mechanisms import registry
 from dprelease.mechanisms.primitives.compute_limits import MIN_TIME_LIMIT
@@ -57,16 +64,50 @@ DEFAULT_TIME_BUDGET = 120.0  # seconds of predicted planning work auto may spend
 
 
 def build_workload(spec: ReleaseSpec) -> Workload:
-    """The spec's workload as Kronecker items over the spec's domain (attribute order = spec order)."""
-    return Workload(
-        domain_shape=spec.domain_shape,
-        items=tuple(_build_item(spec, item) for item in spec.expanded_workload()),
-    )
+    """The spec's workload as Kronecker items over the spec's domain (attribute order = spec order).
+    Marginal items share their factors (:meth:`WorkloadItem.marginal`): O(k) Python each."""
+    shape = spec.domain_shape
+    axis = {name: k for k, name in enumerate(spec.domain)}
+    items: list[WorkloadItem] = []
+    with _no_cyclic_gc():
+        _append_items(spec, shape, axis, items)
+    return Workload(domain_shape=shape, items=tuple(items))
 
 
-def _build_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> WorkloadItem:
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic collector while building items: they hold no cycles, and its full passes
+    over 166,750 factor tuples cost more than building them (~15 µs a table instead of ~6)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _append_items(
+    spec: ReleaseSpec, shape: tuple[int, ...], axis: dict[str, int], items: list[WorkloadItem]
+) -> None:
+    for item in spec.workload:
+        if item.marginals is None:
+            items.append(_build_item(spec, item, shape, axis))
+            continue
+        # the expansion's names and attributes, never one spec model per table: O(tables · k)
+        for name, attributes in expansion_tables(spec, item):
+            kept = [axis[a] for a in attributes]
+            items.append(WorkloadItem.marginal(name=name, domain_shape=shape, kept=kept))
+
+
+def _build_item(
+    spec: ReleaseSpec, item: WorkloadItemSpec, shape: tuple[int, ...], axis: dict[str, int]
+) -> WorkloadItem:
     if item.derived_column is not None:  # mean/sum/quantiles: their support queries
         return derived_support(spec, item)
+    if item.marginal is not None or item.total is not None:
+        kept = [axis[name] for name in item.marginal or ()]
+        return WorkloadItem.marginal(name=item.name, domain_shape=shape, kept=kept)
     factors: list[Factor] = []
     for name, attribute in spec.domain.items():
         n = attribute.size

@@ -23,9 +23,16 @@ MAX_CELLS_PER_ATTRIBUTE = 10_000_000
 # Domain size.  ``plan`` works on implicit operators and never allocates the cell vector, but cell
 # indices and sizes are int64 and products of sizes are formed in float64: 1e18 < 2⁶³ ≈ 9.2e18.
 MAX_PLAN_CELLS = 10**18
+# A workload of marginals only is planned from per-attribute sizes and measured subsets, never a
+# cell index: any product is fine while float64 sums of products of sizes stay finite (< 1.8e308).
+MAX_MARGINAL_PLAN_CELLS = 10**300
+# Output tables one ``marginals`` item may expand to (all 1–3-way of 100 attributes: 166,750);
+# their rows are bounded separately by MAX_RELEASE_QUERIES.
+MAX_EXPANDED_MARGINALS = 1_000_000
 # A run holds the cell vector (float64) and the released tables (one row per query) in memory.
 MAX_RELEASE_CELLS = 200_000_000  # 1.6 GB of float64
 MAX_RELEASE_QUERIES = 200_000_000  # rows of all output tables together
+MAX_EXPANDED_MARGINAL_ROWS = MAX_RELEASE_QUERIES  # released cells of one ``marginals`` item
 # YAML: a spec is a small hand-written file.  No anchors/aliases (an alias bomb expands
 # exponentially), bounded size and nesting (PyYAML composes recursively).
 MAX_SPEC_BYTES = 1 << 20

@@ -6,6 +6,8 @@ to :data:`AUTO_MAX_CELLS`, a spec may ask for it up to :data:`MAX_CELLS`)."""
 
 from __future__ import annotations
 
+import math
+
 from dprelease.mechanisms.eigen.design import eigen_design
 from dprelease.mechanisms.primitives.compute_limits import predict_eigen_design_seconds
 from dprelease.mechanisms.primitives.dense import DenseStrategy
@@ -19,6 +21,7 @@ from dprelease.mechanisms.primitives.protocol import (
     require_available,
 )
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
+from dprelease.mechanisms.primitives.workload import magnitude
 
 MAX_CELLS = 4096
 AUTO_MAX_CELLS = 2048
@@ -31,12 +34,17 @@ class EigenDesignMechanism(MatrixMechanism):
     def unavailable_reason(self, request: PlanRequest) -> str | None:
         cells = request.workload.num_cells
         if cells > MAX_CELLS:
-            return f"Eigen-Design works on the dense {cells}-cell Gram matrix; at most {MAX_CELLS} cells"
+            return (
+                f"Eigen-Design works on the dense {magnitude(cells)}-cell Gram matrix; "
+                f"at most {MAX_CELLS} cells"
+            )
         if not request.requested and cells > AUTO_MAX_CELLS:
             return f"skipped by auto above {AUTO_MAX_CELLS} cells (ask for it with mechanism: {self.name})"
         return None
 
     def predicted_seconds(self, request: PlanRequest) -> float:
+        if request.workload.num_cells > MAX_CELLS:  # refused; N³ overflows float64 past 5.6e102
+            return math.inf
         return predict_eigen_design_seconds(request.workload.num_cells)  # O(N³) eigendecompositions
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> DenseStrategy:

@@ -53,7 +53,7 @@ from dprelease.mechanisms.primitives.protocol import (
     require_available,
     require_int,
 )
-from dprelease.mechanisms.primitives.workload import Workload
+from dprelease.mechanisms.primitives.workload import Workload, magnitude
 
 STORE_VERSION = "1"
 MAX_LDP_CELLS = 2048  # one optimiser step is O(m n^2) with m = 4n (benchmarks/ldp_bench.py)
@@ -126,7 +126,7 @@ class LocalMechanism:
             return f"the domain has {n} cell(s); local-model releases need >= 2"
         if n > MAX_LDP_CELLS:
             return (
-                f"the domain has {n:,} cells; a local-model strategy is optimised over at most "
+                f"the domain has {magnitude(n)} cells; a local-model strategy is optimised over at most "
                 f"{MAX_LDP_CELLS:,} cells (each step costs O(m n^2) with m = 4n)"
             )
         for item in request.workload.items:
@@ -143,6 +143,8 @@ class LocalMechanism:
         # constants: benchmarks/predict_bench.py --calibrate ldp.
         options = LocalOptions.parse(request.options)
         n = request.workload.num_cells
+        if n > MAX_LDP_CELLS:  # refused; n³ overflows float64 past 5.6e102
+            return math.inf
         step = max(
             2.5e-6 * n * n * options.rows_factor / 4, 1e-9 * (options.rows_factor + 1) * n**3
         )

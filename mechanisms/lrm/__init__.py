@@ -20,6 +20,7 @@ never worse than ``B·y`` with an exact ``B``."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -46,7 +47,12 @@ from dprelease.mechanisms.primitives.protocol import (
     require_available,
 )
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
-from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.workload import (
+    Workload,
+    WorkloadItem,
+    cell_vector_reason,
+    magnitude,
+)
 
 MAX_CELLS = 4096
 MAX_QUERIES = 4096
@@ -67,13 +73,16 @@ class LowRankMechanism(MatrixMechanism):
         if workload.num_cells > MAX_CELLS or workload.num_queries > MAX_QUERIES:
             return (
                 f"LRM factors the explicit workload matrix: at most {MAX_QUERIES} queries over "
-                f"{MAX_CELLS} cells (this one is {workload.num_queries} × {workload.num_cells})"
+                f"{MAX_CELLS} cells (this one is {magnitude(workload.num_queries)} × "
+                f"{magnitude(workload.num_cells)})"
             )
         if not request.requested and max(workload.num_cells, workload.num_queries) > AUTO_MAX:
             return f"skipped by auto above {AUTO_MAX} cells or queries (ask for it with mechanism: {self.name})"
         return None
 
     def predicted_seconds(self, request: PlanRequest) -> float:
+        if cell_vector_reason(request.workload) is not None:  # refused; m·N² overflows float64
+            return math.inf
         return predict_seconds(request.workload.num_queries, request.workload.num_cells)
 
     def plan(self, request: PlanRequest, *, cache: StrategyCache) -> LowRankStrategy:

@@ -17,6 +17,7 @@ was optimised with, so a later plan (or another process) rebuilds exactly the sa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,7 +59,7 @@ from dprelease.mechanisms.primitives.union import (
     weighted_terms,
 )
 from dprelease.mechanisms.primitives.union import predict_seconds as predict_union_seconds
-from dprelease.mechanisms.primitives.workload import Workload
+from dprelease.mechanisms.primitives.workload import Workload, cell_vector_reason
 
 MAX_UNION_ITEMS = 24  # the per-item union optimises one weight per item
 
@@ -77,8 +78,14 @@ class OptimizedMechanism(MatrixMechanism):
     )
     options = OptimizedOptions
 
+    def unavailable_reason(self, request: PlanRequest) -> str | None:
+        # measures the cell vector; its templates walk every item's factors
+        return cell_vector_reason(request.workload)
+
     def predicted_seconds(self, request: PlanRequest) -> float:
         workload = request.workload
+        if cell_vector_reason(workload) is not None:  # refused; 2^d and N overflow float64
+            return math.inf
         if marginal_workload_reason(workload) is None:  # subset space: O(items · 2^d)
             return 0.05 + len(workload.items) * 2 ** len(workload.domain_shape) * 2e-6
         seconds = predict_template_seconds(

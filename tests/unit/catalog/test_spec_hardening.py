@@ -412,12 +412,16 @@ def big_domain(sizes: list[int]) -> dict[str, Any]:
 def test_a_domain_past_the_plan_limit_is_refused_when_parsed() -> None:
     spec = with_(
         domain=big_domain([10_000_000] * 3),
-        workload=[{"name": "m", "marginal": ["a0"]}],
+        workload=[{"name": "m", "marginal": ["a0"]}, {"name": "c", "prefix": "a1"}],
     )
     refused(
         spec,
         r"domain has 1e\+21 cells \(10000000 × 10000000 × 10000000\); at most 1e\+18 are supported",
     )
+    marginals_only = with_(
+        domain=big_domain([10_000_000] * 3), workload=[{"name": "m", "marginal": ["a0"]}]
+    )
+    assert parse_spec(marginals_only).num_cells == 10**21  # no product limit for marginals
 
 
 def test_a_domain_at_the_plan_limit_parses() -> None:
