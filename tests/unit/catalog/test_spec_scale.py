@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dprelease.catalog.errors import SpecError
-from dprelease.catalog.planning.planner import build_workload
+from dprelease.catalog.planning.planner import build_workload, plan_request
 from dprelease.catalog.spec import model as spec_module
 from dprelease.catalog.spec.limits import MAX_EXPANDED_MARGINAL_ROWS, MAX_EXPANDED_MARGINALS
 from dprelease.catalog.spec.load import parse_spec
@@ -19,10 +19,12 @@ from dprelease.catalog.spec.model import (
     item_num_queries,
     magnitude,
 )
+from dprelease.mechanisms import registry
 from dprelease.mechanisms.primitives.operators import Identity, Prefix, Total
 from dprelease.mechanisms.primitives.workload import (
     Workload,
     WorkloadItem,
+    cell_vector_reason,
     item_subset,
     shared_identity,
     shared_total,
@@ -192,3 +194,22 @@ def test_attribute_roles_from_kept_axes() -> None:
     )
     roles = Workload(domain_shape=shape, items=items).attribute_roles((True, False, True))
     assert roles == [(4, "ordered"), (3, "total"), (5, "ordered")]
+
+
+def test_every_candidate_but_marginal_space_refuses_past_1e18_cells_from_sizes() -> None:
+    """20 attributes × 10 values (1e20 cells): each cell-vector mechanism gives a reason, and no
+    predicted time overflows (N³ would, as a float, past 5.6e102)."""
+    spec = parse_spec(_raw(20, UP_TO_3_WAY[:2]) | {"privacy": {"epsilon": 1.0}})
+    workload = build_workload(spec)
+    request = plan_request(spec, workload=workload, requested=False)
+    reasons = {}
+    for mechanism in registry.candidates(requested="auto", model="central"):
+        assert mechanism.predicted_seconds(request) >= 0  # inf when refused, never OverflowError
+        reasons[mechanism.name] = mechanism.unavailable_reason(request)
+    cell_vector = "it works on the full cell vector, and this domain has 1e+20 cells; at most 1e+18"
+    for name in ("identity", "hierarchical", "wavelet", "optimized"):
+        assert reasons[name] is not None and reasons[name].startswith(cell_vector)
+    assert "1e+20-cell Gram" in str(reasons["eigen"])
+    assert "1e+20)" in str(reasons["lrm"])
+    assert reasons["dawa"] is not None
+    assert cell_vector_reason(build_workload(parse_spec(_raw(18, UP_TO_3_WAY[:1])))) is None
