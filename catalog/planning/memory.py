@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dprelease.catalog.errors import MemoryLimitError, SettingError
+from dprelease.mechanisms.primitives.workload import magnitude
 
 ENV = "DPRELEASE_MEMORY_LIMIT"
 BASE_BYTES = 330e6  # measured: the `dprelease run` process's imports (prefect, GX) and catalog
@@ -87,7 +88,7 @@ def predict(
     # in the space of their measured queries
     held = cells if input_kind == "cells" else 0
     counted = cells if input_kind == "cells" else strategy_rows
-    ingested = f"{input_bytes:,} bytes of Parquet input and {counted:,} counted cells"
+    ingested = f"{input_bytes:,} bytes of Parquet input and {magnitude(counted)} counted cells"
     measured = f"{strategy_rows:,} measured strategy rows"
     released = f"{released_rows:,} released rows"
     stages = (
@@ -96,7 +97,7 @@ def predict(
         (
             "reconstruct",
             BASE_BYTES + RECONSTRUCT_PER_QUERY * queries + RECONSTRUCT_PER_CELL * held,
-            f"{queries:,} queries x {cells:,} cells"
+            f"{queries:,} queries x {magnitude(cells)} cells"
             if input_kind == "cells"
             else f"{queries:,} queries (no cell vector is held)",
         ),

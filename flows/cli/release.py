@@ -40,6 +40,7 @@ def _run_release(
     from dprelease.catalog.engine import resolve_execution
     from dprelease.catalog.spec.load import check_runnable_before_planning, load_spec
     from dprelease.flows.watchdog import stage_timeout_seconds
+    from dprelease.mechanisms.primitives.workload import magnitude
 
     spec = load_spec(spec_path)  # fail fast on a bad spec: before Prefect or any server starts
     check_runnable_before_planning(spec)  # sizes only: a too-large release is never planned
@@ -48,7 +49,7 @@ def _run_release(
     prefect_defaults()
     console.print(
         f"[bold]dprelease[/] release [cyan]{spec.name}[/] of dataset [cyan]{spec.dataset.id}[/] "
-        f"({spec.num_cells:,} cells, {len(spec.workload)} workload items)"
+        f"({magnitude(spec.num_cells)} cells, {len(spec.workload)} workload items)"
     )
     started = time.perf_counter()
     with (
@@ -151,6 +152,7 @@ def plan(
     from dprelease.catalog.planning.memory import predict_plan
     from dprelease.catalog.planning.planner import make_plan
     from dprelease.catalog.spec.load import load_spec
+    from dprelease.mechanisms.primitives.workload import magnitude
 
     loaded = load_spec(spec)
     result = make_plan(loaded, time_budget=time_budget)
@@ -158,7 +160,9 @@ def plan(
     if as_json:
         print_json(result.to_json() | {"memory": memory.to_json()})
         return
-    table = Table(title=f"plan: {result.num_queries:,} queries over {result.num_cells:,} cells")
+    table = Table(
+        title=f"plan: {result.num_queries:,} queries over {magnitude(result.num_cells)} cells"
+    )
     for column in ("mechanism", "rmse", "total variance", "ratio to bound", "seconds", "note"):
         table.add_column(column, justify="left" if column in ("mechanism", "note") else "right")
     for c in result.candidates:

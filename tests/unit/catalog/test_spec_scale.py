@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dprelease.catalog.errors import SpecError
+from dprelease.catalog.planning.memory import predict
 from dprelease.catalog.planning.planner import build_workload, plan_request
 from dprelease.catalog.spec import model as spec_module
 from dprelease.catalog.spec.limits import MAX_EXPANDED_MARGINAL_ROWS, MAX_EXPANDED_MARGINALS
@@ -213,3 +214,21 @@ def test_every_candidate_but_marginal_space_refuses_past_1e18_cells_from_sizes()
     assert "1e+20)" in str(reasons["lrm"])
     assert reasons["dawa"] is not None
     assert cell_vector_reason(build_workload(parse_spec(_raw(18, UP_TO_3_WAY[:1])))) is None
+
+
+def test_memory_prediction_of_a_1e100_cell_domain_is_finite_and_readable() -> None:
+    cell_kind = predict(
+        cells=10**100, queries=10, strategy_rows=10, released_rows=10, input_bytes=0
+    )
+    stage, peak, driver = cell_kind.peak
+    assert (stage, driver) == ("reconstruct", "10 queries x 1e+100 cells")
+    assert peak >= 8 * 10**100
+    marginal = predict(
+        cells=10**100,
+        queries=162_196_000,
+        strategy_rows=1_000,
+        released_rows=162_196_000,
+        input_bytes=0,
+        input_kind="subsets",
+    )
+    assert marginal.peak[1] < 10**15  # no cell vector is held: bytes from queries and rows
