@@ -20,6 +20,7 @@ from dprelease.catalog.spec.limits import (
 )
 from dprelease.catalog.spec.model import ReleaseSpec, item_num_queries
 from dprelease.mechanisms import registry
+from dprelease.mechanisms.primitives.workload import magnitude
 
 
 def parse_spec(data: Any, *, source: str = "<spec>") -> ReleaseSpec:
@@ -143,7 +144,8 @@ def require_source(spec: ReleaseSpec) -> None:
 
 def check_runnable(spec: ReleaseSpec) -> None:
     """Refuse, from the spec alone, a central release this machine cannot run; call it before any
-    data is read (``plan`` does not need it: it works up to ``MAX_PLAN_CELLS``).
+    data is read (``plan`` does not need it: it works up to ``MAX_PLAN_CELLS``, and at any size
+    for a workload of marginals, whose marginal-space reader checks its measured subsets' cells).
 
     Raises :class:`SpecError` naming the size and the limit: no ``dataset.source``, a cell vector of
     more than ``MAX_RELEASE_CELLS`` cells, or output tables of more than ``MAX_RELEASE_QUERIES``
@@ -152,10 +154,15 @@ def check_runnable(spec: ReleaseSpec) -> None:
     require_source(spec)
     if spec.num_cells > MAX_RELEASE_CELLS:
         raise SpecError(
-            f"domain: the domain has {spec.num_cells:,} cells "
+            f"domain: the domain has {magnitude(spec.num_cells)} cells "
             f"({' × '.join(map(str, spec.domain_shape))}); a release counts at most "
-            f"{MAX_RELEASE_CELLS:,} cells on one machine (plan works up to {MAX_PLAN_CELLS:.0e}): "
-            "use wider bins or fewer attributes"
+            f"{MAX_RELEASE_CELLS:,} cells on one machine (plan works up to {MAX_PLAN_CELLS:.0e}, "
+            "any size for a workload of marginals): use wider bins or fewer attributes"
+            + (
+                ", or mechanism: marginal_space (it counts only its measured subsets)"
+                if spec.all_marginals
+                else ""
+            )
         )
     _check_release_rows({item.name: item_num_queries(spec, item) for item in spec.workload})
 

@@ -13,7 +13,7 @@ from dprelease.catalog.planning.memory import predict
 from dprelease.catalog.planning.planner import build_workload, plan_request
 from dprelease.catalog.spec import model as spec_module
 from dprelease.catalog.spec.limits import MAX_EXPANDED_MARGINAL_ROWS, MAX_EXPANDED_MARGINALS
-from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.load import check_runnable, parse_spec
 from dprelease.catalog.spec.model import (
     elementary_symmetric,
     expand_item,
@@ -232,3 +232,15 @@ def test_memory_prediction_of_a_1e100_cell_domain_is_finite_and_readable() -> No
         input_kind="subsets",
     )
     assert marginal.peak[1] < 10**15  # no cell vector is held: bytes from queries and rows
+
+
+def test_counting_the_cell_vector_of_a_1e100_cell_marginal_workload_is_refused() -> None:
+    spec = parse_spec(
+        _raw(100, UP_TO_3_WAY[:1])
+        | {"dataset": {"id": "s", "budget": {"rho": 1.0}, "source": "/nonexistent/x.parquet"}}
+    )
+    with pytest.raises(SpecError) as raised:
+        check_runnable(spec)
+    message = str(raised.value)
+    assert "the domain has 1e+100 cells" in message
+    assert "or mechanism: marginal_space (it counts only its measured subsets)" in message
