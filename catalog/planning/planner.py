@@ -55,7 +55,7 @@ from dprelease.mechanisms.primitives.protocol import (
     Progress,
     StrategyCache,
 )
-from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem, magnitude
 
 MAX_MEASURED_ANSWERS = 1_000_000_000
 SUPPORT_TOLERANCE = 1e-4  # relative; an unsupported query leaves a residual of order 1
@@ -569,7 +569,7 @@ def _lower_bound(spec: ReleaseSpec, workload: Workload) -> tuple[float | None, s
     if bound is None:
         return None, (
             f"not computed: the exact SVD bound of a union of items needs at most "
-            f"4096 cells (this domain has {workload.num_cells})"
+            f"4096 cells (this domain has {magnitude(workload.num_cells)})"
         )
     unit = calibrate(
         target=spec.privacy_target(),

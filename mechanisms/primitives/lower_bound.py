@@ -28,9 +28,10 @@ import numpy as np
 from dprelease.mechanisms.primitives.marginal_strategies import (
     eigenspace_multiplicities,
     ij_subset_eigenvalues,
+    subset_workload,
 )
 from dprelease.mechanisms.primitives.operators import kron_matrices
-from dprelease.mechanisms.primitives.workload import Workload
+from dprelease.mechanisms.primitives.workload import Workload, item_subset
 
 DENSE_BOUND_LIMIT = 4096
 """Largest product of the sizes of the attributes that are not ``a·I + b·J`` (eigendecomposed)."""
@@ -107,6 +108,13 @@ def svd_bound(workload: Workload) -> float | None:
     """
     sizes = workload.domain_shape
     items = workload.items
+    if all(item_subset(item) is not None for item in items):
+        # marginals: diagonal in subset space, the bound on the downward closure of the tables
+        # (any number of attributes), O(items + Σ 2^|R|)
+        subset = subset_workload(workload)
+        return float(np.sqrt(subset.projections * subset.multiplicities()).sum()) ** 2 / (
+            subset.num_cells
+        )
     if len(items) == 1:
         root = 1.0
         for factor in items[0].factors:

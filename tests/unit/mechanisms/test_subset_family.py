@@ -16,6 +16,7 @@ import pytest
 
 from dprelease.mechanisms.marginal_space import MECHANISM, MarginalSpaceStrategy
 from dprelease.mechanisms.primitives import subset_family
+from dprelease.mechanisms.primitives.lower_bound import svd_bound
 from dprelease.mechanisms.primitives.marginal_objectives import marginal_weights_max_variance
 from dprelease.mechanisms.primitives.marginal_strategies import (
     MarginalWeights,
@@ -207,6 +208,7 @@ def test_seventy_attributes_plan_at_the_closed_form() -> None:
             roots[t] = roots.get(t, 0.0) + (n - 1) ** k * cells / n ** len(axes)
     closed_form = sum(math.sqrt(g * (n - 1) ** t.bit_count()) for t, g in roots.items()) ** 2
     assert strategy.weights.unit_total_error == pytest.approx(closed_form / cells, rel=1e-12)
+    assert svd_bound(workload) == pytest.approx(closed_form / cells, rel=1e-12)  # the SVD bound
     assert {int(m) for m in strategy.weights.subsets} == set(roots)
     assert strategy.weights.subsets.dtype == object  # masks past 62 bits stay Python ints
 
