@@ -131,14 +131,25 @@ class ReleaseSpec(Strict):
                 "give exactly one of privacy (a privacy level, e.g. {rho: 0.5}) and accuracy "
                 "(targets, e.g. {max_std_error: 50}: the smallest privacy level meeting them)"
             )
-        targeted = [item.name for item in self.workload if item.max_std_error is not None]
+        targeted = [
+            (item.name, field)
+            for item in self.workload
+            for field in ("max_std_error", "max_half_width")
+            if getattr(item, field) is not None
+        ]
         if self.accuracy is None:
             if targeted:
                 raise ValueError(
-                    f"workload item {targeted[0]!r}: max_std_error needs an accuracy section "
-                    "(accuracy: {noise: gaussian} instead of privacy)"
+                    f"workload item {targeted[0][0]!r}: {targeted[0][1]} needs an accuracy "
+                    "section (accuracy: {noise: gaussian} instead of privacy)"
                 )
             return self
+        half_widths = [name for name, field in targeted if field == "max_half_width"]
+        if self.accuracy.noise == "laplace" and (half_widths or self.accuracy.max_half_width):
+            raise ValueError(
+                "max_half_width targets need accuracy.noise: gaussian (a Laplace release's "
+                "intervals are not all of one shape): give max_std_error instead"
+            )
         if self.model != "central":
             raise ValueError("accuracy targets apply to central releases (model: central)")
         if "objective" in self.model_fields_set and self.objective != "max_variance":
@@ -152,10 +163,15 @@ class ReleaseSpec(Strict):
                     f"workload item {item.name!r}: accuracy targets apply to count tables, not "
                     f"derived statistics ({item.kind})"
                 )
-            if item.max_std_error is None and self.accuracy.max_std_error is None:
+            if (
+                self.accuracy.std_error(
+                    std_error=item.max_std_error, half_width=item.max_half_width
+                )
+                is None
+            ):
                 raise ValueError(
                     f"workload item {item.name!r} has no target: give it max_std_error, or "
-                    "give accuracy.max_std_error for every table"
+                    "give accuracy.max_std_error for every table (or max_half_width)"
                 )
         return self
 
@@ -340,16 +356,19 @@ class ReleaseSpec(Strict):
         return "max_variance" if self.accuracy is not None else self.objective
 
     def item_targets(self) -> dict[str, float] | None:
-        """Each output table's ``max_std_error`` (expanded ``marginals`` inherit theirs); None
+        """Each output table's ``max_std_error`` (a ``max_half_width`` divided by the normal quantile
+        of ``accuracy.confidence``; expanded ``marginals`` inherit theirs); None
         without an accuracy section."""
         if self.accuracy is None:
             return None
-        default = self.accuracy.max_std_error
-        return {
-            part.name: float(item.max_std_error or default)  # type: ignore[arg-type]  # validated
-            for item in self.workload
-            for part in expand_item(self, item)
-        }
+        targets = {}
+        for item in self.workload:
+            target = self.accuracy.std_error(
+                std_error=item.max_std_error, half_width=item.max_half_width
+            )
+            for part in expand_item(self, item):
+                targets[part.name] = float(target)  # type: ignore[arg-type]  # validated
+        return targets
 
     def with_privacy(self, privacy: dict[str, float]) -> ReleaseSpec:
         """This spec at ``privacy`` (the level a plan found for its accuracy targets)."""
@@ -368,9 +387,13 @@ class ReleaseSpec(Strict):
             del data["objective"]
         if self.accuracy is None:
             del data["accuracy"]
+        elif self.accuracy.max_half_width is None:  # specs written before half-widths
+            del data["accuracy"]["max_half_width"]
+            del data["accuracy"]["confidence"]
         for item in data["workload"]:
-            if item["max_std_error"] is None:
-                del item["max_std_error"]
+            for field in ("max_std_error", "max_half_width"):
+                if item[field] is None:
+                    del item[field]
         if self.review is not None and not self.review.allow_self_approval:
             del data["review"]["allow_self_approval"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -441,7 +464,10 @@ def expand_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[WorkloadItemS
     if item.marginals is None:
         return [item]
     prototype = WorkloadItemSpec.model_construct(
-        name=item.name, marginal=[], max_std_error=item.max_std_error
+        name=item.name,
+        marginal=[],
+        max_std_error=item.max_std_error,
+        max_half_width=item.max_half_width,
     )
     fields, fields_set = prototype.__dict__, prototype.__pydantic_fields_set__
     new, assign = WorkloadItemSpec.__new__, object.__setattr__

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dprelease.catalog.spec.domain import Strict
 from dprelease.catalog.spec.limits import MAX_ROWS_PER_PERSON, check_privacy_dict
@@ -173,13 +174,40 @@ class Accuracy(Strict):
 
     max_std_error: float | None = None
     """The target of every table that does not give its own."""
+    max_half_width: float | None = None
+    """Or the target as the half-width of a ``confidence`` interval (Gaussian noise: every cell's
+    estimate is normal, so it is ``max_std_error = max_half_width / z_{(1+confidence)/2}``)."""
+    confidence: float = 0.95
+    """The level of the intervals ``max_half_width`` targets are stated for."""
     noise: Literal["gaussian", "laplace"] = "gaussian"
     """``gaussian``: the smallest ρ (zCDP; the budget is in rho); ``laplace``: the smallest ε."""
 
-    @field_validator("max_std_error")
+    @field_validator("max_std_error", "max_half_width")
     @classmethod
-    def _check_target(cls, value: float | None) -> float | None:
-        return check_std_error_target(value, field="accuracy.max_std_error")
+    def _check_target(cls, value: float | None, info: ValidationInfo) -> float | None:
+        return check_std_error_target(value, field=f"accuracy.{info.field_name}")
+
+    @model_validator(mode="after")
+    def _check_half_width(self) -> Accuracy:
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"accuracy.confidence ({self.confidence}) must be in (0, 1)")
+        check_one_target(self.max_std_error, self.max_half_width, where="accuracy")
+        return self
+
+    def std_error(self, *, std_error: float | None, half_width: float | None) -> float | None:
+        """A table's target as a standard error: its own (``std_error``, or ``half_width`` at
+        this ``confidence``), else this section's default; None when neither gives one."""
+        if std_error is None and half_width is None:
+            std_error, half_width = self.max_std_error, self.max_half_width
+        if half_width is not None:
+            return half_width / NormalDist().inv_cdf((1.0 + self.confidence) / 2.0)
+        return std_error
+
+
+def check_one_target(std_error: float | None, half_width: float | None, *, where: str) -> None:
+    """A table's target is a standard error or an interval half-width, not both."""
+    if std_error is not None and half_width is not None:
+        raise ValueError(f"{where}: give max_std_error or max_half_width, not both")
 
 
 class WorkloadItemSpec(Strict):
@@ -206,6 +234,8 @@ class WorkloadItemSpec(Strict):
     """Derived: the value each cell of the column counts as (default: the cells' midpoints)."""
     max_std_error: float | None = None
     """With ``accuracy:``, the largest standard error any cell of this table may have."""
+    max_half_width: float | None = None
+    """Or the largest half-width of its cells' intervals at ``accuracy.confidence``."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> WorkloadItemSpec:
@@ -234,6 +264,8 @@ class WorkloadItemSpec(Strict):
         if self.total is False:
             raise ValueError("total must be true when given")
         check_std_error_target(self.max_std_error, field=f"{where}: max_std_error")
+        check_std_error_target(self.max_half_width, field=f"{where}: max_half_width")
+        check_one_target(self.max_std_error, self.max_half_width, where=where)
         if self.derived_column is None:
             for field in ("by", "representative"):
                 if getattr(self, field) is not None:

@@ -67,6 +67,30 @@ def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             "workload item 'm': accuracy targets apply to count tables",
         ),
         ({"objective": "total_variance"}, r"objective \('total_variance'\) must be max_variance"),
+        (
+            {"accuracy": {"max_std_error": 1.0, "max_half_width": 2.0}},
+            "accuracy: give max_std_error or max_half_width, not both",
+        ),
+        (
+            {
+                "workload": [
+                    {"name": "a", "marginal": ["a"], "max_std_error": 1.0, "max_half_width": 2.0}
+                ]
+            },
+            "workload item 'a': give max_std_error or max_half_width, not both",
+        ),
+        (
+            {"accuracy": {"max_half_width": -2.0}},
+            r"accuracy.max_half_width \(-2.0\) must be a finite",
+        ),
+        (
+            {"accuracy": {"max_half_width": 9.0, "confidence": 1.0}},
+            r"accuracy.confidence \(1.0\) must be in \(0, 1\)",
+        ),
+        (
+            {"accuracy": {"max_half_width": 9.0, "noise": "laplace"}},
+            "max_half_width targets need accuracy.noise: gaussian",
+        ),
     ],
     ids=[
         "neither",
@@ -78,6 +102,11 @@ def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "no-target",
         "derived",
         "total-objective",
+        "both-default-targets",
+        "both-item-targets",
+        "negative-half-width",
+        "confidence-one",
+        "half-width-laplace",
     ],
 )
 def test_an_invalid_accuracy_spec_is_refused_naming_the_field(overrides, message: str) -> None:
@@ -111,6 +140,25 @@ def test_targets_expand_with_marginals_and_fall_back_to_the_default() -> None:
     assert spec.effective_objective == "max_variance" and spec.noise == "gaussian"
     with pytest.raises(ValueError, match="has no privacy level until it is planned"):
         spec.privacy_target()
+
+
+def test_half_widths_are_standard_errors_at_the_confidence_level() -> None:
+    """z_{0.975} = 1.959964: a 95% half-width of 19.6 is a standard error of 10.0."""
+    raw = _raw(accuracy={"max_half_width": 19.5996398454})
+    raw["workload"][1] = {"name": "b", "marginal": ["b"], "max_half_width": 3.0}
+    targets = parse_spec(raw).item_targets()
+    assert targets["pairs.a.b"] == pytest.approx(10.0, rel=1e-9)
+    assert targets["b"] == pytest.approx(3.0 / 1.959963984540054, rel=1e-12)
+    raw["accuracy"]["confidence"] = 0.5  # z_{0.75} = 0.674490
+    assert parse_spec(raw).item_targets()["b"] == pytest.approx(3.0 / 0.6744897501960817)
+    mixed = _raw(accuracy={"max_half_width": 19.5996398454})  # b keeps its own standard error
+    assert parse_spec(mixed).item_targets()["b"] == 2.0
+
+
+def test_specs_with_standard_error_targets_keep_their_canonical_form() -> None:
+    canonical = json.loads(parse_spec(_raw()).canonical_json())
+    assert canonical["accuracy"] == {"max_std_error": 10.0, "noise": "gaussian"}
+    assert all("max_half_width" not in item for item in canonical["workload"])
 
 
 def test_specs_without_targets_keep_their_canonical_form() -> None:
