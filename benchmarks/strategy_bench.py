@@ -30,6 +30,7 @@ slower on small matrices.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -196,7 +197,10 @@ def run(cases: list[Case], *, seed: int) -> None:
 
         total, wall, cpu = timed(optimise)
         result = result_box["result"]
-        bound = svd_bound(terms)
+        try:
+            bound = svd_bound(terms)
+        except ValueError:  # the exact bound is limited to 4096 non-marginal-like cells
+            bound = math.nan
         identity = float(sum(np.prod([np.trace(g) for g in term]) for term in terms))
         rmse = np.sqrt(total / m)
         bound_rmse = np.sqrt(bound / m)

@@ -252,6 +252,12 @@ class PIdentityFactor(Factor):
         return (y[: self.n] + self.theta.T @ y[self.n :]) / self.scales[:, None]
 
 
+_LEAST_SIGNIFICANT_SHARE = 1e-8
+"""The smallest loss, as a share of its leading term ``diag(G)·s²``, that
+:class:`PIdentityObjective` trusts: the rounding error of the difference is about 1e-16 of the
+leading term, so the loss keeps about 8 significant digits at this share."""
+
+
 class PIdentityObjective:
     """Unit error ``tr(G (AᵀA)⁻¹)`` of the p-Identity strategy and its gradient in ``Θ``.
 
@@ -298,7 +304,14 @@ class PIdentityObjective:
         d_scales = self._diag_gram * scales - np.einsum("ij,ij->j", theta, c)
         d_scales *= 2.0
         c *= scales  # C = B S G S = Θ Y S G S, O(p n)
-        loss = float(self._diag_gram @ (scales * scales) - np.vdot(theta, c))
+        leading = float(self._diag_gram @ (scales * scales))
+        loss = leading - float(np.vdot(theta, c))
+        if not loss > leading * _LEAST_SIGNIFICANT_SHARE:
+            # the difference kept fewer than ~8 significant digits: Θ has grown so large that the
+            # rounding error of the two terms exceeds the loss itself (a Θ of 1e9 on a workload
+            # that only needs a sum of cells once reported a unit error of -96).  Treated as
+            # outside the domain: the line search backs off.
+            return math.inf, np.zeros(p * n)
         # d/dΘ with s fixed: −2 Θ Y (SGS) Y = −2 (C − (CΘᵀ) B). O(p² n)
         gradient = (c @ theta.T) @ b
         gradient -= c

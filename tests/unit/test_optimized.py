@@ -25,10 +25,12 @@ from dprelease.mechanisms.optimized.search import (
 )
 from dprelease.mechanisms.optimized.templates import (
     PIdentityFactor,
+    PIdentityObjective,
     column_sensitivity,
     gaussian_dual,
     gram_right_multiply,
     optimize_factor,
+    optimize_pidentity_factor,
     predict_factor_seconds,
     predict_pidentity_seconds,
     structured_gram,
@@ -1004,3 +1006,30 @@ PREDICTOR_CASES = [
 def test_predictor_validators(call, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+# Seeds whose Laplace start, before the cancellation guard, ran Θ off to 1e9–1e13 on this workload
+# (its last two cells are only ever summed) and reported unit errors of -96 to -6e11.
+@pytest.mark.parametrize("seed", [60, 464, 1119])
+def test_pidentity_never_trusts_a_loss_lost_to_cancellation(seed: int) -> None:
+    workload = np.array([[1.0, -1.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    gram = workload.T @ workload
+    theta, error, _, _ = optimize_pidentity_factor(
+        gram, p=1, noise="laplace", rng=np.random.default_rng(seed), restarts=1
+    )
+    strategy = PIdentityFactor(theta, noise="laplace").dense()
+    dense = (
+        unit_error(gram, strategy.T @ strategy) * column_sensitivity(strategy, noise="laplace") ** 2
+    )
+    assert 0.0 < error < np.trace(gram)  # better than the identity, and a true error
+    assert error == pytest.approx(dense, rel=1e-6)
+
+
+def test_pidentity_objective_refuses_a_point_whose_loss_cancelled() -> None:
+    workload = np.array([[1.0, -1.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    objective = PIdentityObjective(workload.T @ workload, p=1, noise="laplace")
+    moderate, _ = objective(np.array([0.0, 0.0, 1e3, 1e3]))
+    assert 0.0 < moderate < 3.0
+    loss, gradient = objective(np.array([0.0, 0.0, 1e9, 1e9]))
+    assert loss == math.inf
+    assert not gradient.any()
