@@ -1,34 +1,18 @@
 """The deployed release: one ``release`` run per dataset at a time, then a pause for audited review.
 
-``release_deployment_flow`` is what ``dprelease deploy`` registers for every spec (on a schedule,
-on an arrival event, or run on demand).  It
+``release_deployment_flow`` (registered by ``dprelease deploy``) checks that an arrival's file
+still has its announced content (before any budget is spent), takes the dataset's one-slot
+concurrency limit ``dprelease-dataset-<id>`` (not held during review), runs the ``release``
+subflow, records the run awaiting review (``catalog.watch_state.ReviewRuns``) and pauses for a
+typed :class:`ReviewDecision` until ``review.approvers`` distinct reviewers approved;
+:func:`catalog.review.decisions.review` records the decision (rejection keeps the budget spent).
 
-1. checks, for an arrival-triggered run, that the announced file still has the announced content
-   (a file replaced after its announcement is refused before any budget is spent);
-2. takes the dataset's global concurrency slot (``dprelease-dataset-<id>``, limit 1), so two
-   releases of one dataset never overlap; the slot is *not* held while the release waits for
-   review (a deployed run normally finds it free: :mod:`flows.deployments`' dataset queue);
-3. runs the ``release`` flow as a subflow (the same tasks as ``dprelease run``: budget check before
-   any data is read, ledger charge before noise, stage);
-4. records which flow run awaits the review (``catalog.watch_state.ReviewRuns``) and pauses with a
-   typed :class:`ReviewDecision` input (the Prefect UI, the API or ``dprelease review`` resume it),
-   again after each approval until ``review.approvers`` distinct reviewers approved;
-5. records the decision with :func:`catalog.review.decisions.review`: approval publishes a copy, rejection
-   keeps the spent budget spent; both land in the catalog and the manifest with who and when.
-
-Unchanged input (the spec's ``on_unchanged``, default ``skip``): a run started by the schedule or
-by an arrival trigger whose keyed input fingerprint and spec (less its source) equal those of the
-last release of its series (the spec's ``name`` within its dataset id) charges nothing, records a
-``skipped`` ledger entry, does not pause for review and returns status ``skipped``.  A run started
-by hand (the UI's "run", the API, ``prefect deployment run``) always releases, as ``dprelease run``
-does; the ``on_unchanged`` parameter overrides either.  The check runs inside the dataset's slot
-and again in the transaction that records the release, so two arrivals of the same content (a
-duplicated event) never start two releases.
-
-If nobody decides within ``review_timeout_seconds`` the run fails ("... never resumed"),
-the release stays ``staged``, and ``dprelease review`` decides it directly in the catalog later.
-
-All parameters are public: paths, a catalog URL, ids, a fingerprint of a file.
+Unchanged input (``on_unchanged``, default ``skip``): a scheduled or triggered run whose keyed
+input fingerprint and spec (less its source) equal the series' last release charges nothing,
+records a ``skipped`` entry and returns ``skipped``; a run by hand always releases.  The check
+runs inside the slot and again when the release is recorded, so a duplicated event never starts
+two releases.  No decision within ``review_timeout_seconds``: the run fails, the release stays
+``staged`` for ``dprelease review``.  All parameters are public.
 """
 
 from __future__ import annotations

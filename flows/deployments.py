@@ -1,27 +1,16 @@
 """Register one Prefect deployment per release spec (``dprelease deploy [SPECS_DIR]``).
 
-Each spec becomes a deployment of :func:`flows.deployed_release.release_deployment_flow` named
-after the spec (``release-deployment/<spec name>``) on a *process* work pool, with
+Each spec becomes a deployment of :func:`flows.deployed_release.release_deployment_flow`
+(``release-deployment/<spec name>``) on a *process* work pool, with the spec's cron ``schedule``
+and, for ``trigger: arrival``, a trigger on the watcher's events.  One release per dataset id at a
+time: the pool's work queue ``dataset-<dataset id>`` (concurrency 1; a run paused for review does
+not count, and queued runs wait on the server, not as worker processes) and a one-slot global
+concurrency limit ``dprelease-dataset-<dataset id>`` that the flow holds while it releases.
 
-* the spec's cron ``schedule`` and, for ``trigger: arrival``, a trigger on the watcher's events;
-* the work queue ``dataset-<dataset id>`` of the pool, with a concurrency limit of 1, shared by all
-  of the dataset's deployments: the server hands a worker a run of the dataset only while no other
-  run of it is Pending or Running (a run paused for review does not count), so queued runs wait
-  as *Scheduled* rows on the server, not as processes on the worker (each holds a whole run's
-  memory: ``benchmarks/memory_bench.py``);
-* a global concurrency limit ``dprelease-dataset-<dataset id>`` with one slot, which the flow holds
-  while it releases: one running release per dataset id even for a run that bypasses the queue
-  (another pool, a run created with another queue);
-* the spec's ``on_unchanged`` policy (``flows.deployed_release``) and, for a spec with
-  ``dataset.partitions``, per-partition charges (``catalog.partitions``);
-* default parameters that are public only: absolute spec path, output and publish folders, the
-  catalog URL when it is a local SQLite file (a server URL may carry credentials: the worker gets
-  it from ``DPRELEASE_CATALOG_URL`` instead), the review timeout.
-
-Deployments, schedules, triggers and limits need a real Prefect server (``PREFECT_API_URL``); see
-``deploy/README.md``.  Re-running ``dprelease deploy`` updates the deployments in place; a
-deployment or schedule an operator paused stays paused (its state is read first).  A spec whose
-``review.notify`` names a block the server does not hold is refused before anything is registered.
+Default parameters are public only: a server catalog URL may carry credentials, so the worker
+reads it from ``DPRELEASE_CATALOG_URL``; only a local SQLite URL is stored.  Re-running updates in
+place and keeps what an operator paused; a ``review.notify`` block the server lacks is refused
+before anything is registered.  Needs a real Prefect server (``deploy/README.md``).
 """
 
 from __future__ import annotations

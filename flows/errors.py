@@ -1,20 +1,14 @@
 """How ``dprelease`` reports a failure: short, actionable, and never a data value.
 
-* A user error (the spec, the data against the spec, the budget, the privacy parameters, the
-  catalog refusing an operation, a path that cannot be used) prints one short block on stderr:
-  what failed with the field, value and rule (the exception's message), then what to do for that
-  kind of error (a :class:`Refused` carries its own); exit 2.
-* A failed check (``verify`` finds a mismatch, a release fails validation) prints the same kind of
-  block and exits 1: the command worked and its answer is "no".
-* Anything else is an internal error: one line naming the exception type and a log file under
-  ``$DPRELEASE_HOME/logs/`` that holds the traceback; exit 1.
-* ``--debug`` (or ``DPRELEASE_DEBUG=1``) also prints the full traceback on the terminal.
-* Ctrl-C: exit 130 with one line.
+A user error (spec, data against the spec, budget, privacy parameters, a refused operation, an
+unusable path) prints its message and what to do, exit 2; a failed check (``verify``, validation)
+the same, exit 1; anything else one line naming the exception type and a log under
+``$DPRELEASE_HOME/logs/`` with the traceback, exit 1; Ctrl-C exit 130.  ``--debug`` (or
+``DPRELEASE_DEBUG=1``) prints tracebacks.
 
-The log never holds local variables.  It holds the messages of this project's exceptions (which
-name columns and rules, never counts or values) and of interpreter errors about code
-(:data:`SAFE_MESSAGE_TYPES`); any other message may quote a data value (pyarrow's and numpy's do),
-so only its type and the code locations are logged.
+Privacy: the log never holds local variables, and holds messages only of this project's
+exceptions and of :data:`SAFE_MESSAGE_TYPES`; any other message may quote a data value (pyarrow's
+and numpy's do), so only its type and code locations are logged.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Ctrl-C (or SIGTERM) during a release: out within 5 s, the release ``aborted``, no child left.
 
-The release flow itself marks its release ``aborted`` when ``KeyboardInterrupt`` reaches it.  This
-module is the CLI's side, which does not depend on the flow's cooperation:
-
-* :func:`abort_own_releases` moves every release this process still holds in ``measuring`` (the
-  catalog records each release's owner: pid, host and process start) to ``aborted``; the ledger
-  is untouched, so its charges stay spent.
-* :class:`InterruptGuard` wraps the flow call: on ``KeyboardInterrupt`` it aborts this process's releases,
-  stops this process's own children and raises :class:`Interrupted`.  In the console script it
-  also arms a watchdog: the C-level signal handler writes to a wake-up fd that a thread reads at
-  once, even while the main thread is stuck in one long C call (a big ``eigh``, an Arrow scan),
-  and ``GRACE_SECONDS`` after the first Ctrl-C (or at a second one) the watchdog does the same
-  clean-up itself and ends the process with ``os._exit(130)``.  The watchdog records the abort
-  already at the first Ctrl-C (a slow exit under load still finds it recorded); the clean-up
-  records it again, for a release that stopped since.
-
-The shared Prefect server (``flows.server``) runs in its own session: it is not a child to stop.
+The CLI's side, independent of the flow's cooperation: :func:`abort_own_releases` moves the
+releases this process holds in ``measuring`` to ``aborted`` (the ledger is untouched: charges stay
+spent); :class:`InterruptGuard` does that on ``KeyboardInterrupt``, stops this process's children
+and raises :class:`Interrupted`.  In the console script a watchdog thread reads the signal wake-up
+fd (so it runs while the main thread is inside one long C call), records the abort at the first
+Ctrl-C and, ``GRACE_SECONDS`` later or at a second Ctrl-C, cleans up itself and ``os._exit(130)``.
+The shared Prefect server runs in its own session: it is not a child to stop.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """Tell reviewers that a release is staged, through a Prefect notification block.
 
-A spec's ``review: {notify: BLOCK_TYPE/BLOCK_NAME}`` names a notification block saved on the
-Prefect server the release runs against (``dprelease notify webhook NAME --url URL`` saves a
-Custom Webhook block; any other Prefect notification block — Slack, Microsoft Teams, e-mail — works
-too, see deploy/NOTIFICATIONS.md).  When the release is staged the ``notify-reviewers`` task loads
-the block and sends one message.
+A spec's ``review: {notify: BLOCK_TYPE/BLOCK_NAME}`` names a notification block on the release's
+Prefect server (``dprelease notify webhook NAME --url URL`` saves one; see
+deploy/NOTIFICATIONS.md); the ``notify-reviewers`` task sends one message when the release is staged.
 
-Privacy: the message holds public facts only — release id, dataset id, spec name, the privacy
-budget this release spent, the approvals it needs, who ran it, where its report is and the command
-that decides it.  Never a count, a released value or a row.
-
-A failed notification does not fail the release (it is staged, its budget spent): the error is
-recorded with the release's review policy, shown by ``dprelease review ID``, and
-``dprelease notify send ID`` sends the message again.
+Privacy: the message holds public facts only (ids, spec name, budget spent, approvals needed, who
+ran it, the report's path, the deciding command); never a count, a released value or a row.  A
+failed notification does not fail the release: it is recorded with the review policy and
+``dprelease notify send ID`` sends again.
 """
 
 from __future__ import annotations

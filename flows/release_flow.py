@@ -1,15 +1,10 @@
 """The ``release`` flow: spec → plan → budget check → ingest → measure → reconstruct → validate → stage.
 
-One flow for every mechanism (central, data-dependent, local model): the plan carries the chosen
-mechanism and its strategy, and each task asks the mechanism to do its part.  Flow parameters are
-public (a spec path, an output folder, a catalog URL, an engine and a scheduler address); data
-never is.  A run that stops after the ledger was charged keeps its charge and is marked ``failed``
-(``aborted`` on Ctrl-C).
-
-Where it runs (:mod:`catalog.engine`): :func:`run_release` opens the run's Dask cluster (started,
-or joined at ``execution.address``) and runs the flow on ``prefect_dask.DaskTaskRunner``
-connected to it, so tasks that fan out (``.submit``/``.map``) run on the cluster, and counting
-(:mod:`catalog.confidential.dask_count`) uses the same cluster; ``local`` keeps Prefect's default runner.
+One flow for every mechanism: the plan carries the mechanism and its strategy.  Parameters are
+public (paths, a catalog URL, an engine, a scheduler address); data never is.  A run that stops
+after the charge keeps it and is marked ``failed`` (``aborted`` on Ctrl-C).  Under ``dask``
+(:mod:`catalog.engine`) :func:`run_release` runs the flow on a ``DaskTaskRunner`` of the run's
+cluster, which counting (:mod:`catalog.confidential.dask_count`) uses too.
 """
 
 from __future__ import annotations

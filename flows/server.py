@@ -1,38 +1,23 @@
 """One local Prefect server shared by every ``dprelease`` command.
 
-The first command that needs Prefect starts ``prefect server start`` on 127.0.0.1 and a free port,
-in the background, under a small supervisor process (``python -m dprelease.flows.server supervise``) that
-leads its own process group and session, so Ctrl-C in a terminal never reaches it.  Later
-commands find it again through ``$DPRELEASE_HOME/server.json`` (pid, port, url, started_at,
-version) and a health check on ``/api/health``; each command touches
-``$DPRELEASE_HOME/server.last-used`` (and keeps touching it while it runs), and the supervisor stops
-the server once nothing touched it for ``DPRELEASE_SERVER_IDLE_SECONDS`` (default 1800).
+The first command that needs Prefect starts ``prefect server start`` on 127.0.0.1 under a
+supervisor (``python -m dprelease.flows.server supervise``) that leads its own session, so Ctrl-C
+never reaches it; later commands find it through ``$DPRELEASE_HOME/server.json`` and
+``/api/health``.  Commands touch ``server.last-used``; the supervisor stops the server after
+``DPRELEASE_SERVER_IDLE_SECONDS`` (default 1800) untouched.  Start-up and clean-up hold an
+``fcntl`` lock on ``server.lock``; an orphan (alive but unhealthy past its start-up window, or of
+another Prefect version or home) is stopped by process group, a stale record removed.
 
-* ``PREFECT_API_URL`` set by the user (or an active Prefect settings context, e.g. a test harness):
-  that server is used and nothing is started.
-* One Prefect server per database: a server started by ``deploy/start-server.sh`` on the same
-  ``PREFECT_HOME`` (it records itself in ``PREFECT_HOME/deploy-server.json``) is used instead of
-  starting a second one on its database; the script in turn refuses to start while this shared
-  server runs (``python -m dprelease.flows.server shared-server``).
-* Start-up and clean-up run under an exclusive ``fcntl`` lock on ``server.lock``: two commands that
-  start at once share one server.
-* An orphan from an earlier crash (``server.json`` whose process is alive but not healthy after the
-  start-up window, or whose Prefect version or home differ) is stopped by process group; a stale
-  file whose process is gone is removed.
-* The supervisor also runs ``python -m dprelease.catalog.validation.service`` in its process group: Great
-  Expectations imported once for every command of the home, on ``validation.sock``
-  (:func:`validation_socket`); ``connect`` points the command at it, a command whose service is
-  still importing GX waits for it (bounded) and one whose service is missing validates in its own
-  process.
-* The server registers no block types at start (that would import every installed Prefect
-  collection, prefect-dask's dask.distributed among them: a large share of its start); a saved
-  block registers its own type.
-* A fresh state home would spend tens of seconds on Prefect's database migrations; a migrated, empty
-  Prefect database is kept once per Prefect version in the user cache (``DPRELEASE_CACHE_DIR``,
-  default ``$XDG_CACHE_HOME/dprelease``) and copied into new homes.
+* A user's ``PREFECT_API_URL`` (or an active Prefect settings context) is used; nothing starts.
+* One server per database: ``deploy/start-server.sh``'s server on the same ``PREFECT_HOME``
+  (``deploy-server.json``) is used instead, and that script refuses to start beside this one.
+* The supervisor also runs ``python -m dprelease.catalog.validation.service`` (GX imported once
+  per home, on :func:`validation_socket`); a command without it validates in its own process.
+* No block types are registered at start (that imports every Prefect collection).
+* A migrated, empty Prefect database is cached once per Prefect version (``DPRELEASE_CACHE_DIR``,
+  default ``$XDG_CACHE_HOME/dprelease``) and copied into new homes: migrations take tens of seconds.
 
-This module imports neither prefect nor the catalog beyond ``catalog.home`` and ``catalog.processes`` (standard library
-only): the supervisor must stay small.
+Standard library only (plus ``catalog.home`` and ``catalog.processes``): the supervisor stays small.
 """
 
 from __future__ import annotations

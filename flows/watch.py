@@ -1,28 +1,20 @@
 """The arrival watcher: announce complete new Parquet files in a landing folder as Prefect events.
 
-``dprelease watch DIR`` polls DIR (recursively) and emits one ``dprelease.data.arrived`` event per
-complete new Parquet file, with resource id ``dprelease.dataset.<dataset id>`` and payload
-``{path, fingerprint}``.  A deployment registered by ``dprelease deploy`` for a spec with
-``trigger: arrival`` listens for that event and runs a release with the file as its source.
+``dprelease watch DIR`` polls DIR recursively and emits one ``dprelease.data.arrived`` event per
+complete new Parquet file (resource ``dprelease.dataset.<dataset id>``, payload ``{path,
+fingerprint}``); deployments of specs with ``trigger: arrival`` run a release on it.
 
-When is a file complete?  Writers either write under a temporary name and rename (names starting
-with ``.`` or ``_`` or ending in ``.tmp``/``.part``/... are never looked at), or write in place.
-Either way a file is announced only when its size and modification time are unchanged across two
-consecutive polls *and* it carries a readable Parquet footer; a stalled half-written Parquet file
-(``PAR1`` at the start, no footer yet) keeps waiting.  A file that is not Parquet is logged once
-and skipped; it does not stop the watcher.
+Complete: size and mtime unchanged across two polls and a readable Parquet footer (temporary names
+starting with ``.``/``_`` or ending in ``.tmp``/``.part``/... are never looked at); a non-Parquet
+file is logged once and skipped.
 
-Never twice for the same content: the fingerprint is the keyed hash (HMAC under the catalog key) of the file's bytes, claimed in
-the catalog database (:class:`catalog.watch_state.WatchState`) *before* the event is emitted, so
-a restarted watcher, a renamed copy or a second watcher on the same folder does not announce it
-again (at-most-once; every announcement spends privacy budget).  A failed emission gives the
-claim back and the file is retried at the next poll.  Should an event still arrive twice (a
-duplicated delivery, a second watcher with its own catalog), the deployed flow skips the second
-run: its input and spec are unchanged since the series' last release (``on_unchanged: skip``).
+At most once per content (every announcement spends budget): the keyed fingerprint (HMAC under the
+catalog key) is claimed in :class:`catalog.watch_state.WatchState` *before* the event is emitted,
+and given back if emission fails.  A duplicated delivery is skipped by the deployed flow
+(``on_unchanged: skip``).
 
-Which dataset?  With ``--spec-dir``, every spec with ``trigger: arrival`` whose ``dataset.source``
-is that file, a folder holding it, or a glob matching it; without, the first folder under DIR
-(``DIR/<dataset id>/…/file.parquet``).
+Dataset: with ``--spec-dir``, every ``trigger: arrival`` spec whose ``dataset.source`` is the
+file, a folder holding it or a glob matching it; without, the first folder under DIR.
 """
 
 from __future__ import annotations

@@ -1,31 +1,20 @@
 """Stage time limits, a signal backstop and run records: a release run never hangs for good.
 
-Every stage of the ``release`` flow runs inside :meth:`RunWatchdog.stage`, which gives it a time
-limit (``DPRELEASE_STAGE_TIMEOUT`` seconds, default :data:`DEFAULT_STAGE_TIMEOUT_SECONDS`) and
-three ways out, each for a worse case than the one before:
+Every stage of the ``release`` flow runs inside :meth:`RunWatchdog.stage` under a time limit
+(``DPRELEASE_STAGE_TIMEOUT``, default :data:`DEFAULT_STAGE_TIMEOUT_SECONDS`), with three ways out:
 
-1. **Python-level stop.**  At the limit the monitor thread logs which stage ran out of time and
-   raises :class:`StageTimeLimitExceeded` in the stage's thread (``PyThreadState_SetAsyncExc``):
-   the flow marks its release ``failed`` (charges kept) and Prefect records the failure with that
-   message.  The same thread watches SIGTERM/SIGINT (through the signal wake-up fd, when nobody
-   else owns it): a stop signal that Prefect's handler has not turned into an exit within
-   :data:`STOP_GRACE_SECONDS` is treated like a timed-out stage.
-2. **Hard exit.**  A stage still running :data:`STOP_GRACE_SECONDS` later (its thread is inside
-   one long C call) is ended with ``os._exit(EXIT_STAGE_TIMEOUT)`` after the release is marked
-   ``failed`` (bounded: a locked catalog must not hold the exit).
-3. **Native backstop.**  Both of the above need the interpreter.  When native code holds it (the
-   deadlock an import thread once caused: a ``dlopen`` on one thread holding the GIL against
-   ``dl_iterate_phdr`` on another), ``faulthandler``'s C watchdog thread, armed for every stage
-   :data:`NATIVE_MARGIN_SECONDS` after the hard exit would have happened, writes every thread's
-   stack to standard error and ends the process.  ``dprelease recover`` then moves the release.
+1. At the limit the monitor thread raises :class:`StageTimeLimitExceeded` in the stage's thread
+   (``PyThreadState_SetAsyncExc``); the release is marked ``failed``, charges kept.  A SIGTERM or
+   SIGINT that Prefect has not turned into an exit within :data:`STOP_GRACE_SECONDS` counts alike.
+2. A stage still running :data:`STOP_GRACE_SECONDS` later (inside one long C call) ends the
+   process with ``os._exit(EXIT_STAGE_TIMEOUT)`` after marking the release ``failed`` (bounded).
+3. When native code holds the interpreter (a ``dlopen`` deadlock), ``faulthandler``'s C watchdog,
+   armed :data:`NATIVE_MARGIN_SECONDS` after the hard exit, dumps every stack and ends the process;
+   ``dprelease recover`` then moves the release.
 
-Run records: while a stage runs, ``$DPRELEASE_HOME/run/releases/<pid>.json`` names the process
-(pid, host, start time), the spec, the release (once registered), the stage and its deadline.
-:func:`inspect_runs` (``dprelease recover``) finds runs whose process is gone and runs whose
-process is alive but past its deadline (stuck); :func:`stop_stuck` ends the latter.  Records hold
-public facts only.
-
-The monitor thread imports nothing after it starts (no import may run beside native loaders).
+While a stage runs, ``$DPRELEASE_HOME/run/releases/<pid>.json`` names the process, spec, release,
+stage and deadline (public facts only); :func:`inspect_runs` (``dprelease recover``) finds dead and
+stuck runs, :func:`stop_stuck` ends the stuck.  The monitor thread imports nothing once started.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""The ``dprelease`` command line (typer): the commands live by group in this package's modules;
-this module assembles ``app``.
+"""The ``dprelease`` command line (typer): commands live by group in this package; this module
+assembles ``app``.
 
-Environment: ``DPRELEASE_HOME`` (default ``./.dprelease``) holds the SQLite catalog and Prefect's
-local state; ``DPRELEASE_CATALOG_URL`` points the catalog at any SQLAlchemy database instead.
-Flows run against one local Prefect server shared by all commands (``flows/server.py``: started
-on first use, stopped after ``DPRELEASE_SERVER_IDLE_SECONDS`` idle; ``dprelease server status|stop``)
-unless ``PREFECT_API_URL`` is set.
-
-Failures (``flows/errors.py``): a user error is one short block on stderr and exit 2, an internal
-error one line pointing to a log under ``$DPRELEASE_HOME/logs/`` and exit 1, Ctrl-C exit 130;
-``--debug`` shows tracebacks.  Spec errors are reported before Prefect is imported or a server
-starts; prefect and Great Expectations are imported only by the commands that need them.
+``DPRELEASE_HOME`` (default ``./.dprelease``) holds the SQLite catalog and Prefect's state;
+``DPRELEASE_CATALOG_URL`` points the catalog elsewhere.  Flows use the shared local Prefect server
+(``flows/server.py``) unless ``PREFECT_API_URL`` is set.  Failures are reported by
+``flows/errors.py``; spec errors are reported before Prefect is imported or a server starts.
 """
 
 from __future__ import annotations
