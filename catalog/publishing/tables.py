@@ -27,7 +27,7 @@ from dprelease.catalog.spec.model import ReleaseSpec, derived_column, derived_su
 from dprelease.catalog.spec.sections import WorkloadItemSpec
 from dprelease.mechanisms import derived
 from dprelease.mechanisms.derived import QUANTILE_LABEL
-from dprelease.mechanisms.primitives.intervals import interval_half_widths
+from dprelease.mechanisms.primitives.intervals import distinct_strings, interval_half_widths
 from dprelease.mechanisms.primitives.operators import AllRanges, Identity, Prefix, Ranges, Total
 from dprelease.mechanisms.primitives.protocol import ItemAnswers
 from dprelease.mechanisms.primitives.workload import WorkloadItem
@@ -97,7 +97,7 @@ def build_table(
     labels = np.asarray(uncertainty, dtype=object)
     if labels.ndim and labels.shape != rows:
         raise ValueError(f"uncertainty (shape {labels.shape}) must be one label or one per row")
-    unknown = sorted({str(v) for v in np.unique(labels.astype(str))} - set(UNCERTAINTY_LABELS))
+    unknown = sorted(distinct_strings(labels) - set(UNCERTAINTY_LABELS))
     if unknown:
         raise ValueError(f"uncertainty labels {unknown} must be one of {UNCERTAINTY_LABELS}")
     std_error = np.sqrt(variance)
@@ -114,7 +114,8 @@ def build_table(
         std_error=std_error,
         ci_low=pa.array(np.where(claimed, ci_low, 0.0), mask=~claimed),
         ci_high=pa.array(np.where(claimed, ci_high, 0.0), mask=~claimed),
-        uncertainty=pa.array(np.broadcast_to(labels, rows).astype(str), pa.string()),
+        # every label is a str (checked above): tolist, not astype(str), which cost ~4 ms per table
+        uncertainty=pa.array(np.broadcast_to(labels, rows).ravel().tolist(), pa.string()),
     )
     return pa.table(columns)
 

@@ -62,6 +62,12 @@ INTERVALS = ("normal", "laplace", "none")
 """How a row's interval is formed: normal quantile, exact Laplace quantile, or no interval."""
 
 
+def distinct_strings(values: np.ndarray) -> set[str]:
+    """The distinct values of a label array (one label or one per row), as strings.  O(rows) hashes:
+    ``np.unique(values.astype(str))`` was ~20x slower, a fixed cost of every released table."""
+    return {str(v) for v in set(np.asarray(values, dtype=object).ravel().tolist())}
+
+
 def interval_half_widths(
     std_error: np.ndarray,
     *,
@@ -79,7 +85,7 @@ def interval_half_widths(
         raise ValueError(
             f"interval (shape {kind.shape}) must be one value or one per row ({std.shape})"
         )
-    unknown = sorted({str(v) for v in np.unique(kind.astype(str))} - set(INTERVALS))
+    unknown = sorted(distinct_strings(kind) - set(INTERVALS))
     if unknown:
         raise ValueError(f"interval values {unknown} must be one of {INTERVALS}")
     quantile = np.where(
