@@ -95,13 +95,38 @@ def project_marginals(
     subsets: Sequence[tuple[int, ...]],
 ) -> dict[tuple[int, ...], np.ndarray]:
     """The ``subsets``-marginals of groups with per-axis cell ``index`` and ``counts``
-    (confidential in, confidential out). O(groups × subsets + Σ marginal sizes)."""
-    tables = {}
-    for axes in dict.fromkeys(tuple(int(a) for a in axes) for axes in subsets):
-        sizes = tuple(shape[a] for a in axes)
+    (confidential in, confidential out), keyed in the order of ``subsets``.
+
+    O(groups × subsets + Σ marginal sizes): per subset, one multiply-add and one ``bincount``
+    over the groups.  Subsets are visited in sorted order so that those sharing all but their
+    last axis (consecutive then: every 3-way table of one pair) reuse that prefix's flat index;
+    only the prefixes of the current subset are kept, O(groups × longest subset) memory.  Flat
+    indices are int64 within one table (each ≤ ``MAX_MARGINAL_CELLS`` cells), never over the
+    product domain (``np.ravel_multi_index`` per subset took 150 s, not 44 s, for the 4,526
+    tables of all ≤3-way marginals of 30 attributes on 10⁶ groups).  Raises ``ValueError``
+    (naming the axis and its size, never a value) if an index is outside its axis: the
+    multiply-add would otherwise count it in another cell."""
+    unique = list(dict.fromkeys(tuple(int(a) for a in axes) for axes in subsets))
+    used = sorted({a for axes in unique for a in axes})
+    for a in used:  # O(groups × attributes used)
+        if index[a].size and not 0 <= int(index[a].min()) <= int(index[a].max()) < shape[a]:
+            raise ValueError(f"cell index of axis {a} must lie in [0, {shape[a]})")
+    prefixes: dict[tuple[int, ...], np.ndarray] = {}
+
+    def flat_index(axes: tuple[int, ...]) -> np.ndarray:
+        if axes not in prefixes:
+            last = index[axes[-1]].astype(np.int64, copy=False)
+            head = axes[:-1]
+            prefixes[axes] = flat_index(head) * shape[axes[-1]] + last if head else last
+        return prefixes[axes]
+
+    tables: dict[tuple[int, ...], np.ndarray] = {}
+    for axes in sorted(unique):
         if not axes:
             tables[axes] = np.array(counts.sum())
             continue
-        flat = np.ravel_multi_index(tuple(index[a] for a in axes), sizes)
-        tables[axes] = np.bincount(flat, weights=counts, minlength=math.prod(sizes))  # O(groups)
-    return tables
+        for held in [held for held in prefixes if held != axes[: len(held)]]:
+            del prefixes[held]  # not a prefix of this subset, nor (sorted) of any later one
+        size = math.prod(shape[a] for a in axes)
+        tables[axes] = np.bincount(flat_index(axes), weights=counts, minlength=size)  # O(groups)
+    return {axes: tables[axes] for axes in unique}
