@@ -8,7 +8,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 import scipy.sparse as sp
 
 from dprelease.mechanisms.dawa.greedy_h import HierarchicalStrategy
@@ -97,19 +96,27 @@ def cell_coordinates(shape: Sequence[int], cell_at: np.ndarray | None = None) ->
 def bucket_covariance(strategy: HierarchicalStrategy, *, noise_variance: float) -> np.ndarray:
     """``Cov(ŝ) = σ² (AᵀA)⁻¹`` of the least-squares bucket counts; ``σ²`` = one draw's variance.
 
-    ``AᵀA`` has full rank (every leaf keeps a positive budget fraction).  O(k³) time, O(k²) memory.
+    ``AᵀA = D + Σ_q f_q² 1_q 1_qᵀ`` over the tree's nodes above the leaves (``D`` the leaves'
+    ``f²``, every leaf keeps a positive fraction), so nested Sherman–Morrison updates, from the
+    leaves up, give ``(AᵀA)⁻¹ = D⁻¹ − Σ_q β_q w_q w_qᵀ`` with ``w_q`` the children's ``G_c⁻¹ 1``
+    side by side and ``β_q = f_q² / (1 + f_q² 1ᵀw_q)``.  O(Σ_q |q|²) = O(k²) time (a dense
+    inverse was O(k³): 0.17 s of each 2-D DAWA release), O(k²) memory.
     """
     if not (math.isfinite(noise_variance) and noise_variance > 0):
         raise ValueError(f"noise_variance ({noise_variance}) must be finite and > 0")
-    a = strategy.matrix()
-    gram = (a.T @ a).toarray()
-    factor, info = scipy.linalg.lapack.dpotrf(gram, lower=False)  # O(k³/3)
-    if info == 0:
-        upper, info = scipy.linalg.lapack.dpotri(factor, lower=False)  # O(2k³/3)
-    if info != 0:  # numerically singular (budget fractions near 0): fall back to the pseudo-inverse
-        return noise_variance * scipy.linalg.pinvh(gram)
-    upper = np.triu(upper)
-    return noise_variance * (upper + np.triu(upper, 1).T)
+    leaves = strategy.fractions[0] ** 2  # > 0: HierarchicalStrategy keeps every λ < 1
+    inverse = np.diag(1.0 / leaves)
+    ones_image = 1.0 / leaves  # G_c⁻¹ 1 of the current level's nodes, side by side
+    for bounds, fraction in zip(strategy.level_bounds[1:], strategy.fractions[1:], strict=True):
+        for lo, hi, weight in zip(bounds[:-1], bounds[1:], fraction**2, strict=True):
+            if weight == 0.0:  # a carried node or an unmeasured level: G_q = blockdiag(G_c)
+                continue
+            w = ones_image[lo:hi]
+            total = float(w.sum())
+            beta = weight / (1.0 + weight * total)
+            inverse[lo:hi, lo:hi] -= beta * np.outer(w, w)  # O(|q|²)
+            ones_image[lo:hi] = w * (1.0 - beta * total)
+    return noise_variance * inverse
 
 
 def _cross_edges(

@@ -397,3 +397,34 @@ def test_kron_single_term_rows_match_the_dense_kronecker_answer_matrix() -> None
 def test_kron_single_term_rows_needs_one_factor_per_attribute() -> None:
     with pytest.raises(ValueError, match=r"workload_factors \(1\), strategy_factors \(2\)"):
         kron_single_term_rows([Identity(2)], [identity_strategy(2)] * 2, [np.eye(2)] * 2)
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_bucket_covariance_by_tree_updates_is_the_dense_inverse(seed: int) -> None:
+    """Random trees (branching 2–5, carried nodes, a random λ at every other node) over 60–200
+    buckets: the O(k²) nested updates equal the dense inverse."""
+    rng = np.random.default_rng(seed)  # public randomness: a random tree
+    k = int(rng.integers(60, 200))
+    partition = Partition.from_starts(np.arange(k) * 2, n_cells=2 * k)
+    levels = [np.arange(k + 1)]
+    lambdas = []
+    while levels[-1].size > 2:
+        below = levels[-1]
+        cuts = np.cumsum(rng.integers(1, 6, below.size))  # children per node; 1: carried
+        bounds = below[np.concatenate(([0], cuts[cuts < below.size - 1], [below.size - 1]))]
+        children = np.diff(np.searchsorted(below, bounds))
+        lam = np.where(children >= 2, rng.uniform(0.0, 0.6, children.size), 0.0)
+        levels.append(bounds)
+        lambdas.append(lam)
+    strategy = HierarchicalStrategy(
+        partition=partition, level_bounds=tuple(levels), lambdas=tuple(lambdas), error_trace=0.0
+    )
+    assert sum(np.count_nonzero(f) for f in strategy.fractions[1:]) > k / 3
+    a = dense_strategy_matrix(strategy)
+    expected = 2.5 * np.linalg.inv(a.T @ a)
+    np.testing.assert_allclose(
+        bucket_covariance(strategy, noise_variance=2.5),
+        expected,
+        rtol=1e-9,
+        atol=1e-12 * expected.max(),
+    )
