@@ -9,14 +9,10 @@ folded) with a link to the Great Expectations Data Docs, and the review trail.
 Privacy: every number in it is public — released (noisy) values, their error model, the spec, the
 domain and the budget.  Nothing here reads the confidential data or the true cell vector.
 
-Cost: O(total rows) to format the tables; charts are inline SVG (:mod:`catalog.publishing.report_charts`), so
-a release of 91 tables renders and loads in a browser quickly (``benchmarks/report_bench.py``
-measures both).  No matplotlib: the candidates, budget and partition charts are inline SVG too
-(importing matplotlib slowed every release).
-
-From :data:`SPLIT_FROM` tables on (one page of them all would load in seconds to minutes), the
-tables part of ``report.html`` is an index with a search box (``assets/report/search.js``) and each
-table's section is its own page, ``report/<name>.html``, hashed in the manifest like every file.
+Cost: O(total rows); every chart is inline SVG (:mod:`catalog.publishing.report_charts`), no
+matplotlib.  From :data:`SPLIT_FROM` tables on, the tables part is a searchable index
+(``assets/report/search.js``) and each table has its own page ``report/<name>.html``, hashed in
+the manifest like every file.
 """
 
 from __future__ import annotations
@@ -45,11 +41,9 @@ EMBED_MAX_ROWS = 100_000
 EMBED_TOTAL_ROWS = 1_000_000
 """Rows the page carries over all its tables, shared evenly (91 two-way Adult tables: every row)."""
 SPLIT_FROM = 200
-"""From this many tables the report's tables part is a searchable index and every table's section
-is its own page under :data:`TABLE_PAGES`.  Measured one page of all tables in headless Chromium
-(``benchmarks/report_bench.py``, 2 cores): 91 tables 3.9 MB 0.8 s, 175 tables 4.2 MB 1.2 s, 377
-tables 9.7 MB 3.5-12 s; 987 tables were 26 MB, 4,525 would be ~120 MB.  The split index of 4,525
-tables loads in about 1 s."""
+"""From this many tables the tables part is a searchable index and every table has its own page
+under :data:`TABLE_PAGES` (one page of them all loads in seconds to minutes:
+``benchmarks/report_bench.py``)."""
 TABLE_PAGES = "report"
 """Folder of the per-table pages, relative to ``report.html``."""
 DATA_DOCS = "validation/docs/index.html"  # relative to the report, in the release directory
@@ -185,10 +179,8 @@ def table_section(
     """One released table: caption, chart, the first page, a pager over every row, the CSV link.
 
     ``release_root`` is the path from the page to the release directory (``"../"`` on a per-table
-    page), and then the CSV link is URL-quoted.  A table longer than ``max_rows`` pages through its
-    first rows only and says so;
-    its CSV and Parquet hold every row (364 three-way Adult marginals are 20.9M rows: embedded,
-    no browser could open the page; ``benchmarks/report_bench.py`` times its load).
+    page; the CSV link is then URL-quoted).  A table longer than ``max_rows`` pages through its
+    first rows only and says so; its CSV and Parquet hold every row.
     """
     axes = table_model(table)
     columns = table.column_names
@@ -268,7 +260,7 @@ def table_page_path(name: str) -> str:
 
 INDEX_CHUNK = 100
 """Index rows per block; the browser lays out only the blocks near the view (CSS
-``content-visibility``): one HTML table of 4,525 rows took 2.5 s to load, these blocks 0.8 s."""
+``content-visibility``)."""
 
 
 def searchable_index(tables: dict[str, pa.Table], plan: dict[str, Any]) -> str:

@@ -1,17 +1,12 @@
 """Synthetic data from a published ``reconstruct: pgm`` release (``dprelease synth``).
 
-The model is fitted to the *released* tables only: their consistent, non-negative estimates give
-every attribute's 1-way table and every released pair's 2-way table; the attributes form the
-maximum spanning tree of the pairwise mutual informations (Chow–Liu, as MST does), and records are
-drawn from that tree (:func:`mechanisms.pgm.sample_tree`).  Post-processing of published values:
-no budget is charged and the confidential data are never read.  Each file is recorded in the
-catalog (table ``synthetic_files``: release id, path, rows, seed, sha256), next to the catalog's
-own tables, with its own ``MetaData`` (as :mod:`catalog.watch_state` does).
-
-Values: an integer cell is written as its lowest integer, a bin as its lower edge, a category as
-itself, so the file has the spec's columns and every value lies in the release's domain.  What
-the tree model keeps: every attribute's 1-way table and the 2-way tables of the tree's edges;
-other dependencies are approximated through the tree.
+Fitted to the *released* tables only: their 1-way and 2-way tables give the Chow–Liu tree
+(maximum spanning tree of pairwise mutual informations, as MST does) that records are drawn from
+(:func:`mechanisms.pgm.sample_tree`).  Post-processing: no budget is charged and the confidential
+data are never read.  Each file is recorded in table ``synthetic_files`` (release id, path, rows,
+seed, sha256; its own ``MetaData``).  An integer cell is written as its lowest integer, a bin as
+its lower edge, a category as itself, so every value lies in the release's domain; dependencies
+off the tree's edges are approximated through the tree.
 """
 
 from __future__ import annotations

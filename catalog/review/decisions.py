@@ -1,25 +1,16 @@
 """Audited review of a staged release: approval publishes a copy, rejection refunds nothing.
 
-A release's review policy (``catalog.review.policy``, recorded when it registered, from the spec's
-``review:`` section) says how many distinct reviewers must approve it and whether the person who ran
-it is excluded; until the last approval it stays ``staged`` and each approval is in the trail.  One
+The release's review policy (``catalog.review.policy``) says how many distinct reviewers must
+approve and whether its operator is excluded; until the last approval it stays ``staged``.  One
 rejection decides.  The manifest's review trail lists every decision the catalog holds, in order.
 
-Idempotent: a review is recorded once, in the catalog, and everything after it (the manifest's
-review trail, the report, the published copy, the status ``published``) is derived from that record.
-Re-running the same decision after a crash finishes what was left undone without a second review
-record: an ``approved`` release whose copy or status update did not happen is published; a
-``rejected`` release whose manifest was not updated gets its trail.
-
-Order of an approval (every step can be repeated):
-
-1. the public checks (reviewer name, not the operator, status, a free publication target) before
-   anything is written;
-2. ``Catalog.record_review`` — the decision and (when it is the deciding approval) the publication
-   target, in one transaction;
-3. the manifest's review trail and status ``published``, the report (written in place);
-4. ``artifacts.publish`` — a complete copy under a temporary name, renamed into place;
-5. the catalog status ``published`` with the manifest's sha256.
+Idempotent: the review is recorded once, in the catalog, and everything after it is derived from
+that record, so re-running a decision after a crash finishes what was left undone.  An approval,
+each step repeatable: (1) public checks (reviewer, not the operator, status, a free publication
+target) before anything is written; (2) ``Catalog.record_review``, the decision and publication
+target in one transaction; (3) the manifest's trail, status ``published`` and the report;
+(4) ``artifacts.publish``, a complete copy renamed into place; (5) the catalog status
+``published`` with the manifest's sha256.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Who ran a release and who must approve it: the review policy recorded when a release registers.
 
-One small table in the catalog database (``review_policies``, its own ``MetaData`` like
-``catalog.watch_state``): per release, the operator (the person who ran it), the number of distinct
-approvals it needs, whether the operator is excluded from approving (always, unless the spec says
-``review: {allow_self_approval: true}``), and the Prefect notification block that tells reviewers it
-is staged.  It is written once, by the process that registers the release, from the spec it ran, so
-a later edit of the spec or the manifest cannot lower the bar.  A release without a row (registered
-before this table existed) needs one approval by anyone, as before.
-
-The operator is ``DPRELEASE_OPERATOR`` when set (a deployment's worker runs as a service account:
-set it to the person or role responsible), else the login name.  Names are self-declared, as
-reviewer names are: the rule stops a release engineer approving their own release by mistake and
-leaves every decision in the audit trail; it does not authenticate anyone.
-
-Everything stored here is public: names, a count of approvals, a block name.
+Table ``review_policies`` (its own ``MetaData``): per release, the operator, the distinct
+approvals needed, whether the operator is excluded (unless ``review: {allow_self_approval:
+true}``) and the notification block.  Written once at registration from the spec that ran, so a
+later edit of the spec or manifest cannot lower the bar; a release without a row needs one
+approval by anyone.  The operator is ``DPRELEASE_OPERATOR`` when set (for a service account), else
+the login name.  Names are self-declared: the rule stops self-approval by mistake and leaves every
+decision in the audit trail; it authenticates no one.  Everything stored here is public.
 """
 
 from __future__ import annotations

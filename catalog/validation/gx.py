@@ -1,9 +1,8 @@
 """A thin, lazily imported wrapper around Great Expectations (GX 1.x, ephemeral context).
 
-GX takes seconds to import (``benchmarks/demo_bench.py`` times it), so it is imported inside
-:func:`run_suites` only.  Each call builds a fresh ephemeral context (names must be unique per
-context), runs the suites on pandas frames, optionally writes Data Docs into a chosen directory, and
-returns a JSON-ready summary.
+GX takes seconds to import, so only :func:`run_suites` imports it.  Each call builds a fresh
+ephemeral context, runs the suites on pandas frames, optionally writes Data Docs, and returns a
+JSON-ready summary.
 
 Privacy: summaries and Data Docs hold observed values and unexpected counts and values, so only
 released (noisy) values and public metadata may be validated here (``catalog.validation.checks``).  The

@@ -1,14 +1,11 @@
 """A long-lived process that keeps Great Expectations imported for the commands of one state home.
 
-Importing GX costs seconds per command, a large share of a warm ``run``
-(``benchmarks/demo_bench.py`` times the import and each stage).  The shared server's supervisor
-(``flows.server``) therefore also starts ``python -m dprelease.catalog.validation.service`` in its process
-group: it imports GX once, then listens on ``$DPRELEASE_HOME/validation.sock`` (mode 0600, created
-once GX is loaded) and runs :func:`catalog.validation.gx.run_suites_here` for each request.  While it imports,
-``<socket>.starting`` holds its pid: a command that reaches validation then waits for it (at most
-:data:`STARTUP_WAIT_SECONDS`) instead of importing GX itself (on a fresh home two imports would
-compete for the cores; ``benchmarks/demo_bench.py`` runs the demo on fresh homes).  It stops with
-the supervisor (same process group, and it exits when its parent changes) or on SIGTERM.
+Importing GX costs seconds per command, so the shared server's supervisor (``flows.server``)
+starts this service in its process group: it imports GX once, listens on
+``$DPRELEASE_HOME/validation.sock`` (mode 0600, created once GX is loaded) and runs
+:func:`catalog.validation.gx.run_suites_here` per request.  While it imports, ``<socket>.starting``
+holds its pid and a command waits for it (at most :data:`STARTUP_WAIT_SECONDS`) rather than import
+GX beside it.  It stops with the supervisor, when its parent changes, or on SIGTERM.
 
 Privacy: exactly what ``run_suites_here`` may see crosses the socket, released (noisy) tables and public
 expectations (``catalog.validation.checks`` builds both); the socket is a file only its owner may open.
@@ -17,8 +14,7 @@ Protocol, one request per connection: the client sends one JSON line ``{"docs_di
 "jobs": [{"name", "expectations": [[type, kwargs], ...], "frame_bytes": n}, ...]}`` and then each
 job's frame as an Arrow IPC stream of exactly ``frame_bytes`` bytes; the service answers one JSON
 line, ``{"ok": true, "summaries": {...}}`` or ``{"ok": false, "error": "<exception type>"}``.
-Any failure on the client's side (no socket, refused, closed, an error answer) means: validate in
-this process instead, which reports a real error itself.
+Any failure on the client's side means: validate in this process instead.
 """
 
 from __future__ import annotations
@@ -50,8 +46,7 @@ CONNECT_SECONDS = 2.0
 REQUEST_SECONDS = 600.0  # an answer later than this means a hung service: validate here instead
 ACCEPT_POLL_SECONDS = 1.0
 STARTUP_WAIT_SECONDS = 30.0
-"""How long a command waits for a service that is still importing GX (niced, on a busy 2-core
-machine up to ~10 s) before it validates in its own process."""
+"""How long a command waits for a service still importing GX before it validates itself."""
 NICENESS = 10
 
 
