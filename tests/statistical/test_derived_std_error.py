@@ -162,7 +162,7 @@ def test_derived_standard_errors_and_intervals_are_honest(
             (quantile["ci_low"].to_numpy() <= edges[0])
             & (quantile["ci_high"].to_numpy() >= edges[1])
         )
-        narrow = _narrow_quantiles(spec, answers, column)
+        narrow = _narrow_quantiles(workload.items[2], answers, column)
         covered_narrow += list((narrow.ci_low <= edges[0]) & (narrow.ci_high >= edges[1]))
     for name, per_factor in z2.items():
         honest = np.asarray(per_factor[1.0])
@@ -181,9 +181,8 @@ def _below_95(covered: list[bool]) -> bool:
     return bool(test.pvalue < ALPHA)
 
 
-def _narrow_quantiles(spec, answers: dict[str, ItemAnswers], column) -> derived.DerivedRows:
+def _narrow_quantiles(support, answers: dict[str, ItemAnswers], column) -> derived.DerivedRows:
     """The quantile intervals with the CDF's standard errors divided by 5 (a wrong scale)."""
-    support = build_workload(spec).items[2]
     found = answers[support.name]
     estimates = derived.per_group(support, found.estimates, column_axis=1)
     variances = derived.per_group(support, found.variances, column_axis=1) / 25
