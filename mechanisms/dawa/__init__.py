@@ -52,9 +52,7 @@ from dprelease.mechanisms.primitives.protocol import (
 from dprelease.mechanisms.primitives.workload import Workload
 
 # Public shift of each Step-1 noisy cost by offset × its Laplace scale (privacy-neutral: the scale
-# depends only on the interval length).  0 reproduces the thesis, whose provably private Step 1
-# over-splits; the default's accuracy on sparse and dense data is measured by
-# benchmarks/dawa_bench.py (2 is the more conservative choice on hard data).
+# depends only on the interval length); 0 reproduces the thesis, whose Step 1 over-splits.
 DEFAULT_NOISE_OFFSET = 3.0
 MAX_VARIANCE_WORK = 2_000_000_000  # queries × buckets for exact per-query standard errors
 

@@ -21,7 +21,6 @@ import scipy.sparse as sp
 
 from dprelease.mechanisms.dawa.partition import IntervalWorkload, Partition, _one_per
 from dprelease.mechanisms.primitives.linalg import read_only
-from dprelease.mechanisms.primitives.privacy import check_epsilon
 
 # GreedyH's search range for λ (λ = 1 would give the subtree no budget and make M singular).
 _LAMBDA_MAX = 0.99
@@ -138,27 +137,6 @@ def _sherman_morrison(lam: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.nd
     """
     c = lam**2 / ((1.0 - lam) ** 2 + lam**2 * d)
     return c, (1.0 - c * d) / (1.0 - lam) ** 2
-
-
-def greedy_h_local_error(
-    lam: np.ndarray | float,
-    *,
-    e: np.ndarray | float,
-    a: np.ndarray | float,
-    a_prime: np.ndarray | float,
-    d: np.ndarray | float,
-    mu: np.ndarray | float,
-) -> np.ndarray:
-    """Eq. (6.11): the bias-corrected local error (6.10) of node ``q`` for root fraction ``λ``.
-
-    ``(e − (μa + (1−μ)a′)·λ² / ((1−λ)² + λ²d)) / (1−λ)²`` with ``e = Σ tr(Ĝ_{ii} M_i⁻¹)``,
-    ``a = uᵀĜ_{qq}u``, ``a′ = Σ u_iᵀĜ_{ii}u_i``, ``d = 𝟏ᵀu`` over the children ``i`` of ``q``
-    (``u = blkdiag(M_i⁻¹)𝟏``) and ``μ = t^{−l/2}``.  O(1) per λ; valid for ``0 ≤ λ < 1``.
-
-    References: Li thesis §6.4.3, eqs. (6.10)–(6.11) (the printed ``t^{−1/2}`` is ``t^{−l/2}``)."""
-    lam = np.asarray(lam, dtype=np.float64)
-    mixed = mu * np.asarray(a) + (1.0 - np.asarray(mu)) * np.asarray(a_prime)
-    return _local_error(lam, e=np.asarray(e), mixed=mixed, d=np.asarray(d))
 
 
 def _local_error(lam: np.ndarray, *, e: np.ndarray, mixed: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -309,10 +287,6 @@ class HierarchicalStrategy:
         for bounds, fraction in zip(self.level_bounds[1:], self.fractions[1:], strict=True):
             per_bucket = per_bucket + np.repeat(fraction**norm, np.diff(bounds))
         return float(per_bucket.max() ** (1.0 / norm))
-
-    def laplace_scale(self, *, epsilon: float) -> float:
-        """Laplace scale ``Δ₁(A)/ε₂`` that makes the measurement ε₂-DP (Theorem 6.3)."""
-        return self.sensitivity(norm=1) / check_epsilon(epsilon)
 
     def answer_buckets(self, bucket_counts: np.ndarray) -> np.ndarray:
         """``A·s``: the weighted tree answers for bucket counts ``s``.  O(k log k)."""

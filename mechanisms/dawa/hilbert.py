@@ -1,17 +1,11 @@
 """Hilbert-curve layouts: how a 2-D grid becomes the 1-D cell domain that DAWA partitions.
 
-DAWA handles 2-D data by listing the grid's cells along a Hilbert curve (thesis §6.5.5: a 2¹⁰ × 2¹⁰
-grid becomes a domain of 2²⁰ cells) and running the 1-D algorithm unchanged; a rectangle query then
-becomes a union of runs of consecutive Hilbert positions.  The curve keeps nearby cells nearby, so
-uniform 2-D regions tend to become long uniform 1-D intervals.
-
-:func:`hilbert_order` covers a 2^k × 2^k grid.  :class:`HilbertLayout` covers any shape by padding it
-to the enclosing 2^k × 2^k square with empty cells (kept in the 1-D domain, always zero) or, with
-``keep_padding=False``, by skipping the padding positions.  Everything here is public and
-data-independent.
-
-References: C. Li, PhD thesis, UMass Amherst, 2013, §6.5.5; the curve is the classic Hilbert (1891)
-construction in its usual iterative form."""
+DAWA lists a 2-D grid's cells along a Hilbert curve (thesis §6.5.5) and runs the 1-D algorithm
+unchanged; a rectangle query becomes a union of runs of consecutive positions.
+:func:`hilbert_order` covers a 2^k × 2^k grid; :class:`HilbertLayout` any shape, padded to the
+enclosing square with always-zero cells or, with ``keep_padding=False``, skipping them.  Public
+and data-independent.  References: C. Li, PhD thesis, UMass Amherst, 2013, §6.5.5; Hilbert (1891).
+"""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """DAWA's Step 1 (Li thesis ch. 6): buckets, interval workloads and the private least-cost partition.
 
-DAWA answers a workload of (weighted) interval queries over a 1-D cell vector ``x`` in three steps:
-
-1. **Private partition** (spends ε₁ = ratio·ε, :class:`PartitionSelector`, here): every candidate
-   interval ``b`` gets the cost ``dev(x, b) + 1/ε₂`` plus its own Laplace draw, and a dynamic
-   program returns the partition with the least total *noisy* cost.  Only the partition is released.
-2. **Bucket counts** (spends ε₂ = ε − ε₁, :mod:`mechanisms.dawa.greedy_h`): the workload is
-   rewritten over the buckets (Prop. 6.2), GreedyH splits ε₂ over a tree of bucket intervals, the
-   tree is measured with Laplace noise and combined by least squares.
-3. **Uniform expansion** (post-processing, :meth:`Partition.expand`); its error is estimated by
-   :mod:`mechanisms.dawa.uncertainty`.
-
-A session charges each step's cost before its noise is drawn: :meth:`PartitionSelector.noise_scales`
-gives Step 1's Laplace scales, :meth:`HierarchicalStrategy.sensitivity` Step 2's.  2-D data goes
-through :mod:`mechanisms.dawa.hilbert` first.
+Step 1 (spends ε₁ = ratio·ε, :class:`PartitionSelector`): every candidate interval ``b`` gets the
+cost ``dev(x, b) + 1/ε₂`` plus its own Laplace draw; a dynamic program returns the partition with
+the least total *noisy* cost, and only the partition is released.  Step 2 (ε₂,
+:mod:`mechanisms.dawa.greedy_h`) measures the buckets; Step 3 is uniform expansion
+(:meth:`Partition.expand`, error in :mod:`mechanisms.dawa.uncertainty`).  Each step's cost is
+charged before its noise is drawn (:meth:`PartitionSelector.noise_scales`,
+:meth:`HierarchicalStrategy.sensitivity`).
 
 Neighbouring relation (thesis L423): add or remove one record, i.e. one cell of ``x`` changes by
 one.  A privacy unit that contributes up to ``c`` records is covered by ``contribution_bound=c``
@@ -25,11 +18,9 @@ Step-1 choices where the thesis leaves a point open:
   halved, singleton-free, floored noise is *not* offered: the thesis's proof does not cover it.
 - Candidate intervals are every interval (``"all"``) or every interval whose length is a power of
   two, at every offset (``"dyadic"``, the thesis's default).
-- ``noise_offset`` κ (default 0, the thesis) centres each candidate's Laplace noise at κ·scale; a
-  public constant, so privacy is unchanged.  With κ = 0 the least-cost search favours partitions
-  with many buckets whose noise happens to be negative (at ε = 0.1 about half of the cells start
-  a bucket, even on all-zero data); κ ≈ 3 recovers the sparse-data accuracy the thesis reports
-  (``benchmarks/dawa_bench.py``).
+- ``noise_offset`` κ (default 0, the thesis) centres each candidate's Laplace noise at κ·scale, a
+  public constant (privacy unchanged): with κ = 0 the search favours many buckets whose noise
+  happens to be negative; κ ≈ 3 recovers the thesis's sparse-data accuracy.
 
 References: C. Li, *Optimizing Linear Queries Under Differential Privacy*, PhD thesis, UMass Amherst,
 2013, ch. 6; C. Li, M. Hay, G. Miklau, Y. Wang, PVLDB 7(5), 2014."""
@@ -468,12 +459,8 @@ class PartitionSelector:
     contribution_bound: int = 1
     """Most records one privacy unit contributes; multiplies every scale."""
     noise_offset: float = 0.0
-    """Location of every candidate's Laplace noise, in units of its scale (0 = the thesis).
-
-    A public constant, so privacy is unchanged (Lemma 4 is translation-invariant).  A positive
-    offset counters the least-cost search's preference for many buckets whose noise happens to be
-    negative; see ``benchmarks/dawa_bench.py`` for its effect.
-    """
+    """Location of every candidate's Laplace noise, in units of its scale (0 = the thesis); a
+    public constant, so privacy is unchanged (Lemma 4 is translation-invariant)."""
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)

@@ -1,19 +1,13 @@
 """``optimized`` in the local model: the workload factorization mechanism of [McKenna20].
 
-Every user randomises their own item on their device with a *published* ε-LDP strategy ``Q``
-(:mod:`~mechanisms.local.strategy`) and sends one response index; the server counts the responses
-into ``y`` and answers the workload with ``V y`` (Thm 3.10).  As a
-:class:`~mechanisms.primitives.protocol.Mechanism`:
-
-* **plan** optimises ``Q`` for the workload at the per-user ε (Problem 3.12), data-free and cached
-  (:func:`strategy_key`); the seed is a hash of public facts, so a spec always yields one ``Q``.
-* **evaluate**: cost ε per user (pure); expected error = worst-case total variance *per user*
-  (Cor 3.5, N = 1; N responses give N times it).
-* **measure** takes :class:`ResponseCounts` (already ε-LDP when they arrive: the noise was added on
-  the devices, never here) and records the collection's cost on the ledger once per collection
-  (:meth:`LocalMechanism.measure`).
-* **reconstruct** is post-processing: ``V y`` with the variance estimate
-  ``N/(N-1)·[(V∘V) y − (V y)²/N]`` (:func:`mechanisms.local.estimation.estimate`)."""
+Each user randomises their own item on their device with a *published* ε-LDP strategy ``Q``
+(:mod:`~mechanisms.local.strategy`); the server counts the responses into ``y`` and answers
+``V y`` (Thm 3.10).  **plan** optimises ``Q`` at the per-user ε (Problem 3.12), data-free, cached
+and seeded from public facts; **evaluate**: cost ε per user (pure), error the worst-case total
+variance per user (Cor 3.5); **measure** takes :class:`ResponseCounts`, already ε-LDP (noise was
+added on the devices, never here), and charges the ledger once per collection; **reconstruct**
+is post-processing, ``V y`` with variance ``N/(N-1)·[(V∘V) y − (V y)²/N]``.
+"""
 
 from __future__ import annotations
 
@@ -68,7 +62,7 @@ class LocalOptions(MechanismOptions):
     rows_factor: int = 4
     """outputs of the random start per cell, m = rows_factor · n ([McKenna20] §4: 4)"""
     iterations: int = 500
-    """maximum gradient steps (vs 1000: ``benchmarks/ldp_bench.py --n 512 --iterations 1000``)"""
+    """maximum gradient steps"""
     tolerance: float = 1e-5
     """a phase stops when the objective fell by less than this fraction over 50 steps"""
 

@@ -22,10 +22,8 @@ _SPG_MEMORY = 10
 _ARMIJO_FRACTION = 1e-4
 # Largest step, in units of (widest row window) / max |gradient|; beyond it every coordinate clips.
 _MAX_STEP_WIDTHS = 1e3
-# Paper-step phase: z moves by this fraction of Algorithm 2's beta / (n e^eps).  Chosen at
-# n = 128 (worst case per user; benchmarks/ldp_bench.py): the paper's fraction 1 and 0.1 end
-# clearly worse on Prefix eps=1 and All Range eps=4, and 0.01 matches or beats 0.03 and 0.1 on
-# six workload/eps pairs.
+# Paper-step phase: z moves by this fraction of Algorithm 2's beta / (n e^eps) (the paper's 1
+# ends clearly worse; chosen with benchmarks/ldp_bench.py).
 _BOUND_STEP_FRACTION = 0.01
 _STEP_GROWTH = 1.25
 # A phase ends when the objective fell by less than `tolerance` (relative) over this many steps.
@@ -322,8 +320,7 @@ def optimize_strategy(
     1. ``z`` fixed at the start's bounds: spectral step, non-monotone backtracking, until
        stationary (most of the gain at ε = 1);
     2. Algorithm 2: ``z`` and ``Q`` move together, ``z`` by the exact chain rule with step
-       ``0.01 β / (n e^ε)``; monotone; rows whose ``z`` reaches 1e-10 are removed (matters at
-       large ε; ``benchmarks/ldp_bench.py --ablation`` measures each phase alone).
+       ``0.01 β / (n e^ε)``; monotone; rows whose ``z`` reaches 1e-10 are removed.
 
     Each step costs ``O(m n^2 + n^3)`` plus a few ``O(m n)`` projection passes.  ``W`` enters only
     through ``W^T W``.  ``rng`` is public randomness for the random start (``rows x n`` uniform,

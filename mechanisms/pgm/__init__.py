@@ -1,34 +1,27 @@
 """``reconstruct: pgm``: consistent, non-negative marginal tables from noisy marginal measurements.
 
-private-pgm (McKenna, Sheldon, Miklau 2019; APPGM, McKenna et al. 2021) estimates the marginals
-of a graphical model by minimising the squared measurement loss ``‖A x − y‖²`` over the marginal
-polytope, or, for models whose junction tree is too large (all 2-way marginals of 14 attributes
-is the full domain), over its *local-consistency* relaxation: one non-negative table per clique,
-overlapping tables agreeing on their shared sub-marginals.  This module solves the relaxed problem
-(to a relative tolerance, 1e-6 by default) with the structure of the marginal-space least squares
+Like private-pgm (McKenna, Sheldon, Miklau 2019; APPGM, McKenna et al. 2021), minimise the squared
+measurement loss ``‖A x − y‖²`` over the *local-consistency* relaxation of the marginal polytope
+(one non-negative table per clique, overlapping tables agreeing on shared sub-marginals), to a
+relative tolerance (1e-6 by default), with the marginal-space structure
 (:mod:`mechanisms.marginal_space`):
 
-* every consistent family of clique tables is ``μ_S = Σ_{T⊆S} spread_S(v_T)`` for centred
-  components ``v_T`` (one per subset of a clique), and the measurement loss is diagonal in them,
-  ``‖A(x − x̂)‖² = Σ_T λ_T ‖v_T − v̂_T‖²`` with ``λ_T = μ_T / Π_{i∉T} n_i`` (``μ_T`` the
-  eigenvalue of ``AᵀA`` on subset T, ``v̂_T`` the least-squares component);
-* the non-negativity of every clique table is split off with ADMM (Boyd et al. 2011, §5):
-  the component step is closed form (spreads of different components are orthogonal), the table
-  step is a clip at 0.  One iteration is O(Σ_S |table_S| · 2^|S|) with ``B`` a sparse matrix of
-  that many non-zeros (:func:`solver_size`: all 2-way marginals of Adult 0.6M, all 3-way 167M).
+* consistent clique tables are ``μ_S = Σ_{T⊆S} spread_S(v_T)`` for centred components ``v_T``,
+  and the loss is diagonal in them: ``‖A(x − x̂)‖² = Σ_T λ_T ‖v_T − v̂_T‖²`` with
+  ``λ_T = μ_T / Π_{i∉T} n_i`` (``μ_T`` the eigenvalue of ``AᵀA`` on T, ``v̂_T`` least squares);
+* non-negativity is split off with ADMM (Boyd et al. 2011, §5): a closed-form component step and
+  a clip at 0.  One iteration is O(Σ_S |table_S| · 2^|S|) (:func:`solver_size`).
 
-The total is held at its least-squares estimate (private-pgm, too, fits a distribution times an
-estimated total): otherwise the cheapest way to lift negative cells would be to inflate the
-poorly measured low-order marginals, which raises every cell.  The result is exactly consistent
-(all tables are sums of one set of components) and non-negative: the last iterate is mixed with
-the uniform tables of the same total by the smallest weight that lifts every cell to ≥ 1e-9 of
-its uniform level (a mixture of consistent families is consistent).  Its error
-is not the closed form of least squares (the estimator is biased towards the polytope): it is
-measured empirically (``benchmarks/marginals_bench.py``), never from the confidential data.
+The total is held at its least-squares estimate (else inflating poorly measured low-order
+marginals would lift negative cells).  The result is exactly consistent and non-negative: the last
+iterate is mixed with the uniform tables of the same total by the smallest weight that lifts every
+cell to ≥ 1e-9 of its uniform level.  Its error is not least squares' closed form (the estimator
+is biased towards the polytope) and is measured empirically, never from the confidential data.
 
-:func:`chow_liu_tree` and :func:`sample_tree` turn consistent tables into a tree-structured
-graphical model (maximum spanning tree of the pairwise mutual informations, as MST does) and draw
-synthetic records from it: post-processing of released values."""
+:func:`chow_liu_tree` and :func:`sample_tree` fit a tree-structured model to consistent tables
+(maximum spanning tree of pairwise mutual informations, as MST does) and draw synthetic records:
+post-processing of released values.
+"""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """Implicit query matrices over one attribute ("factors") and their Kronecker products over a domain.
 
-A release's cells are the product of its attributes' cells, so every workload item and every
-data-independent strategy in the pipeline is a Kronecker product ``F_1 ⊗ … ⊗ F_d`` of per-attribute
-factors.  Each factor is a :class:`scipy.sparse.linalg.LinearOperator` that also knows, in closed
-form where one exists, its Gram matrix ``FᵀF`` (Gram-first: strategy selection never needs the
-``m × n`` query matrix; ``Ranges`` builds it in O(m + n²), ``AllRanges``/``Prefix``/``Identity``/
-``Total`` in O(n²)), the Gram's trace and sum, whether the Gram is ``a·I + b·J``, its column norms
-(for sensitivity) and the variances ``diag(F M Fᵀ)`` of its queries under a cell covariance ``M``.
-Nothing here ever forms the full ``m × N`` matrix of a product; per-attribute matrices are at most
-``n × n`` (:func:`kron_query_variances` gives per-query variances of a product under a dense
-N × N covariance without the product's query matrix).
-
-Every structural shortcut is tested against :meth:`Factor.dense` in ``tests/unit``.
+Every workload item and data-independent strategy is a Kronecker product ``F_1 ⊗ … ⊗ F_d`` of
+per-attribute factors.  Each factor is a :class:`scipy.sparse.linalg.LinearOperator` that also
+knows, in closed form where one exists, its Gram ``FᵀF`` (``Ranges`` in O(m + n²),
+``AllRanges``/``Prefix``/``Identity``/``Total`` in O(n²)), the Gram's trace and sum, whether it is
+``a·I + b·J``, its column norms and the variances ``diag(F M Fᵀ)`` under a cell covariance ``M``.
+Nothing here forms the ``m × N`` matrix of a product; per-attribute matrices are at most ``n × n``.
 """
 
 from __future__ import annotations

@@ -584,12 +584,9 @@ def _optimize_log_weights(
 
 
 # One objective evaluation per split block (a pinvh of the D × D block and the weighted sum of
-# the term blocks): 2.5e-4 s + 2.5 eighs of size D; measured (process time, one BLAS thread) per
-# evaluation and block: D = 16: 0.29 ms, 64: 0.6-0.85 ms, 256: 10-17 ms, 512: 84 ms.  Evaluations
-# per optimize_weights call (finite differences, pruning re-runs included): 194-259 for 4 terms;
-# with the analytic gradient (two more D × D products per block) 28-47 for 4 terms (Adult demo),
-# modelled as 10·(T + 1).  Workloads: prefix, all-range and marginal items over one ordered
-# attribute of size D and 2-4 categorical ones; benchmarks/predict_bench.py --calibrate union.
+# the term blocks) costs fixed + 2.5 eighs of size D; an optimize_weights call with the analytic
+# gradient takes about 10·(T + 1) evaluations for T terms.  Constants from
+# benchmarks/predict_bench.py --calibrate union.
 _BLOCK_EVALUATION_FIXED = 2.5e-4
 _BLOCK_EVALUATION_EIGHS = 2.5
 _EVALUATIONS_PER_TERM = 10

@@ -16,7 +16,7 @@ from typing import get_args
 import numpy as np
 import scipy.sparse as sp
 
-from dprelease.mechanisms.dawa.greedy_h import HierarchicalStrategy, greedy_h_strategy
+from dprelease.mechanisms.dawa.greedy_h import HierarchicalStrategy, _local_error, greedy_h_strategy
 from dprelease.mechanisms.dawa.partition import (
     IntervalFamily,
     IntervalWorkload,
@@ -33,6 +33,32 @@ from dprelease.mechanisms.dawa.partition import (
 from dprelease.mechanisms.primitives.linalg import read_only
 from dprelease.mechanisms.primitives.noise import NoiseSampler
 from dprelease.mechanisms.primitives.privacy import check_epsilon
+
+
+def laplace_scale(strategy: HierarchicalStrategy, *, epsilon: float) -> float:
+    """Laplace scale ``Δ₁(A)/ε₂`` that makes the measurement ε₂-DP (Theorem 6.3)."""
+    return strategy.sensitivity(norm=1) / check_epsilon(epsilon)
+
+
+def greedy_h_local_error(
+    lam: np.ndarray | float,
+    *,
+    e: np.ndarray | float,
+    a: np.ndarray | float,
+    a_prime: np.ndarray | float,
+    d: np.ndarray | float,
+    mu: np.ndarray | float,
+) -> np.ndarray:
+    """Eq. (6.11): the bias-corrected local error (6.10) of node ``q`` for root fraction ``λ``.
+
+    ``(e − (μa + (1−μ)a′)·λ² / ((1−λ)² + λ²d)) / (1−λ)²`` with ``e = Σ tr(Ĝ_{ii} M_i⁻¹)``,
+    ``a = uᵀĜ_{qq}u``, ``a′ = Σ u_iᵀĜ_{ii}u_i``, ``d = 𝟏ᵀu`` over the children ``i`` of ``q``
+    (``u = blkdiag(M_i⁻¹)𝟏``) and ``μ = t^{−l/2}``.  O(1) per λ; valid for ``0 ≤ λ < 1``.
+
+    References: Li thesis §6.4.3, eqs. (6.10)–(6.11) (the printed ``t^{−1/2}`` is ``t^{−l/2}``)."""
+    lam = np.asarray(lam, dtype=np.float64)
+    mixed = mu * np.asarray(a) + (1.0 - np.asarray(mu)) * np.asarray(a_prime)
+    return _local_error(lam, e=np.asarray(e), mixed=mixed, d=np.asarray(d))
 
 
 def window_deviations(x: np.ndarray, *, length: int) -> np.ndarray:
@@ -135,7 +161,7 @@ def measure_buckets(
     ----------
     Li thesis Program 6.4.1 (last two lines).
     """
-    scale = strategy.laplace_scale(epsilon=epsilon)
+    scale = laplace_scale(strategy, epsilon=epsilon)
     answers = strategy.apply(x)
     return np.asarray(sampler.add_laplace(answers, scale=scale), dtype=np.float64)
 
@@ -227,7 +253,7 @@ def dawa(
         strategy=strategy,
         partition_epsilon=partition_epsilon,
         measurement_epsilon=measurement_epsilon,
-        measurement_scale=strategy.laplace_scale(epsilon=measurement_epsilon),
+        measurement_scale=laplace_scale(strategy, epsilon=measurement_epsilon),
     )
 
 
@@ -308,4 +334,4 @@ def expected_squared_error(strategy: HierarchicalStrategy, *, epsilon: float) ->
 
     Perturbation error of Step 2 only (the uniformity bias of the buckets is data-dependent).
     """
-    return 2.0 * strategy.laplace_scale(epsilon=epsilon) ** 2 * strategy.error_trace
+    return 2.0 * laplace_scale(strategy, epsilon=epsilon) ** 2 * strategy.error_trace

@@ -17,7 +17,6 @@ from dprelease.mechanisms.dawa.greedy_h import (
     HierarchicalStrategy,
     _BucketPieces,
     _sherman_morrison,
-    greedy_h_local_error,
     greedy_h_strategy,
 )
 from dprelease.mechanisms.dawa.hilbert import HilbertLayout, hilbert_order
@@ -33,6 +32,8 @@ from tests.reference.dawa import (
     bucket_deviations,
     dawa,
     expected_squared_error,
+    greedy_h_local_error,
+    laplace_scale,
     least_cost_partition,
     matrix_workload,
     measure_and_reconstruct,
@@ -547,7 +548,7 @@ def test_every_leaf_to_root_path_spends_exactly_epsilon2(branching: int, n_bucke
     column_sums = np.abs(dense_strategy_matrix(strategy)).sum(axis=0)
     np.testing.assert_allclose(column_sums, 1.0, rtol=0, atol=1e-12)
     assert strategy.sensitivity() == pytest.approx(1.0, abs=1e-12)
-    assert strategy.laplace_scale(epsilon=0.3) == pytest.approx(1 / 0.3, rel=1e-12)
+    assert laplace_scale(strategy, epsilon=0.3) == pytest.approx(1 / 0.3, rel=1e-12)
     squares = np.sqrt((dense_strategy_matrix(strategy) ** 2).sum(axis=0).max())
     assert strategy.sensitivity(norm=2) == pytest.approx(squares, rel=1e-12)
 
@@ -855,7 +856,7 @@ VALIDATORS = {
         "norm (3) must be 1 or 2",
     ),
     "strategy-scale": (
-        lambda: strategy_for_validation().laplace_scale(epsilon=-2.0),
+        lambda: laplace_scale(strategy_for_validation(), epsilon=-2.0),
         "epsilon (-2.0) must be finite and > 0",
     ),
     "strategy-leaves": (
