@@ -56,9 +56,8 @@ QUANTILE_LABEL = "interval"
 Z95 = normal_quantile(0.95)
 Z95_LAPLACE = laplace_quantile(0.95)
 """``z`` of derived intervals under Laplace noise: the exact 95% quantile of one Laplace draw in
-standard deviations (2.118); a weighted sum of independent Laplace draws has lighter tails
-(2.055 for two equal ones, → 1.96), so it is conservative where the normal ``z`` undercovers
-(a mean measured by few Laplace answers covers ≈ 93.7% at ±1.96σ)."""
+standard deviations; a weighted sum of Laplace draws has lighter tails, so it is conservative
+where the normal ``z`` undercovers."""
 
 
 @dataclass(frozen=True, kw_only=True)

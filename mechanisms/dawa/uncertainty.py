@@ -20,10 +20,9 @@ _COVERAGE_CHUNK_ENTRIES = 2_000_000
 # A (row, bucket) whose weights vary by less than this (relative) is treated as evenly covered.
 _EVEN_COVER_TOLERANCE = 1e-9
 # Roughness (``_bucket_roughness``): buckets on each side whose dispersion samples a bucket pools,
-# and the pooled quantile, read as a χ²₁ quantile (``scipy.stats.chi2.ppf(0.9, 1)``).  The 0.9
-# quantile ignores the few squared residuals that a spike or a bend of the trend inflates (the mean
-# made smooth and sparse histograms' intervals several times too wide); lower quantiles or
-# narrower windows under-cover on rough ones (benchmarks/dawa_coverage_bench.py).
+# and the pooled quantile, read as a χ²₁ quantile (``scipy.stats.chi2.ppf(0.9, 1)``): it ignores
+# the few residuals a spike or a bend inflates; lower quantiles or narrower windows under-cover
+# on rough histograms (benchmarks/dawa_coverage_bench.py).
 _ROUGHNESS_WINDOW = 8
 _ROUGHNESS_QUANTILE = 0.9
 _CHI2_1_QUANTILE = 2.705543454095404
@@ -315,12 +314,9 @@ def query_uncertainty(
     with ``g_b²`` from the density contrasts with the neighbouring buckets in the grid
     (:func:`_bucket_slopes_squared`, noise-corrected) and ``σ_b²`` the larger of the Poisson
     variance ``max(ŝ_b/|b|, 0)`` and, on 1-D domains, the roughness of the neighbourhood around
-    its local trend (:func:`_bucket_roughness`): real histograms vary between neighbouring cells far more than
-    Poisson, and single-cell intervals built on Poisson alone under-cover on them.  Buckets' terms
-    are added (slopes of different buckets taken as independent).  The assumption still fails for
-    a spike inside a bucket whose neighbourhood is smooth; ``benchmarks/dawa_coverage_bench.py``
-    measures the coverage on real histograms.
-    A bucket with no neighbour (``k = 1``) has no slope estimate: queries that cut it get
+    its local trend (:func:`_bucket_roughness`; real histograms are rougher than Poisson).
+    Buckets' terms are added (slopes taken as independent).  The assumption fails for a spike
+    inside a bucket whose neighbourhood is smooth.  A bucket with no neighbour (``k = 1``) has no slope estimate: queries that cut it get
     ``bias_variance = NaN`` (noise-only, publish no interval).
 
     ``noise_variance`` is the variance of one unit-weight draw (``2·scale²`` for Laplace);
