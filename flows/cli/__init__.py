@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import os
 
-# The BLAS thread policy of mechanisms/primitives/threads.py (single_threaded_blas), for the whole command: it
-# must be set before numpy loads.  Multi-threaded BLAS on the small matrices of strategy work only
-# contends on two cores (many times slower under load: benchmarks/strategy_bench.py
-# --blas-threads).  Users can still override it.
+# The BLAS thread policy of mechanisms/primitives/threads.py for the whole command, set before
+# numpy loads (multi-threaded BLAS on small strategy matrices only contends); users may override.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import gc

@@ -371,8 +371,8 @@ class _WeightProblem:
         self.term_blocks = [structure.gram_blocks(weighted_terms([f])) for f in term_factors]
         # S_c(w) is a positive combination of PSD blocks: its range is that of Σ_t K_{t,c} for every
         # w > 0.  On a basis U of that range UᵀS_c U is positive definite, so each evaluation
-        # inverts an r × r block by Cholesky instead of a singular D × D one by eigh (the demo's
-        # union search: 2,415 singular 85 × 85 blocks), and tr(Q S⁺) = tr(UᵀQU (UᵀSU)⁻¹).
+        # inverts an r × r block by Cholesky instead of a singular D × D one by eigh, and
+        # tr(Q S⁺) = tr(UᵀQU (UᵀSU)⁻¹).
         for index in range(len(self.multiplicities)):
             basis = _range_basis(sum(blocks[index] for blocks in self.term_blocks))  # O(D³) once
             if basis is None:
