@@ -3,7 +3,9 @@
 Planning is data-free: it reads only the spec (public) and spends nothing.  ``plan --json`` prints
 :meth:`Plan.to_json`.  ``rmse`` is √(mean per-query expected squared error) over all queries of all
 items, unweighted, at the spec's privacy level (noise calibrated exactly as a release would be,
-including OpenDP's discretisation slack); ``total_variance`` is the sum.
+including OpenDP's discretisation slack); ``total_variance`` is the sum.  A spec whose items carry
+weights adds ``weighted_total_variance`` (``Σ_items weight × item total``) to each candidate, and
+``auto`` then minimises that.
 
 Only what is needed is planned: a spec that names a mechanism plans that one; ``auto`` plans the
 registry's mechanisms cheapest first (predicted from sizes), stops once one is within
@@ -60,6 +62,7 @@ from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem, mag
 MAX_MEASURED_ANSWERS = 1_000_000_000
 SUPPORT_TOLERANCE = 1e-4  # relative; an unsupported query leaves a residual of order 1
 EARLY_STOP = 0.005  # auto stops once a candidate's rmse is within 0.5% of the lower bound
+WEIGHTED_TIE = 1e-6  # relative: weighted totals closer than this are equal (round-off)
 DEFAULT_TIME_BUDGET = 120.0  # seconds of predicted planning work auto may spend on candidates
 
 
@@ -95,19 +98,24 @@ def _append_items(
             items.append(_build_item(spec, item, shape, axis))
             continue
         # the expansion's names and attributes, never one spec model per table: O(tables · k)
+        weight = 1.0 if item.weight is None else item.weight  # every table inherits it
         for name, attributes in expansion_tables(spec, item):
             kept = [axis[a] for a in attributes]
-            items.append(WorkloadItem.marginal(name=name, domain_shape=shape, kept=kept))
+            items.append(
+                WorkloadItem.marginal(name=name, domain_shape=shape, kept=kept, weight=weight)
+            )
 
 
 def _build_item(
     spec: ReleaseSpec, item: WorkloadItemSpec, shape: tuple[int, ...], axis: dict[str, int]
 ) -> WorkloadItem:
+    weight = 1.0 if item.weight is None else item.weight
     if item.derived_column is not None:  # mean/sum/quantiles: their support queries
-        return derived_support(spec, item)
+        support = derived_support(spec, item)
+        return support if weight == 1.0 else support.with_weight(weight)
     if item.marginal is not None or item.total is not None:
         kept = [axis[name] for name in item.marginal or ()]
-        return WorkloadItem.marginal(name=item.name, domain_shape=shape, kept=kept)
+        return WorkloadItem.marginal(name=item.name, domain_shape=shape, kept=kept, weight=weight)
     factors: list[Factor] = []
     for name, attribute in spec.domain.items():
         n = attribute.size
@@ -129,7 +137,7 @@ def _build_item(
             hi = [attribute.value_to_cell(pair[1], edge="high") for pair in pairs]
             factor = Ranges(n, lo, hi)
         factors.append(factor)
-    return WorkloadItem(name=item.name, factors=tuple(factors))
+    return WorkloadItem(name=item.name, factors=tuple(factors), weight=weight)
 
 
 def plan_request(
@@ -178,9 +186,17 @@ class Candidate:
     status: str = "planned"
     """``planned`` (evaluated), ``unavailable`` (cannot serve the workload) or ``skipped``."""
     note: str | None = None
+    weighted_total_variance: float | None = None
+    """``Σ_items weight × item total variance`` (items with a ``weight``; what ``auto`` then
+    minimises); ``total_variance`` and ``rmse`` stay unweighted."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "seconds": round(self.seconds, 6)}
+    def to_json(self, *, weighted: bool = False) -> dict[str, Any]:
+        """``weighted_total_variance`` only for a spec with item weights (the contract's keys
+        are unchanged otherwise)."""
+        data = {**asdict(self), "seconds": round(self.seconds, 6)}
+        if not weighted:
+            del data["weighted_total_variance"]
+        return data
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,6 +225,8 @@ class Plan:
     targets: dict[str, float] | None = None
     """Per item, the spec's ``max_std_error`` (accuracy targets; the plan's privacy level is the
     smallest that meets them all)."""
+    weighted: bool = False
+    """The spec gives item weights: candidates carry ``weighted_total_variance``."""
     strategy: Any = field(default=None, repr=False, compare=False)
     workload: Workload | None = field(default=None, repr=False, compare=False)
 
@@ -236,7 +254,7 @@ class Plan:
             "num_cells": self.num_cells,
             "workload_fingerprint": self.workload_fingerprint,
             "strategy_parameters": self.strategy_parameters,
-            "candidates": [candidate.to_json() for candidate in self.candidates],
+            "candidates": [c.to_json(weighted=self.weighted) for c in self.candidates],
             "objective": self.objective,
             "item_std_errors": self.item_std_errors,
             "targets": self.targets,
@@ -300,7 +318,7 @@ def make_plan(
             time_limit=max(MIN_TIME_LIMIT, deadline - time.monotonic()),
             progress=progress_callback,
         )
-        unavailable = mechanism.unavailable_reason(request)
+        unavailable = mechanism.unavailable_reason(request) or _weights_reason(mechanism, workload)
         if unavailable is not None:
             planned.append(_unavailable(mechanism, unavailable, requested=requested))
             continue
@@ -313,12 +331,13 @@ def make_plan(
             continue
         if progress is not None:
             progress(f"planning {mechanism.name} (predicted {predicted:.2g} s)")
-        result = _plan_one(mechanism, request, cache, requested=requested)
+        result = _plan_one(mechanism, request, cache, requested=requested, weighted=spec.weighted)
         planned.append(result)
         rmse = result.candidate.rmse
         if (
             spec.mechanism == registry.AUTO
             and spec.objective == "total_variance"  # the bound is on the total, not the largest
+            and not workload.weighted  # and on the unweighted total
             and rmse is not None
             and lower_rmse is not None
             and rmse <= (1 + EARLY_STOP) * lower_rmse
@@ -353,9 +372,19 @@ def make_plan(
         strategy_parameters=dict(chosen.strategy.parameters),
         objective=spec.effective_objective,
         item_std_errors=None if variances is None else {k: v**0.5 for k, v in variances.items()},
+        weighted=spec.weighted,
         strategy=chosen.strategy,
         workload=workload,
     )
+
+
+def _weights_reason(mechanism: Mechanism, workload: Workload) -> str | None:
+    """Why a data-dependent mechanism is no candidate under item weights (None otherwise): its
+    strategy is chosen from the data (DAWA's partition and its greedy tree over the unweighted
+    workload), so the weights would silently change nothing. O(items)."""
+    if mechanism.data_independent or not workload.weighted:
+        return None
+    return "its strategy is chosen from the data and does not take item weights"
 
 
 def _optimiser_progress(progress: Callable[[str], None] | None) -> Progress | None:
@@ -393,7 +422,12 @@ def _over_time_budget(
 
 
 def _plan_one(
-    mechanism: Mechanism, request: PlanRequest, cache: StrategyCache, *, requested: bool
+    mechanism: Mechanism,
+    request: PlanRequest,
+    cache: StrategyCache,
+    *,
+    requested: bool,
+    weighted: bool = False,
 ) -> _Planned:
     """Plan and evaluate one mechanism.  Only :class:`CandidateUnavailable` means "not a
     candidate"; any other exception is a bug and propagates."""
@@ -434,6 +468,11 @@ def _plan_one(
             noise_scale=evaluation.noise_scale,
             note=note,
             status=status,
+            weighted_total_variance=(
+                _weighted_total(strategy, request.workload, evaluation.total_variance)
+                if weighted
+                else None
+            ),
         ),
         evaluation=evaluation,
         strategy=strategy,
@@ -441,6 +480,20 @@ def _plan_one(
     if request.objective == "max_variance":
         _add_largest_variances(result, mechanism, request)
     return result
+
+
+def _weighted_total(strategy: Any, workload: Workload, total: float | None) -> float | None:
+    """``Σ_t w_t · total_t``: the evaluated total redistributed over the items by their unit
+    totals (every item shares the calibrated noise variance), so unit weights give ``total``
+    exactly. One ``item_unit_total`` per item (the evaluation's cost again)."""
+    if total is None:
+        return None
+    units = [strategy.item_unit_total(item, workload) for item in workload.items]
+    unit_total = sum(units)
+    if unit_total == 0.0:
+        return 0.0
+    weighted = sum(item.weight * u for item, u in zip(workload.items, units, strict=True))
+    return float(total * (weighted / unit_total))
 
 
 def _add_largest_variances(planned: _Planned, mechanism: Mechanism, request: PlanRequest) -> None:
@@ -505,8 +558,22 @@ def _choose(spec: ReleaseSpec, planned: list[_Planned]) -> tuple[_Planned, str]:
     if spec.objective == "max_variance":
         chosen = min(scored, key=lambda p: _largest_scaled(p, {}))
         return chosen, f"auto: least largest cell variance among {names}"
+    if spec.weighted:
+        # no early stop under weights (the SVD bound is of the unweighted total), so strategies
+        # equal up to round-off are all planned: the cheapest of those within WEIGHTED_TIE wins
+        least = min(_or_inf(p.candidate.weighted_total_variance) for p in scored)
+        chosen = next(
+            p
+            for p in scored
+            if _or_inf(p.candidate.weighted_total_variance) <= least * (1.0 + WEIGHTED_TIE)
+        )
+        return chosen, f"auto: least expected weighted total error among {names}"
     chosen = min(scored, key=lambda p: p.candidate.total_variance or float("inf"))
     return chosen, f"auto: least expected total error among {names}"
+
+
+def _or_inf(value: float | None) -> float:
+    return float("inf") if value is None else value
 
 
 def _largest_scaled(planned: _Planned, scales: dict[str, float]) -> float:

@@ -17,6 +17,9 @@ DELTA_RANGE = (1e-30, 1e-3)
 # Lifetime caps of a dataset (``dataset.budget``): the same lower ends, 100 releases at the maximum.
 BUDGET_EPSILON_RANGE = (EPSILON_RANGE[0], 100 * EPSILON_RANGE[1])
 BUDGET_RHO_RANGE = (RHO_RANGE[0], 100 * RHO_RANGE[1])
+# Workload item weights (``weight``): the objective's Gram is Σ_items w · WᵀW, so weights a
+# million apart already leave the lighter items at float64 round-off of the heavier ones' terms.
+MAX_ITEM_WEIGHT = 1e6
 MAX_ROWS_PER_PERSON = 1_000_000  # contribution bound: keeps sensitivity × bound / ε finite
 MAX_DOMAIN_INTEGER = 2**53  # |min|, |max|, width of an integer range: exact in float64 encoding
 MAX_CELLS_PER_ATTRIBUTE = 10_000_000

@@ -175,6 +175,30 @@ class ReleaseSpec(Strict):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _check_weights(self) -> ReleaseSpec:
+        """Item weights weigh total variances: refused where nothing sums them."""
+        weighted = [item.name for item in self.workload if item.weight is not None]
+        if not weighted:
+            return self
+        where = f"workload item {weighted[0]!r}: weight"
+        if self.accuracy is not None:
+            raise ValueError(
+                f"{where} applies to objective: total_variance; accuracy targets bound every "
+                "cell of each table and weigh nothing (give a table a tighter target instead)"
+            )
+        if self.objective != "total_variance":
+            raise ValueError(
+                f"{where} applies to objective: total_variance; objective {self.objective!r} "
+                "minimises the largest cell variance and weighs nothing"
+            )
+        if self.model != "central":
+            raise ValueError(
+                f"{where} applies to central releases (model: central); a local-model "
+                "strategy is optimised for the unweighted workload"
+            )
+        return self
+
     @field_validator("mechanism")
     @classmethod
     def _check_mechanism(cls, mechanism: str) -> str:
@@ -355,6 +379,12 @@ class ReleaseSpec(Strict):
         """What the plan minimises: accuracy targets bound every cell (``max_variance``)."""
         return "max_variance" if self.accuracy is not None else self.objective
 
+    @property
+    def weighted(self) -> bool:
+        """Whether some workload item gives a ``weight`` (then ``plan`` reports and ``auto``
+        chooses by the weighted total variance)."""
+        return any(item.weight is not None for item in self.workload)
+
     def item_targets(self) -> dict[str, float] | None:
         """Each output table's ``max_std_error`` (a ``max_half_width`` divided by the normal quantile
         of ``accuracy.confidence``; expanded ``marginals`` inherit theirs); None
@@ -391,7 +421,7 @@ class ReleaseSpec(Strict):
             del data["accuracy"]["max_half_width"]
             del data["accuracy"]["confidence"]
         for item in data["workload"]:
-            for field in ("max_std_error", "max_half_width"):
+            for field in ("max_std_error", "max_half_width", "weight"):
                 if item[field] is None:
                     del item[field]
         if self.review is not None and not self.review.allow_self_approval:
@@ -413,11 +443,16 @@ class ReleaseSpec(Strict):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def workload_fingerprint(self) -> str:
-        """sha256 of what determines strategies: domain sizes and order, workload, noise kind, options
-        and objective (plans and stored strategies are keyed by it)."""
+        """sha256 of what determines strategies: domain sizes and order, workload (with item
+        weights when given), noise kind, options and objective (plans and stored strategies are
+        keyed by it)."""
+        workload = [item.model_dump(mode="json", exclude_none=True) for item in self.workload]
+        for item in workload:  # weight 1 is no weight: the same strategies (and public seed)
+            if item.get("weight") == 1.0:
+                del item["weight"]
         payload = {
             "domain": {name: attr.model_dump(mode="json") for name, attr in self.domain.items()},
-            "workload": [item.model_dump(mode="json", exclude_none=True) for item in self.workload],
+            "workload": workload,
             "matrices": [_file_sha256(item.matrix) for item in self.workload if item.matrix],
             "noise": self.noise,
             "mechanism": self.mechanism,
@@ -468,6 +503,7 @@ def expand_item(spec: ReleaseSpec, item: WorkloadItemSpec) -> list[WorkloadItemS
         marginal=[],
         max_std_error=item.max_std_error,
         max_half_width=item.max_half_width,
+        weight=item.weight,
     )
     fields, fields_set = prototype.__dict__, prototype.__pydantic_fields_set__
     new, assign = WorkloadItemSpec.__new__, object.__setattr__

@@ -11,7 +11,11 @@ import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dprelease.catalog.spec.domain import Strict
-from dprelease.catalog.spec.limits import MAX_ROWS_PER_PERSON, check_privacy_dict
+from dprelease.catalog.spec.limits import (
+    MAX_ITEM_WEIGHT,
+    MAX_ROWS_PER_PERSON,
+    check_privacy_dict,
+)
 from dprelease.mechanisms.derived import DERIVED_KINDS
 from dprelease.mechanisms.primitives.privacy import PrivacyCost, cost_from_dict
 
@@ -204,6 +208,15 @@ class Accuracy(Strict):
         return std_error
 
 
+def check_item_weight(weight: float | None, *, where: str) -> None:
+    """A weight is a finite number in (0, :data:`MAX_ITEM_WEIGHT`]."""
+    if weight is not None and not (math.isfinite(weight) and 0 < weight <= MAX_ITEM_WEIGHT):
+        raise ValueError(
+            f"{where}: weight ({weight!r}) must be a finite number > 0 and <= {MAX_ITEM_WEIGHT:g} "
+            "(how much the table's total variance counts; default 1)"
+        )
+
+
 def check_one_target(std_error: float | None, half_width: float | None, *, where: str) -> None:
     """A table's target is a standard error or an interval half-width, not both."""
     if std_error is not None and half_width is not None:
@@ -236,6 +249,10 @@ class WorkloadItemSpec(Strict):
     """With ``accuracy:``, the largest standard error any cell of this table may have."""
     max_half_width: float | None = None
     """Or the largest half-width of its cells' intervals at ``accuracy.confidence``."""
+    weight: float | None = None
+    """How much this table counts under ``objective: total_variance`` (default 1): the plan
+    minimises ``Σ_items weight × (sum of the variances of the item's cells)``; a ``marginals``
+    item's tables each inherit it."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> WorkloadItemSpec:
@@ -266,6 +283,7 @@ class WorkloadItemSpec(Strict):
         check_std_error_target(self.max_std_error, field=f"{where}: max_std_error")
         check_std_error_target(self.max_half_width, field=f"{where}: max_half_width")
         check_one_target(self.max_std_error, self.max_half_width, where=where)
+        check_item_weight(self.weight, where=where)
         if self.derived_column is None:
             for field in ("by", "representative"):
                 if getattr(self, field) is not None:

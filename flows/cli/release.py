@@ -163,7 +163,9 @@ def plan(
     table = Table(
         title=f"plan: {result.num_queries:,} queries over {magnitude(result.num_cells)} cells"
     )
-    for column in ("mechanism", "rmse", "total variance", "ratio to bound", "seconds", "note"):
+    weighted = ("weighted total",) if result.weighted else ()  # items with a weight
+    columns = ("mechanism", "rmse", "total variance", *weighted, "ratio to bound", "seconds")
+    for column in (*columns, "note"):
         table.add_column(column, justify="left" if column in ("mechanism", "note") else "right")
     for c in result.candidates:
         ratio = (
@@ -175,6 +177,7 @@ def plan(
             ("* " if c.mechanism == result.chosen else "  ") + c.mechanism,
             f"{c.rmse:.4f}" if c.rmse is not None else "n/a",
             f"{c.total_variance:.6g}" if c.total_variance is not None else "n/a",
+            *[_number(c.weighted_total_variance) for _ in weighted],
             ratio,
             f"{c.seconds:.3f}",
             c.note or "",
@@ -193,6 +196,10 @@ def plan(
         + f"; peak {peak_stage} ({driver})",
         sep="\n",
     )
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.6g}"
 
 
 def _targets_lines(result: Plan, dataset_id: str) -> list[str]:

@@ -53,7 +53,7 @@ class EigenDesignMechanism(MatrixMechanism):
         key = cache_key("eigen", request.workload_fingerprint, {"norm": norm})
         stored = cache.load(key)
         if stored is None:
-            gram = request.workload.dense_gram()
+            gram = request.workload.dense_gram(weighted=True)  # Σ_t w_t W_tᵀW_t
             with single_threaded_blas():
                 design = eigen_design(gram, noise=request.noise)
             stored = StoredStrategy(

@@ -92,7 +92,9 @@ class LowRankMechanism(MatrixMechanism):
         key = cache_key("lrm", "least-squares", request.workload_fingerprint)
         stored = cache.load(key)
         if stored is None:
-            matrix = workload.dense_matrix()  # O(m N); refused past its size limit
+            # O(m N); refused past its size limit. Rows × √weight: the decomposition and the
+            # choice of measurement minimise the weighted total; W's row space is unchanged
+            matrix = workload.dense_matrix(weighted=True)
             with single_threaded_blas():
                 decomposition = decompose(
                     matrix,

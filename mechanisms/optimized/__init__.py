@@ -11,6 +11,10 @@ Templates tried, each at unit noise (see :mod:`mechanisms.optimized.search`):
   bound) or HDMM's marginals template (L1), at a cost independent of the domain size
   (:mod:`mechanisms.primitives.marginal_strategies`).
 
+Under per-item weights every template minimises the weighted total ``Σ_t w_t`` × item t's total
+variance (Gram terms scaled by ``w_t``) except ``union``, which is then skipped (its weight search
+is unweighted).
+
 The winner is kept in the strategy cache under the workload fingerprint with the public seed it
 was optimised with, so a later plan (or another process) rebuilds exactly the same strategy.
 """
@@ -132,6 +136,8 @@ class OptimizedMechanism(MatrixMechanism):
         limit = WorkLimit(time_limit=request.time_limit)  # one deadline for union and templates
         if len(workload.items) > MAX_UNION_ITEMS:
             notes["union"] = f"skipped: more than {MAX_UNION_ITEMS} workload items"
+        elif workload.weighted:  # its weight search minimises the unweighted total
+            notes["union"] = "skipped: the union template does not take item weights"
         else:
             try:
                 best, best_error = _best_union(request, branching=branching)
@@ -148,7 +154,7 @@ class OptimizedMechanism(MatrixMechanism):
                 best = subset_strategy(weights, name="optimized", parameters={"seed": request.seed})
             return best, notes  # type: ignore[return-value]
         optimized = optimize_workload(
-            workload.gram_terms(),
+            workload.gram_terms(weighted=True),
             noise=request.noise,
             rng=np.random.default_rng(request.seed),
             time_limit=request.time_limit,
@@ -227,7 +233,7 @@ def _marginals_template(
         noise=noise,
         unit_total_error=0.0,
     )
-    error = subset_unit_error(marginal, subset_workload(workload).projections)
+    error = subset_unit_error(marginal, subset_workload(workload, weighted=True).projections)
     marginal = replace(marginal, unit_total_error=error)
     return SubsetStrategy(name="optimized", weights=marginal, parameters=parameters)
 

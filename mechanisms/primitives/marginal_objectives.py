@@ -3,7 +3,8 @@
 :func:`plan_subset_weights` serves ``marginal_space`` and ``optimized`` by the request's objective:
 ``total_variance`` is the closed form of
 :func:`~mechanisms.primitives.marginal_strategies.marginal_weights_l2` (L2) or HDMM's marginals
-template (L1); ``max_variance`` is the design below (L2) or, for L1, the better of the template
+template (L1), both of the items' weighted total (``Σ_t w_t`` × table t's total variance) when
+items carry weights; ``max_variance`` is the design below (L2) or, for L1, the better of the template
 and measuring each table on its own.
 
 The design of least largest cell variance (L2).
@@ -139,6 +140,11 @@ def marginal_weights_max_variance(
         raise ValueError(f"max_steps ({max_steps}) must be >= 1")
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit ({time_limit}) must be > 0 seconds or None")
+    if workload.weighted:
+        raise ValueError(
+            "objective max_variance takes no item weights: it bounds every cell, and a weight "
+            "scales a table's total variance (use item_scales for per-table targets)"
+        )
     started = time.perf_counter()
     subset = subset_workload(workload)
     if item_scales is not None:
@@ -202,7 +208,8 @@ def plan_subset_weights(
     ``optimized`` and ``marginal_space`` share one ``cache`` entry, under the key
     ``marginal_space`` has always written; ``objective`` enters the key only when it is not the
     default, so entries stored before objectives existed still load (``item_scales`` come from
-    the spec's accuracy targets, which the workload fingerprint includes).
+    the spec's accuracy targets and item weights from the spec's items, both of which the
+    workload fingerprint includes).
     """
     settings: dict[str, object] = {"norm": SENSITIVITY_NORM[request.noise]}
     if request.objective != "total_variance":
@@ -226,8 +233,9 @@ def plan_subset_weights(
 
 def _closed_form_or_template(request: PlanRequest, *, time_limit: float | None) -> MarginalWeights:
     """Gaussian total variance: the closed form; Laplace: HDMM's template (under max_variance,
-    the better of it and each table on its own, for the largest scaled variance)."""
-    subset = subset_workload(request.workload)
+    the better of it and each table on its own, for the largest scaled variance).  Both minimise
+    the items' weighted total variance (``Σ_t w_t Σ_T g_T(t)/μ_T``: weighted projections)."""
+    subset = subset_workload(request.workload, weighted=True)
     progress = request.progress
     if request.noise == "gaussian":
         return marginal_weights_l2(subset, time_limit=time_limit, progress=progress)

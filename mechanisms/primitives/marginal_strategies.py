@@ -234,12 +234,16 @@ def workload_projections(terms: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
     return _drop_round_off(np.sum(per_term, axis=0))
 
 
-def subset_workload(workload: Workload) -> SubsetWorkload:
+def subset_workload(workload: Workload, *, weighted: bool = False) -> SubsetWorkload:
     """The workload's subset-space projections: on every subset up to
     ``MAX_MARGINAL_ATTRIBUTES`` attributes (O(items · 2^d)), else on the downward closure of the
     items' own marginals (a workload of marginals: O(items + Σ 2^|R|); otherwise O(items · d)
-    more).  Identity and total factors cost O(1); other factors one product each (no Gram)."""
+    more).  Identity and total factors cost O(1); other factors one product each (no Gram).
+
+    ``weighted``: the projections of ``Σ_items w_item W_itemᵀW_item`` (what optimisers minimise
+    under per-item weights; ``g_T`` is linear in the Gram, so each item's part is scaled)."""
     shape = workload.domain_shape
+    scale = weighted and workload.weighted  # unit weights: the unweighted sums, bit for bit
     marginal = [item_subset(item) for item in workload.items]
     own = tuple(
         own_subset(item) if mask is None else mask
@@ -254,14 +258,15 @@ def subset_workload(workload: Workload) -> SubsetWorkload:
         # g_T = r_T Σ_{R ⊇ T} N / |R|: one superset sum over the tables' own subsets
         kept_cells = np.array([math.prod(shape[i] for i in set_bits(m)) for m in own], float)
         positions = np.array([family.position(m) for m in own], dtype=np.int64)
-        per_table = np.bincount(
-            positions, weights=family.num_cells / kept_cells, minlength=len(family)
-        )
+        per_table = family.num_cells / kept_cells
+        if scale:
+            per_table = per_table * np.array([item.weight for item in workload.items])
+        per_table = np.bincount(positions, weights=per_table, minlength=len(family))
         total = family.multiplicities() * family.superset_sums(per_table)
     else:
         for item in workload.items:
             positions, values = item_support(item, family)
-            np.add.at(total, positions, values)
+            np.add.at(total, positions, item.weight * values if scale else values)
     return SubsetWorkload(
         domain_shape=shape,
         projections=_drop_round_off(total),

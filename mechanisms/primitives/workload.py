@@ -72,6 +72,12 @@ def check_dense_gram_cells(num_cells: int, *, max_cells: int = DENSE_GRAM_MAX_CE
         )
 
 
+def check_weight(weight: float, *, where: str) -> None:
+    """An item weight is a finite number > 0 (1: the item counts once)."""
+    if not (math.isfinite(weight) and weight > 0):
+        raise ValueError(f"{where}: weight ({weight}) must be a finite number > 0")
+
+
 @functools.cache
 def shared_identity(n: int) -> Identity:
     """The one ``Identity(n)`` marginal items share (factors are immutable operators)."""
@@ -101,12 +107,21 @@ class WorkloadItem:
 
     name: str
     factors: tuple[Factor, ...]
+    weight: float = 1.0
+    """How much the item's total variance counts in what optimisers minimise (the spec's
+    ``weight``): they see ``Σ_items weight · W_itemᵀW_item``.  Reported errors are unweighted.
+    Checked by :class:`Workload` (not here: no per-item hook on the 166,750-table path)."""
     kept: tuple[int, ...] | None = field(default=None, init=False)
     """Set only by :meth:`marginal` (so always consistent with ``factors``); None otherwise."""
 
     @classmethod
     def marginal(
-        cls, *, name: str, domain_shape: tuple[int, ...], kept: Iterable[int]
+        cls,
+        *,
+        name: str,
+        domain_shape: tuple[int, ...],
+        kept: Iterable[int],
+        weight: float = 1.0,
     ) -> WorkloadItem:
         """The marginal over the attributes ``kept``: shared ``Identity`` factors on them, shared
         ``Total`` elsewhere. O(d) in C plus O(k)."""
@@ -114,8 +129,15 @@ class WorkloadItem:
         factors = list(_shared_totals(domain_shape))
         for axis in axes:
             factors[axis] = shared_identity(domain_shape[axis])
-        item = cls(name=name, factors=tuple(factors))
+        item = cls(name=name, factors=tuple(factors), weight=weight)
         object.__setattr__(item, "kept", axes)  # frozen: set once, here
+        return item
+
+    def with_weight(self, weight: float) -> WorkloadItem:
+        """This item with ``weight`` (``kept`` carried over: ``dataclasses.replace`` drops it)."""
+        check_weight(weight, where=f"item {self.name!r}")
+        item = WorkloadItem(name=self.name, factors=self.factors, weight=weight)
+        object.__setattr__(item, "kept", self.kept)  # frozen: consistent with the same factors
         return item
 
     def has_shape(self, domain_shape: tuple[int, ...]) -> bool:
@@ -157,7 +179,8 @@ class WorkloadItem:
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    """The union of a release's items over one domain (all queries, unweighted)."""
+    """The union of a release's items over one domain.  Every figure reported of it is unweighted;
+    the items' ``weight`` enters only what optimisers minimise (the ``weighted=True`` forms)."""
 
     domain_shape: tuple[int, ...]
     items: tuple[WorkloadItem, ...]
@@ -166,6 +189,8 @@ class Workload:
         if not self.items:
             raise ValueError("a workload needs at least one item")
         for item in self.items:  # O(items · d) in C for marginal items of shared factors
+            if item.weight != 1.0:
+                check_weight(item.weight, where=f"item {item.name!r}")
             if not item.has_shape(self.domain_shape):
                 shape = tuple(f.n for f in item.factors)
                 raise ValueError(
@@ -180,32 +205,57 @@ class Workload:
     def num_queries(self) -> int:
         return sum(item.num_queries for item in self.items)
 
-    def gram_terms(self) -> list[tuple[np.ndarray, ...]]:
-        """``WᵀW = Σ_items ⊗_i G_{item,i}`` as a list of per-attribute Gram tuples."""
-        return [item.gram_factors() for item in self.items]
+    @property
+    def weighted(self) -> bool:
+        """Whether some item has a weight other than 1. O(items)."""
+        return any(item.weight != 1.0 for item in self.items)
 
-    def dense_gram(self, *, max_cells: int = DENSE_GRAM_MAX_CELLS) -> np.ndarray:
-        """``WᵀW = Σ_items ⊗_i W_iᵀW_i`` as a dense N × N array. O(items · N²), no ``m × N`` W.
+    def gram_terms(self, *, weighted: bool = False) -> list[tuple[np.ndarray, ...]]:
+        """``WᵀW = Σ_items ⊗_i G_{item,i}`` as a list of per-attribute Gram tuples; ``weighted``:
+        ``Σ_items w_item ⊗_i G_{item,i}`` (the weight scales the first factor of its term)."""
+        terms = [item.gram_factors() for item in self.items]
+        if not weighted:
+            return terms
+        return [
+            term if item.weight == 1.0 else (item.weight * term[0], *term[1:])
+            for item, term in zip(self.items, terms, strict=True)
+        ]
+
+    def dense_gram(
+        self, *, max_cells: int = DENSE_GRAM_MAX_CELLS, weighted: bool = False
+    ) -> np.ndarray:
+        """``WᵀW = Σ_items ⊗_i W_iᵀW_i`` as a dense N × N array (``weighted``: each item's term
+        times its weight). O(items · N²), no ``m × N`` W.
 
         Raises ``ValueError`` naming the size before any work when N > ``max_cells``.
         """
         check_dense_gram_cells(self.num_cells, max_cells=max_cells)
         gram = np.zeros((self.num_cells, self.num_cells))
         for item in self.items:
-            gram += item.dense_gram(max_cells=max_cells)
+            term = item.dense_gram(max_cells=max_cells)
+            gram += item.weight * term if weighted and item.weight != 1.0 else term
         return gram
 
-    def dense_matrix(self, *, max_entries: int = DENSE_MATRIX_MAX_ENTRIES) -> np.ndarray:
+    def dense_matrix(
+        self, *, max_entries: int = DENSE_MATRIX_MAX_ENTRIES, weighted: bool = False
+    ) -> np.ndarray:
         """The explicit stacked ``m × N`` query matrix (items in order), for methods that need W
-        itself (e.g. LRM's factorisation).  Raises ``ValueError`` naming the size before any work
-        when ``m · N`` exceeds ``max_entries``.  O(m N)."""
+        itself (e.g. LRM's factorisation); ``weighted``: each item's rows times ``√weight`` (its
+        Gram then counts ``weight`` times).  Raises ``ValueError`` naming the size before any
+        work when ``m · N`` exceeds ``max_entries``.  O(m N)."""
         entries = self.num_queries * self.num_cells
         if entries > max_entries:
             raise ValueError(
                 f"the explicit workload matrix is {self.num_queries:,} × {self.num_cells:,} "
                 f"({entries * 8 / 2**30:.2f} GiB); the limit is {max_entries:,} entries"
             )
-        return np.vstack([kron_dense(item.factors) for item in self.items])
+        blocks = []
+        for item in self.items:
+            block = kron_dense(item.factors)
+            blocks.append(
+                math.sqrt(item.weight) * block if weighted and item.weight != 1.0 else block
+            )
+        return np.vstack(blocks)
 
     def attribute_roles(self, ordered: tuple[bool, ...]) -> list[tuple[int, str]]:
         """Per attribute: ``total`` when every item sums it out, else ``ordered``/``categorical``."""
