@@ -1,20 +1,14 @@
 """The release directory: writing tables and the manifest, publishing, and offline verification.
 
-Layout::
+Layout: ``<DIR>/<release_id>/`` holds ``manifest.json`` (ids, spec and fingerprints, code version,
+mechanism, cost, receipts, the sha256 of every other file, review status), ``tables/<item>.parquet``,
+``report.html`` and ``validation/`` (results and Data Docs).
 
-    <DIR>/<release_id>/
-      manifest.json          ids, spec + fingerprints, code version, mechanism, cost, receipts,
-                             sha256 of every other file, review status
-      tables/<item>.parquet
-      report.html
-      validation/            output-validation results (JSON) and Data Docs
-
-``verify`` recomputes every hash, looks for missing or extra files, checks the manifest against the
-sha256 the catalog recorded when it was written, checks the release's status in the catalog (only a
-published release may sit in a published location), the ledger's hash chain, every ledger receipt
-and the chain head the manifest records, the input fingerprint's key (and, given the input, the
-keyed fingerprint itself), and re-reads the validation results.  A manifest is untrusted input: a
-path that leaves the release directory, or a symbolic link inside it, is reported and never read.
+``verify`` recomputes every hash, finds missing and extra files, and checks the manifest's sha256
+and the release's status against the catalog (only a published release may sit in a published
+location), the ledger's hash chain, receipts and recorded chain head, and the input fingerprint's
+key (given the input, the keyed fingerprint itself).  A manifest is untrusted input: a path that
+leaves the release directory, or a symbolic link inside it, is reported and never read.
 """
 
 from __future__ import annotations

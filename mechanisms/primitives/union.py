@@ -1,22 +1,17 @@
 """Weighted unions of Kronecker strategies, with exact Gram algebra that never forms an N × N matrix.
 
-A union strategy stacks terms ``w_t · (A_{t,1} ⊗ … ⊗ A_{t,d})``.  Its Gram is
-``Σ_t w_t² ⊗_i A_{t,i}ᵀA_{t,i}``, a sum of Kronecker products, which has no Kronecker inverse.
-It does have exact structure: on an attribute where every strategy term *and* every workload item
-has a Gram in ``span{I, J}`` (identity or total queries, J = 11ᵀ), all Grams are diagonal in the
-split ``span{1} ⊕ 1^⊥`` (projectors ``P0 = J/n``, ``P1 = I − J/n``; ``aI + bJ`` acts as
-``a + bn`` on P0 and ``a`` on P1).  With k such "split" attributes and the rest "dense",
+A union stacks terms ``w_t · (A_{t,1} ⊗ … ⊗ A_{t,d})``; its Gram ``Σ_t w_t² ⊗_i A_{t,i}ᵀA_{t,i}``
+has no Kronecker inverse.  On an attribute where every term's *and* every workload item's Gram is
+in ``span{I, J}`` (J = 11ᵀ), all Grams are diagonal in ``span{1} ⊕ 1^⊥`` (``P0 = J/n``,
+``P1 = I − J/n``; ``aI + bJ`` acts as ``a + bn`` on P0 and ``a`` on P1).  With k such "split"
+attributes and the rest "dense",
 
     AᵀA = Σ_{c ∈ {0,1}^k} P_c ⊗ S_c,      (AᵀA)⁺ = Σ_c P_c ⊗ S_c⁺,
 
-where each ``S_c`` is a D × D matrix over the dense attributes (D = their product of sizes).  Error,
-per-query variances and least squares then cost O(2^k D³ + 2^k N D) instead of O(N³).  This is the
-marginal-workload algebra of HDMM's marginals template (McKenna et al. 2018, §6) generalised to
-ordered attributes; the implementation here is our own.
-
-The default terms give each workload item its own strategy (the item's attributes measured with
-the family's factor, everything else summed), and :func:`optimize_weights` picks the weights that
-minimise sensitivity² × total variance.
+each ``S_c`` D × D over the dense attributes, so error, per-query variances and least squares cost
+O(2^k D³ + 2^k N D) instead of O(N³): HDMM's marginals algebra (McKenna et al. 2018, §6) extended
+to ordered attributes, implemented here independently.  The default terms give each workload item
+its own strategy; :func:`optimize_weights` picks weights minimising sensitivity² × total variance.
 """
 
 from __future__ import annotations
