@@ -218,3 +218,54 @@ def test_plan_command_shows_the_weighted_total(tmp_path: Path) -> None:
     assert "weighted total" in text.output
     data = json.loads(runner.invoke(app, ["plan", str(path), "--json"]).stdout)
     assert all("weighted_total_variance" in c for c in data["candidates"])
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "privacy"),
+    [("marginal_space", {"rho": 0.5}), ("optimized", {"epsilon": 1.0}), ("eigen", {"rho": 0.5})],
+)
+def test_a_weighted_release_answers_the_workload_with_unweighted_errors(
+    tmp_path: Path, zero_noise, mechanism: str, privacy: dict
+) -> None:
+    """Through the release stages (no Prefect), zero noise: the weighted strategy measures and
+    reconstructs every table exactly, and each released standard error is the plan's."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dprelease.catalog import release
+    from dprelease.catalog.ledger.store import Catalog
+
+    rng = np.random.default_rng(5)  # public randomness: synthetic test data
+    a, b = rng.integers(0, 6, 300), rng.integers(0, 3, 300)
+    source = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"a": pa.array(a, pa.int16()), "b": pa.array(b, pa.int16())}), source)
+    budget = {"epsilon": 5} if "epsilon" in privacy else {"rho": 5}
+    spec = parse_spec(
+        {
+            "name": "w",
+            "dataset": {"id": f"w-{mechanism}", "source": str(source), "budget": budget},
+            "domain": {"a": {"min": 0, "max": 5}, "b": {"min": 0, "max": 2}},
+            "workload": [
+                {"name": "ab", "marginal": ["a", "b"]},
+                {"name": "a", "marginal": ["a"], "weight": 25.0},
+            ],
+            "mechanism": mechanism,
+            "privacy": privacy,
+        }
+    )
+    catalog = Catalog(f"sqlite:///{tmp_path / 'c.db'}")
+    plan = planning.make_plan(spec)
+    release_id = release.new_release_id(spec)
+    release.register(spec, plan, catalog, release_id=release_id)
+    ingested = release.ingest(spec, plan, catalog)
+    measurement = release.measure(ingested, spec, plan, catalog, release_id=release_id)
+    tables = release.reconstruct(spec, plan, measurement)
+    counts = np.zeros((6, 3))
+    np.add.at(counts, (a, b), 1)
+    np.testing.assert_allclose(tables["ab"]["estimate"], counts.ravel(), atol=1e-7)
+    np.testing.assert_allclose(tables["a"]["estimate"], counts.sum(axis=1), atol=1e-7)
+    assert plan.item_std_errors is not None
+    for name, table in tables.items():
+        largest = float(np.max(np.asarray(table["std_error"])))
+        assert largest == pytest.approx(plan.item_std_errors[name], rel=1e-9)
