@@ -381,9 +381,9 @@ class ReleaseSpec(Strict):
 
     @property
     def weighted(self) -> bool:
-        """Whether some workload item gives a ``weight`` (then ``plan`` reports and ``auto``
-        chooses by the weighted total variance)."""
-        return any(item.weight is not None for item in self.workload)
+        """Whether some workload item has a ``weight`` other than 1 (then ``plan`` reports and
+        ``auto`` chooses by the weighted total variance; weight 1 is no weight)."""
+        return any(item.weight not in (None, 1.0) for item in self.workload)
 
     def item_targets(self) -> dict[str, float] | None:
         """Each output table's ``max_std_error`` (a ``max_half_width`` divided by the normal quantile
