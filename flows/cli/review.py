@@ -216,9 +216,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
     mechanism = summary["mechanism"]
     if mechanism:
-        stdout.print(
-            f"  mechanism:  {mechanism['name']} ({mechanism['model']}) — {mechanism['reason']}"
-        )
+        # manifests written before the local model and the chooser's reason lack those keys
+        model = mechanism.get("model", "central")
+        reason = f" — {mechanism['reason']}" if mechanism.get("reason") else ""
+        stdout.print(f"  mechanism:  {mechanism.get('name', '?')} ({model}){reason}")
     plan = summary["plan"]
     if plan:
         stdout.print(

@@ -502,6 +502,16 @@ def test_show_flags_a_manifest_edited_after_the_catalog_recorded_it(staged_home:
     assert "differs from the manifest the catalog recorded" in shown["manifest_problem"]
 
 
+def test_show_reads_a_manifest_written_before_model_and_reason(staged_home: Staged) -> None:
+    manifest_path = staged_home.directory / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["mechanism"] = {"name": "identity"}  # no "model", no "reason"
+    manifest_path.write_text(json.dumps(manifest))
+    result = runner.invoke(app, ["show", LONG_ID])
+    assert result.exit_code == 0, result.output
+    assert "mechanism:  identity (central)" in result.stdout
+
+
 def test_show_of_an_unknown_release_is_a_user_error(staged_home: Staged) -> None:
     result = runner.invoke(app, ["show", "no-such-release", "--json"])
     assert result.exit_code == 2 and "not in the catalog" in result.output
