@@ -19,11 +19,24 @@ that fits in memory).  With ``--only-dask`` the in-process methods are skipped: 
 data is larger than the workers' memory (e.g. ``--rows 100000000 --worker-memory 2GB``); the peak
 RSS of every worker (``ru_maxrss``) is printed, as is every count's agreement with the baseline.
 
+With ``--marginals`` it measures instead the counting stage of issue 28's marginal run: the
+measured subsets of all 1–3-way marginals of ``--attributes`` (default 30) attributes × 10 values
+(4,525 tables and the total, 10³⁰ cells: no cell vector, no index over the domain) on ``--rows``
+(default 1,000,000) rows of ``marginals_scale_bench``'s seeded Markov chain, split into
+``--files`` Parquet files.  ``count_marginals`` (engine ``local``) and ``count_marginals_dask``
+(a LocalCluster of ``--workers`` single-threaded workers) each run in a fresh spawned process, so
+the peak RSS printed is that method's own (the driver's; the workers' apart), and so are the CPU
+seconds (the process's and, for Dask, the workers' during the count: less sensitive than wall
+time to other load on the machine).  The workers import dprelease before timing, as a
+long-lived cluster would have.  The tables of both are checked identical, and their total equal
+to the rows.
+
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/dask_bench.py --rows 10000000          # fits in memory
     .venv/bin/python benchmarks/dask_bench.py --rows 100000000 --only-dask --repeats 1
     .venv/bin/python benchmarks/dask_bench.py --rows 100000000 --fast-baseline-only --repeats 2
+    .venv/bin/python benchmarks/dask_bench.py --marginals                # 4,525 tables, 1M rows
 """
 
 from __future__ import annotations
@@ -127,11 +140,11 @@ def peak_rss_mb() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--rows", type=int, help="default 10,000,000 (--marginals: 1,000,000)")
     parser.add_argument("--files-per-region", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--worker-memory", default="2GB")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, help="default 3 (--marginals: 1)")
     parser.add_argument("--only-dask", action="store_true", help="skip the in-process methods")
     parser.add_argument(
         "--fast-baseline-only",
@@ -139,7 +152,20 @@ def main() -> None:
         help="of the in-process methods run only the binned pyarrow baseline (large --rows)",
     )
     parser.add_argument("--data-dir", type=Path, help="keep/reuse the generated data here")
+    parser.add_argument(
+        "--marginals",
+        action="store_true",
+        help="count the measured marginals of all 1-3-way tables (local vs dask); --rows "
+        "defaults to 1,000,000 and --repeats to 1 then",
+    )
+    parser.add_argument("--attributes", type=int, default=30, help="with --marginals")
+    parser.add_argument("--files", type=int, default=4, help="with --marginals")
     args = parser.parse_args()
+    if args.marginals:
+        marginals_main(args)
+        return
+    args.rows = 10_000_000 if args.rows is None else args.rows
+    args.repeats = 3 if args.repeats is None else args.repeats
     if min(args.rows, args.files_per_region, args.workers, args.repeats) < 1:
         raise SystemExit("--rows, --files-per-region, --workers and --repeats must be >= 1")
 
@@ -237,6 +263,148 @@ def main() -> None:
     peaks = ", ".join(f"{mb:.0f}" for mb in worker_peaks.values())
     print(
         f"peak RSS: workers {peaks} MB (limit {args.worker_memory} each); driver {peak_rss_mb():.0f} MB"
+    )
+    print(f"total {time.perf_counter() - started:.1f} s")
+
+
+def write_wide(root: Path, *, attributes: int, rows: int, files: int) -> Path:
+    """``marginals_scale_bench``'s seeded data (public randomness) in ``files`` row slices."""
+    from marginals_scale_bench import write_data
+
+    root.mkdir(parents=True)
+    whole = root.parent / "whole.parquet"
+    write_data(whole, attributes=attributes, rows=rows, seed=SEED)
+    table = pq.read_table(whole)
+    whole.unlink()
+    for index, start in enumerate(range(0, rows, math.ceil(rows / files))):
+        part = table.slice(start, math.ceil(rows / files))
+        pq.write_table(part, root / f"part-{index}.parquet", row_group_size=1 << 20)
+    return root
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def count_in_fresh_process(
+    spec_path: str, subsets: list[tuple[int, ...]], output_rows: int, address: str | None
+) -> tuple[float, float, float, dict[tuple[int, ...], np.ndarray]]:
+    """(wall s, CPU s, peak RSS MB of this process, the true tables): in a spawned process."""
+    from dprelease.catalog.confidential.dask_count import count_marginals_dask
+    from dprelease.catalog.confidential.marginal_source import count_marginals
+    from dprelease.catalog.engine import Execution
+    from dprelease.catalog.spec.load import load_spec
+
+    spec = load_spec(spec_path)
+    started, cpu = time.perf_counter(), cpu_seconds()
+    if address is None:
+        counted = count_marginals(spec, subsets=subsets, output_rows=output_rows)
+    else:
+        from distributed import Client
+
+        spec = spec.model_copy(update={"execution": Execution(engine="dask", address=address)})
+        with Client(address, set_as_default=False) as client:
+            counted = count_marginals_dask(
+                spec, subsets=subsets, output_rows=output_rows, client=client
+            )
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    tables = dict(vars(counted.marginals)["_ProtectedMarginals__tables"])  # public synthetic data
+    return seconds, cpu, peak_rss_mb(), {axes: np.array(t) for axes, t in tables.items()}
+
+
+def marginals_main(args: argparse.Namespace) -> None:
+    """``--marginals``: local against Dask counting of the measured marginal tables."""
+    import importlib
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from distributed import Client, LocalCluster
+    from marginals_scale_bench import write_spec
+
+    from dprelease.catalog.planning.planner import make_plan
+    from dprelease.catalog.spec.load import load_spec
+
+    rows = 1_000_000 if args.rows is None else args.rows
+    repeats = 1 if args.repeats is None else args.repeats
+    if min(rows, args.attributes, args.files, args.workers, repeats) < 1:
+        raise SystemExit("--rows, --attributes, --files, --workers and --repeats must be >= 1")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dask-marginals-bench-") as scratch:
+        root = write_wide(
+            Path(scratch) / "data", attributes=args.attributes, rows=rows, files=args.files
+        )
+        spec_path = write_spec(
+            Path(scratch), root, attributes=args.attributes, reconstruct="least_squares"
+        )
+        spec = load_spec(spec_path)
+        plan = make_plan(spec)
+        subsets = list(plan.strategy.marginal_subsets)
+        cells = sum(math.prod(spec.domain_shape[a] for a in axes) for axes in subsets)
+        print(
+            f"{rows:,} rows x {args.attributes} attributes x 10 values ({spec.num_cells:.0e} "
+            f"cells) in {args.files} files; {len(subsets):,} measured tables, {cells:,} cells"
+        )
+        context = multiprocessing.get_context("spawn")
+        times: dict[str, list[float]] = {"local": [], "dask": []}
+        cpus: dict[str, list[float]] = {"local": [], "dask": []}
+        peaks: dict[str, float] = {"local": 0.0, "dask": 0.0}
+        tables: dict[str, dict[tuple[int, ...], np.ndarray]] = {}
+        with (
+            LocalCluster(
+                n_workers=args.workers,
+                threads_per_worker=1,
+                memory_limit=args.worker_memory,
+                processes=True,
+                dashboard_address=":0",
+                host="127.0.0.1",
+            ) as cluster,
+            Client(cluster, set_as_default=False) as client,
+        ):
+            client.run(importlib.import_module, "dprelease.catalog.confidential.dask_count")
+            for _ in range(repeats):  # interleaved, each in a fresh process
+                for name, address in (("local", None), ("dask", cluster.scheduler_address)):
+                    before = sum(client.run(cpu_seconds).values())
+                    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                        seconds, cpu, peak, tables[name] = pool.submit(
+                            count_in_fresh_process,
+                            str(spec_path),
+                            subsets,
+                            plan.num_queries,
+                            address,
+                        ).result()
+                    times[name].append(seconds)
+                    cpus[name].append(cpu + sum(client.run(cpu_seconds).values()) - before)
+                    peaks[name] = max(peaks[name], peak)
+            worker_peaks = client.run(peak_rss_mb)
+    local, dask = tables["local"], tables["dask"]
+    if list(local) != list(dask) or not all(np.array_equal(local[k], dask[k]) for k in local):
+        raise SystemExit("count_marginals_dask and count_marginals disagree")
+    if local[()] != rows:
+        raise SystemExit("count_marginals did not count every row")
+    print(f"best of {repeats}; the {len(local):,} tables of both are identical")
+    base = min(times["local"])
+    workers = ", ".join(f"{mb:.0f}" for mb in worker_peaks.values())
+    print_table(
+        [
+            "method",
+            "best wall s",
+            "vs local",
+            "CPU s (+workers)",
+            "peak RSS MB (driver)",
+            "workers' peak RSS MB",
+        ],
+        [
+            [
+                f"count_marginals {name}",
+                f"{min(values):.1f}",
+                f"{min(values) / base:.2f}x",
+                f"{min(cpus[name]):.1f}",
+                f"{peaks[name]:.0f}",
+                workers if name == "dask" else "",
+            ]
+            for name, values in times.items()
+        ],
     )
     print(f"total {time.perf_counter() - started:.1f} s")
 
