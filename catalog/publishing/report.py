@@ -227,7 +227,7 @@ def table_section(
         if rows > PAGE_ROWS
         else f"<div class='pager-bar'><span class='muted'>all {rows:,} rows</span></div>"
     )
-    csv = f"{release_root}tables/{quote(name) if release_root else name}.csv"
+    csv = f"{release_root}tables/{quote(name)}.csv"  # a name may hold any attribute's characters
     page_data = {"n": rows, "c": encoded, "k": kinds}
     # "<" escaped so a label can never close the script element
     data = json.dumps(page_data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
@@ -333,7 +333,7 @@ def tables_index(tables: dict[str, pa.Table]) -> str:
         f"<tr><td class='lab'><a href='#t{index}'>{html.escape(name)}</a></td>"
         f"<td class='lab'>{html.escape(describe(table, table_model(table)))}</td>"
         f"<td class='num'>{table.num_rows:,}</td>"
-        f"<td class='lab'><a href='{html.escape(f'tables/{name}.csv', quote=True)}' download>CSV</a></td></tr>"
+        f"<td class='lab'><a href='{html.escape(f'tables/{quote(name)}.csv', quote=True)}' download>CSV</a></td></tr>"
         for index, (name, table) in enumerate(tables.items())
     ]
     return (

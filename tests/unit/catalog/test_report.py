@@ -469,3 +469,10 @@ def test_a_table_longer_than_the_embed_limit_pages_its_first_rows_and_says_so() 
     assert "first 30 of 45 rows; every row is in the CSV" in section
     short = report.table_section(1, "short", table.slice(0, 30), max_rows=30)
     assert "every row is in the CSV" not in short and "data-rows='30'" in short
+
+
+def test_csv_links_are_url_quoted(tables: dict[str, pa.Table]) -> None:
+    """A table name carries attribute names, which may hold '#', '%', '?' or spaces."""
+    text = render({"age by #sex 100%": tables["by_sex"]})
+    assert "href='tables/age%20by%20%23sex%20100%25.csv'" in text
+    assert "href='tables/age by #sex" not in text
