@@ -1,0 +1,201 @@
+"""Causal factorisations of a time workload ``W`` (kT × T), and the SVD bound none of them beats.
+
+* :func:`sum_of_periods`: ``A = I``, ``B = W`` (each period measured once, figures summed).
+* :func:`square_root`: ``A = C^{1/2}``, the square root of the cumulative matrix (Fichtenberger,
+  Henzinger, Upadhyay 2023), ``B = W·A⁻¹`` (``A = B = C^{1/2}`` for cumulative counts).
+* :func:`binary_tree`: every dyadic interval, measured when it completes; each figure at period t
+  is the least-squares estimate from the nodes completed by t (Honaker 2015 restricted to those
+  nodes, so causal; it ignores later nodes, unlike the reference table's full least squares).
+* :func:`optimised`: L-BFGS over lower-triangular ``A`` (Denisov et al. 2022), never worse than
+  the square root by its own objective.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.linalg import solve_triangular
+from scipy.optimize import minimize
+
+from dprelease.mechanisms.continual.factorisation import CausalFactorisation
+from dprelease.mechanisms.continual.workloads import check_horizon
+from dprelease.mechanisms.primitives.lower_bound import svd_bound_gram
+from dprelease.mechanisms.primitives.threads import single_threaded_blas
+
+OBJECTIVES = ("total", "worst")
+WORST_P_SCHEDULE = (16.0, 64.0, 256.0)
+"""p-norms of the row variances minimised in turn for ``worst`` (‖v‖_p → max v as p grows)."""
+
+
+def _workload(workload: np.ndarray) -> np.ndarray:
+    """``workload`` as float64 after checking it is kT × T, finite and causal in every block."""
+    array = np.asarray(workload, dtype=np.float64)
+    if (
+        array.ndim != 2
+        or array.shape[1] < 1
+        or array.shape[0] < 1
+        or array.shape[0] % array.shape[1]
+    ):
+        raise ValueError(f"workload (shape {array.shape}) must be kT × T with k, T >= 1")
+    if not np.all(np.isfinite(array)):
+        raise ValueError("workload must be finite (it has a NaN or infinite entry)")
+    if not array.any():
+        raise ValueError("workload must have a non-zero entry (it asks for nothing)")
+    horizon = array.shape[1]
+    future = np.nonzero(
+        array * (np.arange(horizon)[None, :] > (np.arange(len(array)) % horizon)[:, None])
+    )
+    if future[0].size:
+        r, j = int(future[0][0]), int(future[1][0])
+        raise ValueError(
+            f"workload row {r} (published at period {r % horizon}) uses period {j}; "
+            "a figure may use only periods up to its own"
+        )
+    return array
+
+
+def square_root_coefficients(horizon: int, *, power: float = 0.5) -> np.ndarray:
+    """Coefficients of ``(1 − x)^{-power}``: ``c_k = c_{k−1}·(k − 1 + power)/k``.  O(T).
+
+    ``power = 1/2``: binom(2k, k)/4^k = 1, 1/2, 3/8, 5/16, …; ``power = −1/2``: the inverse's.
+    """
+    ks = np.arange(1, check_horizon(horizon))
+    return np.concatenate([[1.0], np.cumprod((ks - 1 + power) / ks)])
+
+
+def _toeplitz(coefficients: np.ndarray) -> np.ndarray:
+    lag = np.subtract.outer(np.arange(len(coefficients)), np.arange(len(coefficients)))
+    return np.where(lag >= 0, coefficients[np.clip(lag, 0, None)], 0.0)
+
+
+def square_root_matrix(horizon: int) -> np.ndarray:
+    """``C^{1/2}``: lower-triangular Toeplitz of :func:`square_root_coefficients`.  O(T²)."""
+    return _toeplitz(square_root_coefficients(horizon))
+
+
+def sum_of_periods(workload: np.ndarray) -> CausalFactorisation:
+    work = _workload(workload)
+    return CausalFactorisation(np.eye(work.shape[1]), work, "sum_of_periods")
+
+
+def square_root(workload: np.ndarray) -> CausalFactorisation:
+    """``A = C^{1/2}``, ``B = W·C^{-1/2}`` (the inverse in closed form, power −1/2).  O(kT³)."""
+    work = _workload(workload)
+    inverse = _toeplitz(square_root_coefficients(work.shape[1], power=-0.5))
+    return CausalFactorisation(square_root_matrix(work.shape[1]), work @ inverse, "square_root")
+
+
+def binary_tree(workload: np.ndarray) -> CausalFactorisation:
+    """Dyadic nodes measured at completion; causal least squares per period.  O(T⁴)."""
+    work = _workload(workload)
+    horizon = work.shape[1]
+    nodes = [
+        (start, start + 2**level)
+        for level in range(int(math.log2(horizon)) + 1)
+        for start in range(0, horizon - 2**level + 1, 2**level)
+    ]
+    nodes.sort(key=lambda node: (node[1], node[0]))
+    strategy = np.zeros((len(nodes), horizon))
+    for row, (start, stop) in enumerate(nodes):
+        strategy[row, start:stop] = 1.0
+    times = np.array([stop - 1 for _, stop in nodes])
+    recombination = np.zeros((len(work), len(nodes)))
+    for t in range(horizon):
+        done = np.flatnonzero(times <= t)  # includes every leaf 0..t: full column rank
+        solve = np.linalg.pinv(strategy[np.ix_(done, np.arange(t + 1))])
+        rows = np.arange(t, len(work), horizon)
+        recombination[np.ix_(rows, done)] = work[rows, : t + 1] @ solve
+    return CausalFactorisation(strategy, recombination, "binary_tree", times=times)
+
+
+def objective_value(factorisation: CausalFactorisation, objective: str) -> float:
+    """``Δ₂(A)²·Σ_r ‖B_r‖²`` (total) or ``Δ₂(A)²·max_r ‖B_r‖²`` (worst): variances at σ² = Δ²."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
+    variances = factorisation.row_variances(factorisation.sensitivity() ** 2)
+    return float(variances.sum() if objective == "total" else variances.max())
+
+
+def _value_and_gradient(
+    theta: np.ndarray, work: np.ndarray, lower: tuple[np.ndarray, np.ndarray], p: float | None
+) -> tuple[float, np.ndarray]:
+    """The objective of A with unit columns (Δ₂ = 1) and its gradient in the lower-triangular
+    entries of A: with ``p = None`` exactly ``objective_value(·, "total")``, else the p-norm of the
+    row variances (≥ the worst, within a factor kT^{1/p}).  O(kT³) per call."""
+    horizon = work.shape[1]
+    strategy = np.zeros((horizon, horizon))
+    strategy[lower] = theta
+    if not np.all(np.diag(strategy)):  # singular A (a zero diagonal entry): no finite B
+        return math.inf, np.zeros_like(theta)
+    norms = np.linalg.norm(strategy, axis=0)
+    unit = strategy / norms
+    inverse = solve_triangular(unit, np.eye(horizon), lower=True)
+    recombination = work @ inverse
+    variances = np.einsum("ij,ij->i", recombination, recombination)
+    if p is None:
+        value, weights = float(variances.sum()), np.ones_like(variances)
+    else:
+        top = variances.max()
+        value = top * float(((variances / top) ** p).sum()) ** (1 / p)
+        weights = (variances / value) ** (p - 1)
+    # d/dÃ Σ w_r ‖(W Ã⁻¹)_r‖² = −2 Bᵀ diag(w) B Ã⁻ᵀ, then through Ã = A·diag(1/‖a_j‖)
+    grad_unit = -2 * recombination.T @ (weights[:, None] * recombination) @ inverse.T
+    grad = grad_unit / norms - strategy * ((strategy * grad_unit).sum(axis=0) / norms**3)
+    return value, grad[lower]
+
+
+@single_threaded_blas()
+def optimised(
+    workload: np.ndarray, *, objective: str = "worst", max_iterations: int = 2000
+) -> CausalFactorisation:
+    """Minimise the objective over lower-triangular A (L-BFGS-B from the square root), B = W·A⁻¹.
+
+    ``total``: ``Δ₂²·tr(BBᵀ)``, smooth.  ``worst``: ``Δ₂²·max_r ‖B_r‖²`` through its p-norm
+    surrogates (:data:`WORST_P_SCHEDULE`, each started from the last); the returned factorisation is
+    compared with the square root by the exact :func:`objective_value`, and the better is returned.
+    Deterministic (no randomness); one BLAS thread (20× faster at T = 120 on 2 cores).
+    O(iterations · kT³).
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
+    if (
+        isinstance(max_iterations, bool)
+        or not isinstance(max_iterations, int)
+        or max_iterations < 1
+    ):
+        raise ValueError(f"max_iterations must be an integer >= 1 (got {max_iterations!r})")
+    baseline = square_root(workload)
+    work = _workload(workload)
+    horizon = work.shape[1]
+    lower = np.tril_indices(horizon)
+    theta = baseline.A[lower].copy()
+    for p in (None,) if objective == "total" else WORST_P_SCHEDULE:
+        result = minimize(
+            _value_and_gradient,
+            theta,
+            args=(work, lower, p),
+            jac=True,
+            method="L-BFGS-B",
+            options={"maxiter": max_iterations, "maxcor": 20},
+        )
+        theta = result.x
+    strategy = np.zeros((horizon, horizon))
+    strategy[lower] = theta
+    if not np.all(np.diag(strategy)):
+        return baseline
+    strategy /= np.linalg.norm(strategy, axis=0)
+    inverse = solve_triangular(strategy, np.eye(horizon), lower=True)
+    found = CausalFactorisation(strategy, work @ inverse, f"optimised_{objective}")
+    if objective_value(found, objective) < objective_value(baseline, objective):
+        return found
+    return baseline
+
+
+def svd_bound_rmse(workload: np.ndarray, rho: float) -> float:
+    """The SVD bound as a mean rmse at ρ-zCDP, event level: ``√(SVDB(WᵀW)/rows · 1/(2ρ))``; no
+    factorisation, causal or not, has a smaller :meth:`~CausalFactorisation.mean_rmse`.  O(T³)."""
+    work = _workload(workload)
+    if not (math.isfinite(rho) and rho > 0):
+        raise ValueError(f"rho must be finite and > 0 (got {rho!r})")
+    return math.sqrt(svd_bound_gram(work.T @ work) / len(work) / (2 * rho))
