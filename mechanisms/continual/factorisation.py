@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dprelease.mechanisms.continual.workloads import positive_int
+
 NOISES = ("gaussian", "laplace")
 UNITS = ("event", "person")
 
@@ -96,8 +98,7 @@ class CausalFactorisation:
             raise ValueError(f"noise {noise!r} is not one of {NOISES}")
         if unit not in UNITS:
             raise ValueError(f"unit {unit!r} is not one of {UNITS}")
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ValueError(f"max_rows must be an integer >= 1 (got {max_rows!r})")
+        positive_int(max_rows, name="max_rows")
         order = 2 if noise == "gaussian" else 1
         if unit == "event":
             return float(np.linalg.norm(self.A, ord=order, axis=0).max()) * max_rows

@@ -5,7 +5,10 @@
   Henzinger, Upadhyay 2023), ``B = W·A⁻¹`` (``A = B = C^{1/2}`` for cumulative counts).
 * :func:`binary_tree`: every dyadic interval, measured when it completes; each figure at period t
   is the least-squares estimate from the nodes completed by t (Honaker 2015 restricted to those
-  nodes, so causal; it ignores later nodes, unlike the reference table's full least squares).
+  nodes, so causal).  Only nodes inside the horizon are measured (Δ₂² = ⌊log₂ T⌋ + 1).  The
+  reference table's tree is the one over 2^⌈log₂ T⌉ leaves cut at T, every cut node kept, with
+  full least squares (it reproduces 2.21, 3.03, 3.37); estimated causally that tree is worse than
+  this one (worst rmse 3.35 against 2.99 at T = 12, ρ = 0.5).
 * :func:`optimised`: L-BFGS over lower-triangular ``A`` (Denisov et al. 2022), never worse than
   the square root by its own objective.
 """
@@ -19,7 +22,7 @@ from scipy.linalg import solve_triangular
 from scipy.optimize import minimize
 
 from dprelease.mechanisms.continual.factorisation import CausalFactorisation
-from dprelease.mechanisms.continual.workloads import check_horizon
+from dprelease.mechanisms.continual.workloads import positive_int
 from dprelease.mechanisms.primitives.lower_bound import svd_bound_gram
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
 
@@ -60,7 +63,7 @@ def square_root_coefficients(horizon: int, *, power: float = 0.5) -> np.ndarray:
 
     ``power = 1/2``: binom(2k, k)/4^k = 1, 1/2, 3/8, 5/16, …; ``power = −1/2``: the inverse's.
     """
-    ks = np.arange(1, check_horizon(horizon))
+    ks = np.arange(1, positive_int(horizon, name="horizon"))
     return np.concatenate([[1.0], np.cumprod((ks - 1 + power) / ks)])
 
 
@@ -159,12 +162,7 @@ def optimised(
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
-    if (
-        isinstance(max_iterations, bool)
-        or not isinstance(max_iterations, int)
-        or max_iterations < 1
-    ):
-        raise ValueError(f"max_iterations must be an integer >= 1 (got {max_iterations!r})")
+    positive_int(max_iterations, name="max_iterations")
     baseline = square_root(workload)
     work = _workload(workload)
     horizon = work.shape[1]

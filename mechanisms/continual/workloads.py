@@ -15,32 +15,28 @@ KINDS = ("period", "cumulative", "rolling")
 TimePart = str | Mapping[str, int]
 
 
-def check_horizon(horizon: int) -> int:
-    """``horizon`` as an int after checking it is an integer >= 1."""
-    if isinstance(horizon, bool) or not isinstance(horizon, int | np.integer) or horizon < 1:
-        raise ValueError(f"horizon must be an integer >= 1 (got {horizon!r})")
-    return int(horizon)
+def positive_int(value: int, *, name: str) -> int:
+    """``value`` as an int after checking it is an integer (not a bool) >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+    return int(value)
 
 
 def period(horizon: int) -> np.ndarray:
     """Each period's own count: the identity, ``T × T``."""
-    return np.eye(check_horizon(horizon))
+    return np.eye(positive_int(horizon, name="horizon"))
 
 
 def cumulative(horizon: int) -> np.ndarray:
     """Counts to date: lower-triangular ones, ``T × T``."""
-    return np.tril(np.ones((check_horizon(horizon),) * 2))
+    return np.tril(np.ones((positive_int(horizon, name="horizon"),) * 2))
 
 
 def rolling(horizon: int, window: int) -> np.ndarray:
     """Rolling totals of ``window`` periods ending at t: a band of ones, ``T × T``."""
-    size = check_horizon(horizon)
-    if isinstance(window, bool) or not isinstance(window, int | np.integer):
-        raise ValueError(f"rolling window must be an integer (got {window!r})")
-    if not 1 <= window <= size:
-        raise ValueError(
-            f"rolling window must satisfy 1 <= window <= horizon {size} (got {window})"
-        )
+    size = positive_int(horizon, name="horizon")
+    if positive_int(window, name="rolling window") > size:
+        raise ValueError(f"rolling window must satisfy window <= horizon {size} (got {window})")
     return np.tril(np.triu(np.ones((size, size)), -(int(window) - 1)))
 
 
