@@ -3,7 +3,8 @@
 Periods t = 1..T each bring one count; a time workload ``W`` (``kT × T``: stacked per-period,
 cumulative and rolling-window blocks) says what is published at each period.  A strategy is
 *causal*: the measurements taken at period t use periods ≤ t, and every figure published at t uses
-measurements taken by t.  Formulas and reference figures: ``/work/shared/reference/continual.md``.
+measurements taken by t.  References: Fichtenberger, Henzinger, Upadhyay, ICML 2023 (the square
+root); Denisov et al., NeurIPS 2022 (optimised causal factorisations); figures: benchmarks/.
 
 * :mod:`.workloads`: the time workload matrices and their validation;
 * :mod:`.factorisation`: :class:`CausalFactorisation` (sensitivity, variances, rmse, checks);
