@@ -271,6 +271,8 @@ def _run(client: Client, paths: list[str], job: CountJob) -> Partial:
 
 
 def _empty(job: CountJob, *, on_worker: bool = False) -> Partial:
+    """Zero counts: the cell vector (its spec passed ``check_runnable``: ≤ 1e18 cells), or only
+    the measured tables, O(Σ their cells) whatever the product of the domain (tested at 1e25)."""
     if job.subsets is None:
         size = job.spec.num_cells
         return Partial(counts=CellCounts(size=size) if on_worker else np.zeros(size))
