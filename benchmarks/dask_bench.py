@@ -42,13 +42,14 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import resource
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,25 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+@contextlib.contextmanager
+def local_cluster(args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
+    """A LocalCluster of ``args.workers`` one-thread worker processes and a client of it."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=args.workers,
+            threads_per_worker=1,
+            memory_limit=args.worker_memory,
+            processes=True,
+            dashboard_address=":0",  # a free port on host: never a clash with another run
+            host="127.0.0.1",
+        ) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        yield cluster, client
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, help="default 10,000,000 (--marginals: 1,000,000)")
@@ -170,7 +190,6 @@ def main() -> None:
         raise SystemExit("--rows, --files-per-region, --workers and --repeats must be >= 1")
 
     from dask.utils import parse_bytes
-    from distributed import Client, LocalCluster
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dask-bench-") as scratch:
@@ -197,17 +216,7 @@ def main() -> None:
             f"{disk_mb:.0f} MB Parquet ({generated}); {arrow_gb:.1f} GB as Arrow vs "
             f"{args.workers} workers x {args.worker_memory} = {cluster_gb:.1f} GB"
         )
-        with (
-            LocalCluster(
-                n_workers=args.workers,
-                threads_per_worker=1,
-                memory_limit=args.worker_memory,
-                processes=True,
-                dashboard_address=":0",  # a free port on host: never a clash with another run
-                host="127.0.0.1",
-            ) as cluster,
-            Client(cluster, set_as_default=False) as client,
-        ):
+        with local_cluster(args) as (cluster, client):
             dask_spec = bench_spec(root, cluster.scheduler_address)
             local_spec = bench_spec(root, None)
             methods: dict[str, Callable[[], Any]] = {}
@@ -319,7 +328,6 @@ def marginals_main(args: argparse.Namespace) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from distributed import Client, LocalCluster
     from marginals_scale_bench import write_spec
 
     from dprelease.catalog.planning.planner import make_plan
@@ -350,17 +358,7 @@ def marginals_main(args: argparse.Namespace) -> None:
         cpus: dict[str, list[float]] = {"local": [], "dask": []}
         peaks: dict[str, float] = {"local": 0.0, "dask": 0.0}
         tables: dict[str, dict[tuple[int, ...], np.ndarray]] = {}
-        with (
-            LocalCluster(
-                n_workers=args.workers,
-                threads_per_worker=1,
-                memory_limit=args.worker_memory,
-                processes=True,
-                dashboard_address=":0",
-                host="127.0.0.1",
-            ) as cluster,
-            Client(cluster, set_as_default=False) as client,
-        ):
+        with local_cluster(args) as (cluster, client):
             client.run(importlib.import_module, "dprelease.catalog.confidential.dask_count")
             for _ in range(repeats):  # interleaved, each in a fresh process
                 for name, address in (("local", None), ("dask", cluster.scheduler_address)):
