@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from dprelease.flows import errors
-from dprelease.flows.cli import budget, operations, release, review, synth
+from dprelease.flows.cli import budget, keys, operations, release, review, synth
 from dprelease.flows.cli.common import Commands, command_group, console
 from dprelease.flows.cli.ldp import ldp_app
 
@@ -91,4 +91,5 @@ app.add_typer(
     ldp_app, name="ldp", help="Local differential privacy: publish a strategy, simulate clients."
 )
 app.add_typer(review.notify_app, name="notify")
+app.add_typer(keys.keys_app, name="keys")
 app.add_typer(operations.server_app, name="server")

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planning",),  # from public information only
     ("confidential",),  # the only code that reads rows or holds true counts
     ("publishing",),
+    ("identity",),  # keys, DSSE envelopes, in-toto statements over a release directory
     ("validation",),
     ("review",),
     ("partitions", "show"),  # which partitions a release reads; everything about one release
