@@ -23,12 +23,12 @@ from dprelease.catalog.errors import VerificationError
 from dprelease.catalog.identity.dsse import Envelope, sign_envelope, verify_envelope
 from dprelease.catalog.identity.keys import IdentityError, PublicKey, SigningKey
 
-# _scan is the manifest's own listing (regular files, links found, never followed).
+# scan_release_files is the manifest's own listing (regular files, links found, never followed).
 from dprelease.catalog.publishing.artifacts import (
     MANIFEST,
     SHOWN_PROBLEMS,
-    _scan,
     read_manifest,
+    scan_release_files,
     sha256_file,
 )
 
@@ -53,7 +53,7 @@ class ReviewAttestation:
 
 def release_digests(release_dir: Path) -> dict[str, str]:
     """sha256 of the manifest and every other file (not attestations).  O(bytes)."""
-    hashes, links = _scan(release_dir)
+    hashes, links = scan_release_files(release_dir)
     if links:
         raise VerificationError(
             f"release directory {release_dir} holds symbolic links ({', '.join(links)})"

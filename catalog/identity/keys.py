@@ -195,7 +195,11 @@ def create_key(name: str, *, home: Path | None = None) -> tuple[SigningKey, KeyI
         "public": key.public.base64,
         "created": created,
     }
-    public_path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    try:
+        public_path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    except OSError:
+        private_path.unlink(missing_ok=True)  # never a private key without its public half
+        raise
     return key, KeyInfo(name=name, public=key.public, created=created, public_path=public_path)
 
 

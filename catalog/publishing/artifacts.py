@@ -84,7 +84,7 @@ def write_csv(table: pa.Table, path: Path) -> Path:
     return path
 
 
-def _scan(directory: Path) -> tuple[dict[str, str], list[str]]:
+def scan_release_files(directory: Path) -> tuple[dict[str, str], list[str]]:
     """Hashes of the regular files under ``directory`` (not the manifest) and the relative paths
     of symbolic links, which are never followed or read. O(bytes)."""
     hashes: dict[str, str] = {}
@@ -118,7 +118,7 @@ def _inside(directory: Path, name: Any, *, resolved: Path | None = None) -> bool
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> str:
     """Write ``manifest.json`` with the sha256 of every other file (by relative path); return the
     manifest's sha256."""
-    hashes, links = _scan(directory)
+    hashes, links = scan_release_files(directory)
     if links:
         raise CatalogError(
             f"release directory {directory} holds symbolic links ({', '.join(links)}); a release "
@@ -218,7 +218,7 @@ def _file_problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
     if not isinstance(recorded, dict):
         problems.append("manifest field 'artifacts' must map relative paths to sha256 digests")
         recorded = {}
-    actual, links = _scan(directory)
+    actual, links = scan_release_files(directory)
     root = directory.resolve()
     problems += [
         f"{link} is a symbolic link; a release holds regular files only (not followed)"
