@@ -43,6 +43,7 @@ from dprelease.catalog.spec.sections import (
     Schedule,
     WorkloadItemSpec,
 )
+from dprelease.catalog.spec.series import SeriesSection, check_series
 from dprelease.mechanisms import registry
 from dprelease.mechanisms.derived import BinnedColumn, support_item
 from dprelease.mechanisms.primitives.privacy import PrivacyCost, cost_from_dict
@@ -93,6 +94,13 @@ class ReleaseSpec(Strict):
     """A scheduled or triggered run whose input and spec equal those of the last release of the
     series (same ``name`` and dataset id): ``skip`` charges nothing and records a ``skipped``
     ledger entry; ``release`` releases again (and pays again)."""
+    series: SeriesSection | None = None
+    """One release per period over a declared horizon (:mod:`catalog.spec.series`)."""
+
+    @model_validator(mode="after")
+    def _check_series(self) -> ReleaseSpec:
+        check_series(self)
+        return self
 
     @model_validator(mode="after")
     def _check_partitions(self) -> ReleaseSpec:
@@ -411,6 +419,8 @@ class ReleaseSpec(Strict):
             del data["privacy_unit"]["persons_colocated"]
         if self.dataset.partitions is None:
             del data["dataset"]["partitions"]
+        if self.series is None:
+            del data["series"]
         if self.on_unchanged == "skip":
             del data["on_unchanged"]
         if self.objective == "total_variance":
