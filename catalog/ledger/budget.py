@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
@@ -275,6 +275,38 @@ class Ledger:
                 .values(heartbeat_at=now())
             )
         return receipts[0]
+
+    def append_record(
+        self,
+        *,
+        dataset_id: str,
+        release_id: str,
+        label: str,
+        kind: str,
+        also: Callable[[Connection, str], None] | None = None,
+    ) -> str:
+        """Append a zero-cost entry of ``kind`` (never a charge: no budget sum counts it) to the
+        chain; ``also(conn, receipt_id)`` writes the caller's own row for it in the same
+        transaction.  Returns the receipt id.  O(entries) (the chain is verified first)."""
+        if kind == "charge":
+            raise CatalogError("append_record writes zero-cost entries; charges go through charge")
+        with self._ledger_write() as conn:
+            measure = conn.execute(
+                sa.select(datasets.c.measure).where(datasets.c.id == dataset_id)
+            ).scalar_one_or_none()
+            if measure is None:
+                raise CatalogError(f"dataset {dataset_id!r} is not in the catalog")
+            receipt = append_entry(
+                conn,
+                dataset_id=dataset_id,
+                release_id=release_id,
+                label=label,
+                cost=PrivacyCost.zero(measure),
+                kind=kind,
+            )
+            if also is not None:
+                also(conn, receipt)
+        return receipt
 
     def ledger_entries(self, dataset_id: str | None = None) -> list[spending.LedgerEntry]:
         query = sa.select(ledger).order_by(ledger.c.seq)

@@ -22,7 +22,7 @@ CHAIN_FORMAT = "dprelease-ledger-entry/1"
 # in format 2, which adds the kind and the partition; plain charges keep format 1, so every entry
 # written before schema 3 still verifies.
 CHAIN_FORMAT_V2 = "dprelease-ledger-entry/2"
-ENTRY_KINDS = ("charge", "skipped")
+ENTRY_KINDS = ("charge", "skipped", "key")  # key: a key registered with roles, or revoked
 MAX_PROBLEMS_SHOWN = 20
 
 

@@ -19,9 +19,11 @@ from dprelease.catalog.ledger.database import redacted
 SCHEMA_NAME = "dprelease-catalog"
 SCHEMA_VERSION = 3  # 1: before the hash chain and leases; 2: before partitions and skipped entries
 SCHEMA_LOCK_ID = 0x64707265  # PostgreSQL advisory lock key of schema changes ("dpre")
-# Tables other dprelease modules keep in the catalog database (watch_state, ldp_release).
+# Tables other dprelease modules keep in the catalog database (watch_state, ldp_release,
+# identity.roles, review.signatures).
 AUXILIARY_TABLES = frozenset(
     {"announced_files", "review_runs", "ldp_collections", "review_policies", "synthetic_files"}
+    | {"identity_entries", "signed_steps", "review_signatures"}
 )
 
 metadata = sa.MetaData()
