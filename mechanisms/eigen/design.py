@@ -11,25 +11,16 @@ the Gram matrix G (or on its eigen-decomposition).  This module provides
 * the singular value bound (SVDB), the lower bound on the total error of every L2 strategy, of
   the input Gram and of its minimised workload.
 
-Dense Gram builders, closed-form spectra, the section 5.2.2 speed-ups for large n (eigen-query
-separation, principal vectors), design from a known spectrum and exact error evaluation of any
-strategy are reference code in ``tests/reference/eigen.py``.
-
-The mechanism (:mod:`mechanisms.eigen`) measures the result's ``A`` like any dense strategy; this
-module draws no noise.  Strategy selection reads only the workload, which is public: it spends no
-privacy budget.
+The section 5.2.2 speed-ups and exact error evaluation of any strategy are reference code in
+``tests/reference/eigen.py``.  This module reads only the public workload: it draws no noise and
+spends no privacy budget.
 
 Conventions.  ``P`` is the noise variance per unit sensitivity (``1 / (2 rho)`` for rho-zCDP,
 ``2 / eps^2`` for Laplace, ``(sigma / Delta)^2`` for (eps, delta)); every total error here is
 for ``P = 1``, and the expected total error of a calibrated mechanism is
-``mechanism.variance * trace(G (A^T A)^+)``.  Ratios against the SVD bound are
-independent of epsilon, delta and rho, and of the calibration chosen (the thesis' two Gaussian
-constants, §3.2.1 and Prop 2.5, give the same ratios).
-Cells are in C order for multi-dimensional domains (the last attribute varies fastest).
+``mechanism.variance * trace(G (A^T A)^+)``.  Cells are in C order.
 
-References
-----------
-C. Li, *Optimizing Linear Queries Under Differential Privacy*, PhD thesis, UMass Amherst, 2013,
+References: C. Li, *Optimizing Linear Queries Under Differential Privacy*, PhD thesis, UMass Amherst, 2013,
 chapters 4-5 (also Li & Miklau, PVLDB 5(6), 2012 and ICDT 2013).
 """
 
@@ -133,11 +124,7 @@ class MinimizedWorkload:
 class EigenDesignStrategy:
     """A strategy chosen by Eigen-Design, with what is needed to audit and reproduce it.
 
-    The mechanism measures ``A`` (as a :class:`~mechanisms.primitives.dense.DenseStrategy`).
-
-    *Privacy*: ``A`` depends only on the (public) workload.  Its sensitivity for ``noise`` (max
-    column L1 norm for Laplace, L2 for Gaussian) is 1, so answering ``A x`` costs what one
-    unit-sensitivity query vector costs (times the contribution bound, which the session applies).
+    *Privacy*: ``A`` depends only on the (public) workload; its sensitivity for ``noise`` is 1.
     """
 
     A: np.ndarray
@@ -336,11 +323,9 @@ def _solve_weighting(
     L1 (Program 5.1.3, whose printed ``Q o Q`` is read as the L1 constraint): x_i = lambda_i,
     power 2, ``constraint = |Q|`` (column L1 norms).
 
-    With many more cells (constraints) than variables, only a few cells are tight at the optimum,
-    so the dual is solved on a working set of cells that grows by the most violated cells until the
-    weights are feasible for all cells (constraint generation).  A restricted problem has fewer
-    constraints, so its dual value is still a lower bound for the full problem and the returned
-    gap remains a certificate.  O(n k) per round outside the restricted solves."""
+    With many more cells than variables, the dual is solved on a working set of cells grown by
+    the most violated ones (constraint generation); a restricted dual is still a lower bound, so
+    the gap remains a certificate.  O(n k) per round outside the restricted solves."""
     n_cells, n_variables = constraint.shape
     if n_cells <= 4 * n_variables:
         return _solve_weighting_dual(
@@ -628,32 +613,11 @@ def eigen_design(
        with completion and return whichever has the lower total error (not in the thesis, whose
        weights ignore what completion gains).
 
-    Parameters
-    ----------
-    gram
-        ``G = W^T W``, n x n, symmetric positive semidefinite.
-    noise
-        ``"gaussian"`` (L2 sensitivity; rho-zCDP or (eps, delta): same strategy, only P differs) or
-        ``"laplace"`` (L1 sensitivity; pure eps-DP).
-    solver_rtol, max_iterations
-        The weighting program stops when its primal-dual gap is ``<= solver_rtol`` (the gap reached
-        is reported in ``solver_relative_gap``) or after ``max_iterations`` L-BFGS-B iterations.
-
-    Returns
-    -------
-    EigenDesignStrategy
-        ``A`` has sensitivity 1 in the chosen norm; ``total_error`` is its exact error on G.
-
-    Notes
-    -----
-    Cost: O(n^3) for the eigen-decomposition and the error evaluation; each weighting evaluation
-    is O(n r).
-
-    *Privacy*: reads only the public workload; spends no budget.
-
-    References
-    ----------
-    Li thesis, Program 5.1.2 (section 5.1.3), Programs 5.1.1 and 5.1.3, section 5.2.2.
+    ``gram`` is ``G = W^T W`` (n x n, PSD); ``noise`` ``"gaussian"`` (L2 sensitivity) or
+    ``"laplace"`` (L1).  The weighting stops at a primal-dual gap ``<= solver_rtol`` or after
+    ``max_iterations`` L-BFGS-B iterations.  ``A`` has sensitivity 1 in the chosen norm;
+    ``total_error`` is its exact error on G.  O(n^3) (eigen-decomposition, error evaluation), each
+    weighting evaluation O(n r).  *Privacy*: reads only the public workload; spends no budget.
     """
     _validated_design_options(noise, solver_rtol, max_iterations)
     gram = validate_gram(gram, nonzero=True)

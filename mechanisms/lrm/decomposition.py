@@ -12,9 +12,6 @@ per workload.  The release does not use ``B`` (the relaxed program leaves ``B·L
 :func:`supported_measurement` extends ``L`` for unbiased least squares (see :mod:`mechanisms.lrm`).
 The paper's own release, error formulas and workload families are in ``tests/reference/lrm.py``.
 
-Decisions where the paper is silent or inconsistent (mostly its §5 solver) are listed in
-the docstring of :func:`decompose`.
-
 References:
 G. Yuan, Z. Zhang, M. Winslett, X. Xiao, Y. Yang, Z. Hao, "Low-Rank Mechanism: Optimizing Batch
 Queries under Differential Privacy", PVLDB 5(11), 2012 (VLDB 2012).
@@ -179,39 +176,22 @@ def decompose(
     ``π ← π + β·(W − B·L)``; β is multiplied by ``beta_growth`` every ``beta_period`` outer
     iterations (paper: doubled every 10).  Uses neither data nor ε.
 
-    Parameters
-    ----------
-    rank
-        Inner dimension r, default ``⌈1.2·rank(W)⌉`` (Table 1); ``r < rank(W)`` cannot reach W.
-    rng
-        Public randomness: re-seeding of dead rank-one components.  No privacy role.
-    gamma
-        Stopping tolerance γ on ``τ = ‖W − B·L‖_F`` (Table 1 default 0.01).  0 runs to the caps.
-    max_outer, max_inner, max_gradient_steps
-        Caps: outer iterations (the paper gives none), B/L alternations per outer iteration (N_in
-        of §5) and projected-gradient steps per L-step (authors' code: 5 and 5).
-    beta_growth, beta_period, beta_max
-        β ← ``beta_growth``·β every ``beta_period`` outer iterations; stop once β reaches
-        ``beta_max`` ("β sufficiently large", Alg. 1 line 8).
-    time_limit
-        Seconds after which the run stops at its next safe point (checked at least every ~0.5 s
-        of work, with time kept in reserve to assemble the result) and returns its best *exact*
-        decomposition so far (``stopped_early=True``; :func:`_stopped_result`, for the last
-        completed alternation and the best outer-iteration end).  If even the initial SVD is
-        predicted to overrun the limit, noise on data is returned at once.  ``None``: no limit
-        (results are bit-identical to a run without the argument).
-    progress
-        ``progress(fraction, message)`` after every outer iteration: the largest of the
-        iteration share, the log-progress of τ towards γ and the share of the time limit used.
+    ``rank`` is the inner dimension r, default ``⌈1.2·rank(W)⌉`` (Table 1); ``rng`` is public
+    randomness (re-seeding dead rank-one components); ``gamma`` is the stopping tolerance on
+    ``τ = ‖W − B·L‖_F`` (Table 1: 0.01; 0 runs to the caps).  ``max_inner`` is N_in of §5 and
+    ``max_gradient_steps`` the steps per L-step (authors' code: 5 and 5); the paper gives no
+    ``max_outer``.  β stops growing at ``beta_max`` ("β sufficiently large", Alg. 1 line 8).
+    ``time_limit``: stop at the next safe point (checked at least every ~0.5 s of work, time kept
+    in reserve) and return the best *exact* decomposition so far (``stopped_early=True``,
+    :func:`_stopped_result`); noise on data at once if even the SVD would overrun; ``None`` is
+    bit-identical to no limit.  ``progress(fraction, message)`` after every outer iteration.
 
     Privacy: none spent; the release calibrates the noise to the sensitivity of the matrix it
     measures, so the result is safe to use even if the optimiser is stopped early.
 
     Cost: one SVD ``O(mn·min(m, n))``, then per alternation ``O(mnr + nr² + r³ + n·r log r)``
     (the paper's ``O(r²(m+n))`` omits the ``mnr`` products with W and π and the r×r
-    factorisations); :func:`predict_seconds` predicts a whole run.  Memory ``O(mn + (m+n)r)``.
-    Ctrl-C: products above ~0.25 s are split into row blocks and the SVD runs in a worker thread,
-    so ``KeyboardInterrupt`` is raised within about half a second.
+    factorisations).  Memory ``O(mn + (m+n)r)``.  Ctrl-C is seen within about half a second.
 
     Decisions (paper's §5 and Algorithms 1-2 silent or inconsistent):
 
@@ -231,12 +211,8 @@ def decompose(
       with a random row of L1 mass 10⁻³ and the columns rescaled into the ball (the §2.5 guard;
       without it the alternation stalls at τ ≈ 2.1 on Example 2).
 
-    Performance: call it under :func:`mechanisms.primitives.threads.single_threaded_blas` (as
-    :mod:`mechanisms.lrm` does); OpenBLAS's spinning threads make small decompositions many times
-    slower under load.
-
-    References:
-    Yuan et al., PVLDB 2012: §4 (Eqs. 6-8, Lemma 1, Theorem 1), §5 (Algorithms 1-2, Eqs. 9-11).
+    Run it under :func:`mechanisms.primitives.threads.single_threaded_blas` (spinning OpenBLAS
+    threads make small decompositions many times slower under load).
 
     Examples
     --------
@@ -377,10 +353,9 @@ def predict_seconds(
 ) -> float:
     """Predicted seconds of :func:`decompose` on an ``m×n`` workload, from sizes only.
 
-    ``workload_rank`` defaults to ``min(m, n)`` (an upper bound); ``rank`` (the inner dimension)
-    to ``⌈1.2·workload_rank⌉``.  SVD plus ``min(max_outer, 150)`` outer iterations of the fitted
-    cost model (one BLAS thread, an idle core; see ``_OUTER_COEFFICIENTS``).  Workloads that
-    converge fast (identity-like) take as little as a tenth of this.  O(1).
+    ``workload_rank`` defaults to ``min(m, n)`` (an upper bound), ``rank`` to
+    ``⌈1.2·workload_rank⌉``: the SVD plus ``min(max_outer, 150)`` outer iterations of the fitted
+    cost model (one BLAS thread, an idle core).  O(1).
     """
     m, n = _positive_int(num_queries, "num_queries"), _positive_int(num_cells, "num_cells")
     k = min(m, n) if workload_rank is None else _positive_int(workload_rank, "workload_rank")
@@ -563,15 +538,11 @@ def _l_step(
 ) -> tuple[np.ndarray, float]:
     """Algorithm 2 on Eq. (10): FISTA with backtracking for ``min G(L)`` over the L1 balls.
 
-    ``G(L) = β/2·⟨BᵀB·L, L⟩ − ⟨Bᵀ(βW + π), L⟩``, gradient ``β·BᵀB·L − Bᵀ(βW + π)``.  Works on
-    ``Lᵀ`` (n×r) so that each column of L is a contiguous row.  G is quadratic, so the
-    sufficient-decrease test ``G(L⁺) ≤ G(S) + ⟨∇G(S), D⟩ + ω/2‖D‖²`` with ``D = L⁺ − S`` is exactly
-    ``β⟨D, BᵀB·D⟩ ≤ ω‖D‖²``, and ``BᵀB·L⁺ = BᵀB·S + BᵀB·D`` is reused for the next gradient:
-    one O(n r²) product and one O(n r log r) projection per trial step.
-
-    ``omega_hint`` is the previous call's accepted ω (0 for none); ``dtype`` is the working
-    precision (float32 in ``decompose``).  Returns the new Lᵀ (float64, feasible) and the last ω.
-    ``limit`` is checked between row blocks of the large products and projections."""
+    ``G(L) = β/2·⟨BᵀB·L, L⟩ − ⟨Bᵀ(βW + π), L⟩``, on ``Lᵀ`` (n×r: each column of L contiguous).
+    G is quadratic, so the sufficient-decrease test is exactly ``β⟨D, BᵀB·D⟩ ≤ ω‖D‖²``
+    (``D = L⁺ − S``) and ``BᵀB·L⁺ = BᵀB·S + BᵀB·D`` is reused: one O(n r²) product and one
+    O(n r log r) projection per trial step.  ``omega_hint`` is the previous accepted ω (0 for
+    none).  Returns the new Lᵀ (float64, feasible) and the last ω."""
     gram64 = blocked_matmul(factor_b.T, factor_b, limit=limit)  # O(m r²)
     top = gram64.shape[0] - 1
     safe_omega = beta * float(

@@ -262,11 +262,9 @@ class PIdentityObjective:
     """Unit error ``tr(G (AᵀA)⁻¹)`` of the p-Identity strategy and its gradient in ``Θ``.
 
     Called with ``Θ`` (p × n) flattened row-major, ``Θ ≥ 0`` for Laplace; returns (loss, new
-    gradient array).  With ``S = diag(s)`` the strategy Gram is ``S⁻¹(I + ΘᵀΘ)S⁻¹``, so
-    ``(AᵀA)⁻¹ = S (I − Θᵀ M Θ) S`` with ``M = (I_p + ΘΘᵀ)⁻¹`` (Woodbury).  Cost O(p² n + p³) in
-    four GEMMs, plus one product with ``G``: O(p n) for all-range and prefix Grams
-    (:func:`gram_right_multiply`), else O(p n²).  Three p × n work arrays are kept between calls:
-    at p·n = 10⁶ a fresh 8 MB array costs about as much in page faults as the arithmetic on it.
+    gradient array).  Woodbury as in :class:`PIdentityFactor`.  O(p² n + p³) in four GEMMs, plus
+    one product with ``G`` (:func:`gram_right_multiply`).  Three p × n work arrays are reused
+    between calls (fresh ones cost as much in page faults as the arithmetic).
     """
 
     def __init__(self, gram: np.ndarray, *, p: int, noise: NoiseKind) -> None:
@@ -369,9 +367,7 @@ _MAXCOR = 5
 
 def _uniform_start_scale(p: int) -> float:
     """Scale of the uniform Laplace start: HDMM's ``Uniform[0, 1)`` up to p = 16 extra queries,
-    then ``16 / p``, so a column of Θ sums to about 8 whatever p.  At large p the unscaled start
-    begins far from the optimum and spends its first iterations shrinking Θ, so within the same
-    time it ends at a higher rmse."""
+    then ``16 / p``, so a column of Θ sums to about 8 whatever p."""
     return min(1.0, 16.0 / p)
 
 
@@ -386,9 +382,7 @@ def _block_start(p: int, n: int) -> np.ndarray:
 STALL_ITERATIONS = 50
 STALL_TOLERANCE = 3e-4
 """p-Identity stops once ``STALL_ITERATIONS`` L-BFGS iterations lowered the loss by less than
-``STALL_TOLERANCE`` of itself (HDMM stops at a per-iteration ``ftol`` of 1e-4; a window is steadier).
-At n = 1024 (all ranges, Laplace) starts end at rmse 7.80–7.85 after ~600 iterations (HDMM's
-own runs: 7.86–7.87); at 1e-3 some stopped at 7.87 after 300."""
+``STALL_TOLERANCE`` of itself (HDMM stops at a per-iteration ``ftol`` of 1e-4; a window is steadier)."""
 
 
 def optimize_pidentity_factor(
@@ -409,15 +403,11 @@ def optimize_pidentity_factor(
     sensitivity linearly but lowers the trace only quadratically), so Laplace starts stay away
     from it: every restart starts at HDMM's ``Uniform[0, 1)`` scaled by :func:`_uniform_start_scale`
     (bounds Θ ≥ 0), and when all of them still end at Θ = 0 (small p: n = 64, p = 4) one more run
-    starts at :func:`_block_start` (a two-level hierarchy; as a first start it converged more slowly).  Gaussian restart 0 starts at
-    the SVD-bound-like Θ of :func:`_gaussian_pidentity_start`, later ones perturb it with ``rng``.
-    ``initial_theta`` (for warm starts inside the Kronecker alternation) replaces restart 0.
-
-    ``limit``: checked at every loss evaluation (O(n² p) each); once it has passed, the run in
-    progress stops and the best Θ evaluated so far (over all runs, and the identity) is returned
-    with ``stopped = True``.  The optimiser only evaluates points inside the bounds, so that Θ is
-    feasible.  ``progress`` is called after every L-BFGS iteration.  A run stops after
-    ``max_iterations`` or once it stalls (:data:`STALL_ITERATIONS`, :data:`STALL_TOLERANCE`)."""
+    starts at :func:`_block_start` (a two-level hierarchy).  Gaussian restart 0 starts at the
+    SVD-bound-like Θ of :func:`_gaussian_pidentity_start`, later ones perturb it with ``rng``.
+    ``initial_theta`` (a warm start) replaces restart 0.  ``limit`` is checked at every loss
+    evaluation (O(n² p) each); once passed, the best Θ evaluated so far (feasible: the optimiser
+    evaluates only points inside the bounds) is returned with ``stopped = True``."""
     n = gram.shape[0]
     scale = max(float(np.trace(gram)) / n, 1e-300)
     normalised = gram / scale  # unit average diagonal: tolerances below are then relative
@@ -555,15 +545,10 @@ def gaussian_full_rank(
     ``X_v = V⁻¹ √K V⁻¹`` repaired to a unit diagonal (by completion, thesis Lemma 3, or by
     rescaling its columns; the better one is kept), then update
     ``v_i ← v_i · (diag(X_v)_i)^{ω/2}``, a multiplicative ascent step on the dual whose gradient is
-    ``diag(X_v) − 1`` (step ω = 2; ω = 1 from the first time the dual decreases).  Cells with ``G_ii = 0``
-    are not needed by the workload and get an identity query.
-
-    ``limit``: checked before every O(n³) step; once passed, the best strategy
-    so far (the identity before the first iteration) and the best dual bound are returned with
-    ``stopped_early``.  ``progress`` is called after every iteration (fraction: the share of
-    the log duality gap closed, or of the time limit used if larger).
-
-    *Privacy*: none consumed; public computation on the workload only.
+    ``diag(X_v) − 1`` (step ω = 2; ω = 1 from the first time the dual decreases).  Cells with
+    ``G_ii = 0`` get an identity query.  ``limit`` is checked before every O(n³) step; once passed,
+    the best strategy so far (the identity before the first iteration) and the best dual bound are
+    returned with ``stopped_early``.  *Privacy*: none consumed (public workload only).
 
     References: Li thesis §4.2.2 (proof structure, completion Lemma 3); Yuan et al. 2016 (the
     convex L2 formulation).  The dual derivation and the fixed-point update are ours.
@@ -791,16 +776,13 @@ def optimize_factor(
 # p-Identity, per projected L-BFGS iteration (one BLAS thread): fixed 3e-4 s, 6e-8 s per variable
 # (elementwise passes of the loss and the optimiser's O(memory·pn) products) and ~1.05 loss
 # evaluations of four p × p × n GEMMs (8p²n flops; the Gram product is O(pn) for the range and
-# prefix Grams p-Identity serves, O(n²p) otherwise).  Iterations until the stall rule stops a run:
-# 333 (n = 256), 413-737 (512), 612-802 (1024) on all-range and prefix Grams (Laplace), modelled
-# as 150 + 0.6·n.  Measured (process time) by
-#   .venv/bin/python benchmarks/predict_bench.py --calibrate templates
-# n = 256, 512, 1024, 4096 (p = n/16): 0.69, 1.5, 5.6, ~110 ms per iteration.
+# prefix Grams p-Identity serves, O(n²p) otherwise).  Iterations until the stall rule stops a run
+# modelled as 150 + 0.6·n.  Calibrated by benchmarks/predict_bench.py --calibrate templates.
 _PIDENTITY_ITERATION_FIXED = 3.0e-4
 _PIDENTITY_PER_VARIABLE = 6.0e-8
 _PIDENTITY_EVALUATIONS_PER_ITERATION = 1.05
-# Full-rank Gaussian: 2-11 iterations on the same Grams (n = 64…1024), each about 1.8 eighs
-# (eigh of VGV, √K, two Cholesky inverses): 0.48 s per iteration at n = 1024.
+# Full-rank Gaussian: 2-11 iterations on the same Grams, each about 1.8 eighs (eigh of VGV, √K,
+# two Cholesky inverses).
 _FULL_RANK_ITERATIONS = 6
 _FULL_RANK_EIGHS_PER_ITERATION = 1.8
 
