@@ -18,6 +18,7 @@ from dprelease.catalog.engine import Execution, open_cluster, with_execution
 from dprelease.catalog.ledger.database import default_url
 from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.flows.notify import notify_reviewers_task
+from dprelease.flows.series_flow import release_period
 from dprelease.flows.server import state_home
 from dprelease.flows.watchdog import RunWatchdog, stage_timeout_seconds
 from dprelease.tasks.stages import (
@@ -61,6 +62,10 @@ def release_flow(
         with watchdog.stage("plan"):
             plan = plan_task(spec)
             spec = release.planned_spec(spec, plan)  # accuracy targets: the level plan found
+        if spec.series is not None:  # one period of a series: its own stages
+            return release_period(
+                spec, plan, out_dir=out_dir, catalog_url=catalog_url, watchdog=watchdog
+            )
         release_id = release.new_release_id(spec)
         directory = release.release_directory(out_dir, release_id)
         with watchdog.stage("register"):

@@ -282,6 +282,27 @@ class ProtectedCells(_Protected):
             label=label,
         )
 
+    @classmethod
+    def combination(
+        cls, parts: Sequence[ProtectedCells], weights: Sequence[float]
+    ) -> ProtectedCells:
+        """``Σ_s weights[s]·parts[s]``, still protected (one period of a series measures the
+        combination its time strategy row asks for).  O(parts · cells).
+
+        Privacy: the result keeps the parts' contribution bound, so a measurement of it is
+        calibrated and charged *per unit weight*: one privacy unit in part s changes it by
+        ``|weights[s]|`` times that, and the accountant given to :meth:`measure` must charge each
+        part ``weights[s]²`` (zCDP) times the cost it is handed."""
+        shapes = {part.domain_shape for part in parts}
+        bounds = {part.contribution_bound for part in parts}
+        if len(parts) != len(weights) or not parts or len(shapes) != 1 or len(bounds) != 1:
+            raise ValueError(
+                f"a combination needs one weight per part ({len(parts)} parts, {len(weights)} "
+                "weights) and parts of one domain and contribution bound"
+            )
+        total = sum(float(w) * part.__cells for part, w in zip(parts, weights, strict=True))
+        return cls(total, domain_shape=shapes.pop(), contribution_bound=bounds.pop())
+
     def select(
         self,
         selector: Callable[[np.ndarray, noise.NoiseSampler], T],
@@ -348,6 +369,30 @@ class ProtectedMarginals(_Protected):
             stored[axes] = table
         self.__tables = stored
         self.domain_shape = shape
+
+    @classmethod
+    def combination(
+        cls, parts: Sequence[ProtectedMarginals], weights: Sequence[float]
+    ) -> ProtectedMarginals:
+        """``Σ_s weights[s]·parts[s]`` table by table, still protected; the privacy obligation of
+        :meth:`ProtectedCells.combination` holds (charges per unit weight).  O(parts · cells)."""
+        subsets = {part.subsets for part in parts}
+        shapes = {part.domain_shape for part in parts}
+        bounds = {part.contribution_bound for part in parts}
+        if len(parts) != len(weights) or not parts or len(subsets) != 1:
+            raise ValueError(
+                f"a combination needs one weight per part ({len(parts)} parts, {len(weights)} "
+                "weights) and parts holding the same marginals"
+            )
+        if len(shapes) != 1 or len(bounds) != 1:
+            raise ValueError("a combination needs parts of one domain and contribution bound")
+        tables = {
+            axes: sum(
+                float(w) * part.__tables[axes] for part, w in zip(parts, weights, strict=True)
+            )
+            for axes in subsets.pop()
+        }
+        return cls(tables, domain_shape=shapes.pop(), contribution_bound=bounds.pop())
 
     @property
     def subsets(self) -> tuple[tuple[int, ...], ...]:

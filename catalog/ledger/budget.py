@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
@@ -275,6 +275,50 @@ class Ledger:
                 .values(heartbeat_at=now())
             )
         return receipts[0]
+
+    def charge_each(
+        self,
+        dataset_id: str,
+        costs: Mapping[str | None, PrivacyCost],
+        *,
+        release_id: str,
+        label: str,
+    ) -> list[str]:
+        """Atomically check and charge each partition its own cost (``None``: the whole
+        dataset), one chained entry each; all or none.  A series' period pays each period it
+        reads its own increment.  Returns the receipt ids in ``costs``' order.  O(entries)."""
+        named = tuple(name for name in costs if name is not None)
+        spending.check_partitions(named or None)
+        if not costs:
+            raise CatalogError("charge_each needs at least one cost")
+        with self._ledger_write() as conn:
+            cap_row = conn.execute(
+                sa.select(datasets).where(datasets.c.id == dataset_id).with_for_update()
+            ).first()
+            if cap_row is None:
+                raise CatalogError(f"dataset {dataset_id!r} is not in the catalog")
+            cap = spending.cap_from_row(cap_row)
+            totals = spending.Spending.read(conn, dataset_id, cap.measure)
+            charged = {name: convert(cost, to=cap.measure) for name, cost in costs.items()}
+            for name, cost in charged.items():
+                totals.check(dataset_id, cost, cap, None if name is None else (name,))
+            receipts = [
+                append_entry(
+                    conn,
+                    dataset_id=dataset_id,
+                    release_id=release_id,
+                    label=label,
+                    cost=cost,
+                    partition=name,
+                )
+                for name, cost in charged.items()
+            ]
+            conn.execute(
+                releases.update()
+                .where(releases.c.id == release_id, releases.c.status == "measuring")
+                .values(heartbeat_at=now())
+            )
+        return receipts
 
     def append_record(
         self,

@@ -22,7 +22,8 @@ CHAIN_FORMAT = "dprelease-ledger-entry/1"
 # in format 2, which adds the kind and the partition; plain charges keep format 1, so every entry
 # written before schema 3 still verifies.
 CHAIN_FORMAT_V2 = "dprelease-ledger-entry/2"
-ENTRY_KINDS = ("charge", "skipped", "key")  # key: a key registered with roles, or revoked
+# key: a key registered with roles, or revoked; series-plan: a series' horizon plan recorded
+ENTRY_KINDS = ("charge", "skipped", "key", "series-plan")
 MAX_PROBLEMS_SHOWN = 20
 
 

@@ -22,7 +22,15 @@ SCHEMA_LOCK_ID = 0x64707265  # PostgreSQL advisory lock key of schema changes ("
 # Tables other dprelease modules keep in the catalog database (watch_state, ldp_release,
 # identity.roles, review.signatures).
 AUXILIARY_TABLES = frozenset(
-    {"announced_files", "review_runs", "ldp_collections", "review_policies", "synthetic_files"}
+    {
+        "announced_files",
+        "review_runs",
+        "ldp_collections",
+        "review_policies",
+        "synthetic_files",
+        "series_plans",
+        "series_periods",
+    }
     | {"identity_entries", "signed_steps", "review_signatures"}
 )
 

@@ -16,15 +16,12 @@ least-squares reconstruction.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
 from dprelease.catalog.spec.domain import Strict
 from dprelease.mechanisms.continual.workloads import time_workload
-
-if TYPE_CHECKING:
-    from dprelease.catalog.spec.model import ReleaseSpec
 
 MAX_SERIES_HORIZON = 360
 """Periods a series may declare: the horizon plan is a T × T factorisation (optimised in O(T³)
@@ -94,8 +91,11 @@ class SeriesSection(Strict):
         return [part if isinstance(part, str) else dict(part) for part in self.time_workload]
 
 
-def check_series(spec: ReleaseSpec) -> None:
-    """The cross-field rules of a series spec (module docstring); raises ``ValueError``."""
+def check_series(spec: Any) -> None:
+    """The cross-field rules of a series spec (module docstring); raises ``ValueError``.
+
+    ``spec`` is the ``ReleaseSpec`` being validated (not imported here: the model imports this
+    section)."""
     series = spec.series
     if series is None:
         return

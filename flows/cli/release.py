@@ -157,8 +157,9 @@ def plan(
     loaded = load_spec(spec)
     result = make_plan(loaded, time_budget=time_budget)
     memory = predict_plan(loaded, result)
+    series = _series_summary(loaded, result)
     if as_json:
-        print_json(result.to_json() | {"memory": memory.to_json()})
+        print_json(result.to_json() | {"memory": memory.to_json()} | series)
         return
     table = Table(
         title=f"plan: {result.num_queries:,} queries over {magnitude(result.num_cells)} cells"
@@ -196,6 +197,41 @@ def plan(
         + f"; peak {peak_stage} ({driver})",
         sep="\n",
     )
+    if series:
+        _print_series(series["series"])
+
+
+def _series_summary(spec: Any, result: Plan) -> dict[str, Any]:
+    """``{"series": summary}`` of the horizon plan for a series spec (data-free), else ``{}``."""
+    if spec.series is None:
+        return {}
+    from dprelease.catalog.planning.series import make_series_plan
+
+    return {"series": make_series_plan(spec, result).summary()}
+
+
+def _print_series(summary: dict[str, Any]) -> None:
+    """The horizon plan: strategy, σ, worst and per-period standard errors, cost per person."""
+    stdout.print(
+        f"series {summary['series']}: {summary['horizon']} periods, time workload "
+        f"{summary['time_workload']}, time strategy {summary['time_strategy']} composed with "
+        f"{summary['cell_mechanism']}; {summary['unit']} level; noise sigma "
+        f"{summary['sigma']:.4g} per answer",
+        f"privacy over the horizon: rho {summary['rho_per_person_total']:.6g} per person at most "
+        "(charged period by period: each release pays every period it reads its increment)",
+        f"plan sha256: {summary['plan_sha256']} (recorded at the first release; later releases "
+        "follow it)",
+        sep="\n",
+    )
+    table = Table(title="predicted standard error of the worst cell, by period")
+    names = list(summary["std_errors_by_period"])
+    table.add_column("period", justify="right")
+    for name in names:
+        table.add_column(name, justify="right")
+    for t in range(summary["horizon"]):
+        table.add_row(str(t + 1), *(f"{summary['std_errors_by_period'][n][t]:.4g}" for n in names))
+    table.add_row("worst", *(f"{summary['worst_std_error'][n]:.4g}" for n in names))
+    stdout.print(table)
 
 
 def _number(value: float | None) -> str:
@@ -277,21 +313,30 @@ def verify(
     ] = False,
 ) -> None:
     """Re-check a release offline: artifact hashes, manifest, catalog status, ledger chain and
-    receipts, input fingerprint key, validation results."""
+    receipts, input fingerprint key, validation results; and every signature (keys, roles in
+    force when it was made, the attestation files over exactly these tables)."""
     from dprelease.catalog.errors import VerificationError
     from dprelease.catalog.ledger.store import Catalog
-    from dprelease.catalog.publishing import artifacts
+    from dprelease.catalog.review.signatures import verify_release
 
     if as_json:
+        notes: list[str] = []
         try:
-            artifacts.verify(release_dir, Catalog(), input_path=input_path)
+            notes = verify_release(release_dir, Catalog(), input_path=input_path)
         except VerificationError as exc:
             problems: tuple[str, ...] = exc.problems
         else:
             problems = ()
-        print_json({"release_dir": str(release_dir), "ok": not problems, "problems": problems})
+        report: dict[str, Any] = {
+            "release_dir": str(release_dir),
+            "ok": not problems,
+            "problems": problems,
+        }
+        print_json(report | ({"signatures": notes} if notes else {}))
         if problems:
             raise typer.Exit(code=errors.EXIT_CHECK_FAILED)
         return
-    artifacts.verify(release_dir, Catalog(), input_path=input_path)
+    notes = verify_release(release_dir, Catalog(), input_path=input_path)
     stdout.print(f"OK: {release_dir} matches its manifest, the ledger and its validation results")
+    for note in notes:
+        stdout.print(f"  review: {note}")

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("validation",),
     ("review",),
     ("partitions", "show"),  # which partitions a release reads; everything about one release
-    ("release",),  # the stage functions the tasks wrap
+    ("release", "series"),  # the stage functions the tasks wrap (a series' period: series)
 )
 
 

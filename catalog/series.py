@@ -1,0 +1,503 @@
+"""The release of one period of a series: register, measure, publish (the series' stages; the
+Prefect tasks in ``tasks/series.py`` wrap them 1:1).
+
+State (public, two tables of their own in the catalog database): ``series_plans`` holds each
+series' horizon plan (canonical JSON, sha256), recorded at its first release together with a
+zero-cost ``series-plan`` ledger entry whose label carries the digest (so the plan is
+hash-chained like every charge); ``series_periods`` holds, per released period, its file (the
+partition), the keyed fingerprint of that file at release, and the period's noisy measurement
+(post-noise: what later periods' published figures combine).
+
+Order and refusals (each before any data is read or anything charged, CLI exit 2): a spec whose
+:func:`~catalog.planning.series.spec_key` differs from the recorded plan's; a period already
+released; a period past the horizon; a past period's file whose keyed fingerprint changed (also
+checked again when the files are read, before the charge).  Then each partition's increment is
+checked against the cap, the release charges every partition it reads its own increment, and only
+then is noise drawn (the choke point).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import weakref
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from dprelease.catalog import partitions
+from dprelease.catalog.confidential.series_measure import combined_periods
+from dprelease.catalog.confidential.source import list_source_files, resolve_source
+from dprelease.catalog.errors import CatalogError, DataError, SpecError
+from dprelease.catalog.ledger.schema import create_tables, now
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning.planner import Plan, build_workload
+from dprelease.catalog.planning.series import SeriesPlan, make_series_plan, spec_key
+from dprelease.catalog.publishing import artifacts
+from dprelease.catalog.publishing.tables import build_table
+from dprelease.catalog.review.policy import record_policy
+from dprelease.catalog.spec.load import check_runnable
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.catalog.validation.checks import validate_tables
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from dprelease.mechanisms.primitives.protocol import MeasureContext, Measurement, NoiseDescription
+
+PLAN_ENTRY_KIND = "series-plan"
+
+series_metadata = sa.MetaData()
+
+series_plans = sa.Table(
+    "series_plans",
+    series_metadata,
+    sa.Column("dataset_id", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("plan_json", sa.Text, nullable=False),
+    sa.Column("plan_sha256", sa.String(64), nullable=False),
+    sa.Column("spec_key", sa.String(64), nullable=False),
+    sa.Column("receipt_id", sa.String(64), nullable=False),
+    sa.Column("recorded_at", sa.String(40), nullable=False),
+)
+
+series_periods = sa.Table(
+    "series_periods",
+    series_metadata,
+    sa.Column("dataset_id", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("period", sa.Integer, primary_key=True),  # 0-based
+    sa.Column("file_name", sa.String(256), nullable=False),  # the partition
+    sa.Column("file_path", sa.Text, nullable=False),
+    sa.Column("input_fingerprint", sa.String(64), nullable=False),
+    sa.Column("release_id", sa.String(128), nullable=False),
+    sa.Column("noise_scale", sa.Float, nullable=False),
+    sa.Column("measurement", sa.LargeBinary, nullable=False),  # float64, post-noise
+    sa.Column("measurement_sha256", sa.String(64), nullable=False),
+    sa.Column("recorded_at", sa.String(40), nullable=False),
+    sa.UniqueConstraint("dataset_id", "name", "file_name"),
+)
+
+_ready: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _engine(catalog: Catalog) -> Engine:
+    if catalog.engine not in _ready:
+        create_tables(catalog.engine, series_metadata)
+        _ready.add(catalog.engine)
+    return catalog.engine
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordedPeriod:
+    """A released period (public): its file, fingerprint at release and noisy measurement."""
+
+    period: int
+    file_name: str
+    file_path: str
+    input_fingerprint: str
+    release_id: str
+    noise_scale: float
+    measurement: np.ndarray = field(repr=False)
+
+
+def recorded_plan(catalog: Catalog, spec: ReleaseSpec) -> SeriesPlan | None:
+    """The series' recorded plan, checked against its ledger entry (digest in the label)."""
+    with _engine(catalog).connect() as conn:
+        row = conn.execute(
+            sa.select(series_plans).where(
+                series_plans.c.dataset_id == spec.dataset.id, series_plans.c.name == spec.name
+            )
+        ).first()
+    if row is None:
+        return None
+    plan = SeriesPlan.from_json(json.loads(row.plan_json))
+    anchored = [
+        entry
+        for entry in catalog.ledger_entries(spec.dataset.id)
+        if entry.receipt_id == row.receipt_id and entry.kind == PLAN_ENTRY_KIND
+    ]
+    if not anchored or anchored[0].label != plan_label(plan) or plan.digest() != row.plan_sha256:
+        raise CatalogError(
+            f"series {spec.name!r}: the recorded plan does not match its ledger entry "
+            f"(receipt {row.receipt_id}); the catalog was altered, series releases are refused"
+        )
+    return plan
+
+
+def plan_label(plan: SeriesPlan) -> str:
+    return f"series-plan {plan.name} sha256:{plan.digest()}"
+
+
+def recorded_periods(catalog: Catalog, spec: ReleaseSpec) -> list[RecordedPeriod]:
+    """The released periods of the series, in order.  O(periods × measurement size)."""
+    with _engine(catalog).connect() as conn:
+        rows = conn.execute(
+            sa.select(series_periods)
+            .where(
+                series_periods.c.dataset_id == spec.dataset.id,
+                series_periods.c.name == spec.name,
+            )
+            .order_by(series_periods.c.period)
+        ).all()
+    periods = []
+    for row in rows:
+        values = np.frombuffer(row.measurement, dtype=np.float64).copy()
+        if hashlib.sha256(row.measurement).hexdigest() != row.measurement_sha256:
+            raise CatalogError(
+                f"series {spec.name!r}: the recorded measurement of period {row.period + 1} "
+                "does not match its digest; the catalog was altered"
+            )
+        periods.append(
+            RecordedPeriod(
+                period=row.period,
+                file_name=row.file_name,
+                file_path=row.file_path,
+                input_fingerprint=row.input_fingerprint,
+                release_id=row.release_id,
+                noise_scale=row.noise_scale,
+                measurement=values,
+            )
+        )
+    return periods
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeriesStep:
+    """What one period's release does (public): the period, the files it reads (with their
+    fingerprints at release, None for the new one), their weights and each partition's charge."""
+
+    period: int
+    paths: tuple[str, ...]
+    fingerprints: tuple[str | None, ...]
+    weights: tuple[float, ...]
+    charges: dict[str | None, float]
+    """ρ per partition (file name; None: the whole dataset) at the plan's ``ρ_unit``."""
+    plan_sha256: str
+    first: bool
+
+
+def series_plan_for(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> tuple[SeriesPlan, bool]:
+    """The recorded plan (refusing a spec that would change it), or a new one (True)."""
+    recorded = recorded_plan(catalog, spec)
+    if recorded is None:
+        return make_series_plan(spec, plan), True
+    if spec_key(spec) != recorded.spec_key:
+        raise SpecError(
+            f"series {spec.name!r}: the spec changes the series' plan (recorded at its first "
+            f"release, sha256 {recorded.digest()[:12]}…): its name, dataset, series section, "
+            "privacy level or unit, domain, workload or mechanism differ; a series follows its "
+            "plan to the horizon (start a new series under another name)"
+        )
+    if (plan.chosen, plan.workload_fingerprint, plan.strategy.num_queries) != (
+        recorded.cell_mechanism,
+        recorded.workload_fingerprint,
+        recorded.cell_queries,
+    ) or not math.isclose(
+        plan.strategy.sensitivity(noise="gaussian"), recorded.cell_sensitivity, rel_tol=1e-12
+    ):
+        raise SpecError(
+            f"series {spec.name!r}: the cell strategy planned now ({plan.chosen}) differs from "
+            f"the recorded plan's ({recorded.cell_mechanism}); a series follows its plan"
+        )
+    return recorded, False
+
+
+def register(
+    spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, release_id: str, directory: Path
+) -> tuple[SeriesStep, PrivacyCost]:
+    """Everything public before any data is read (module docstring); records the plan at the
+    series' first release, then the release's intent.  Returns the step and what the partitions
+    it reads had spent."""
+    if spec.dataset.source is None:
+        raise SpecError(
+            "dataset.source is not set in the spec; plan works without it, run does not"
+        )
+    if plan.mechanism.input_kind == "cells":
+        check_runnable(spec)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    series_plan, first = series_plan_for(spec, plan, catalog)
+    catalog.ensure_dataset(
+        spec.dataset.id, cap=spec.dataset.budget_cap(), partitioned_by=partitions.declaration(spec)
+    )
+    released = recorded_periods(catalog, spec)
+    period = len(released)
+    path = _next_file(spec, released)
+    series_plan.check_period(period)
+    needed = series_plan.periods_read(period)
+    key = catalog.key
+    for s in needed[:-1] if needed and needed[-1] == period else needed:
+        past = released[s]
+        if resolve_source(past.file_path, key=key).fingerprint != past.input_fingerprint:
+            raise DataError(
+                f"series {spec.name!r}: the file of period {s + 1} ({past.file_name!r}) changed "
+                "since its release (its keyed fingerprint differs); published figures never "
+                "change, so this release is refused: restore the file as released"
+            )
+    rows = series_plan.release_costs(period)
+    charges: dict[str | None, float] = {}
+    for s, multiplier in rows.items():
+        name = None if s is None else (released[s].file_name if s < period else Path(path).name)
+        charges[name] = multiplier * series_plan.rho_unit
+    for name, rho in charges.items():  # each partition's increment, before any data is read
+        catalog.check_budget(
+            spec.dataset.id,
+            PrivacyCost(measure="zcdp", rho=rho),
+            partitions=None if name is None else (name,),
+        )
+    touched = tuple(sorted(n for n in charges if n is not None)) or None
+    before = catalog.spent(spec.dataset.id, partitions=touched)
+    if first:
+        _record_plan(catalog, spec, series_plan, release_id=release_id)
+    record_policy(catalog, release_id=release_id, spec=spec)
+    catalog.create_release(
+        release_id=release_id,
+        spec_fingerprint=spec.fingerprint(),
+        mechanism=plan.chosen,
+        name=spec.name,
+        dataset_id=spec.dataset.id,
+        series_key=spec.series_key(),
+    )
+    return (
+        SeriesStep(
+            period=period,
+            paths=tuple(released[s].file_path if s < period else path for s in needed),
+            fingerprints=tuple(
+                released[s].input_fingerprint if s < period else None for s in needed
+            ),
+            weights=tuple(float(series_plan.A[period, s]) for s in needed),
+            charges=charges,
+            plan_sha256=series_plan.digest(),
+            first=first,
+        ),
+        before,
+    )
+
+
+def _next_file(spec: ReleaseSpec, released: list[RecordedPeriod]) -> str:
+    """The first file of the source (by name) not yet released; refused when there is none."""
+    files, _ = list_source_files(str(spec.dataset.source))
+    done = {period.file_name: period.period for period in released}
+    for path in sorted(files, key=lambda f: Path(f).name):
+        if Path(path).name not in done:
+            return str(Path(path).resolve())
+    last = Path(sorted(files, key=lambda f: Path(f).name)[-1]).name if files else None
+    if last is None:
+        raise DataError(f"series {spec.name!r}: dataset.source lists no file")
+    raise SpecError(
+        f"series {spec.name!r}: file {last!r} was already released as period {done[last] + 1}; "
+        "a period is released once (its published figures never change): deliver the next "
+        "period's file"
+    )
+
+
+def _record_plan(
+    catalog: Catalog, spec: ReleaseSpec, series_plan: SeriesPlan, *, release_id: str
+) -> None:
+    """The plan's row and its zero-cost ``series-plan`` ledger entry, in one transaction."""
+
+    def insert(conn: Connection, receipt_id: str) -> None:
+        conn.execute(
+            series_plans.insert().values(
+                dataset_id=spec.dataset.id,
+                name=spec.name,
+                plan_json=series_plan.canonical_json(),
+                plan_sha256=series_plan.digest(),
+                spec_key=series_plan.spec_key,
+                receipt_id=receipt_id,
+                recorded_at=now(),
+            )
+        )
+
+    _engine(catalog)
+    catalog.append_record(
+        dataset_id=spec.dataset.id,
+        release_id=release_id,
+        label=plan_label(series_plan),
+        kind=PLAN_ENTRY_KIND,
+        also=insert,
+    )
+
+
+@dataclass(eq=False)
+class SeriesAccountant:
+    """The accountant of one period: the choke point hands it the cost of a measurement per unit
+    time weight; it charges each partition ``weights[s]²`` times that (event level; person level:
+    ``(Σ|weights|)²`` to the whole dataset) in one atomic ledger write (privacy obligation of
+    ``ProtectedCells.combination``)."""
+
+    catalog: Catalog
+    dataset_id: str
+    release_id: str
+    multipliers: dict[str | None, float]
+    receipts: list[str] = field(default_factory=list, init=False)
+    charged: dict[str | None, float] = field(default_factory=dict, init=False)
+
+    def charge(self, cost: PrivacyCost, *, label: str) -> str:
+        if cost.measure != "zcdp":
+            raise CatalogError(f"a series charges zCDP costs (got {cost.measure})")
+        costs = {
+            name: PrivacyCost(measure="zcdp", rho=cost.rho * multiplier)
+            for name, multiplier in self.multipliers.items()
+        }
+        receipts = self.catalog.charge_each(
+            self.dataset_id, costs, release_id=self.release_id, label=label
+        )
+        self.receipts.extend(receipts)
+        self.charged = {name: c.rho for name, c in costs.items()}
+        return receipts[0]
+
+    def holds(self, receipt_id: str) -> bool:
+        return receipt_id in self.receipts
+
+
+def measure(
+    spec: ReleaseSpec, plan: Plan, step: SeriesStep, catalog: Catalog, *, release_id: str
+) -> tuple[Measurement, tuple[str, ...], str]:
+    """Read the periods, combine them in the boundary, charge each partition its increment, noise
+    (choke point); record the period.  Returns the measurement (its ``charged`` the largest
+    partition's charge), the files read and the new period's keyed fingerprint."""
+    catalog.heartbeat(release_id)
+    series_plan = recorded_plan(catalog, spec)
+    if series_plan is None or series_plan.digest() != step.plan_sha256:
+        raise CatalogError(f"series {spec.name!r}: the plan registered for this release is gone")
+    combined, seen = combined_periods(
+        spec, plan, step.paths, step.weights, key=catalog.key, fingerprints=step.fingerprints
+    )
+    unit = {name: rho / series_plan.rho_unit for name, rho in step.charges.items()}
+    accountant = SeriesAccountant(
+        catalog, dataset_id=spec.dataset.id, release_id=release_id, multipliers=unit
+    )
+    context = MeasureContext(
+        target=PrivacyCost(measure="zcdp", rho=series_plan.rho_unit),
+        accountant=accountant,
+        label=f"{spec.name} period {step.period + 1}",
+        contribution_bound=spec.privacy_unit.contribution_bound,
+        input_fingerprint=seen[-1],
+        dataset_id=spec.dataset.id,
+        released=None,
+    )
+    measured = plan.mechanism.measure(plan.strategy, combined, context=context)
+    new_fingerprint = seen[-1]
+    _record_period(
+        catalog,
+        spec,
+        period=step.period,
+        path=step.paths[-1],
+        fingerprint=new_fingerprint,
+        release_id=release_id,
+        measurement=measured,
+    )
+    catalog.update_release(release_id, input_fingerprint=new_fingerprint)
+    worst = max(accountant.charged.values())
+    measured = replace(
+        measured,
+        receipts=tuple(accountant.receipts),
+        charged=PrivacyCost(measure="zcdp", rho=worst),
+        details=dict(measured.details)
+        | {
+            "series": {
+                "period": step.period + 1,
+                "horizon": series_plan.horizon,
+                "time_strategy": series_plan.time_strategy,
+                "plan_sha256": series_plan.digest(),
+                "charges": {str(k): v for k, v in accountant.charged.items()},
+            }
+        },
+    )
+    return measured, step.paths, new_fingerprint
+
+
+def _record_period(
+    catalog: Catalog,
+    spec: ReleaseSpec,
+    *,
+    period: int,
+    path: str,
+    fingerprint: str,
+    release_id: str,
+    measurement: Measurement,
+) -> None:
+    values = np.ascontiguousarray(measurement.values, dtype=np.float64).tobytes()
+    with _engine(catalog).begin() as conn:
+        conn.execute(
+            series_periods.insert().values(
+                dataset_id=spec.dataset.id,
+                name=spec.name,
+                period=period,
+                file_name=Path(path).name,
+                file_path=path,
+                input_fingerprint=fingerprint,
+                release_id=release_id,
+                noise_scale=measurement.noise.scale,
+                measurement=values,
+                measurement_sha256=hashlib.sha256(values).hexdigest(),
+                recorded_at=now(),
+            )
+        )
+
+
+def reconstruct(
+    spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, period: int
+) -> dict[str, pa.Table]:
+    """The period's rows of the time workload, per cell item: ``<item>.<part>`` tables from the
+    measurements of periods ≤ ``period`` (causal), with their standard errors.  Post-processing of
+    recorded noisy measurements only.  O(parts × period × answers)."""
+    series_plan = recorded_plan(catalog, spec)
+    if series_plan is None:
+        raise CatalogError(f"series {spec.name!r} has no recorded plan")
+    released = recorded_periods(catalog, spec)[: period + 1]
+    if len(released) != period + 1 or len({p.noise_scale for p in released}) != 1:
+        raise CatalogError(
+            f"series {spec.name!r}: periods 1..{period + 1} must be recorded with one noise scale"
+        )
+    scale = released[0].noise_scale
+    workload = plan.workload or build_workload(spec)
+    stacked = np.vstack([p.measurement for p in released])  # (period+1) × answers
+    tables = {}
+    for b, part in enumerate(series_plan.parts):
+        row = series_plan.B[b * series_plan.horizon + period, : period + 1]
+        norm = float(np.linalg.norm(row))
+        measurement = Measurement(
+            values=row @ stacked,
+            noise=NoiseDescription(
+                kind="gaussian",
+                scale=scale * norm,
+                sensitivity=0.0,
+                size=stacked.shape[1],
+                variance=(scale * norm) ** 2,
+            ),
+            strategy=plan.strategy,
+            receipts=(),
+            charged=PrivacyCost.zero("zcdp"),
+        )
+        answers = plan.mechanism.reconstruct(measurement, workload=workload)
+        for item in workload.items:
+            tables[f"{item.name}.{part}"] = build_table(
+                spec,
+                item,
+                estimates=answers[item.name].estimates,
+                unit_variances=answers[item.name].variances,
+                noise_variance=1.0,
+                nonnegative=spec.postprocess.nonnegative,
+                interval=answers[item.name].interval,
+                uncertainty=answers[item.name].uncertainty,
+            )
+    return tables
+
+
+def validate(
+    tables: dict[str, pa.Table], plan: Plan, series_plan_parts: tuple[str, ...], *, directory: Path
+) -> dict[str, Any]:
+    """Write and validate the period's tables (released values and public metadata only)."""
+    for name, table in tables.items():
+        artifacts.write_table(directory, name, table)
+    expected = {
+        f"{item}.{part}": rows
+        for item, rows in plan.item_queries.items()
+        for part in series_plan_parts
+    }
+    return validate_tables(tables, expected_rows=expected, directory=directory / "validation")

@@ -1,0 +1,76 @@
+"""One period of a series inside the ``release`` flow: register → measure → reconstruct →
+validate → stage, each stage under the run's watchdog (the tasks of ``tasks/series.py``; staging
+and notification are the release's own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dprelease.catalog import release
+from dprelease.catalog.confidential.inputs import Ingested, describe_unit
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning.planner import Plan
+from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.flows.notify import notify_reviewers_task
+from dprelease.tasks.series import (
+    series_measure_task,
+    series_reconstruct_task,
+    series_register_task,
+    series_validate_task,
+)
+from dprelease.tasks.stages import stage_task
+
+
+def release_period(
+    spec: ReleaseSpec, plan: Plan, *, out_dir: str, catalog_url: str, watchdog: Any
+) -> release.StagedRelease:
+    """Release the series' next period (its file: the first of ``dataset.source`` not released)."""
+    if spec.series is None:
+        raise ValueError(f"spec {spec.name!r} has no series section")
+    parts = tuple(spec.series.part_names())
+    release_id = release.new_release_id(spec)
+    directory = release.release_directory(out_dir, release_id)
+    with watchdog.stage("register"):
+        step, spent_before = series_register_task(
+            spec, plan, catalog_url, release_id, str(directory)
+        )
+    watchdog.set_release(release_id)
+    watchdog.on_stop = lambda reason: release.mark_stopped(
+        Catalog(catalog_url), release_id, directory, status="failed"
+    )
+    try:
+        with watchdog.stage("measure"):
+            measurement, files, fingerprint = series_measure_task(
+                spec, plan, step, catalog_url, release_id
+            )
+        with watchdog.stage("reconstruct"):
+            tables = series_reconstruct_task(spec, plan, catalog_url, step.period)
+        with watchdog.stage("validate"):
+            validation = series_validate_task(tables, plan, parts, str(directory))
+        ingested = Ingested(
+            data=None,
+            input_fingerprint=fingerprint,
+            files=tuple(str(Path(f)) for f in files),
+            privacy_unit=describe_unit(spec),
+        )
+        with watchdog.stage("stage"):
+            staged = stage_task(
+                spec,
+                plan,
+                release_id,
+                str(directory),
+                ingested,
+                measurement,
+                tables,
+                validation,
+                spent_before,
+                catalog_url,
+            )
+        with watchdog.stage("notify"):
+            notify_reviewers_task(catalog_url, staged.release_id)
+        return staged
+    except BaseException as stopped:
+        status = "aborted" if isinstance(stopped, KeyboardInterrupt) else "failed"
+        release.mark_stopped(Catalog(catalog_url), release_id, directory, status=status)
+        raise
