@@ -148,10 +148,21 @@ _PATH_ERROR = Failure(
 )
 
 
+_PERMISSION_DENIED = Failure(
+    title="the catalog database refused this role",
+    hint="your database role may not do this (deploy/postgres.md, 'Database roles'): connect as "
+    "a role that may (PGUSER), or ask the custodian; `dprelease catalog roles --print` lists "
+    "what each role may write",
+)
+INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE of "permission denied"
+
+
 def classify(exc: BaseException) -> Failure | None:
     """The user-facing report of ``exc``; None for an internal error."""
     if isinstance(exc, Refused):
         return Failure(title=exc.title, hint=exc.hint)
+    if _sqlstate(exc) == INSUFFICIENT_PRIVILEGE:
+        return _PERMISSION_DENIED
     for kind, failure in _USER_ERRORS.items():
         if isinstance(exc, kind):
             return failure
@@ -160,9 +171,16 @@ def classify(exc: BaseException) -> Failure | None:
     return None
 
 
+def _sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error (SQLAlchemy's wrapper of a psycopg error), or None."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None)
+
+
 def user_message(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
         return f"{exc.strerror}: {exc.filename}"
+    if _sqlstate(exc) == INSUFFICIENT_PRIVILEGE:  # the server's line, not the statement
+        return str(getattr(exc, "orig", exc)).splitlines()[0]
     return str(exc) or type(exc).__name__
 
 

@@ -23,6 +23,7 @@ import typer
 
 from dprelease.flows import errors
 from dprelease.flows.cli import budget, keys, operations, release, review, synth
+from dprelease.flows.cli.catalog import catalog_app
 from dprelease.flows.cli.common import Commands, command_group, console
 from dprelease.flows.cli.ldp import ldp_app
 
@@ -92,4 +93,5 @@ app.add_typer(
 )
 app.add_typer(review.notify_app, name="notify")
 app.add_typer(keys.keys_app, name="keys")
+app.add_typer(catalog_app, name="catalog")
 app.add_typer(operations.server_app, name="server")

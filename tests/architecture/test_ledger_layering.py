@@ -17,7 +17,7 @@ LEDGER = ROOT / "catalog" / "ledger"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("database", "chain", "names", "leases"),  # no other ledger module
     ("schema",),  # tables and migrations: chain digests, URL redaction
-    ("spending",),  # sums over the ledger table
+    ("spending", "pg_roles"),  # sums over the ledger table; PostgreSQL roles' SQL
     ("budget",),  # Ledger: datasets, caps, charges, the integrity check
     ("store",),  # Catalog(Ledger): releases and reviews
 )

@@ -1,0 +1,326 @@
+"""Roles enforced by the database: on a PostgreSQL catalog set up with ``dprelease catalog roles
+--apply``, operators, reviewers and auditors log in as their own roles, and the server itself
+refuses what a role may not do ("permission denied"), whatever the client runs.
+
+Privacy and audit obligations: only an operator appends privacy charges and only a reviewer
+appends a review decision (an operator cannot approve their own release by writing the decision
+row); an auditor changes nothing; no one changes a cap, a ledger entry or the catalog marker; the
+database records which login wrote each entry, and no one can forge that record.
+
+Every test logs in as the roles through the same URL (no user name in it: ``PGUSER`` picks the
+role, as deploy/postgres.md says), against the real server of ``tests/pg_server.py``.  Each fails
+without the GRANTs: a login role without them can neither charge nor review nor read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from dprelease.catalog.ledger import pg_roles
+from dprelease.catalog.ledger.budget import append_entry
+from dprelease.catalog.ledger.schema import catalog_meta, datasets, ledger, reviews
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.watch_state import ReviewRuns, WatchState
+from dprelease.flows.cli import app
+from dprelease.flows.cli.catalog import catalog_tables
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+from tests.pg_server import SUPERUSER, PostgresServer
+
+runner = CliRunner()
+PERMISSION_DENIED = "42501"
+
+
+def pure(epsilon: float) -> PrivacyCost:
+    return PrivacyCost(measure="pure", epsilon=epsilon)
+
+
+@dataclass
+class RoleCatalog:
+    """A catalog with the roles applied and one login per group role."""
+
+    url: str  # no user name: PGUSER picks the login, so every role shares the key and anchor
+    roles: pg_roles.RoleNames
+    logins: dict[str, str]  # kind -> login role
+    monkeypatch: pytest.MonkeyPatch
+
+    @contextlib.contextmanager
+    def connected(self, kind: str) -> Iterator[Catalog]:
+        """The catalog opened by the login of ``kind`` (``superuser`` for the test's own)."""
+        login = SUPERUSER if kind == "superuser" else self.logins[kind]
+        with self.monkeypatch.context() as patch:
+            patch.setenv("PGUSER", login)
+            catalog = Catalog(self.url)
+            try:
+                yield catalog
+            finally:
+                catalog.engine.dispose()  # pooled connections are this login's
+
+
+def apply_roles(url: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dprelease catalog roles --apply`` as the superuser (the custodian's setup)."""
+    with monkeypatch.context() as patch:
+        patch.setenv("PGUSER", SUPERUSER)
+        patch.setenv("DPRELEASE_CATALOG_URL", url)
+        result = runner.invoke(app, ["catalog", "roles", "--apply", "--prefix", prefix])
+    assert result.exit_code == 0, result.output
+    assert f"group roles {prefix}_custodian" in result.stdout
+
+
+def create_logins(server: PostgresServer, roles: pg_roles.RoleNames) -> dict[str, str]:
+    """One login per group role (names are cluster-wide: unique per test)."""
+    logins = {}
+    with psycopg.connect(server.dsn("postgres"), autocommit=True, connect_timeout=10) as conn:
+        for kind in ("operator", "reviewer", "auditor"):
+            login = f"{getattr(roles, kind)}_login"
+            conn.execute(f'CREATE ROLE "{login}" LOGIN IN ROLE "{getattr(roles, kind)}"')
+            logins[kind] = login
+    return logins
+
+
+@pytest.fixture
+def role_catalog(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> RoleCatalog:
+    database = sa.engine.make_url(postgres_server.create_database("roles")).database
+    url = f"postgresql+psycopg://127.0.0.1:{postgres_server.port}/{database}"
+    prefix = f"r{uuid.uuid4().hex[:10]}"
+    apply_roles(url, prefix, monkeypatch)
+    roles = pg_roles.RoleNames.with_prefix(prefix)
+    return RoleCatalog(
+        url=url,
+        roles=roles,
+        logins=create_logins(postgres_server, roles),
+        monkeypatch=monkeypatch,
+    )
+
+
+def run_to_staged(catalog: Catalog, release_id: str = "rel-1") -> str:
+    """The operator's charge path: dataset, release, lease, charge, staged; the receipt."""
+    catalog.ensure_dataset("ds", cap=pure(5.0))
+    catalog.create_release(
+        release_id=release_id, name="n", dataset_id="ds", spec_fingerprint="f" * 64, mechanism="m"
+    )
+    catalog.heartbeat(release_id)
+    receipt = catalog.charge("ds", pure(1.0), release_id=release_id, label="count")
+    catalog.update_release(
+        release_id, status="staged", directory=f"/releases/{release_id}", manifest_sha256="a" * 64
+    )
+    return receipt
+
+
+def denied(call: Callable[[], object]) -> str:
+    """Run ``call``; it must be refused by the server with "permission denied"; the message."""
+    with pytest.raises(sa.exc.ProgrammingError) as info:
+        call()
+    assert info.value.orig.sqlstate == PERMISSION_DENIED, info.value.orig  # type: ignore[union-attr]
+    return str(info.value.orig)
+
+
+def execute(catalog: Catalog, statement: sa.Executable) -> None:
+    with catalog.engine.begin() as conn:
+        conn.execute(statement)
+
+
+def test_an_operator_runs_the_charge_path_but_the_server_denies_it_a_review_decision(
+    role_catalog: RoleCatalog,
+) -> None:
+    with role_catalog.connected("operator") as operator:
+        receipt = run_to_staged(operator)
+        watch = WatchState(role_catalog.url)
+        assert watch.claim(dataset_id="ds", fingerprint="0" * 64, path="/in/a", size=1)
+        watch.unclaim(dataset_id="ds", fingerprint="0" * 64)
+        ReviewRuns(role_catalog.url).record(release_id="rel-1", flow_run_id="run", api_url=None)
+        message = denied(
+            lambda: operator.record_review(
+                "rel-1", decision="approved", reviewer="Mallory", note="my own"
+            )
+        )
+        assert "permission denied for table reviews" in message
+        assert operator.reviews("rel-1") == []
+        assert operator.release("rel-1").status == "staged"
+        assert [e.receipt_id for e in operator.ledger_entries()] == [receipt]
+        assert operator.verify_chain() == []
+
+
+@pytest.mark.parametrize(
+    ("what", "statement", "table"),
+    [
+        ("raise a cap", datasets.update().values(cap_epsilon=100.0), "datasets"),
+        ("edit a charge", ledger.update().values(epsilon=0.0), "ledger"),
+        ("delete a charge", ledger.delete(), "ledger"),
+        ("change the marker", catalog_meta.update().values(value="x"), "catalog_meta"),
+        (
+            "write a decision",
+            reviews.insert().values(
+                release_id="rel-1", decision="approved", reviewer="M", note="", at="now"
+            ),
+            "reviews",
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) and " " in value else "",
+)
+def test_an_operator_may_not(
+    role_catalog: RoleCatalog, what: str, statement: sa.Executable, table: str
+) -> None:
+    with role_catalog.connected("operator") as operator:
+        run_to_staged(operator)
+        assert f"for table {table}" in denied(lambda: execute(operator, statement)), what
+        assert operator.spent("ds") == pure(1.0) and operator.cap("ds") == pure(5.0)
+        assert operator.verify_chain() == []
+
+
+def test_a_reviewer_records_a_decision_but_cannot_charge(role_catalog: RoleCatalog) -> None:
+    with role_catalog.connected("operator") as operator:
+        run_to_staged(operator)
+    with role_catalog.connected("reviewer") as reviewer:
+        reviewer.record_review("rel-1", decision="approved", reviewer="Ada", note="fine")
+        reviewer.update_release("rel-1", status="published", published_directory="/pub/rel-1")
+        assert [r.decision for r in reviewer.reviews("rel-1")] == ["approved"]
+        assert reviewer.release("rel-1").status == "published"
+        denied(lambda: reviewer.charge("ds", pure(1.0), release_id="rel-1", label="more"))
+        with reviewer.engine.begin() as conn:  # the row itself, without the chain lock
+            message = denied(
+                lambda: append_entry(
+                    conn, dataset_id="ds", release_id="rel-1", label="x", cost=pure(1.0)
+                )
+            )
+        assert "permission denied for table ledger" in message
+        denied(lambda: reviewer.ensure_dataset("other", cap=pure(9.0)))
+        assert reviewer.spent("ds") == pure(1.0)
+        assert len(reviewer.ledger_entries()) == 1 and reviewer.verify_chain() == []
+
+
+def test_an_auditor_reads_budget_releases_and_the_chain_but_writes_nothing(
+    role_catalog: RoleCatalog, tmp_path: Path
+) -> None:
+    with role_catalog.connected("operator") as operator:
+        run_to_staged(operator)
+    with role_catalog.connected("auditor") as auditor:
+        assert auditor.spent("ds") == pure(1.0)
+        assert [r.id for r in auditor.releases()] == ["rel-1"]
+        assert auditor.verify_chain() == []
+        denied(lambda: auditor.charge("ds", pure(1.0), release_id="rel-1", label="x"))
+        denied(lambda: auditor.record_review("rel-1", decision="rejected", reviewer="A", note=""))
+        denied(lambda: auditor.update_release("rel-1", status="failed"))
+        denied(
+            lambda: auditor.create_release(
+                release_id="rel-2", name="n", dataset_id="ds", spec_fingerprint="f", mechanism="m"
+            )
+        )
+        assert auditor.release("rel-1").status == "staged" and auditor.spent("ds") == pure(1.0)
+    with role_catalog.monkeypatch.context() as patch:  # the CLI, as the auditor runs it
+        patch.setenv("PGUSER", role_catalog.logins["auditor"])
+        patch.setenv("DPRELEASE_CATALOG_URL", role_catalog.url)
+        budget = runner.invoke(app, ["budget", "ds", "--json"])
+        decision = runner.invoke(
+            app, ["review", "rel-1", "--reject", "--reviewer", "Eve", "--note", "no"]
+        )
+    assert budget.exit_code == 0, budget.output
+    assert '"epsilon": 1.0' in budget.stdout
+    assert decision.exit_code == 2, decision.output
+    assert "the catalog database refused this role" in decision.output
+    assert "permission denied for table releases" in decision.output  # its row lock, first
+
+
+def test_the_login_role_is_recorded_with_each_entry_and_cannot_be_forged(
+    role_catalog: RoleCatalog,
+) -> None:
+    with role_catalog.connected("operator") as operator:
+        receipt = run_to_staged(operator)
+    with role_catalog.connected("reviewer") as reviewer:
+        reviewer.record_review("rel-1", decision="approved", reviewer="Ada", note="")
+    with role_catalog.connected("auditor") as auditor:
+        recorded = pg_roles.recorded_sessions(auditor.engine)
+        forged = pg_roles.entry_sessions.insert().values(
+            table_name="reviews", operation="INSERT", entry_key="1", login_role="someone-else"
+        )
+        denied(lambda: execute(auditor, forged))
+    with role_catalog.connected("operator") as operator:
+        denied(lambda: execute(operator, forged))
+    who = {(r["table_name"], r["entry_key"], r["detail"]): r["login_role"] for r in recorded}
+    op, rev = role_catalog.logins["operator"], role_catalog.logins["reviewer"]
+    assert who == {
+        ("datasets", "ds", None): op,
+        ("releases", "rel-1", "measuring"): op,
+        ("ledger", receipt, "charge"): op,
+        ("releases", "rel-1", "staged"): op,
+        ("reviews", "1", "approved"): rev,
+        ("releases", "rel-1", "approved"): rev,
+    }
+    assert all(r["client_addr"] == "127.0.0.1" for r in recorded)
+
+
+def test_applying_the_roles_again_keeps_every_grant_and_entry(
+    role_catalog: RoleCatalog,
+) -> None:
+    with role_catalog.connected("operator") as operator:
+        run_to_staged(operator)
+    prefix = role_catalog.roles.operator.removesuffix("_operator")
+    apply_roles(role_catalog.url, prefix, role_catalog.monkeypatch)  # e.g. after an upgrade
+    with role_catalog.connected("reviewer") as reviewer:
+        reviewer.record_review("rel-1", decision="rejected", reviewer="Ada", note="")
+        denied(lambda: reviewer.charge("ds", pure(1.0), release_id="rel-1", label="x"))
+    with role_catalog.connected("operator") as operator:
+        assert operator.spent("ds") == pure(1.0) and operator.verify_chain() == []
+        assert len(pg_roles.recorded_sessions(operator.engine, table="ledger")) == 1
+
+
+# --- without a server --------------------------------------------------------------------------
+
+
+def test_roles_need_the_postgresql_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPRELEASE_CATALOG_URL", f"sqlite:///{tmp_path}/catalog.db")
+    result = runner.invoke(app, ["catalog", "roles", "--print"])
+    assert result.exit_code == 2, result.output
+    assert "database roles need the PostgreSQL catalog" in result.output
+    assert not (tmp_path / "catalog.db").exists()
+
+
+def test_roles_need_exactly_one_of_print_and_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPRELEASE_CATALOG_URL", "postgresql+psycopg://db.example/dprelease")
+    for options in ([], ["--print", "--apply"]):
+        result = runner.invoke(app, ["catalog", "roles", *options])
+        assert result.exit_code == 2, result.output
+        assert "exactly one of --print and --apply" in result.output
+
+
+@pytest.mark.parametrize("prefix", ["", "Ops", "a-b", "x" * 42, "1st", "a;DROP"])
+def test_a_role_prefix_must_be_a_plain_role_name(prefix: str) -> None:
+    with pytest.raises(pg_roles.CatalogError, match=r"role prefix .* must be 1 to 41 lowercase"):
+        pg_roles.RoleNames.with_prefix(prefix)
+
+
+def test_print_shows_each_roles_grants_without_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DPRELEASE_CATALOG_URL", "postgresql+psycopg://127.0.0.1:1/nowhere")
+    result = runner.invoke(app, ["catalog", "roles", "--print", "--prefix", "acme"])
+    assert result.exit_code == 0, result.output
+    sql = result.stdout
+    assert "GRANT INSERT ON reviews TO acme_reviewer;" in sql
+    assert "GRANT INSERT ON ledger TO acme_operator;" in sql
+    assert "GRANT INSERT, UPDATE (partitioned_by) ON datasets TO acme_operator;" in sql
+    assert "GRANT SELECT ON ledger TO acme_operator, acme_reviewer, acme_auditor;" in sql
+    assert "acme_auditor;" in sql and "TO acme_auditor" not in sql.replace(
+        "acme_reviewer, acme_auditor", ""
+    )  # the auditor is granted reading only
+
+
+def test_every_table_dprelease_keeps_declares_who_writes_it() -> None:
+    """A module that adds a table must say which role writes it (else only the custodian may)."""
+    tables = catalog_tables()
+    assert pg_roles.undeclared_tables(tables) == []
+    names = {table.name for table in tables}
+    from dprelease.catalog.ledger.schema import AUXILIARY_TABLES, metadata
+
+    assert set(metadata.tables) <= names
+    unhanded = AUXILIARY_TABLES - names  # granted read-only, guarded by their existence
+    assert "review_policies" in names and "entry_sessions" in names
+    assert unhanded <= {"ldp_collections", "review_signatures"}, unhanded
