@@ -46,7 +46,13 @@ from dprelease.catalog.spec.load import check_runnable
 from dprelease.catalog.spec.model import ReleaseSpec
 from dprelease.catalog.validation.checks import validate_tables
 from dprelease.mechanisms.primitives.privacy import PrivacyCost
-from dprelease.mechanisms.primitives.protocol import MeasureContext, Measurement, NoiseDescription
+from dprelease.mechanisms.primitives.protocol import (
+    ItemAnswers,
+    MeasureContext,
+    Measurement,
+    NoiseDescription,
+)
+from dprelease.mechanisms.primitives.workload import Workload
 
 PLAN_ENTRY_KIND = "series-plan"
 
@@ -454,10 +460,51 @@ def reconstruct(
         raise CatalogError(
             f"series {spec.name!r}: periods 1..{period + 1} must be recorded with one noise scale"
         )
-    scale = released[0].noise_scale
     workload = plan.workload or build_workload(spec)
-    stacked = np.vstack([p.measurement for p in released])  # (period+1) × answers
-    tables = {}
+    answers = period_answers(
+        series_plan,
+        plan,
+        workload,
+        np.vstack([p.measurement for p in released]),
+        scale=released[0].noise_scale,
+        period=period,
+    )
+    return {
+        f"{item.name}.{part}": build_table(
+            spec,
+            item,
+            estimates=answers[f"{item.name}.{part}"].estimates,
+            unit_variances=answers[f"{item.name}.{part}"].variances,
+            noise_variance=1.0,
+            nonnegative=spec.postprocess.nonnegative,
+            interval=answers[f"{item.name}.{part}"].interval,
+            uncertainty=answers[f"{item.name}.{part}"].uncertainty,
+        )
+        for part in series_plan.parts
+        for item in workload.items
+    }
+
+
+def period_answers(
+    series_plan: SeriesPlan,
+    plan: Plan,
+    workload: Workload,
+    measurements: np.ndarray,
+    *,
+    scale: float,
+    period: int,
+) -> dict[str, ItemAnswers]:
+    """The figures published at ``period`` (0-based): for time part b, row ``r = b·T + period``
+    of ``W_time`` is the cell reconstruction of ``Σ_{i≤period} B[r,i]·m_i`` (``measurements``:
+    one noisy measurement per period, rows 0..period, each with noise ``scale``), with variance
+    ``scale²·‖B_r‖²`` times the cell strategy's unit variances.  Pure post-processing; keyed
+    ``<item>.<part>``.  O(parts × period × answers + the cell reconstruction)."""
+    stacked = np.asarray(measurements, dtype=np.float64)[: period + 1]
+    if stacked.shape[0] != period + 1:
+        raise ValueError(
+            f"measurements has {stacked.shape[0]} periods; period {period + 1} needs {period + 1}"
+        )
+    result = {}
     for b, part in enumerate(series_plan.parts):
         row = series_plan.B[b * series_plan.horizon + period, : period + 1]
         norm = float(np.linalg.norm(row))
@@ -476,17 +523,8 @@ def reconstruct(
         )
         answers = plan.mechanism.reconstruct(measurement, workload=workload)
         for item in workload.items:
-            tables[f"{item.name}.{part}"] = build_table(
-                spec,
-                item,
-                estimates=answers[item.name].estimates,
-                unit_variances=answers[item.name].variances,
-                noise_variance=1.0,
-                nonnegative=spec.postprocess.nonnegative,
-                interval=answers[item.name].interval,
-                uncertainty=answers[item.name].uncertainty,
-            )
-    return tables
+            result[f"{item.name}.{part}"] = answers[item.name]
+    return result
 
 
 def validate(
