@@ -15,12 +15,16 @@ without the GRANTs: a login role without them can neither charge nor review nor 
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
@@ -29,11 +33,14 @@ from dprelease.catalog.ledger import pg_roles
 from dprelease.catalog.ledger.budget import append_entry
 from dprelease.catalog.ledger.schema import catalog_meta, datasets, ledger, reviews
 from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.review import decisions
+from dprelease.catalog.spec.load import parse_spec
 from dprelease.catalog.watch_state import ReviewRuns, WatchState
 from dprelease.flows.cli import app
 from dprelease.flows.cli.catalog import catalog_tables
 from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.pg_server import SUPERUSER, PostgresServer
+from tests.stages import release_stages
 
 runner = CliRunner()
 PERMISSION_DENIED = "42501"
@@ -270,6 +277,57 @@ def test_applying_the_roles_again_keeps_every_grant_and_entry(
     with role_catalog.connected("operator") as operator:
         assert operator.spent("ds") == pure(1.0) and operator.verify_chain() == []
         assert len(pg_roles.recorded_sessions(operator.engine, table="ledger")) == 1
+
+
+def test_a_release_runs_as_operator_is_published_by_a_reviewer_and_audited_read_only(
+    role_catalog: RoleCatalog, tmp_path: Path, zero_noise: object
+) -> None:
+    """The real stages, each under its own login: register, ingest, measure (the charge before
+    noise), reconstruct, stage; the review with its publication; verify, show and budget."""
+    source = tmp_path / "survey.parquet"
+    rng = np.random.default_rng(3)  # public randomness: synthetic test data
+    pq.write_table(pa.table({"a": pa.array(rng.integers(0, 4, 60), pa.int16())}), source)
+    spec = parse_spec(
+        {
+            "name": "monthly",
+            "dataset": {"id": "survey", "budget": {"epsilon": 1.5}, "source": str(source)},
+            "domain": {"a": {"min": 0, "max": 3}},
+            "workload": [{"name": "a", "marginal": ["a"]}],
+            "mechanism": "identity",
+            "privacy": {"epsilon": 1.0},
+        }
+    )
+    with role_catalog.connected("operator") as operator:
+        directory = release_stages(spec, operator, tmp_path / "out")
+        release_id = directory.name
+        assert operator.release(release_id).status == "staged"
+    with role_catalog.connected("reviewer") as reviewer:
+        outcome = decisions.review(
+            reviewer,
+            release_id,
+            approve=True,
+            reviewer="Ada",
+            note="ok",
+            publish_dir=tmp_path / "published",
+        )
+    assert outcome["status"] == "published"
+    with role_catalog.monkeypatch.context() as patch:
+        patch.setenv("PGUSER", role_catalog.logins["auditor"])
+        patch.setenv("DPRELEASE_CATALOG_URL", role_catalog.url)
+        verified = runner.invoke(app, ["verify", outcome["published_directory"], "--json"])
+        shown = runner.invoke(app, ["show", release_id, "--json"])
+        budget = runner.invoke(app, ["budget", "survey", "--json"])
+    for result in (verified, shown, budget):
+        assert result.exit_code == 0, result.output
+    assert json.loads(verified.stdout)["ok"] is True
+    assert json.loads(shown.stdout)["release"]["status"] == "published"
+    with role_catalog.connected("auditor") as auditor:
+        recorded = pg_roles.recorded_sessions(auditor.engine, table="releases")
+        assert auditor.spent("survey").epsilon == pytest.approx(1.0, abs=1e-9)
+        assert auditor.verify_chain() == []
+    changes = [(r["detail"], r["login_role"]) for r in recorded]
+    op, rev = role_catalog.logins["operator"], role_catalog.logins["reviewer"]
+    assert changes == [("measuring", op), ("staged", op), ("approved", rev), ("published", rev)]
 
 
 # --- without a server --------------------------------------------------------------------------
