@@ -28,7 +28,7 @@ from dprelease.catalog.confidential.distributed_noise import noise_cluster, shar
 from dprelease.catalog.confidential.inputs import READERS, Ingested
 from dprelease.catalog.confidential.source import resolve_source
 from dprelease.catalog.errors import BudgetExceededError, SpecError, ValidationFailedError
-from dprelease.catalog.ledger.budget import DatasetAccountant
+from dprelease.catalog.identity import signing
 from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning import estimators
 from dprelease.catalog.planning.memory import check_memory, predict_plan
@@ -89,6 +89,8 @@ def register(
     catalog.ensure_dataset(
         spec.dataset.id, cap=spec.dataset.budget_cap(), partitioned_by=partitions.declaration(spec)
     )
+    operator_key = signing.load_chosen_key()  # DPRELEASE_KEY: loaded here, only its id recorded
+    signing.check_operator(catalog, spec.dataset.id, key=operator_key)  # before any charge
     touched = partitions.release_partitions(spec)  # public: file names or domain cells
     series = {"name": spec.name, "dataset_id": spec.dataset.id, "series_key": spec.series_key()}
     input_fingerprint = None
@@ -122,6 +124,14 @@ def register(
         skip_unchanged=on_unchanged == "skip",
         **series,
     )
+    if skipped is None and operator_key is not None:
+        signing.sign_run(
+            catalog,
+            key=operator_key,
+            release_id=release_id,
+            dataset_id=spec.dataset.id,
+            spec_fingerprint=spec.fingerprint(),
+        )
     return before if skipped is None else skipped
 
 
@@ -172,12 +182,13 @@ def measure(
     catalog.update_release(release_id, input_fingerprint=ingested.input_fingerprint)
     context = MeasureContext(
         target=spec.privacy_target(),
-        accountant=DatasetAccountant(
+        accountant=signing.SignedAccountant(
             catalog,
             dataset_id=spec.dataset.id,
             release_id=release_id,
             # every partition of the files actually read (public: names, or domain cells)
             partitions=partitions.release_partitions(spec, files=ingested.files),
+            key_name=signing.chosen_key_name(),  # each charge signed by the operator's key
         ),
         label=spec.name,
         contribution_bound=spec.privacy_unit.contribution_bound,

@@ -1,18 +1,23 @@
 """A review decision as an in-toto Statement v1 in a DSSE envelope.
 
-The statement's ``subject`` lists ``manifest.json`` and every other file of the release directory
-(relative POSIX paths, with their sha256, hashed and listed by :mod:`catalog.publishing.artifacts`
-exactly as the manifest lists them), except the ``attestations/`` folder where signed decisions
-are kept.  Its predicate, of type :data:`PREDICATE_TYPE`, is::
+The statement's ``subject`` is the release's staged content, what a decision is about and what a
+later decision leaves unchanged: ``manifest.json#content`` (the sha256 of the manifest's
+canonical JSON, sorted keys and no spaces, without its ``review`` and ``artifacts`` sections,
+which every decision rewrites) and every other file of the release directory (relative POSIX
+paths with their sha256, hashed by :mod:`catalog.publishing.artifacts` exactly as the manifest
+lists them) except those a decision rewrites: ``report.html``, the report's table pages and the
+``attestations/`` folder where signed decisions are kept.  Its predicate, of type
+:data:`PREDICATE_TYPE`, is::
 
     {"release_id": str, "decision": "approve" | "reject", "role": one of ROLES, "note": str}
 
-Verifying checks the signatures against trusted keys and that the files on disk now are exactly
+Verifying checks the signatures against trusted keys and that the release on disk now is exactly
 the subjects: a table changed, removed or added after the decision fails, naming the file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +27,7 @@ from typing import Any
 from dprelease.catalog.errors import VerificationError
 from dprelease.catalog.identity.dsse import Envelope, sign_envelope, verify_envelope
 from dprelease.catalog.identity.keys import IdentityError, PublicKey, SigningKey
+from dprelease.catalog.identity.roles import ROLES
 
 # scan_release_files is the manifest's own listing (regular files, links found, never followed).
 from dprelease.catalog.publishing.artifacts import (
@@ -29,15 +35,17 @@ from dprelease.catalog.publishing.artifacts import (
     SHOWN_PROBLEMS,
     read_manifest,
     scan_release_files,
-    sha256_file,
 )
+from dprelease.catalog.publishing.report import TABLE_PAGES
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 PREDICATE_TYPE = "https://dprelease.dev/review/v1"
 ATTESTATIONS_FOLDER = "attestations"
 DECISIONS = ("approve", "reject")
-ROLES = ("custodian", "operator", "reviewer", "auditor")
+MANIFEST_SUBJECT = f"{MANIFEST}#content"
+# rewritten by every decision (the review trail): not what a reviewer decides on
+REWRITTEN = ("report.html", f"{TABLE_PAGES}/", f"{ATTESTATIONS_FOLDER}/")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,18 +59,27 @@ class ReviewAttestation:
     signers: tuple[str, ...]
 
 
+def manifest_content_digest(manifest: Mapping[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON without its ``review`` and ``artifacts``."""
+    content = {k: v for k, v in manifest.items() if k not in ("review", "artifacts")}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def release_digests(release_dir: Path) -> dict[str, str]:
-    """sha256 of the manifest and every other file (not attestations).  O(bytes)."""
+    """The staged content: the manifest's content digest and the sha256 of every other file a
+    decision does not rewrite.  O(bytes)."""
     hashes, links = scan_release_files(release_dir)
     if links:
         raise VerificationError(
             f"release directory {release_dir} holds symbolic links ({', '.join(links)})"
         )
-    if not (release_dir / MANIFEST).is_file():
-        raise VerificationError(f"release directory {release_dir} has no {MANIFEST}")
-    hashes[MANIFEST] = sha256_file(release_dir / MANIFEST)
-    prefix = ATTESTATIONS_FOLDER + "/"
-    return {name: digest for name, digest in sorted(hashes.items()) if not name.startswith(prefix)}
+    hashes[MANIFEST_SUBJECT] = manifest_content_digest(read_manifest(release_dir))
+    return {
+        name: digest
+        for name, digest in sorted(hashes.items())
+        if name != "report.html" and not name.startswith(REWRITTEN[1:])
+    }
 
 
 def _release_id(release_dir: Path) -> str:

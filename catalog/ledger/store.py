@@ -8,6 +8,7 @@ a lease (``catalog.ledger.leases``); reviews are appended, never changed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -225,6 +226,7 @@ class Catalog(Ledger):
         note: str,
         published_directory: str | None = None,
         required_approvals: int = 1,
+        also: Callable[[Connection], None] | None = None,
     ) -> ReviewRecord:
         """Append a review decision and move the release to approved/rejected (staged only).
 
@@ -232,7 +234,8 @@ class Catalog(Ledger):
         an approval decides once ``required_approvals`` distinct reviewers (:func:`same_person`)
         approved, until then the release stays ``staged``.  The deciding approval may record where
         the release will be published (``published_directory``) in the same transaction, so an
-        interrupted publication resumes to the same place.
+        interrupted publication resumes to the same place.  ``also(conn)`` writes the caller's own
+        row of the decision (its signature) in the same transaction.
         """
         if decision not in ("approved", "rejected"):
             raise CatalogError(f"decision {decision!r} must be 'approved' or 'rejected'")
@@ -265,6 +268,8 @@ class Catalog(Ledger):
                     release_id=release_id, decision=decision, reviewer=reviewer, note=note, at=stamp
                 )
             )
+            if also is not None:
+                also(conn)
             values: dict[str, Any] = {"updated_at": stamp}
             if decision == "rejected" or approvals + 1 >= required_approvals:
                 values["status"] = decision

@@ -86,6 +86,10 @@ class ReviewState(_Record):
     operator: str | None = None
     """Who ran the release (``catalog.review.policy``); written with the first decision."""
     trail: list[ReviewEntry] = []
+    signatures: list[dict[str, Any]] | None = None
+    """Per decision: the key that signed it and in which role, None when unsigned
+    (``catalog.review.signatures``); absent while no decision is signed."""
+    omitted_when_none = ("signatures",)
 
 
 class Manifest(_Record):

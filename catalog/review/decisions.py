@@ -7,10 +7,11 @@ rejection decides.  The manifest's review trail lists every decision the catalog
 Idempotent: the review is recorded once, in the catalog, and everything after it is derived from
 that record, so re-running a decision after a crash finishes what was left undone.  An approval,
 each step repeatable: (1) public checks (reviewer, not the operator, status, a free publication
-target) before anything is written; (2) ``Catalog.record_review``, the decision and publication
-target in one transaction; (3) the manifest's trail, status ``published`` and the report;
-(4) ``artifacts.publish``, a complete copy renamed into place; (5) the catalog status
-``published`` with the manifest's sha256.
+target; on a dataset that requires signatures, the signed decision: ``catalog.review.signatures``)
+before anything is written; (2) ``Catalog.record_review``, the decision, its signature and the
+publication target in one transaction; (3) the signed decisions as attestation files, the
+manifest's trail, status ``published`` and the report; (4) ``artifacts.publish``, a complete copy
+renamed into place; (5) the catalog status ``published`` with the manifest's sha256.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.identity.dsse import Envelope
 from dprelease.catalog.ledger.leases import ReleaseRecord
 from dprelease.catalog.ledger.names import normalize_reviewer, same_person
 from dprelease.catalog.ledger.store import Catalog, ReviewRecord
 from dprelease.catalog.publishing import artifacts
 from dprelease.catalog.publishing.report import write_report
+from dprelease.catalog.review import signatures as signing
 from dprelease.catalog.review.policy import ReviewPolicyRecord, policy_of
 
 # The manifest's review status for each catalog status a decision leaves.
@@ -39,9 +42,11 @@ def review(
     reviewer: str,
     note: str,
     publish_dir: Path | None = None,
+    signature: Envelope | None = None,
 ) -> dict[str, Any]:
     """Record a decision; approval publishes a copy once the policy's approvals are in, rejection
-    keeps the spent budget spent.
+    keeps the spent budget spent.  ``signature``: the reviewer's signed decision
+    (:func:`catalog.review.signatures.sign_decision`), required on a dataset with registered keys.
 
     Re-running an approval of an ``approved`` (or ``published``) release finishes (or confirms) its
     publication; re-running a rejection of a ``rejected`` release finishes its manifest.  Returns
@@ -62,16 +67,19 @@ def review(
     if record.status == "rejected" and not approve:
         return _finish(catalog, record, publish_dir)
     policy = check_reviewer(catalog, release_id, approve=approve, reviewer=reviewer)
+    accepted = signing.accept(catalog, release_id, approve=approve, signature=signature)
     target = _target(record, publish_dir)
     if approve and target.exists():  # refused before the decision is recorded
         raise CatalogError(f"published copy {target} already exists; refusing to overwrite it")
+    decision = "approved" if approve else "rejected"
     catalog.record_review(
         release_id,
-        decision="approved" if approve else "rejected",
+        decision=decision,
         reviewer=reviewer,
         note=note,
         published_directory=str(target) if approve else None,
         required_approvals=policy.required_approvals,
+        also=None if accepted is None else accepted.recorder(release_id, decision, reviewer),
     )
     return _finish(catalog, catalog.release(release_id), publish_dir)
 
@@ -124,6 +132,7 @@ def status(catalog: Catalog, release_id: str) -> dict[str, Any]:
         "notified_at": policy.notified_at,
         "notify_error": policy.notify_error,
         "trail": [_entry(r) for r in decisions],
+        "signed": signing.signed_trail(catalog, release_id, decisions),
     }
 
 
@@ -159,7 +168,13 @@ def _finish(catalog: Catalog, record: ReleaseRecord, publish_dir: Path | None) -
         "operator": policy.operator,
         "trail": [_entry(r) for r in decisions],
     }
-    if manifest.get("review") != section:
+    signed = signing.signed_trail(catalog, record.id, decisions)
+    if any(entry["key_id"] for entry in signed):  # unsigned (legacy) manifests keep their form
+        section["signatures"] = [
+            {k: entry[k] for k in ("decision", "reviewer", "key_id", "role")} for entry in signed
+        ]
+    attested = signing.write_attestations(catalog, record.id, directory)
+    if manifest.get("review") != section or attested:
         manifest["review"] = section
         write_report(directory, manifest, catalog)
         digest = artifacts.write_manifest(directory, manifest)

@@ -3,6 +3,8 @@ everything recorded about it."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -49,7 +51,18 @@ def print_review_policy(release_id: str) -> None:
 
 def review(
     release_id: Annotated[str, typer.Argument(help="Release id (see `dprelease releases`).")],
-    reviewer: Annotated[str | None, typer.Option(help="Who decides (recorded).")] = None,
+    reviewer: Annotated[
+        str | None,
+        typer.Option(help="Who decides (recorded; default: the name of --key)."),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key",
+            help="Your signing key (default $DPRELEASE_KEY): signs the decision over the staged "
+            "tables; required on a dataset whose custodian registered keys.",
+        ),
+    ] = None,
     approve: Annotated[
         bool | None,
         typer.Option(
@@ -68,30 +81,47 @@ def review(
     """Audited review: approve publishes a copy; reject keeps the spent budget spent.
 
     A spec's `review: {approvers: N}` needs N distinct reviewers, none of them the person who ran
-    the release; until then each approval is recorded and the release stays staged.  A release
-    whose deployed flow run is paused for review is decided by resuming that run with the decision
-    (the run records it); any other release is decided here, in the catalog.
+    the release; until then each approval is recorded and the release stays staged.  On a dataset
+    whose custodian registered keys, each decision is signed with --key (a key holding the
+    reviewer role, never the key that ran the release) and approvals count distinct keys.  A
+    release whose deployed flow run is paused for review is decided by resuming that run with the
+    decision (the run records it); any other release is decided here, in the catalog.
     """
+    from dprelease.catalog.identity.roles import requires_signatures
+    from dprelease.catalog.identity.signing import KEY_ENV
     from dprelease.catalog.ledger.store import Catalog
     from dprelease.catalog.review import decisions as reviewing
+    from dprelease.catalog.review import signatures
     from dprelease.catalog.watch_state import ReviewRuns
 
     catalog = Catalog()
     outcome = None
+    if key is None and approve is not None and os.environ.get(KEY_ENV, "").strip():
+        # the environment's key signs only where signatures are required (--key always does)
+        dataset_id = catalog.release(release_id).dataset_id
+        if requires_signatures(catalog, dataset_id):
+            key = os.environ[KEY_ENV].strip()
     if approve is None:
-        if reviewer is not None or note or publish_dir is not None:
+        if reviewer is not None or note or publish_dir is not None or key is not None:
             raise DprReleaseError(
-                "--reviewer, --note and --publish-dir need a decision: add --approve or --reject"
+                "--reviewer, --key, --note and --publish-dir need a decision: add --approve or "
+                "--reject"
             )
-    elif reviewer is None:
-        raise DprReleaseError("--reviewer NAME is required with --approve or --reject")
+    elif reviewer is None and key is None:
+        raise DprReleaseError(
+            "--reviewer NAME is required with --approve or --reject (or --key NAME, whose name "
+            "is recorded)"
+        )
     else:
+        signature = None if key is None else _signed(catalog, release_id, key, approve, note)
+        reviewer = reviewer or key
         paused_run = ReviewRuns(catalog.url).get(release_id)
         if paused_run is not None and paused_run.status == "awaiting":
             # refused here, before the paused run is resumed with a decision it would refuse
             reviewing.check_reviewer(catalog, release_id, approve=approve, reviewer=reviewer)
+            signatures.accept(catalog, release_id, approve=approve, signature=signature)
             outcome = _review_through_flow_run(
-                paused_run, approve, reviewer, note, publish_dir, catalog
+                paused_run, approve, reviewer, note, publish_dir, catalog, signature
             )
         if outcome is None:
             outcome = reviewing.review(
@@ -101,6 +131,7 @@ def review(
                 reviewer=reviewer,
                 note=note,
                 publish_dir=publish_dir,
+                signature=signature,
             )
     current = reviewing.status(catalog, release_id)
     if as_json:
@@ -112,6 +143,20 @@ def review(
         if outcome.get("published_directory"):
             stdout.print(f"published to {outcome['published_directory']}")
         _print_approval_progress(current)
+
+
+def _signed(catalog: Any, release_id: str, key: str, approve: bool, note: str) -> Any:
+    """The decision signed with the local key ``key`` over the staged release (only the key id
+    and the envelope leave this function)."""
+    from dprelease.catalog.identity.keys import load_signing_key
+    from dprelease.catalog.review.signatures import sign_decision
+
+    record = catalog.release(release_id)
+    if record.directory is None:
+        raise CatalogError(f"release {release_id!r} has no staged directory")
+    return sign_decision(
+        Path(record.directory), key=load_signing_key(key), approve=approve, note=note
+    )
 
 
 def _print_approval_progress(current: dict[str, Any]) -> None:
@@ -145,9 +190,15 @@ def _print_review_status(current: dict[str, Any], *, header: bool = True) -> Non
             else "not sent"
         )
         stdout.print(f"  notifies:  {current['notify']} ({outcome})")
-    for entry in current["trail"]:
+    signed = current.get("signed") or [{}] * len(current["trail"])
+    keys_used = any(entry.get("key_id") for entry in signed)
+    for entry, signature in zip(current["trail"], signed, strict=True):
         note = f" — {entry['note']}" if entry["note"] else ""
-        stdout.print(f"  {entry['at']}  {entry['decision']} by {entry['reviewer']}{note}")
+        how = ""
+        if keys_used:
+            key_id = signature.get("key_id")
+            how = f" (signed by key {key_id[:16]}…)" if key_id else " (unsigned)"
+        stdout.print(f"  {entry['at']}  {entry['decision']} by {entry['reviewer']}{note}{how}")
     if not current["trail"]:
         stdout.print("  no decision yet")
 
@@ -159,6 +210,7 @@ def _review_through_flow_run(
     note: str,
     publish_dir: Path | None,
     catalog: Any,
+    signature: Any = None,
 ) -> dict[str, Any] | None:
     """Resume the paused deployed run with the decision: its outcome as ``reviewing.review``
     reports one, and through which run; None when the run can no longer decide."""
@@ -170,7 +222,12 @@ def _review_through_flow_run(
         console.print("note: --publish-dir is ignored: the deployment's publish location is used")
     try:
         record = resume_review(
-            paused_run, approve=approve, reviewer=reviewer, note=note, catalog=catalog
+            paused_run,
+            approve=approve,
+            reviewer=reviewer,
+            note=note,
+            catalog=catalog,
+            signature="" if signature is None else json.dumps(signature.as_dict()),
         )
     except ReviewRunNotPaused as exc:
         console.print(f"note: {exc}; deciding in the catalog directly")

@@ -193,7 +193,7 @@ def test_attestation_round_trip(release: Path) -> None:
     names = [s["name"] for s in statement["subject"]]
     assert names == sorted(
         [
-            "manifest.json",
+            "manifest.json#content",
             "tables/age.parquet",
             "tables/age.csv",
             "tables/sex.parquet",
@@ -203,7 +203,8 @@ def test_attestation_round_trip(release: Path) -> None:
     assert statement["predicateType"] == attestations.PREDICATE_TYPE
     manifest = json.loads((release / "manifest.json").read_text())
     subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    assert {k: v for k, v in subjects.items() if k != "manifest.json"} == manifest["artifacts"]
+    assert {k: v for k, v in subjects.items() if "#" not in k} == manifest["artifacts"]
+    assert subjects["manifest.json#content"] == attestations.manifest_content_digest(manifest)
     loaded = dsse.Envelope.from_dict(json.loads(json.dumps(envelope.as_dict())))
     result = attestations.verify_release_attestation(release, loaded, trusted(ada))
     assert (result.release_id, result.decision, result.role, result.note) == (
@@ -225,6 +226,20 @@ def test_a_table_changed_after_the_attestation_fails_naming_the_file(release: Pa
     with pytest.raises(VerificationError, match=r"tables/sex\.parquet: changed since") as caught:
         attestations.verify_release_attestation(release, envelope, trusted(ada))
     assert "tables/age.parquet" not in str(caught.value)
+
+
+def test_a_decision_rewriting_the_review_trail_keeps_the_attestation_valid(release: Path) -> None:
+    ada = SigningKey.generate()
+    envelope = attestations.attest_release(release, key=ada, decision="approve")
+    manifest = json.loads((release / "manifest.json").read_text())
+    (release / "report.html").write_text("<html>approved by ada</html>")
+    (release / "report").mkdir()
+    (release / "report" / "sex.html").write_text("<html></html>")
+    write_manifest(release, {**manifest, "review": {"status": "published", "trail": ["ada"]}})
+    assert attestations.verify_release_attestation(release, envelope, trusted(ada)).signers
+    write_manifest(release, {**manifest, "cost": {"epsilon": 9.0}})  # the content changed
+    with pytest.raises(VerificationError, match=r"manifest\.json#content: changed since"):
+        attestations.verify_release_attestation(release, envelope, trusted(ada))
 
 
 def test_added_and_removed_files_fail(release: Path) -> None:

@@ -438,7 +438,7 @@ def test_one_rejection_decides_and_the_operator_may_withdraw(two_approvers: Stag
 def test_status_says_who_approved_and_what_is_missing(two_approvers: Staged) -> None:
     approve(two_approvers, reviewer="Ada")
     current = review_module.status(two_approvers.catalog, RELEASE)
-    assert {k: v for k, v in current.items() if k != "trail"} == {
+    assert {k: v for k, v in current.items() if k not in ("trail", "signed")} == {
         "release_id": RELEASE,
         "status": "staged",
         "operator": "Olga",
@@ -451,6 +451,7 @@ def test_status_says_who_approved_and_what_is_missing(two_approvers: Staged) -> 
         "notify_error": None,
     }
     assert [t["reviewer"] for t in current["trail"]] == ["Ada"]
+    assert [(t["reviewer"], t["key_id"]) for t in current["signed"]] == [("Ada", None)]
 
 
 def test_a_release_without_a_policy_needs_one_approval_by_anyone(staged: Staged) -> None:
