@@ -42,8 +42,7 @@ EMBED_TOTAL_ROWS = 1_000_000
 """Rows the page carries over all its tables, shared evenly (91 two-way Adult tables: every row)."""
 SPLIT_FROM = 200
 """From this many tables the tables part is a searchable index and every table has its own page
-under :data:`TABLE_PAGES` (one page of them all loads in seconds to minutes:
-``benchmarks/report_bench.py``)."""
+under :data:`TABLE_PAGES` (one page of them all would load slowly)."""
 TABLE_PAGES = "report"
 """Folder of the per-table pages, relative to ``report.html``."""
 DATA_DOCS = "validation/docs/index.html"  # relative to the report, in the release directory

@@ -80,8 +80,8 @@ def axis_labels(table: pa.Table, axis: Axis) -> list[str]:
 
 
 def _column_labels(column: pa.ChunkedArray) -> list[str]:
-    """:func:`_label` of every value: formatted once per distinct value (a grid axis has a few
-    levels repeated; 4,525 marginal tables of 1,000 rows made 13.5M per-row calls). O(rows)."""
+    """:func:`_label` of every value, formatted once per distinct value (a grid axis repeats a
+    few levels). O(rows)."""
     values = column.combine_chunks()
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()

@@ -81,11 +81,9 @@ def build_table(
 ) -> pa.Table:
     """Assemble one item's table from released estimates and the public error model.
 
-    ``noise_variance × unit_variances`` is each row's squared ``std_error``.  ``interval`` (one
-    value or one per row, :data:`mechanisms.primitives.intervals.INTERVALS`) is ``"laplace"`` for rows whose
-    error is exactly one Laplace draw (exact Laplace quantile), ``"normal"`` otherwise, ``"none"``
-    for rows that claim no interval (null ``ci_low``/``ci_high``).  ``uncertainty`` (one label or
-    one per row) says what ``std_error`` covers: ``"noise"``, ``"noise+bias"`` or ``"noise-only"``.
+    ``noise_variance × unit_variances`` is each row's squared ``std_error``.  ``interval`` and
+    ``uncertainty`` are one value or one per row (see the module text; ``"none"``: null
+    ``ci_low``/``ci_high``).
     """
     estimate = np.asarray(estimates, dtype=np.float64)
     rows = estimate.shape

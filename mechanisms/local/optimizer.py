@@ -322,18 +322,12 @@ def optimize_strategy(
     2. Algorithm 2: ``z`` and ``Q`` move together, ``z`` by the exact chain rule with step
        ``0.01 β / (n e^ε)``; monotone; rows whose ``z`` reaches 1e-10 are removed.
 
-    Each step costs ``O(m n^2 + n^3)`` plus a few ``O(m n)`` projection passes.  ``W`` enters only
-    through ``W^T W``.  ``rng`` is public randomness for the random start (``rows x n`` uniform,
-    projected; ``rows`` defaults to ``4 n``), so a recorded seed reproduces the strategy.
-    ``iterations`` bounds the steps of both phases; a phase stops when the objective fell by less
-    than ``tolerance`` (relative) over 50 steps.  ``initial`` replaces the random start (``n``
-    columns, same ε; its row minima are ``z``).  ``time_limit`` (seconds) is checked before every
-    objective evaluation; once passed, the best iterate (each is a valid strategy) is returned with
-    ``details["stopped_early"]``.  ``progress(fraction, message)`` follows every step.
-
-    Returns an ``"optimized"`` :class:`LDPStrategy` with ``details``: ``objective`` (``L(Q)`` of the
-    last iterate; the returned matrix differs by at most one ulp per entry, see
-    :func:`~mechanisms.local.randomizer.enforce_row_ratio`), ``steps`` and ``stopped_early``.
+    Each step costs ``O(m n^2 + n^3)`` plus a few ``O(m n)`` projection passes; ``W`` enters only
+    through ``W^T W``.  ``rng`` is public randomness for the random start (``rows x n``, default
+    ``4 n``; ``initial`` replaces it).  A phase stops when the objective fell by less than
+    ``tolerance`` (relative) over 50 steps.  Once ``time_limit`` has passed, the best iterate (each
+    is a valid strategy) is returned with ``details["stopped_early"]``; ``details`` also hold
+    ``objective`` (of the last iterate, before the one-ulp row-ratio fix) and ``steps``.
 
     Privacy: Uses no data; ε-LDP by the exact checks of :class:`LDPStrategy`.
 

@@ -330,14 +330,9 @@ def decompose(
 
 
 # Cost model of one outer iteration at the default max_inner = max_gradient_steps = 5 (seconds,
-# one BLAS thread): least-squares fit (relative error, non-negative coefficients) of
-#   c0 + c1·mnr + c2·mr² + c3·r³ + c4·nr·log2(r) + c5·mn
-# to the process time per outer iteration of `decompose` on WRange workloads of 15 shapes from
-# 64×64 to 1024×1024, 4096×256 and 64×2048 (r = ⌈1.2·rank⌉), measured by
-#   .venv/bin/python benchmarks/predict_bench.py --calibrate lrm
-# Every shape is within 14 % of the fit.  Outer iterations to converge (γ = 0.01) measured
-# 86-135 on WRange, WDiscrete, WRelated, prefix and all-range workloads with n ≤ 256 (10 for an
-# identity workload), so a run is predicted at _TYPICAL_OUTER iterations.
+# one BLAS thread): c0 + c1·mnr + c2·mr² + c3·r³ + c4·nr·log2(r) + c5·mn, fitted on WRange
+# workloads (benchmarks/predict_bench.py --calibrate lrm).  Runs to γ = 0.01 took 86-135 outer
+# iterations on the paper's workload families, so a run is predicted at _TYPICAL_OUTER.
 _OUTER_COEFFICIENTS = (7.5e-3, 1.35e-10, 1.0e-9, 8.9e-10, 1.27e-7, 2.2e-7)
 _TYPICAL_OUTER = 150
 

@@ -204,10 +204,9 @@ def kron_template(
     ``c_t = Π_{j≠i} tr(G_{t,j} (A_jᵀA_j)⁻¹)`` (exact for the other factors), warm-started; a factor
     is only replaced by something no worse, so the error never increases.  One term is separable
     (one sweep; for Gaussian noise optimal among all strategies up to ``tolerance``, certified by
-    the product of the factors' dual bounds).  ``ps[i]``: p-Identity size (None: ``n_i // 16``);
-    ``template`` as in :func:`mechanisms.optimized.templates.optimize_factor`; ``start``: the
-    caller's perf_counter at entry.  Once ``limit`` passes, the factor in progress returns its best
-    point, nothing further starts, and the result is ``stopped_early``.
+    the product of the factors' dual bounds).  ``ps[i]``: p-Identity size (None: ``n_i // 16``).
+    Once ``limit`` passes, the factor in progress returns its best point and the result is
+    ``stopped_early``.
 
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
     References: HDMM §6 (OPT_⊗ and unions of Kronecker products).
@@ -398,10 +397,8 @@ def optimize_workload(
     """The lowest-error strategy among the Kronecker template and the marginals template.
     Kronecker: per-attribute p-Identity (Laplace) or full-rank optimum (Gaussian, n_i ≤ 4096),
     alternated over a union of terms.  Marginals: tried when ``d ≤ 20``.  The returned ``details``
-    maps each candidate to its total error.  ``time_limit`` (seconds) bounds both together: the
-    Kronecker search stops at its next evaluation with its best strategy so far, the marginals
-    template is skipped once the limit has passed (no ``"marginals"`` in ``details``), and the
-    result has ``stopped_early``.  ``progress``: Kronecker 0-0.8, marginals 0.8-1.
+    maps each candidate to its total error.  ``time_limit`` bounds both together (the marginals
+    template is skipped once it has passed; the result is then ``stopped_early``).
 
     *Privacy*: none consumed; ``rng`` is public randomness (restart points).
     References: HDMM §7 (choosing among templates)."""
@@ -448,13 +445,11 @@ def optimize_workload(
     )
 
 
-# A union of terms alternates: warm-started factors converge faster on later sweeps, and three
-# 2-attribute terms cost about 1.5 single-term runs (measured, all-range × prefix unions, n_1 up
-# to 256; benchmarks/predict_bench.py --calibrate templates).
+# A union of terms alternates (warm-started factors converge faster on later sweeps): about 1.5
+# single-term runs (benchmarks/predict_bench.py --calibrate templates).
 _KRON_UNION_FACTOR = 1.5
-# Marginals template (mechanisms.primitives.marginal_strategies.search_marginal_weights, 2 starts): per
-# L-BFGS-B iteration 2e-4 s + 2e-8 s·d·2^d; iterations over both starts ≈ 200 (Laplace) and
-# 50 (Gaussian), measured for all 2-way marginals of d = 4…14 attributes of size 4.
+# Marginals template (2 starts): per L-BFGS-B iteration 2e-4 s + 2e-8 s·d·2^d; iterations over
+# both starts ≈ 200 (Laplace) and 50 (Gaussian) for 2-way marginals.
 _MARGINAL_ITERATIONS = {"laplace": 200, "gaussian": 50}
 
 

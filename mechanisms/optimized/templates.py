@@ -305,10 +305,8 @@ class PIdentityObjective:
         leading = float(self._diag_gram @ (scales * scales))
         loss = leading - float(np.vdot(theta, c))
         if not loss > leading * _LEAST_SIGNIFICANT_SHARE:
-            # the difference kept fewer than ~8 significant digits: Θ has grown so large that the
-            # rounding error of the two terms exceeds the loss itself (a Θ of 1e9 on a workload
-            # that only needs a sum of cells once reported a unit error of -96).  Treated as
-            # outside the domain: the line search backs off.
+            # fewer than ~8 significant digits left: Θ is so large that the rounding error of the
+            # two terms exceeds the loss itself.  Outside the domain: the line search backs off.
             return math.inf, np.zeros(p * n)
         # d/dΘ with s fixed: −2 Θ Y (SGS) Y = −2 (C − (CΘᵀ) B). O(p² n)
         gradient = (c @ theta.T) @ b

@@ -35,14 +35,12 @@ message (sizes, iteration counts, achieved error: never data)."""
 
 _Result = TypeVar("_Result")
 
-# Measured on the project machine (2 cores, OpenBLAS, one thread through threadpoolctl) with
-#   .venv/bin/python benchmarks/predict_bench.py --calibrate machine
-# which times a 2048 dgemm, a 2048 eigh and a 2048×2048 SVD: 2·2048³ flops in 0.40 s (43 GF/s);
-# eigh 2.15 s (≈ 9·n³ flops at DGEMM speed); SVD (gesdd, U and Vᵀ) 6.3 s (≈ 27·n³).
+# One core, OpenBLAS with one thread (benchmarks/predict_bench.py --calibrate machine): an eigh
+# costs about 9·n³ DGEMM flops, a thin SVD with both factors about 27·m·n·k.
 DGEMM_FLOPS_PER_SECOND = 4.0e10
 """Sustained float64 matrix-product speed of one core (flops per second)."""
-_EIGH_SECONDS_PER_CUBE = 2.5e-10  # eigh of n×n: 2.5e-10·n³ s (2048: 2.1 s)
-_SVD_SECONDS_PER_MNK = 7.5e-10  # thin SVD of m×n, k = min(m, n): 7.5e-10·m·n·k s (2048²: 6.4 s)
+_EIGH_SECONDS_PER_CUBE = 2.5e-10  # eigh of n×n: 2.5e-10·n³ s
+_SVD_SECONDS_PER_MNK = 7.5e-10  # thin SVD of m×n, k = min(m, n): 7.5e-10·m·n·k s
 
 BLOCK_FLOPS = 1.0e10
 """Largest product :func:`blocked_matmul` issues as one BLAS call (about 0.25 s on one core)."""
@@ -211,19 +209,15 @@ def svd_seconds(m: int, n: int) -> float:
     return _SVD_SECONDS_PER_MNK * float(m) * float(n) * float(min(m, n))
 
 
-# Eigen-Design (mechanisms.eigen.design.eigen_design, method "full", compare_svd_bound, as the
-# planner calls it): dense eigendecompositions (the spectrum, the SVD bounds, the error of each
-# candidate) dominate; the weighting program took 0-98 L-BFGS-B iterations of O(n·r), a few
-# percent.  Measured (process time, one BLAS thread) by
-#   .venv/bin/python benchmarks/predict_bench.py --calibrate eigen
-# on all-range, prefix and identity Grams, L1 and L2: n = 256: 0.03-0.07 s; 512: 0.12-0.28 s;
-# 1024: 0.71-1.45 s (2.6-5.4 eighs); fitted as 5 eighs.
+# Eigen-Design as the planner calls it: dense eigendecompositions (the spectrum, the SVD bounds,
+# the error of each candidate) dominate the weighting program; 2.6-5.4 eighs measured, fitted as 5
+# (benchmarks/predict_bench.py --calibrate eigen).
 _EIGEN_DESIGN_EIGHS = 5.0
 
 
 def predict_eigen_design_seconds(num_cells: int) -> float:
     """Predicted seconds of :func:`mechanisms.eigen.design.eigen_design` on an n-cell Gram: five
-    n×n eighs (one BLAS thread, an idle core), within a factor of two of the above.  O(1)."""
+    n×n eighs (one BLAS thread, an idle core).  O(1)."""
     if isinstance(num_cells, bool) or not isinstance(num_cells, int | np.integer) or num_cells < 1:
         raise ValueError(f"num_cells ({num_cells!r}) must be an integer >= 1")
     return 0.005 + _EIGEN_DESIGN_EIGHS * eigh_seconds(int(num_cells))

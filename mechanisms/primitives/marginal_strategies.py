@@ -370,14 +370,11 @@ def search_marginal_weights(
     L-BFGS-B from each of ``starts`` (e.g. the workload's own marginals) and then from
     ``restarts`` ``Uniform(0, 1)`` points drawn from ``rng`` (the objective is not convex: a zero
     weight is a stationary direction, so restarts explore other supports).  The weights of the
-    family's maximal subsets (the full identity on the whole lattice) are kept ≥ 1e-6 (relative) so every eigenvalue stays positive; weights below 1e-4 of the
-    largest are dropped when that costs < 1e-6 relative error.  BLAS runs single-threaded (scipy's
-    L-BFGS-B is many times slower per iteration with contended OpenBLAS threads).
-
-    ``time_limit`` (seconds, None = none) stops the current run at its next iteration and skips
-    the rest; the best point so far is returned with ``stopped_early`` (the first run always
-    takes at least one iteration, so an expired limit still yields weights).  ``progress(fraction,
-    message)`` is called after every run.  One evaluation is O(d 2^d).
+    family's maximal subsets are kept ≥ 1e-6 (relative) so every eigenvalue stays positive;
+    weights below 1e-4 of the largest are dropped when that costs < 1e-6 relative error.
+    ``time_limit`` stops the current run at its next iteration and skips the rest (the first run
+    always takes one iteration, so weights are returned, with ``stopped_early``).  One evaluation
+    is O(d 2^d).
     """
     started = time.perf_counter()
     if not isinstance(family, SubsetFamily):
@@ -602,10 +599,10 @@ def marginal_weights_l2(
 ) -> MarginalWeights:
     """Eigen-Design in subset space for L2 noise: centred-marginal weights ``w_T² c_T ∝ √(g_T/r_T)``.
 
-    Closed form, O(items · 2^d) (on a closed family O(items + Σ 2^|R|)): each eigenspace ``Q_T`` gets weight ``μ_T ∝ √λ_T`` (Cauchy–Schwarz
-    on ``Δ₂² · Σ g_T/μ_T`` with ``Δ₂² = Σ μ_T r_T / N``), so the total error is
-    ``(Σ_T √(g_T r_T))² / N``: the SVD bound exactly when the workload is diagonal (all marginals).
-    ``time_limit`` is accepted for a uniform interface (the computation never needs it).
+    Closed form, O(items · 2^d) (on a closed family O(items + Σ 2^|R|)): each eigenspace ``Q_T``
+    gets weight ``μ_T ∝ √λ_T`` (Cauchy–Schwarz on ``Δ₂² · Σ g_T/μ_T`` with
+    ``Δ₂² = Σ μ_T r_T / N``), so the total error is ``(Σ_T √(g_T r_T))² / N``: the SVD bound
+    exactly when the workload is diagonal (all marginals).  ``time_limit`` is never needed.
     """
     _check_time_limit(time_limit)
     started = time.perf_counter()
@@ -644,11 +641,10 @@ def marginal_weights_template(
 ) -> MarginalWeights:
     """HDMM's marginals template: weights ``w_S`` of plain marginals minimising ``Δ² Σ g_T/μ_T``.
 
-    Starts from the workload's own marginals (weight 1 each: the "measure every table" strategy,
-    so the result is never worse than it) and then ``restarts`` random points; L-BFGS-B, O(d 2^d)
-    per evaluation.  Beyond ``MAX_MARGINAL_ATTRIBUTES`` attributes the search runs on the downward
-    closure of the workload's tables, from their own marginals only (O(Σ 2^|R|) per evaluation;
-    random points in 10⁵ dimensions rarely beat that start).  On ``time_limit`` the best weights so far are returned (``stopped_early``).
+    Starts from the workload's own marginals (weight 1 each, so never worse than measuring every
+    table) and then ``restarts`` random points; L-BFGS-B, O(d 2^d) per evaluation.  Beyond
+    ``MAX_MARGINAL_ATTRIBUTES`` attributes it runs on the downward closure of the workload's
+    tables, from their own marginals only (O(Σ 2^|R|) per evaluation).
     """
     _check_time_limit(time_limit)
     validate_noise(noise)

@@ -177,9 +177,8 @@ def _opendp_cost(
 ) -> PrivacyCost:
     """The privacy map of the exact OpenDP measurement that :class:`OpenDPSampler` runs.
 
-    Memoised: the map is a deterministic function of these public arguments, and building the
-    measurement costs ~7 ms (a release calibrates once or twice; a test of 2,000 releases did it
-    4,000 times)."""
+    Memoised: a deterministic function of these public arguments, and building the measurement
+    is not free."""
     measurement = _opendp_measurement(kind, scale=scale, size=size)
     if kind == "laplace":
         return PrivacyCost(measure="pure", epsilon=float(measurement.map(sensitivity)))

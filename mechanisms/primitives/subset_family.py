@@ -10,8 +10,7 @@ A :class:`SubsetFamily` says which subsets those arrays hold and in what order:
   bitmasks (Python ints: more than 63 attributes are fine).  A workload of marginals has no mass
   outside the downward closure of its tables (``g_T = 0`` unless ``T ⊆ R`` for some table ``R``),
   so the centred design, the largest-variance design and every error are the same as on the whole
-  lattice; the sums cost O(Σ_S 2^|S|), never 2^d.  1–3-way marginals of 100 attributes: 166,751
-  subsets and 1.3M subset pairs.
+  lattice; the sums cost O(Σ_S 2^|S|), never 2^d.
 
 Values that are products over all attributes (``c_T = Π_{i∉T} n_i``, the cell count ``N``) are
 float64: the spec bounds ``N`` well below 1e308.

@@ -467,16 +467,12 @@ def optimize_weights(
 ) -> UnionStrategy:
     """Weights minimising sensitivity² × total variance, then pruning of terms it drove to ~0.
 
-    Deterministic: starts from equal weights and optimises all log-weights (bounded to e^±7, the
-    objective is scale-free) with L-BFGS-B and the analytic gradient.  A term whose weight ends below
-    e^-5 of the largest is dropped when the others still support the workload and the error does
-    not grow.  BLAS runs single-threaded here: the matrices are small and threads only contend.
-
-    ``time_limit`` (seconds): checked at every objective evaluation (O(2^k D³) each); once
-    passed, the best weights evaluated so far are kept (every term stays, so the strategy still
-    supports the workload), pruning is skipped, and ``parameters["stopped_early"]`` is True.
-    ``progress(fraction, message)``: after every L-BFGS iteration (fraction: evaluations used of
-    ``max_evaluations``, or the share of the time limit if larger).
+    Deterministic: L-BFGS-B with the analytic gradient on all log-weights (bounded to e^±7; the
+    objective is scale-free) from equal weights.  A term whose weight ends below e^-5 of the
+    largest is dropped when the others still support the workload and the error does not grow.
+    ``time_limit`` is checked at every evaluation (O(2^k D³) each); once passed, the best weights
+    so far are kept (every term stays, so the workload stays supported), pruning is skipped and
+    ``parameters["stopped_early"]`` is True.
     """
     limit = WorkLimit(time_limit=time_limit)
 

@@ -101,8 +101,7 @@ class WorkloadItem:
 
     ``kept`` (set only by :meth:`marginal`) lists, ascending, the attributes of a marginal item, whose
     factors are then the shared ``Identity``/``Total`` instances: :func:`item_subset` reads it in
-    O(k) and :class:`Workload` checks the item's shape with C-level identity tests, so 166,750
-    tables over 100 attributes cost ~1 µs and 850 bytes each, not 100 fresh factor objects.
+    O(k) and :class:`Workload` checks the item's shape with C-level identity tests.
     """
 
     name: str
