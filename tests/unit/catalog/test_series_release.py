@@ -4,6 +4,7 @@ refusal before anything is charged."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -17,13 +18,15 @@ import yaml
 from typer.testing import CliRunner
 
 from dprelease.catalog import release, series
-from dprelease.catalog.errors import DataError, SpecError
+from dprelease.catalog.confidential.choke_point import ProtectedCells, ProtectedMarginals
+from dprelease.catalog.errors import BudgetExceededError, CatalogError, DataError, SpecError
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.planning.planner import make_plan
 from dprelease.catalog.planning.series import SeriesPlan, make_series_plan
 from dprelease.catalog.spec.load import parse_spec
 from dprelease.flows.cli import app
 from dprelease.mechanisms.continual import square_root_matrix
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.unit.catalog.test_spec_series import raw_series_spec
 
 
@@ -182,3 +185,80 @@ def test_plan_shows_the_horizon_plan_as_text_and_json(tmp_path: Path) -> None:
     }
     assert math.isclose(summary["rho_per_person_total"], 0.5, rel_tol=1e-9)
     assert len(summary["rho_by_partition"]) == 12
+
+
+def test_person_level_releases_charge_the_whole_dataset_in_sequence(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    raw = raw_series_spec(privacy_unit={"person_column": "pid", "max_rows": 2})
+    raw["dataset"] = {"id": "people", "source": str(data), "budget": {"rho": 2.0}}
+    raw["series"] = {"period": "file", "horizon": 3, "time_workload": ["cumulative"]}
+    spec = parse_spec(raw)
+    plan = make_series_plan(spec, make_plan(spec))
+    catalog = Catalog()
+    for period in range(3):
+        rng = np.random.default_rng(period)
+        rows = 90
+        table = pa.table(
+            {
+                "pid": rng.integers(0, 40, rows),  # the same people in every period
+                "region": rng.choice(["n", "s", "e"], rows),
+                "age": rng.integers(0, 4, rows),
+            }
+        )
+        pq.write_table(table, data / f"2026-{period + 1:02d}.parquet")
+        before = _entries(catalog, spec.dataset.id)
+        _release(spec, catalog, tmp_path / "out")
+        charges = [
+            e for e in catalog.ledger_entries(spec.dataset.id)[before:] if e.kind == "charge"
+        ]
+        assert [e.partition for e in charges] == [None]
+        multiplier = float(np.abs(plan.A[period, : period + 1]).sum()) ** 2
+        assert charges[0].cost.rho <= multiplier * plan.rho_unit * (1 + 1e-12)
+        assert charges[0].cost.rho >= multiplier * plan.rho_unit * (1 - 1e-6)
+    assert catalog.spent(spec.dataset.id).rho == pytest.approx(0.5, rel=1e-6)
+    assert catalog.spent(spec.dataset.id).rho <= 0.5
+
+
+def test_charge_each_is_all_or_nothing(tmp_path: Path) -> None:
+    catalog = Catalog()
+    cap = PrivacyCost(measure="zcdp", rho=1.0)
+    catalog.ensure_dataset("d", cap=cap, partitioned_by="file")
+    zcdp = lambda rho: PrivacyCost(measure="zcdp", rho=rho)  # noqa: E731
+    catalog.charge_each("d", {"a": zcdp(0.75)}, release_id="r1", label="one")
+    with pytest.raises(BudgetExceededError, match="partition 'a'"):
+        catalog.charge_each("d", {"b": zcdp(0.1), "a": zcdp(0.5)}, release_id="r2", label="two")
+    assert [e.partition for e in catalog.ledger_entries("d")] == ["a"]
+    with pytest.raises(CatalogError, match="at least one cost"):
+        catalog.charge_each("d", {}, release_id="r3", label="none")
+
+
+def test_a_combination_of_mismatched_parts_is_refused() -> None:
+    cells = ProtectedCells(np.ones(4), domain_shape=(4,), contribution_bound=1)
+    other = ProtectedCells(np.ones(2), domain_shape=(2,), contribution_bound=1)
+    with pytest.raises(ValueError, match="one weight per part"):
+        ProtectedCells.combination([cells, cells], [1.0])
+    with pytest.raises(ValueError, match="one domain and contribution bound"):
+        ProtectedCells.combination([cells, other], [1.0, 0.5])
+    tables = ProtectedMarginals({(0,): [1.0, 2.0]}, domain_shape=(2, 3), contribution_bound=1)
+    more = ProtectedMarginals(
+        {(0,): [1.0, 2.0], (1,): [1.0, 1.0, 1.0]}, domain_shape=(2, 3), contribution_bound=1
+    )
+    with pytest.raises(ValueError, match="the same marginals"):
+        ProtectedMarginals.combination([tables, more], [1.0, 1.0])
+    bound = ProtectedMarginals({(0,): [1.0, 2.0]}, domain_shape=(2, 3), contribution_bound=2)
+    with pytest.raises(ValueError, match="one domain and contribution bound"):
+        ProtectedMarginals.combination([tables, bound], [1.0, 1.0])
+
+
+def test_a_data_dependent_cell_mechanism_and_a_foreign_plan_format_are_refused(
+    tmp_path: Path,
+) -> None:
+    spec = _spec(tmp_path)
+    # DAWA needs Laplace noise, so no series spec plans it: the plan is edited to name it
+    dawa = dataclasses.replace(make_plan(spec), chosen="dawa")
+    with pytest.raises(SpecError, match="'dawa' is not a data-independent linear strategy"):
+        make_series_plan(spec, dawa)
+    plan = make_series_plan(spec, make_plan(spec))
+    with pytest.raises(SpecError, match="series plan format"):
+        SeriesPlan.from_json(plan.to_json() | {"format": "other/1"})
