@@ -228,9 +228,8 @@ class LocalMechanism:
         """Record the collection's ε per user once; the responses are the measurement.
 
         Privacy: the responses are ε-LDP when they arrive (randomised on the devices); this charges
-        their cost to the dataset's ledger (atomically checked against the cap), once per
-        collection.  Two releases racing on one new collection may both charge it (conservative,
-        never under-counted)."""
+        their cost to the ledger (checked against the cap) once per collection; two releases
+        racing on one new collection may both charge it (conservative)."""
         if data.strategy_fingerprint != strategy.fingerprint:
             raise ValueError(
                 f"the responses were counted for strategy {data.strategy_fingerprint[:16]}…, "

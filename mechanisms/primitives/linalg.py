@@ -43,8 +43,8 @@ def psd_inverse(matrix: np.ndarray) -> tuple[np.ndarray, bool]:
 
     The Cholesky path is taken only when the factor's diagonal shows the matrix is far from
     singular (a Cholesky of a singular Gram can succeed in floating point and return garbage); it
-    reads the upper triangle.  O(n³): LAPACK ``potrf`` + ``potri`` (n³ flops in all, a third of a
-    solve against I), else an eigendecomposition; a positive diagonal matrix in O(n²).
+    reads the upper triangle.  O(n³) (``potrf`` + ``potri``, else an eigendecomposition); a
+    positive diagonal matrix in O(n²).
     """
     square = np.asarray(matrix, dtype=np.float64)
     diagonal = np.diag(square)

@@ -72,7 +72,6 @@ from dprelease.mechanisms.primitives.subset_family import (
     per_subset_product,
     set_bits,
     submasks,
-    superset_sums,
 )
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
 from dprelease.mechanisms.primitives.union import UnionStrategy, UnionTerm
@@ -98,19 +97,9 @@ def validate_domain_sizes(domain_sizes: Sequence[int]) -> tuple[int, ...]:
     return sizes
 
 
-def summed_out_sizes(domain_sizes: Sequence[int]) -> np.ndarray:
-    """``m_S = Π_{i ∉ S} n_i``: the eigenvalue of ``B_S`` on the all-means eigenspace."""
-    return per_subset_product([1.0] * len(domain_sizes), [float(n) for n in domain_sizes])
-
-
 def eigenspace_multiplicities(domain_sizes: Sequence[int]) -> np.ndarray:
     """``Π_{i∈U} (n_i − 1)``: the dimension of eigenspace ``P_U``."""
-    return _kept_products([float(n - 1) for n in domain_sizes])
-
-
-def _kept_products(values: Sequence[float]) -> np.ndarray:
-    """``Π_{i∈S} values[i]`` for every bitmask S. O(2^d)."""
-    return per_subset_product(list(values), [1.0] * len(values))
+    return per_subset_product([float(n - 1) for n in domain_sizes], [1.0] * len(domain_sizes))
 
 
 def ij_subset_eigenvalues(
@@ -121,11 +110,6 @@ def ij_subset_eigenvalues(
     return per_subset_product(
         [a for a, _ in parts], [a + b * n for (a, b), n in zip(parts, domain_sizes, strict=True)]
     )
-
-
-def gram_eigenvalues(coefficients: np.ndarray, domain_sizes: Sequence[int]) -> np.ndarray:
-    """Eigenvalues ``λ_U`` of ``Σ_S c_S B_S`` (one per eigenspace U). O(d 2^d)."""
-    return superset_sums(coefficients * summed_out_sizes(domain_sizes), len(domain_sizes))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -287,11 +287,6 @@ def superset_sums(values: np.ndarray, num_attributes: int) -> np.ndarray:
     return _lattice_transform(values, num_attributes, upward=False, sign=1.0)
 
 
-def superset_differences(values: np.ndarray, num_attributes: int) -> np.ndarray:
-    """Inverse of :func:`superset_sums` (Möbius transform over supersets). O(d 2^d)."""
-    return _lattice_transform(values, num_attributes, upward=False, sign=-1.0)
-
-
 def subset_sums(values: np.ndarray, num_attributes: int) -> np.ndarray:
     """``out[S] = Σ_{U ⊆ S} values[U]`` (zeta transform over subsets; adjoint of supersets)."""
     return _lattice_transform(values, num_attributes, upward=True, sign=1.0)

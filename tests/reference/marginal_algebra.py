@@ -15,11 +15,28 @@ import numpy as np
 
 from dprelease.mechanisms.primitives.marginal_strategies import (
     eigenspace_multiplicities,
-    gram_eigenvalues,
-    summed_out_sizes,
     validate_domain_sizes,
 )
-from dprelease.mechanisms.primitives.subset_family import superset_differences
+from dprelease.mechanisms.primitives.subset_family import (
+    _lattice_transform,
+    per_subset_product,
+    superset_sums,
+)
+
+
+def summed_out_sizes(domain_sizes: Sequence[int]) -> np.ndarray:
+    """``m_S = Π_{i ∉ S} n_i``: the eigenvalue of ``B_S`` on the all-means eigenspace."""
+    return per_subset_product([1.0] * len(domain_sizes), [float(n) for n in domain_sizes])
+
+
+def gram_eigenvalues(coefficients: np.ndarray, domain_sizes: Sequence[int]) -> np.ndarray:
+    """Eigenvalues ``λ_U`` of ``Σ_S c_S B_S`` (one per eigenspace U). O(d 2^d)."""
+    return superset_sums(coefficients * summed_out_sizes(domain_sizes), len(domain_sizes))
+
+
+def superset_differences(values: np.ndarray, num_attributes: int) -> np.ndarray:
+    """Inverse of ``superset_sums`` (Möbius transform over supersets). O(d 2^d)."""
+    return _lattice_transform(values, num_attributes, upward=False, sign=-1.0)
 
 
 def gram_coefficients(eigenvalues: np.ndarray, domain_sizes: Sequence[int]) -> np.ndarray:

@@ -39,18 +39,18 @@ from dprelease.mechanisms.optimized.templates import (
 from dprelease.mechanisms.primitives.lower_bound import validate_gram
 from dprelease.mechanisms.primitives.marginal_strategies import (
     eigenspace_multiplicities,
-    gram_eigenvalues,
     marginals_loss_and_gradient,
     marginals_sensitivity,
     marginals_unit_error,
     validate_domain_sizes,
     workload_projections,
 )
-from dprelease.mechanisms.primitives.subset_family import superset_differences, superset_sums
+from dprelease.mechanisms.primitives.subset_family import superset_sums
 from tests.fake_clock import install_fake_clock
 from tests.reference.lower_bound import svd_bound_terms as svd_bound
 from tests.reference.marginal_algebra import (
     gram_coefficients,
+    gram_eigenvalues,
     marginal_measurements,
     marginal_measurements_transpose,
     marginals_gram_apply,
@@ -58,6 +58,7 @@ from tests.reference.marginal_algebra import (
     pseudo_inverse_coefficients,
     subset_mask,
     subsets_projections,
+    superset_differences,
 )
 from tests.reference.optimized_search import (
     expected_total_error,

@@ -33,8 +33,8 @@ from dprelease.mechanisms.primitives.operators import (
     kron_dense,
     kron_matrices,
 )
-from dprelease.mechanisms.primitives.subset_family import superset_differences
 from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
+from tests.reference.marginal_algebra import superset_differences
 
 SHAPE = (2, 3, 4)
 
