@@ -17,7 +17,9 @@ privileges are derived from :data:`TABLE_ACCESS` and the tables handed in (each 
 :data:`TABLE_ACCESS` (a module added later) is readable by every role and written by the
 custodian only, until it gets one.  ``SELECT … FOR UPDATE`` needs an ``UPDATE`` privilege in
 PostgreSQL: the operator's lock on the chain row (``catalog_meta``) is granted ``UPDATE (value)``
-and a trigger refuses the update itself to anyone but the custodian.
+and a trigger refuses the update itself to anyone but the custodian.  Operators and reviewers
+both update ``releases.status``: a trigger allows each only its own statuses, and a review
+status only with its decision in ``reviews`` (:func:`_status_guard`).
 
 Who wrote each entry is recorded by the database, not by the client: an ``AFTER INSERT`` trigger
 on every table with a :attr:`TableAccess.recorded_by` column (and on every status change of a
@@ -40,7 +42,7 @@ from sqlalchemy.engine import Engine
 
 from dprelease.catalog.errors import CatalogError
 from dprelease.catalog.ledger.database import redacted
-from dprelease.catalog.ledger.schema import AUXILIARY_TABLES, lock_schema, metadata
+from dprelease.catalog.ledger.schema import AUXILIARY_TABLES, STATUSES, lock_schema, metadata
 
 ROLE_KINDS = ("custodian", "operator", "reviewer", "auditor")
 DEFAULT_PREFIX = "dprelease"
@@ -50,6 +52,10 @@ GUARD_FUNCTION = "dprelease_guard_catalog_meta"
 SESSION_TRIGGER = "dprelease_session"
 STATUS_TRIGGER = "dprelease_session_status"
 GUARD_TRIGGER = "dprelease_guard"
+STATUS_GUARD_FUNCTION = "dprelease_guard_release_status"
+# The statuses a review decides (each needs its review row); the others are the run's.
+REVIEW_STATUSES = ("approved", "rejected", "published")
+RUN_STATUSES = tuple(status for status in STATUSES if status not in REVIEW_STATUSES)
 
 session_metadata = sa.MetaData()
 
@@ -237,6 +243,7 @@ def role_statements(
         )
     statements += _session_triggers(by_name, roles=roles, schema=schema)
     statements += _meta_guard(roles=roles, schema=schema)
+    statements += _status_guard(roles=roles, schema=schema)
     statements.append(
         f"ALTER DEFAULT PRIVILEGES FOR ROLE {custodian} IN SCHEMA {space} "
         f"GRANT SELECT ON TABLES TO {readers}"
@@ -381,3 +388,40 @@ def recorded_sessions(engine: Engine, *, table: str | None = None) -> list[dict[
         query = query.where(entry_sessions.c.table_name == table)
     with engine.connect() as conn:
         return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def _status_guard(*, roles: RoleNames, schema: str) -> list[str]:
+    """Both operators and reviewers update ``releases.status``; a column privilege cannot say to
+    which values.  This trigger does: a release is registered ``measuring``; only an operator
+    moves it to a run status (:data:`RUN_STATUSES`), only a reviewer to approved or rejected
+    (with that decision's review row) or published (with an approval).  A custodian may do
+    anything.  O(reviews of the release) per status change."""
+    quote = postgresql.dialect().identifier_preparer.quote
+    space = quote(schema)
+    function = f"{space}.{STATUS_GUARD_FUNCTION}"
+    run = ", ".join(f"'{status}'" for status in RUN_STATUSES)
+    denied = "RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = "
+    return [
+        f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql "
+        "SET search_path = pg_catalog, pg_temp AS $fn$ BEGIN "
+        f"IF pg_has_role(current_user, '{roles.custodian}', 'USAGE') THEN RETURN NEW; END IF; "
+        "IF TG_OP = 'INSERT' THEN IF NEW.status <> 'measuring' THEN "
+        f"{denied}'permission denied for table releases: a release is registered measuring'; "
+        "END IF; RETURN NEW; END IF; "
+        "IF NEW.status IS NOT DISTINCT FROM OLD.status THEN RETURN NEW; END IF; "
+        f"IF NEW.status IN ({run}) THEN "
+        f"IF NOT pg_has_role(current_user, '{roles.operator}', 'USAGE') THEN "
+        f"{denied}'permission denied for table releases: only members of {roles.operator} "
+        "set a run status (' || NEW.status || ')'; END IF; RETURN NEW; END IF; "
+        f"IF NOT pg_has_role(current_user, '{roles.reviewer}', 'USAGE') THEN "
+        f"{denied}'permission denied for table releases: only members of {roles.reviewer} "
+        "set a review status (' || NEW.status || ')'; END IF; "
+        f"IF NOT EXISTS (SELECT FROM {space}.reviews r WHERE r.release_id = NEW.id AND "
+        "r.decision = CASE WHEN NEW.status = 'published' THEN 'approved' ELSE NEW.status END) "
+        f"THEN {denied}'permission denied for table releases: status ' || NEW.status || "
+        "' needs its review decision in table reviews'; END IF; RETURN NEW; END $fn$",
+        f"ALTER FUNCTION {function}() OWNER TO {quote(roles.custodian)}",
+        f"DROP TRIGGER IF EXISTS {GUARD_TRIGGER} ON releases",
+        f"CREATE TRIGGER {GUARD_TRIGGER} BEFORE INSERT OR UPDATE OF status ON releases "
+        f"FOR EACH ROW EXECUTE FUNCTION {function}()",
+    ]

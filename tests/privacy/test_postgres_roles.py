@@ -31,7 +31,7 @@ from typer.testing import CliRunner
 
 from dprelease.catalog.ledger import pg_roles
 from dprelease.catalog.ledger.budget import append_entry
-from dprelease.catalog.ledger.schema import catalog_meta, datasets, ledger, reviews
+from dprelease.catalog.ledger.schema import catalog_meta, datasets, ledger, releases, reviews
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.review import decisions
 from dprelease.catalog.spec.load import parse_spec
@@ -170,6 +170,21 @@ def test_an_operator_runs_the_charge_path_but_the_server_denies_it_a_review_deci
             ),
             "reviews",
         ),
+        ("publish its release", releases.update().values(status="published"), "releases"),
+        ("approve its release", releases.update().values(status="approved"), "releases"),
+        (
+            "register a release as approved",
+            releases.insert().values(
+                id="rel-2",
+                name="n",
+                dataset_id="ds",
+                status="approved",
+                spec_fingerprint="f",
+                created_at="now",
+                updated_at="now",
+            ),
+            "releases",
+        ),
     ],
     ids=lambda value: value if isinstance(value, str) and " " in value else "",
 )
@@ -202,6 +217,26 @@ def test_a_reviewer_records_a_decision_but_cannot_charge(role_catalog: RoleCatal
         denied(lambda: reviewer.ensure_dataset("other", cap=pure(9.0)))
         assert reviewer.spent("ds") == pure(1.0)
         assert len(reviewer.ledger_entries()) == 1 and reviewer.verify_chain() == []
+
+
+@pytest.mark.parametrize(
+    ("status", "why"),
+    [
+        ("approved", "status approved needs its review decision"),
+        ("published", "status published needs its review decision"),
+        ("failed", "set a run status (failed)"),
+    ],
+)
+def test_a_reviewer_sets_a_review_status_only_with_its_decision(
+    role_catalog: RoleCatalog, status: str, why: str
+) -> None:
+    with role_catalog.connected("operator") as operator:
+        run_to_staged(operator)
+    with role_catalog.connected("reviewer") as reviewer:
+        message = denied(lambda: reviewer.update_release("rel-1", status=status))
+        assert why in message
+        reviewer.record_review("rel-1", decision="rejected", reviewer="Ada", note="")
+        assert reviewer.release("rel-1").status == "rejected"
 
 
 def test_an_auditor_reads_budget_releases_and_the_chain_but_writes_nothing(
