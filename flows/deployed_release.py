@@ -33,12 +33,13 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from pydantic import Field, ValidationError
 
-from dprelease.catalog.errors import CatalogError, DataError
+from dprelease.catalog.errors import CatalogError, DataError, DprReleaseError
 from dprelease.catalog.ledger.database import default_url
 from dprelease.catalog.ledger.leases import ReleaseRecord
 from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.release import StagedRelease
 from dprelease.catalog.review import decisions as reviewing
+from dprelease.catalog.review import signatures
 from dprelease.catalog.spec.load import load_spec
 from dprelease.catalog.watch_state import ReviewRun, ReviewRuns
 from dprelease.flows.release_flow import release_flow
@@ -70,6 +71,11 @@ class ReviewDecision(RunInput):
         min_length=1, pattern=r"\S", description="who decides (recorded in the audit trail)"
     )
     note: str = Field(default="", description="why (recorded in the audit trail)")
+    signature: str = Field(
+        default="",
+        description="the reviewer's signed decision (DSSE JSON, made by `dprelease review --key`); "
+        "required on a dataset whose custodian registered keys",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +146,7 @@ def record_review_task(
     reviewer: str,
     note: str,
     publish_dir: str | None,
+    signature: str = "",
 ) -> dict[str, Any]:
     return reviewing.review(
         Catalog(catalog_url),
@@ -148,6 +155,7 @@ def record_review_task(
         reviewer=reviewer,
         note=note,
         publish_dir=Path(publish_dir) if publish_dir else None,
+        signature=signatures.envelope_from_json(signature) if signature else None,
     )
 
 
@@ -284,7 +292,17 @@ def _collect_review(
                 approve=decision.approve,
                 reviewer=decision.reviewer,
             )
-        except CatalogError as refused:
+            signatures.accept(
+                Catalog(catalog_url),
+                staged.release_id,
+                approve=decision.approve,
+                signature=(
+                    signatures.envelope_from_json(decision.signature)
+                    if decision.signature
+                    else None
+                ),
+            )
+        except DprReleaseError as refused:
             logger.warning("decision refused, waiting for another: %s", refused)
             outcome: dict[str, Any] = {"status": "staged"}
         else:
@@ -295,6 +313,7 @@ def _collect_review(
                 decision.reviewer,
                 decision.note,
                 publish_dir,
+                decision.signature,
             )
             if outcome["status"] != "staged":
                 return decision, outcome
@@ -327,6 +346,7 @@ def resume_review(
     note: str,
     catalog: Catalog,
     wait_seconds: float = 120.0,
+    signature: str = "",
 ) -> ReleaseRecord:
     """Resume the paused flow run of ``run`` with the decision; return once the catalog records it.
 
@@ -341,7 +361,9 @@ def resume_review(
     if not wait_seconds > 0:
         raise ValueError(f"wait_seconds ({wait_seconds}) must be > 0")
     try:
-        decision = ReviewDecision(approve=approve, reviewer=reviewer, note=note)
+        decision = ReviewDecision(
+            approve=approve, reviewer=reviewer, note=note, signature=signature
+        )
     except ValidationError:
         raise CatalogError(f"reviewer ({reviewer!r}) must name a person") from None
     settings = (
@@ -370,7 +392,7 @@ def resume_review(
         decided = len(catalog.reviews(run.release_id))
         resume_flow_run(
             UUID(run.flow_run_id),
-            run_input=decision.model_dump(include={"approve", "reviewer", "note"}),
+            run_input=decision.model_dump(include={"approve", "reviewer", "note", "signature"}),
         )
     deadline = time.monotonic() + wait_seconds
     while True:

@@ -3,6 +3,7 @@ staged directory, and back to the checks of that directory."""
 
 from __future__ import annotations
 
+import os
 import time
 from importlib import resources
 from pathlib import Path
@@ -119,8 +120,22 @@ def run(
         str | None,
         typer.Option(help="Dask scheduler tcp://host:port to join (implies --engine dask)."),
     ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key",
+            help="Your operator key's name (default $DPRELEASE_KEY): signs the run and its "
+            "charges; required on a dataset whose custodian registered keys.",
+        ),
+    ] = None,
 ) -> None:
     """Run the release flow for SPEC: ingest, count, plan, measure, reconstruct, validate, stage."""
+    if key is not None:
+        from dprelease.catalog.identity.keys import load_signing_key
+        from dprelease.catalog.identity.signing import KEY_ENV
+
+        load_signing_key(key)  # refused here (missing, or readable by others) before the flow
+        os.environ[KEY_ENV] = key  # the name only: each stage loads the key where it signs
     _print_staged(_run_release(spec, out, engine=engine, address=address))
 
 

@@ -232,6 +232,7 @@ def serve(
     deploy: list[str],
     review_timeout: int = 600,
     pool_limit: int | None = None,
+    worker_env: dict[str, str] | None = None,
 ) -> Iterator[Operations]:
     """A ``prefect server`` on a free loopback port (its own PREFECT_HOME under ``base``), then
     ``dprelease deploy *deploy``, then a process worker (``pool_limit``: flow runs at a time);
@@ -296,7 +297,7 @@ def serve(
                 client.update_work_pool(POOL, WorkPoolUpdate(concurrency_limit=pool_limit))
         worker = subprocess.Popen(
             [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--install-policy", "never"],
-            env=env,
+            env={**env, **(worker_env or {})},  # e.g. the service key's name, DPRELEASE_KEY
             cwd=base,
             stdout=worker_log,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,120 @@
+"""A release run through the stages (no Prefect) on a dataset whose custodian registered keys:
+refused before any charge without an operator key, else its run and charges are signed by the
+operator key (``DPRELEASE_KEY``, loaded by name; only its id is recorded), two reviewer keys
+publish it, and the published copy verifies; the operator key cannot approve it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dprelease.catalog import release
+from dprelease.catalog.identity import roles, signing
+from dprelease.catalog.identity.keys import IdentityError, create_key
+from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.review import decisions, signatures
+from dprelease.catalog.spec.load import parse_spec
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
+
+
+def _spec(source: Path):
+    return parse_spec(
+        {
+            "name": "signed",
+            "dataset": {"id": "ds", "source": str(source), "budget": {"epsilon": 5}},
+            "domain": {"v": {"min": 0, "max": 7}},
+            "workload": [{"name": "v", "prefix": "v"}],
+            "privacy": {"epsilon": 1.0},
+            "review": {"approvers": 2},
+        }
+    )
+
+
+def _run(spec, catalog: Catalog, out: Path) -> release.StagedRelease:
+    plan = make_plan(spec)
+    release_id = release.new_release_id(spec)
+    before = release.register(spec, plan, catalog, release_id=release_id)
+    ingested = release.ingest(spec, plan, catalog)
+    measurement = release.measure(ingested, spec, plan, catalog, release_id=release_id)
+    tables = release.reconstruct(spec, plan, measurement)
+    directory = release.release_directory(out, release_id)
+    validation = release.validate(tables, plan, directory=directory)
+    return release.stage(
+        spec=spec,
+        plan=plan,
+        release_id=release_id,
+        directory=directory,
+        ingested=ingested,
+        measurement=measurement,
+        tables=tables,
+        validation=validation,
+        spent_before=before,
+        catalog=catalog,
+    )
+
+
+def test_a_signed_run_reviewed_by_two_keys_verifies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path))
+    monkeypatch.delenv(signing.KEY_ENV, raising=False)
+    rng = np.random.default_rng(3)  # public randomness: synthetic test data
+    source = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"v": pa.array(rng.integers(0, 8, 200), pa.int16())}), source)
+    spec = _spec(source)
+    catalog = Catalog(f"sqlite:///{tmp_path / 'c.db'}")
+    catalog.ensure_dataset("ds", cap=PrivacyCost(measure="pure", epsilon=5.0))
+    keys = {name: create_key(name)[0] for name in ("cara", "svc", "ada", "bob")}
+    for name, granted in [
+        ("cara", "custodian"),
+        ("svc", "operator"),
+        ("ada", "reviewer"),
+        ("bob", "reviewer"),
+    ]:
+        roles.register_key(
+            catalog,
+            dataset_id="ds",
+            public=keys[name].public,
+            name=name,
+            roles=[granted],
+            signer=keys["cara"],
+        )
+    with pytest.raises(IdentityError, match="requires signed runs"):
+        _run(spec, catalog, tmp_path / "releases")
+    monkeypatch.setenv(signing.KEY_ENV, "ada")  # a reviewer, not an operator
+    with pytest.raises(IdentityError, match=r"not operator: it may not run releases"):
+        _run(spec, catalog, tmp_path / "releases")
+    assert catalog.spent("ds").epsilon == 0 and catalog.releases() == []  # nothing charged
+    monkeypatch.setenv(signing.KEY_ENV, "svc")
+    staged = _run(spec, catalog, tmp_path / "releases")
+    steps = signing.steps(catalog, staged.release_id)
+    charges = [e for e in catalog.ledger_entries("ds") if e.kind == "charge"]
+    assert [s.step for s in steps] == ["run"] + ["charge"] * len(charges)
+    assert {s.key_id for s in steps} == {keys["svc"].key_id}
+    assert signing.step_problems(catalog, staged.release_id, "ds") == []
+    directory = Path(staged.directory)
+    monkeypatch.setattr(decisions, "write_report", lambda *args: None)
+    for name in ("svc", "ada", "bob"):
+        signature = signatures.sign_decision(directory, key=keys[name], approve=True)
+        if name == "svc":
+            with pytest.raises(IdentityError, match="signed the run"):
+                decisions.review(
+                    catalog,
+                    staged.release_id,
+                    approve=True,
+                    reviewer="someone",
+                    note="",
+                    signature=signature,
+                )
+            continue
+        outcome = decisions.review(
+            catalog, staged.release_id, approve=True, reviewer=name, note="", signature=signature
+        )
+    assert outcome["status"] == "published"
+    notes = signatures.verify_release(Path(outcome["published_directory"]), catalog)
+    assert len(notes) == 2 and all("(reviewer)" in note for note in notes)
