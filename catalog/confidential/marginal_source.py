@@ -102,9 +102,8 @@ def project_marginals(
     last axis (consecutive then: every 3-way table of one pair) reuse that prefix's flat index;
     only the prefixes of the current subset are kept, O(groups × longest subset) memory.  Flat
     indices are int64 within one table (each ≤ ``MAX_MARGINAL_CELLS`` cells), never over the
-    product domain.  Raises ``ValueError``
-    (naming the axis and its size, never a value) if an index is outside its axis: the
-    multiply-add would otherwise count it in another cell."""
+    product domain.  Raises ``ValueError`` (naming the axis and its size, never a value) if an
+    index is outside its axis: the multiply-add would otherwise count it in another cell."""
     unique = list(dict.fromkeys(tuple(int(a) for a in axes) for axes in subsets))
     used = sorted({a for axes in unique for a in axes})
     for a in used:  # O(groups × attributes used)

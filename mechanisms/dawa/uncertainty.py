@@ -98,8 +98,7 @@ def bucket_covariance(strategy: HierarchicalStrategy, *, noise_variance: float) 
     ``AᵀA = D + Σ_q f_q² 1_q 1_qᵀ`` over the tree's nodes above the leaves (``D`` the leaves'
     ``f²``, every leaf keeps a positive fraction), so nested Sherman–Morrison updates, from the
     leaves up, give ``(AᵀA)⁻¹ = D⁻¹ − Σ_q β_q w_q w_qᵀ`` with ``w_q`` the children's ``G_c⁻¹ 1``
-    side by side and ``β_q = f_q² / (1 + f_q² 1ᵀw_q)``.  O(Σ_q |q|²) = O(k²) time (a dense
-    inverse was O(k³): 0.17 s of each 2-D DAWA release), O(k²) memory.
+    side by side and ``β_q = f_q² / (1 + f_q² 1ᵀw_q)``.  O(Σ_q |q|²) = O(k²) time and memory.
     """
     if not (math.isfinite(noise_variance) and noise_variance > 0):
         raise ValueError(f"noise_variance ({noise_variance}) must be finite and > 0")
@@ -148,9 +147,8 @@ def _bucket_slopes_squared(
     Every grid edge between cells of buckets ``b ≠ b'`` gives, along the edge's axis, the sample
     ``max(0, (d_b' − d_b)² − Var(d_b' − d_b)) / max(|m_b' − m_b|, 1)²`` (``d`` densities, ``m``
     centroids; subtracting the noise variance removes the noise's upward bias, the floor at 0 keeps
-    it a square).  A bucket's value per
-    axis is the mean of its samples; an axis without samples takes the mean of the bucket's other
-    axes.  Returns ``(slopes², centroids, estimable)``; a bucket with no neighbour at all (only when
+    it a square).  A bucket's value per axis is the mean of its samples; an axis without samples
+    takes the mean of the bucket's other axes.  Returns ``(slopes², centroids, estimable)``; a bucket with no neighbour at all (only when
     ``k = 1``) is not estimable.  O(n·axes + k).
     """
     k = partition.n_buckets
@@ -316,8 +314,8 @@ def query_uncertainty(
     variance ``max(ŝ_b/|b|, 0)`` and, on 1-D domains, the roughness of the neighbourhood around
     its local trend (:func:`_bucket_roughness`; real histograms are rougher than Poisson).
     Buckets' terms are added (slopes taken as independent).  The assumption fails for a spike
-    inside a bucket whose neighbourhood is smooth.  A bucket with no neighbour (``k = 1``) has no slope estimate: queries that cut it get
-    ``bias_variance = NaN`` (noise-only, publish no interval).
+    inside a bucket whose neighbourhood is smooth.  A bucket with no neighbour (``k = 1``) has no
+    slope estimate: queries that cut it get ``bias_variance = NaN`` (noise-only, no interval).
 
     ``noise_variance`` is the variance of one unit-weight draw (``2·scale²`` for Laplace);
     ``coordinates`` gives each cell's grid coordinates (:func:`cell_coordinates`; default: the 1-D

@@ -64,19 +64,16 @@ class LowRankDecomposition:
     """A workload factorisation ``W ≈ B·L`` for the Low-Rank Mechanism (public, data-free).
 
     ``B`` (m×r) post-processes and ``L`` (r×n) receives the noise (read-only copies; arrays, so
-    ``eq=False``).  ``rank`` is r, not the rank of ``W``; ``converged`` iff ``‖W − B·L‖_F ≤ γ``
-    was met (not merely an iteration cap); ``sensitivity_l1 = Δ(L) = max_j Σ_i |L_ij|`` must equal
-    the value recomputed from ``L``; ``bias_sq = ‖W − B·L‖²_F`` (the paper's τ²: squared bias per
+    ``eq=False``).  ``converged`` iff ``‖W − B·L‖_F ≤ γ`` was met (not merely an iteration cap);
+    ``bias_sq = ‖W − B·L‖²_F`` (the paper's τ²: squared bias per
     unit squared L2 norm of the data, Theorem 3 with its γ corrected to γ²); ``stopped_early`` iff
     :func:`decompose` stopped at its time limit with its best exact decomposition so far.
     """
 
     B: np.ndarray
     L: np.ndarray
-    rank: int
     iterations: int
     converged: bool
-    sensitivity_l1: float
     bias_sq: float
     stopped_early: bool = False
 
@@ -88,32 +85,28 @@ class LowRankDecomposition:
                 f"B has {factor_b.shape[1]} columns but L has {factor_l.shape[0]} rows; "
                 "they must be equal"
             )
-        if (
-            not isinstance(self.rank, Integral)
-            or isinstance(self.rank, bool)
-            or self.rank != factor_l.shape[0]
-        ):
-            raise ValueError(f"rank ({self.rank}) must equal the number of rows of L")
         if not isinstance(self.iterations, Integral) or self.iterations < 0:
             raise ValueError(f"iterations ({self.iterations}) must be an integer >= 0")
-        actual = l1_sensitivity(factor_l)
-        if not math.isclose(float(self.sensitivity_l1), actual, rel_tol=1e-12, abs_tol=0.0):
-            raise ValueError(
-                f"sensitivity_l1 ({self.sensitivity_l1}) must equal the L1 sensitivity of L "
-                f"({actual})"
-            )
         if not (math.isfinite(self.bias_sq) and self.bias_sq >= 0):
             raise ValueError(f"bias_sq ({self.bias_sq}) must be finite and >= 0")
         factor_b.setflags(write=False)
         factor_l.setflags(write=False)
         object.__setattr__(self, "B", factor_b)
         object.__setattr__(self, "L", factor_l)
-        object.__setattr__(self, "rank", int(self.rank))
         object.__setattr__(self, "iterations", int(self.iterations))
         object.__setattr__(self, "converged", bool(self.converged))
         object.__setattr__(self, "stopped_early", bool(self.stopped_early))
-        object.__setattr__(self, "sensitivity_l1", actual)
         object.__setattr__(self, "bias_sq", float(self.bias_sq))
+
+    @property
+    def rank(self) -> int:
+        """r, the number of rows of ``L`` (not the rank of ``W``)."""
+        return int(self.L.shape[0])
+
+    @property
+    def sensitivity_l1(self) -> float:
+        """``Δ(L) = max_j Σ_i |L_ij|``. O(r n)."""
+        return l1_sensitivity(self.L)
 
 
 def _project_rows(rows: np.ndarray, radius: float, *, limit: WorkLimit | None = None) -> np.ndarray:
@@ -470,10 +463,8 @@ def _decomposition(
     return LowRankDecomposition(
         B=factor_b,
         L=factor_l,
-        rank=factor_l.shape[0],
         iterations=iterations,
         converged=tau <= gamma,
-        sensitivity_l1=l1_sensitivity(factor_l),
         bias_sq=tau * tau,
         stopped_early=stopped_early,
     )

@@ -78,10 +78,8 @@ def exact(B: np.ndarray, L: np.ndarray, *, iterations: int = 0) -> LowRankDecomp
     return LowRankDecomposition(
         B=B,
         L=L,
-        rank=L.shape[0],
         iterations=iterations,
         converged=True,
-        sensitivity_l1=l1_sensitivity(L),
         bias_sq=0.0,
     )
 
@@ -559,10 +557,8 @@ def _fields(**overrides: object) -> dict[str, object]:
     fields: dict[str, object] = {
         "B": BETTER_B,
         "L": BETTER_L,
-        "rank": 3,
         "iterations": 0,
         "converged": True,
-        "sensitivity_l1": 1.0,
         "bias_sq": 0.0,
     }
     fields.update(overrides)
@@ -575,10 +571,7 @@ def _fields(**overrides: object) -> dict[str, object]:
         ({"B": np.ones((3, 2))}, "B has 2 columns but L has 3 rows"),
         ({"B": np.ones(3)}, "B must be a non-empty 2-D array"),
         ({"L": np.full((3, 4), np.nan)}, "L must be finite"),
-        ({"rank": 4}, "rank (4) must equal the number of rows of L"),
-        ({"rank": True}, "rank (True) must equal the number of rows of L"),
         ({"iterations": -1}, "iterations (-1) must be an integer >= 0"),
-        ({"sensitivity_l1": 0.5}, "sensitivity_l1 (0.5) must equal the L1 sensitivity of L"),
         ({"bias_sq": -1.0}, "bias_sq (-1.0) must be finite and >= 0"),
         ({"bias_sq": math.inf}, "bias_sq (inf) must be finite and >= 0"),
     ],
@@ -586,10 +579,7 @@ def _fields(**overrides: object) -> dict[str, object]:
         "shape-mismatch",
         "B-not-2d",
         "L-nan",
-        "rank-mismatch",
-        "rank-bool",
         "iterations-negative",
-        "sensitivity-wrong",
         "bias-negative",
         "bias-inf",
     ],
