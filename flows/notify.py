@@ -22,6 +22,7 @@ from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.cache_policies import NO_CACHE
 
 from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.identity.roles import requires_signatures
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.review.policy import policy_of, record_notification
 
@@ -50,7 +51,12 @@ def review_notice(catalog: Catalog, release_id: str) -> tuple[str, str]:
             f"approvals needed: {policy.required_approvals} (distinct reviewers"
             + (f", not {operator}, who ran it)" if operator else ")"),
             f"report: {directory / 'report.html'}",
-            f"decide: dprelease review {record.id} --approve|--reject --reviewer NAME",
+            f"decide: dprelease review {record.id} --approve|--reject "
+            + (
+                "--key NAME"
+                if requires_signatures(catalog, record.dataset_id)
+                else "--reviewer NAME"
+            ),
         ]
     )
     return f"dprelease: release {record.id} awaits review", body

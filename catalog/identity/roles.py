@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dprelease.catalog.identity.dsse import Envelope, sign_envelope, verify_envelope
-from dprelease.catalog.identity.keys import IdentityError, PublicKey, SigningKey
+from dprelease.catalog.identity.keys import NAME, IdentityError, PublicKey, SigningKey
 from dprelease.catalog.ledger.schema import create_tables, ledger, now
 from dprelease.catalog.ledger.store import Catalog
 
@@ -361,6 +361,11 @@ def register_key(
     signed by ``signer``, a custodian of the dataset; the dataset's first key must be its
     custodian, signed by itself.  Returns the ledger receipt id."""
     wanted = check_roles(roles)
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise IdentityError(
+            f"key name {name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit"
+        )
     catalog.cap(dataset_id)  # refused for a dataset the catalog does not hold
     current = roster(catalog, dataset_id)
     if not current.keys:

@@ -72,6 +72,10 @@ def test_only_a_custodian_registers_or_revokes(catalog: Catalog) -> None:
         register(catalog, cara, "reviewer", by=cara)
     with pytest.raises(IdentityError, match=r"roles \['boss'\] must be one or more of"):
         register(catalog, ray, "boss", by=cara)
+    with pytest.raises(IdentityError, match=r"roles \[\] must be one or more of"):
+        register(catalog, ray, by=cara)
+    with pytest.raises(IdentityError, match="key name 'a b' must be 1-64 letters"):
+        register(catalog, ray, "reviewer", by=cara, name="a b")
 
 
 def test_role_change_and_revocation_replay_by_ledger_point(catalog: Catalog) -> None:

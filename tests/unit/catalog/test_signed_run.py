@@ -98,6 +98,12 @@ def test_a_signed_run_reviewed_by_two_keys_verifies(
     assert {s.key_id for s in steps} == {keys["svc"].key_id}
     assert signing.step_problems(catalog, staged.release_id, "ds") == []
     directory = Path(staged.directory)
+    from dprelease.flows.notify import review_notice
+
+    _, notice = review_notice(catalog, staged.release_id)
+    assert notice.endswith(
+        f"decide: dprelease review {staged.release_id} --approve|--reject --key NAME"
+    )
     monkeypatch.setattr(decisions, "write_report", lambda *args: None)
     for name in ("svc", "ada", "bob"):
         signature = signatures.sign_decision(directory, key=keys[name], approve=True)
