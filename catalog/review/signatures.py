@@ -74,6 +74,25 @@ def sign_decision(
     return attestations.attest_release(directory, key=key, decision=decision, role=role, note=note)
 
 
+def sign_release_decision(
+    catalog: Catalog, release_id: str, *, key: SigningKey, approve: bool, note: str = ""
+) -> Envelope:
+    """:func:`sign_decision` on ``release_id``'s staged directory, in the role it will be checked
+    in: ``operator`` for a rejection by a key that ran the release (withdrawing it), else
+    ``reviewer``.  O(bytes)."""
+    record = catalog.release(release_id)
+    if record.directory is None:
+        raise CatalogError(f"release {release_id!r} has no staged directory")
+    withdraws = not approve and key.key_id in operator_keys(catalog, release_id)
+    return sign_decision(
+        Path(record.directory),
+        key=key,
+        approve=approve,
+        note=note,
+        role="operator" if withdraws else "reviewer",
+    )
+
+
 def envelope_from_json(text: str) -> Envelope:
     try:
         return Envelope.from_dict(json.loads(text))
@@ -148,6 +167,7 @@ def accept(
 ) -> AcceptedSignature | None:
     """Check a decision's signature before anything is recorded; None for an unsigned decision on
     a dataset that requires none.  Raises :class:`IdentityError` (naming the key and the rule)."""
+    _engine(catalog)  # the table the accepted signature is recorded in, before that transaction
     record = catalog.release(release_id)
     current = roster(catalog, record.dataset_id)
     if not current.keys:

@@ -149,13 +149,10 @@ def _signed(catalog: Any, release_id: str, key: str, approve: bool, note: str) -
     """The decision signed with the local key ``key`` over the staged release (only the key id
     and the envelope leave this function)."""
     from dprelease.catalog.identity.keys import load_signing_key
-    from dprelease.catalog.review.signatures import sign_decision
+    from dprelease.catalog.review.signatures import sign_release_decision
 
-    record = catalog.release(release_id)
-    if record.directory is None:
-        raise CatalogError(f"release {release_id!r} has no staged directory")
-    return sign_decision(
-        Path(record.directory), key=load_signing_key(key), approve=approve, note=note
+    return sign_release_decision(
+        catalog, release_id, key=load_signing_key(key), approve=approve, note=note
     )
 
 

@@ -148,6 +148,24 @@ def test_a_key_without_the_reviewer_role_or_no_signature_is_refused(signed) -> N
     assert staged.catalog.reviews(RELEASE) == []
 
 
+def test_the_operator_key_may_withdraw_its_release(signed) -> None:
+    staged, people = signed
+    envelope = signatures.sign_release_decision(
+        staged.catalog, RELEASE, key=people.olga, approve=False, note="wrong input"
+    )
+    assert json.loads(envelope.payload)["predicate"]["role"] == "operator"
+    outcome = review_module.review(
+        staged.catalog, RELEASE, approve=False, reviewer="Olga", note="", signature=envelope
+    )
+    assert outcome["status"] == "rejected"
+    [row] = signatures.signatures(staged.catalog, RELEASE)
+    assert (row.decision, row.key_id, row.role) == ("rejected", people.olga.key_id, "operator")
+    assert signatures.verify_release(staged.directory, staged.catalog) == [
+        f"rejected by Olga at {staged.catalog.reviews(RELEASE)[0].at}: signed by key "
+        f"{people.olga.key_id} (operator)"
+    ]
+
+
 def test_a_signature_over_other_content_is_refused(signed) -> None:
     staged, people = signed
     envelope = signatures.sign_decision(staged.directory, key=people.ada, approve=True)
