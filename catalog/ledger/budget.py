@@ -56,6 +56,13 @@ class Ledger:
                 f"catalog {database.redacted(self.url)} cannot be opened: {exc.orig}"
             ) from None
         except sa.exc.DatabaseError as exc:
+            if getattr(exc.orig, "sqlstate", None) == database.PERMISSION_DENIED:
+                raise CatalogError(
+                    f"catalog {database.redacted(self.url)} cannot be opened by this database "
+                    f"role ({str(exc.orig).splitlines()[0]}): only the custodian creates or "
+                    "migrates the catalog's tables; after an upgrade the custodian runs a "
+                    "dprelease command, then `dprelease catalog roles --apply`"
+                ) from None
             raise CatalogError(
                 f"catalog {database.redacted(self.url)} is damaged and cannot be read ({exc.orig}); it was left "
                 "unchanged: restore it from a backup"

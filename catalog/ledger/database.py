@@ -19,6 +19,7 @@ PG_CONNECT_TIMEOUT = 10
 """Seconds a PostgreSQL connection may take to open (libpq's ``connect_timeout``) unless the URL
 sets ``?connect_timeout=``: an unreachable catalog host fails with a CatalogError in seconds, not
 after the operating system's TCP time-out (minutes)."""
+PERMISSION_DENIED = "42501"  # PostgreSQL's SQLSTATE: the role lacks a privilege (ledger.pg_roles)
 
 
 def default_url() -> str:

@@ -29,6 +29,7 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
+from dprelease.catalog.errors import CatalogError
 from dprelease.catalog.ledger import pg_roles
 from dprelease.catalog.ledger.budget import append_entry
 from dprelease.catalog.ledger.schema import catalog_meta, datasets, ledger, releases, reviews
@@ -365,6 +366,23 @@ def test_a_release_runs_as_operator_is_published_by_a_reviewer_and_audited_read_
     assert changes == [("measuring", op), ("staged", op), ("approved", rev), ("published", rev)]
 
 
+def test_only_the_custodian_migrates_the_catalog(role_catalog: RoleCatalog) -> None:
+    """After an upgrade an operator's first command does not migrate (it may not change the
+    tables): it is refused with what to do, until the custodian has opened the catalog."""
+    version = catalog_meta.c.key == "version"
+    with role_catalog.connected("superuser") as custodian:  # as an older dprelease left it
+        execute(custodian, catalog_meta.update().where(version).values(value="2"))
+    refused = pytest.raises(CatalogError, match=r"cannot be opened by this database role")
+    with refused as info, role_catalog.connected("operator"):
+        pass
+    assert "only the custodian creates or migrates" in str(info.value)
+    with role_catalog.connected("superuser"):
+        pass  # migrates
+    with role_catalog.connected("operator") as operator:
+        run_to_staged(operator)
+        assert operator.verify_chain() == []
+
+
 # --- without a server --------------------------------------------------------------------------
 
 
@@ -386,7 +404,7 @@ def test_roles_need_exactly_one_of_print_and_apply(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("prefix", ["", "Ops", "a-b", "x" * 42, "1st", "a;DROP"])
 def test_a_role_prefix_must_be_a_plain_role_name(prefix: str) -> None:
-    with pytest.raises(pg_roles.CatalogError, match=r"role prefix .* must be 1 to 41 lowercase"):
+    with pytest.raises(CatalogError, match=r"role prefix .* must be 1 to 41 lowercase"):
         pg_roles.RoleNames.with_prefix(prefix)
 
 
