@@ -73,7 +73,7 @@ def roles(
     tables = catalog_tables()
     statements = pg_roles.role_statements(tables, roles=names)
     if print_sql:
-        stdout.print(pg_roles.script(statements, roles=names), markup=False, highlight=False)
+        typer.echo(pg_roles.script(statements, roles=names), nl=False)  # verbatim SQL
     else:
         from dprelease.catalog.ledger.store import Catalog
 

@@ -19,6 +19,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,12 @@ def test_an_operator_runs_the_charge_path_but_the_server_denies_it_a_review_deci
         assert watch.claim(dataset_id="ds", fingerprint="0" * 64, path="/in/a", size=1)
         watch.unclaim(dataset_id="ds", fingerprint="0" * 64)
         ReviewRuns(role_catalog.url).record(release_id="rel-1", flow_run_id="run", api_url=None)
+        operator.create_release(  # a run whose process died: `dprelease recover` fails it
+            release_id="rel-2", name="m", dataset_id="ds", spec_fingerprint="e" * 64, mechanism="m"
+        )
+        later = datetime.now(UTC) + timedelta(days=2)
+        assert [m.release_id for m in operator.recover(now=later)] == ["rel-2"]
+        assert operator.release("rel-2").status == "failed"
         message = denied(
             lambda: operator.record_review(
                 "rel-1", decision="approved", reviewer="Mallory", note="my own"
