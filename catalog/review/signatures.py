@@ -210,15 +210,27 @@ def accept(
             f"signed decision by key {key_id} says {checked.decision} as {checked.role}, not "
             f"{'approve' if approve else 'reject'} as {role}"
         )
-    if approve and any(
-        row.key_id == key_id and row.decision == "approved"
-        for row in signatures(catalog, release_id)
-    ):
+    earlier = [row for row in signatures(catalog, release_id) if row.decision == "approved"]
+    if approve and any(row.key_id == key_id for row in earlier):
         raise IdentityError(
             f"key {key_id} already approved release {release_id!r}; approvals are counted by "
             "distinct reviewer keys"
         )
+    for row in earlier if approve else []:  # every approval must be of this very content
+        try:
+            attestations.verify_release_attestation(
+                directory, envelope_from_json(row.envelope), {row.key_id: _public(catalog, row)}
+            )
+        except VerificationError as exc:
+            raise IdentityError(
+                f"the earlier approval by key {row.key_id} ({row.reviewer}) is not of the release "
+                f"as it is now, so the approvals would not be of the same content: {exc}"
+            ) from None
     return AcceptedSignature(key_id=key_id, role=role, envelope=signature)
+
+
+def _public(catalog: Catalog, row: Any) -> Any:
+    return roster(catalog, catalog.release(row.release_id).dataset_id).keys[row.key_id].public
 
 
 def write_attestations(catalog: Catalog, release_id: str, directory: Path) -> bool:

@@ -174,10 +174,15 @@ def test_a_signature_over_other_content_is_refused(signed) -> None:
         review_module.review(
             staged.catalog, RELEASE, approve=True, reviewer="Ada", note="", signature=envelope
         )
-    rejecting = signatures.sign_decision(staged.directory, key=people.ada, approve=False)
+    decide(staged, people.ada, "Ada")  # the content as staged
+    pq.write_table(pa.table({"estimate": [6.0, 2.0]}), staged.directory / "tables" / "t.parquet")
+    with pytest.raises(IdentityError, match=r"earlier approval by key .* \(Ada\) is not of the"):
+        decide(staged, people.bob, "Bob")  # signs the changed content: not what Ada approved
+    assert staged.catalog.release(RELEASE).status == "staged"
+    rejecting = signatures.sign_decision(staged.directory, key=people.bob, approve=False)
     with pytest.raises(IdentityError, match="says reject as reviewer, not approve"):
         review_module.review(
-            staged.catalog, RELEASE, approve=True, reviewer="Ada", note="", signature=rejecting
+            staged.catalog, RELEASE, approve=True, reviewer="Bob", note="", signature=rejecting
         )
 
 
