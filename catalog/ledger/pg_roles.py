@@ -228,11 +228,15 @@ def role_statements(
         f"GRANT USAGE ON SCHEMA {space} TO {readers}",
     ]
     dialect = postgresql.dialect()
-    statements += [
-        str(sa.schema.CreateTable(table, if_not_exists=True).compile(dialect=dialect)).strip()
-        for name, table in sorted(by_name.items())
-        if name not in metadata.tables
-    ]
+    for name, table in sorted(by_name.items()):  # what the module would create at first use
+        if name in metadata.tables:
+            continue
+        created = [sa.schema.CreateTable(table, if_not_exists=True)]
+        created += [
+            sa.schema.CreateIndex(index, if_not_exists=True)
+            for index in sorted(table.indexes, key=lambda index: str(index.name))
+        ]
+        statements += [str(ddl.compile(dialect=dialect)).strip() for ddl in created]
     for name, table in sorted(by_name.items()):
         statements += _table_grants(name, roles=roles, table=table)
     for name in sorted(set(auxiliary) - set(by_name)):  # kept by a module not handed in

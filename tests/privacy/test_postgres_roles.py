@@ -373,6 +373,17 @@ def test_a_release_runs_as_operator_is_published_by_a_reviewer_and_audited_read_
     assert changes == [("measuring", op), ("staged", op), ("approved", rev), ("published", rev)]
 
 
+def test_apply_creates_every_module_table_as_the_module_would(role_catalog: RoleCatalog) -> None:
+    """Tables are created by the custodian (the others may not create): each module's table
+    with its indexes, so a module's own create-at-first-use finds it complete."""
+    with role_catalog.connected("auditor") as auditor:
+        inspector = sa.inspect(auditor.engine)
+        for table in catalog_tables():
+            assert inspector.has_table(table.name), table.name
+            have = {index["name"] for index in inspector.get_indexes(table.name)}
+            assert {str(index.name) for index in table.indexes} <= have, table.name
+
+
 def test_only_the_custodian_migrates_the_catalog(role_catalog: RoleCatalog) -> None:
     """After an upgrade an operator's first command does not migrate (it may not change the
     tables): it is refused with what to do, until the custodian has opened the catalog."""
