@@ -384,6 +384,29 @@ def test_apply_creates_every_module_table_as_the_module_would(role_catalog: Role
             assert {str(index.name) for index in table.indexes} <= have, table.name
 
 
+def test_the_database_owner_with_createrole_applies_the_roles(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only a superuser: the role of "Setting up" (it owns the database and created the
+    tables) with CREATEROLE, as deploy/postgres.md says."""
+    suffix = uuid.uuid4().hex[:10]
+    owner, database = f"owner_{suffix}", f"owned_{suffix}"
+    with psycopg.connect(postgres_server.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{owner}" LOGIN CREATEROLE')
+        conn.execute(f'CREATE DATABASE "{database}" OWNER "{owner}"')
+    url = f"postgresql+psycopg://127.0.0.1:{postgres_server.port}/{database}"
+    with monkeypatch.context() as patch:
+        patch.setenv("PGUSER", owner)
+        patch.setenv("DPRELEASE_CATALOG_URL", url)
+        result = runner.invoke(app, ["catalog", "roles", "--apply", "--prefix", f"o{suffix}"])
+    assert result.exit_code == 0, result.output
+    roles = pg_roles.RoleNames.with_prefix(f"o{suffix}")
+    shared = RoleCatalog(url, roles, create_logins(postgres_server, roles), monkeypatch)
+    with shared.connected("operator") as operator:
+        run_to_staged(operator)
+        denied(lambda: operator.record_review("rel-1", decision="approved", reviewer="M", note=""))
+
+
 def test_only_the_custodian_migrates_the_catalog(role_catalog: RoleCatalog) -> None:
     """After an upgrade an operator's first command does not migrate (it may not change the
     tables): it is refused with what to do, until the custodian has opened the catalog."""
