@@ -208,10 +208,6 @@ class _Lattice:
         """``Bᵀ z`` restricted to the centred component spaces. O(nnz + Σ_T |T table| |T|)."""
         return self.centre(self.transpose @ z)
 
-    def forward(self, v: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """``B v`` as one table per clique."""
-        return self._tables(self.forward_flat(self.pack(v)), self.starts, self.cliques)
-
 
 def consistent_marginals(
     *,
