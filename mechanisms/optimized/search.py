@@ -77,7 +77,6 @@ from dprelease.mechanisms.primitives.subset_family import MAX_MARGINAL_ATTRIBUTE
 
 Term = tuple[np.ndarray, ...]
 StrategyKind = Literal["pidentity", "fullrank", "kron", "marginals"]
-STRATEGY_KINDS: tuple[str, ...] = ("pidentity", "fullrank", "kron", "marginals")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -117,29 +116,13 @@ class OptimizedStrategy:
     """True when a time limit stopped the search: the strategy is the best found so far (it
     supports the workload and ``total_error`` is its exact error)."""
 
-    def __post_init__(self) -> None:
-        if self.kind not in STRATEGY_KINDS:
-            raise ValueError(f"kind ({self.kind!r}) must be one of {STRATEGY_KINDS}")
-        validate_noise(self.objective_noise)
+    def __post_init__(self) -> None:  # built by the two templates below: frozen, not re-checked
         object.__setattr__(self, "domain_sizes", tuple(int(n) for n in self.domain_sizes))
-        d = len(self.domain_sizes)
-        if self.kind == "marginals":
-            if self.weights is None or np.shape(self.weights) != (2**d,):
-                raise ValueError(f"a marginals strategy needs 2^d = {2**d} weights")
+        if self.weights is not None:
             object.__setattr__(self, "weights", read_only(self.weights, np.float64))
-        else:
-            if len(self.factors) != d:
-                raise ValueError(f"factors ({len(self.factors)}) must number d = {d}")
-            for factor, n in zip(self.factors, self.domain_sizes, strict=True):
-                if np.ndim(factor) != 2 or np.shape(factor)[1] != n:
-                    raise ValueError(f"factor shape {np.shape(factor)} must be (rows, {n})")
-            object.__setattr__(
-                self, "factors", tuple(read_only(f, np.float64) for f in self.factors)
-            )
-            if self.thetas and len(self.thetas) != d:
-                raise ValueError(f"thetas ({len(self.thetas)}) must be empty or number d = {d}")
-            thetas = tuple(None if t is None else read_only(t, np.float64) for t in self.thetas)
-            object.__setattr__(self, "thetas", thetas)
+        object.__setattr__(self, "factors", tuple(read_only(f, np.float64) for f in self.factors))
+        thetas = tuple(None if t is None else read_only(t, np.float64) for t in self.thetas)
+        object.__setattr__(self, "thetas", thetas)
         object.__setattr__(self, "details", MappingProxyType(dict(self.details)))
 
     def factor_operators(self) -> tuple[Factor, ...]:

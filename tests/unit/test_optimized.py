@@ -9,7 +9,6 @@ the large cases (n up to 4096) live in benchmarks/strategy_bench.py.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -701,10 +700,6 @@ VALIDATOR_CASES = [
     (lambda: validate_terms([()]), "terms[0] must be a non-empty tuple"),
     (lambda: validate_terms([(GOOD,), (np.eye(3),)]), "terms[1] has attribute sizes (3,)"),
     (
-        lambda: dataclasses.replace(dense_strategy((np.eye(2),)), thetas=(None, None)),
-        "thetas (2) must be empty or number d = 1",
-    ),
-    (
         lambda: optimize_pidentity(GOOD, p=1, noise="poisson", rng=RNG),
         "noise ('poisson') must be one of",
     ),
@@ -760,57 +755,6 @@ VALIDATOR_CASES = [
     (lambda: PIdentityFactor(-np.ones((1, 2)), noise="laplace").dense(), "theta must be >= 0"),
     (lambda: PIdentityFactor(np.ones(2), noise="gaussian").dense(), "must be a p × n matrix"),
     (lambda: column_sensitivity(np.eye(2), noise="l3"), "noise ('l3') must be one of"),
-    (
-        lambda: OptimizedStrategy(
-            kind="svd",
-            domain_sizes=(2,),
-            objective_noise="laplace",
-            total_error=0.0,
-            sensitivity=1.0,
-            restarts=1,
-            seconds=0.0,
-            factors=(np.eye(2),),
-        ),
-        "kind ('svd') must be one of",
-    ),
-    (
-        lambda: OptimizedStrategy(
-            kind="kron",
-            domain_sizes=(2, 2),
-            objective_noise="laplace",
-            total_error=0.0,
-            sensitivity=1.0,
-            restarts=1,
-            seconds=0.0,
-            factors=(np.eye(2),),
-        ),
-        "factors (1) must number d = 2",
-    ),
-    (
-        lambda: OptimizedStrategy(
-            kind="kron",
-            domain_sizes=(3,),
-            objective_noise="laplace",
-            total_error=0.0,
-            sensitivity=1.0,
-            restarts=1,
-            seconds=0.0,
-            factors=(np.eye(2),),
-        ),
-        "must be (rows, 3)",
-    ),
-    (
-        lambda: OptimizedStrategy(
-            kind="marginals",
-            domain_sizes=(3,),
-            objective_noise="laplace",
-            total_error=0.0,
-            sensitivity=1.0,
-            restarts=1,
-            seconds=0.0,
-        ),
-        "needs 2^d = 2 weights",
-    ),
     (
         lambda: factor_grams(
             OptimizedStrategy(
