@@ -14,12 +14,12 @@ import sqlalchemy as sa
 import typer
 
 from dprelease.catalog.errors import DprReleaseError
-from dprelease.flows.cli.common import command_group, console, stdout
+from dprelease.flows.cli.common import JsonOption, command_group, console, print_json, stdout
 
 catalog_app = command_group(
     "catalog",
     "The catalog database: the database roles of a PostgreSQL catalog (custodian, operator, "
-    "reviewer, auditor).",
+    "reviewer, auditor) and who wrote each entry.",
 )
 
 
@@ -88,4 +88,36 @@ def roles(
         console.print(
             f"note: table {name} has no entry in catalog.ledger.pg_roles.TABLE_ACCESS: every role "
             "reads it and only the custodian writes it"
+        )
+
+
+@catalog_app.command()
+def sessions(
+    table: Annotated[
+        str | None, typer.Option(help="Only the entries of this table (e.g. ledger, reviews).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Which database login wrote each catalog entry (PostgreSQL catalog with roles applied):
+    table, entry key, detail, login, client address and time, oldest first."""
+    from dprelease.catalog.ledger import pg_roles
+    from dprelease.catalog.ledger.database import default_url
+    from dprelease.catalog.ledger.store import Catalog
+
+    url = default_url()
+    pg_roles.require_postgresql(url)
+    catalog = Catalog(url)  # disposes its engine's connections when it goes
+    rows = pg_roles.recorded_sessions(catalog.engine, table=table)
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        stdout.print("no entry recorded (run `dprelease catalog roles --apply` first)")
+    for row in rows:
+        detail = f" ({row['detail']})" if row["detail"] else ""
+        stdout.print(
+            f"{row['recorded_at']}  {row['table_name']} {row['entry_key']}{detail}  by "
+            f"{row['login_role']} from {row['client_addr'] or 'a local socket'}",
+            markup=False,
+            highlight=False,
         )

@@ -360,10 +360,16 @@ def test_a_release_runs_as_operator_is_published_by_a_reviewer_and_audited_read_
         verified = runner.invoke(app, ["verify", outcome["published_directory"], "--json"])
         shown = runner.invoke(app, ["show", release_id, "--json"])
         budget = runner.invoke(app, ["budget", "survey", "--json"])
-    for result in (verified, shown, budget):
+        who = runner.invoke(app, ["catalog", "sessions", "--table", "reviews", "--json"])
+    for result in (verified, shown, budget, who):
         assert result.exit_code == 0, result.output
     assert json.loads(verified.stdout)["ok"] is True
     assert json.loads(shown.stdout)["release"]["status"] == "published"
+    [decided] = json.loads(who.stdout)
+    assert (decided["detail"], decided["login_role"]) == (
+        "approved",
+        role_catalog.logins["reviewer"],
+    )
     with role_catalog.connected("auditor") as auditor:
         recorded = pg_roles.recorded_sessions(auditor.engine, table="releases")
         assert auditor.spent("survey").epsilon == pytest.approx(1.0, abs=1e-9)
@@ -429,9 +435,10 @@ def test_only_the_custodian_migrates_the_catalog(role_catalog: RoleCatalog) -> N
 
 def test_roles_need_the_postgresql_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DPRELEASE_CATALOG_URL", f"sqlite:///{tmp_path}/catalog.db")
-    result = runner.invoke(app, ["catalog", "roles", "--print"])
-    assert result.exit_code == 2, result.output
-    assert "database roles need the PostgreSQL catalog" in result.output
+    for command in (["roles", "--print"], ["roles", "--apply"], ["sessions"]):
+        result = runner.invoke(app, ["catalog", *command])
+        assert result.exit_code == 2, result.output
+        assert "database roles need the PostgreSQL catalog" in result.output
     assert not (tmp_path / "catalog.db").exists()
 
 
