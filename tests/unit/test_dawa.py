@@ -927,10 +927,6 @@ VALIDATORS = {
         lambda: HilbertLayout.for_shape((0, 3)),
         "shape ((0, 3)) must be two integers >= 1",
     ),
-    "hilbert-cells": (
-        lambda: HilbertLayout(shape=(1, 2), cell_at=np.array([0, 0])),
-        "cell_at must list each of the 2 grid cells once",
-    ),
     "hilbert-grid": (
         lambda: HilbertLayout.for_shape((2, 2)).to_1d(np.zeros((2, 3))),
         "grid (shape (2, 3)) must have shape (2, 2)",
