@@ -97,6 +97,11 @@ def _catalog_with(dataset: str | None, spec: Path | None) -> tuple[Any, str]:
     if spec is None:
         if dataset is None:
             raise DprReleaseError("--dataset ID (or --spec SPEC) names the dataset")
+        if dataset not in catalog.dataset_ids():
+            raise DprReleaseError(
+                f"dataset {dataset!r} is not in the catalog (no release of it ran yet): add "
+                "--spec SPEC, its spec, to register it with its budget cap"
+            )
         return catalog, dataset
     from dprelease.catalog import partitions
     from dprelease.catalog.spec.load import load_spec

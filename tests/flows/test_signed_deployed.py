@@ -104,5 +104,11 @@ def test_a_worker_with_a_service_key_runs_and_two_reviewer_keys_publish(
     assert report["ok"], report
     assert [note.rsplit(" (", 1)[1] for note in report["signatures"]] == ["reviewer)"] * 2
     assert ReviewRuns(ops.catalog_url).get(record.id).status == "decided"
-    for result in (first, own, ada, again, bob, verified):
-        assert "PRIVATE KEY" not in result.stdout + result.stderr
+    pem = {
+        name: "".join((home / "keys" / f"{name}.key").read_text().splitlines()[1:-1])
+        for name in keys
+    }
+    logs = ops.logs["worker"].read_text() + ops.logs["server"].read_text()
+    for text in [logs] + [r.stdout + r.stderr for r in (first, own, ada, again, bob, verified)]:
+        assert "PRIVATE KEY" not in text and not any(body in text for body in pem.values())
+    assert keys["svc"].key_id in json.dumps([s._asdict() for s in steps])  # only the id

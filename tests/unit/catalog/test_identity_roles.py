@@ -135,9 +135,13 @@ def test_keys_register_revoke_roles_cli(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path))
     monkeypatch.delenv("DPRELEASE_KEY", raising=False)
     monkeypatch.delenv("DPRELEASE_CATALOG_URL", raising=False)
-    Catalog().ensure_dataset("ds", cap=PrivacyCost(measure="pure", epsilon=2.0))
     for name in ("cara", "ray"):
         assert runner.invoke(app, ["keys", "create", name]).exit_code == 0
+    absent = runner.invoke(
+        app, ["keys", "register", "cara", "--dataset", "ds", "--role", "custodian"]
+    )
+    assert absent.exit_code == 2 and "add --spec SPEC" in absent.output
+    Catalog().ensure_dataset("ds", cap=PrivacyCost(measure="pure", epsilon=2.0))
     first = runner.invoke(
         app, ["keys", "register", "cara", "--dataset", "ds", "--role", "custodian"]
     )
