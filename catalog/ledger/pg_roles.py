@@ -56,6 +56,7 @@ STATUS_GUARD_FUNCTION = "dprelease_guard_release_status"
 # The statuses a review decides (each needs its review row); the others are the run's.
 REVIEW_STATUSES = ("approved", "rejected", "published")
 RUN_STATUSES = tuple(status for status in STATUSES if status not in REVIEW_STATUSES)
+SCHEMA = "public"  # where dprelease creates its tables (the connection's default schema)
 
 session_metadata = sa.MetaData()
 
@@ -193,7 +194,6 @@ def role_statements(
     *,
     roles: RoleNames,
     auxiliary: Iterable[str] = AUXILIARY_TABLES,
-    schema: str = "public",
 ) -> list[str]:
     """The SQL that sets up the roles on a PostgreSQL catalog, one statement per item, to run in
     one transaction by a superuser or a role with CREATEROLE that owns the catalog's tables.
@@ -210,7 +210,7 @@ def role_statements(
     )
     readers = ", ".join((operator, reviewer, auditor))
     every = ", ".join((custodian, readers))
-    space = quote(schema)
+    space = quote(SCHEMA)
     statements = [_require_catalog(space)]
     statements += [
         f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') THEN "
@@ -221,7 +221,7 @@ def role_statements(
         # the role running this becomes a custodian: ALTER … OWNER needs the membership
         f"GRANT {custodian} TO CURRENT_USER",
         "DO $$ BEGIN EXECUTE 'REVOKE ALL ON DATABASE ' || quote_ident(current_database()) || "
-        f"' FROM PUBLIC'; EXECUTE 'GRANT CONNECT, TEMPORARY ON DATABASE ' || "
+        f"' FROM PUBLIC'; EXECUTE 'GRANT CONNECT ON DATABASE ' || "
         f"quote_ident(current_database()) || ' TO {every}'; END $$",
         f"REVOKE CREATE ON SCHEMA {space} FROM PUBLIC",
         f"GRANT USAGE, CREATE ON SCHEMA {space} TO {custodian}",
@@ -242,12 +242,12 @@ def role_statements(
     for name in sorted(set(auxiliary) - set(by_name)):  # kept by a module not handed in
         guarded = " ".join(f"EXECUTE '{line}';" for line in _table_grants(name, roles=roles))
         statements.append(
-            f"DO $$ BEGIN IF to_regclass('{schema}.{name}') IS NOT NULL THEN {guarded} "
+            f"DO $$ BEGIN IF to_regclass('{SCHEMA}.{name}') IS NOT NULL THEN {guarded} "
             "END IF; END $$"
         )
-    statements += _session_triggers(by_name, roles=roles, schema=schema)
-    statements += _meta_guard(roles=roles, schema=schema)
-    statements += _status_guard(roles=roles, schema=schema)
+    statements += _session_triggers(by_name, roles=roles)
+    statements += _meta_guard(roles=roles)
+    statements += _status_guard(roles=roles)
     statements.append(
         f"ALTER DEFAULT PRIVILEGES FOR ROLE {custodian} IN SCHEMA {space} "
         f"GRANT SELECT ON TABLES TO {readers}"
@@ -314,9 +314,9 @@ def _table_grants(name: str, *, roles: RoleNames, table: sa.Table | None = None)
     return statements
 
 
-def _session_triggers(tables: dict[str, sa.Table], *, roles: RoleNames, schema: str) -> list[str]:
+def _session_triggers(tables: dict[str, sa.Table], *, roles: RoleNames) -> list[str]:
     quote = postgresql.dialect().identifier_preparer.quote
-    space = quote(schema)
+    space = quote(SCHEMA)
     function = f"{space}.{SESSION_FUNCTION}"
     statements = [
         f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql "
@@ -354,11 +354,11 @@ def _session_triggers(tables: dict[str, sa.Table], *, roles: RoleNames, schema: 
     return statements
 
 
-def _meta_guard(*, roles: RoleNames, schema: str) -> list[str]:
+def _meta_guard(*, roles: RoleNames) -> list[str]:
     """The operator's UPDATE privilege on ``catalog_meta`` only serves its row lock: the
     update itself is refused to anyone who is not a custodian (superusers are)."""
     quote = postgresql.dialect().identifier_preparer.quote
-    function = f"{quote(schema)}.{GUARD_FUNCTION}"
+    function = f"{quote(SCHEMA)}.{GUARD_FUNCTION}"
     return [
         f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql "
         "SET search_path = pg_catalog, pg_temp AS $fn$ BEGIN "
@@ -394,14 +394,14 @@ def recorded_sessions(engine: Engine, *, table: str | None = None) -> list[dict[
         return [dict(row._mapping) for row in conn.execute(query)]
 
 
-def _status_guard(*, roles: RoleNames, schema: str) -> list[str]:
+def _status_guard(*, roles: RoleNames) -> list[str]:
     """Both operators and reviewers update ``releases.status``; a column privilege cannot say to
     which values.  This trigger does: a release is registered ``measuring``; only an operator
     moves it to a run status (:data:`RUN_STATUSES`), only a reviewer to approved or rejected
     (with that decision's review row) or published (with an approval).  A custodian may do
     anything.  O(reviews of the release) per status change."""
     quote = postgresql.dialect().identifier_preparer.quote
-    space = quote(schema)
+    space = quote(SCHEMA)
     function = f"{space}.{STATUS_GUARD_FUNCTION}"
     run = ", ".join(f"'{status}'" for status in RUN_STATUSES)
     denied = "RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = "
