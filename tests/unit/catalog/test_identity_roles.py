@@ -22,8 +22,9 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    catalog = Catalog(f"sqlite:///{tmp_path}/catalog.db")
+def catalog(catalog_url: str) -> Catalog:
+    """On SQLite and on a real PostgreSQL server (``catalog_url``)."""
+    catalog = Catalog(catalog_url)
     catalog.ensure_dataset("ds", cap=PrivacyCost(measure="pure", epsilon=2.0))
     return catalog
 

@@ -57,9 +57,9 @@ class Staged:
     input_path: Path
 
 
-def build_staged(root: Path, *, release_id: str = RELEASE) -> Staged:
-    """A staged release under ``root/releases`` whose catalog is ``root/catalog.db``."""
-    catalog = Catalog(f"sqlite:///{root}/catalog.db")
+def build_staged(root: Path, *, release_id: str = RELEASE, url: str | None = None) -> Staged:
+    """A staged release under ``root/releases`` whose catalog is ``url`` (``root/catalog.db``)."""
+    catalog = Catalog(url or f"sqlite:///{root}/catalog.db")
     catalog.ensure_dataset("ds", cap=PrivacyCost(measure="pure", epsilon=2.0))
     measuring(catalog, release_id)  # registered and charged 0.5
     input_path = root / "input.parquet"

@@ -84,11 +84,14 @@ def decide(
 
 
 @pytest.fixture
-def signed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Staged, People]:
-    """A staged release needing two approvals on a dataset with keys, run by Olga's key."""
+def signed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, catalog_url: str
+) -> tuple[Staged, People]:
+    """A staged release needing two approvals on a dataset with keys, run by Olga's key; its
+    catalog on SQLite and on a real PostgreSQL server (``catalog_url``)."""
     monkeypatch.setattr(review_module, "write_report", fake_report)
     monkeypatch.setenv(OPERATOR_ENV, "Olga")
-    staged = build_staged(tmp_path)
+    staged = build_staged(tmp_path, url=catalog_url)
     record_policy(staged.catalog, release_id=RELEASE, spec=policy_spec(approvers=2))
     people = People(staged)
     ran_by(staged, people.olga)
@@ -235,7 +238,7 @@ def test_a_revoked_keys_new_signature_is_refused_its_earlier_ones_still_verify(
     signed, tmp_path: Path
 ) -> None:
     staged, people, copy = published(signed)
-    second = build_staged(tmp_path, release_id="rel-2")
+    second = build_staged(tmp_path, release_id="rel-2", url=staged.catalog.url)
     ran_by(second, people.olga, "rel-2")
     roles.revoke_key(staged.catalog, dataset_id="ds", key_id=people.ada.key_id, signer=people.cara)
     with pytest.raises(IdentityError, match=r"was revoked on dataset 'ds' at ledger entry #\d+"):
