@@ -263,6 +263,13 @@ def stage(
             f"release {release_id} failed output validation; see {directory / 'validation'} "
             "(the privacy budget stays spent)"
         )
+    # any charge made outside the signed accountant (a series period) is signed before staging
+    signing.sign_unsigned(
+        catalog,
+        release_id=release_id,
+        dataset_id=spec.dataset.id,
+        spec_fingerprint=spec.fingerprint(),
+    )
     cap = catalog.cap(spec.dataset.id)
     touched = partitions.release_partitions(spec, files=ingested.files)
     after = catalog.spent(spec.dataset.id, partitions=touched)

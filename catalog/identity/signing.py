@@ -160,6 +160,26 @@ def sign_charges(catalog: Catalog, *, key: SigningKey, release_id: str, dataset_
     return len(unsigned)
 
 
+def sign_unsigned(
+    catalog: Catalog, *, release_id: str, dataset_id: str, spec_fingerprint: str
+) -> int:
+    """With a chosen key: sign ``release_id``'s run if unsigned and every charge not signed yet
+    (a charging path other than :class:`SignedAccountant`, e.g. a series period); how many
+    charges.  Without one: nothing (``verify`` names unsigned charges on a dataset with keys)."""
+    key = load_chosen_key()
+    if key is None:
+        return 0
+    if not any(row.step == "run" for row in steps(catalog, release_id)):
+        sign_run(
+            catalog,
+            key=key,
+            release_id=release_id,
+            dataset_id=dataset_id,
+            spec_fingerprint=spec_fingerprint,
+        )
+    return sign_charges(catalog, key=key, release_id=release_id, dataset_id=dataset_id)
+
+
 @dataclass(eq=False)
 class SignedAccountant(DatasetAccountant):
     """A :class:`DatasetAccountant` whose every charge is then signed by the operator's key (the

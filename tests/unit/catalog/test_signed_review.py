@@ -23,6 +23,7 @@ from dprelease.catalog.review import decisions as review_module
 from dprelease.catalog.review import signatures
 from dprelease.catalog.review.policy import OPERATOR_ENV, record_policy
 from dprelease.flows.cli import app
+from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.unit.catalog.test_review import RELEASE, Staged, build_staged, fake_report, policy_spec
 
 runner = CliRunner()
@@ -363,3 +364,40 @@ def test_review_cli_signs_with_key(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert report["signatures"][0].endswith(f"signed by key {ada.key_id} (reviewer)")
     for result in (unsigned, refused, done, shown, verified):
         assert "PRIVATE" not in result.output
+
+
+def test_charges_made_outside_the_signed_accountant_are_signed_at_staging(
+    signed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staged, people = signed
+    monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "home"))
+    svc, _ = create_key("svc", home=tmp_path / "home")
+    roles.register_key(
+        staged.catalog,
+        dataset_id="ds",
+        public=svc.public,
+        name="svc",
+        roles=["operator"],
+        signer=people.cara,
+    )
+    staged.catalog.update_release(RELEASE, status="measuring")
+    receipt = staged.catalog.charge(
+        "ds", PrivacyCost(measure="pure", epsilon=0.25), release_id=RELEASE, label="period"
+    )
+    [problem] = signing.step_problems(staged.catalog, RELEASE, "ds")
+    assert problem == f"charge {receipt} of rel-1 is not signed by an operator key"
+    monkeypatch.delenv(signing.KEY_ENV, raising=False)
+    assert (
+        signing.sign_unsigned(
+            staged.catalog, release_id=RELEASE, dataset_id="ds", spec_fingerprint="f" * 64
+        )
+        == 0
+    )
+    monkeypatch.setenv(signing.KEY_ENV, "svc")
+    assert (
+        signing.sign_unsigned(
+            staged.catalog, release_id=RELEASE, dataset_id="ds", spec_fingerprint="f" * 64
+        )
+        == 1
+    )
+    assert signing.step_problems(staged.catalog, RELEASE, "ds") == []
