@@ -602,7 +602,8 @@ def render_report(
     parts += validation_section(validation)
     parts.append("</section><section id='review'><h2>Review trail</h2>")
     if reviews:
-        parts.append(_table_html(reviews, ["at", "decision", "reviewer", "note"]))
+        signed = ["signed by"] if any("signed by" in r for r in reviews) else []
+        parts.append(_table_html(reviews, ["at", "decision", "reviewer", "note", *signed]))
     else:
         parts.append("<p>Awaiting review: staged releases are published only after approval.</p>")
     script = SEARCH_SCRIPT if split else PAGER_SCRIPT
@@ -718,6 +719,23 @@ def budget_timeline_plot(
     )
 
 
+def _signed_trail(review: dict[str, Any]) -> list[dict[str, Any]]:
+    """The review trail, each decision with the key that signed it (or ``unsigned``) once any
+    decision of the release is signed; as it is otherwise."""
+    signatures = review.get("signatures")
+    if not signatures:
+        return list(review["trail"])
+    return [
+        {
+            **entry,
+            "signed by": f"key {signed['key_id']} ({signed['role']})"
+            if signed.get("key_id")
+            else "unsigned",
+        }
+        for entry, signed in zip(review["trail"], signatures, strict=True)
+    ]
+
+
 def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) -> None:
     """(Re)render ``report.html`` from the manifest, the tables and the validation results."""
     import pyarrow.parquet as pq
@@ -743,7 +761,7 @@ def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) ->
         validation=validation,
         budget=manifest["budget"],
         ledger_rows=ledger_rows,
-        reviews=manifest["review"]["trail"],
+        reviews=_signed_trail(manifest["review"]),
     )
     (directory / "report.html").write_text(html_text)
     pages = directory / TABLE_PAGES

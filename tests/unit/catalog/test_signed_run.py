@@ -104,7 +104,6 @@ def test_a_signed_run_reviewed_by_two_keys_verifies(
     assert notice.endswith(
         f"decide: dprelease review {staged.release_id} --approve|--reject --key NAME"
     )
-    monkeypatch.setattr(decisions, "write_report", lambda *args: None)
     for name in ("svc", "ada", "bob"):
         signature = signatures.sign_decision(directory, key=keys[name], approve=True)
         if name == "svc":
@@ -122,5 +121,8 @@ def test_a_signed_run_reviewed_by_two_keys_verifies(
             catalog, staged.release_id, approve=True, reviewer=name, note="", signature=signature
         )
     assert outcome["status"] == "published"
+    report = (Path(outcome["published_directory"]) / "report.html").read_text()
+    assert "<th class='lab'>signed by</th>" in report
+    assert all(f"key {keys[name].key_id} (reviewer)" in report for name in ("ada", "bob"))
     notes = signatures.verify_release(Path(outcome["published_directory"]), catalog)
     assert len(notes) == 2 and all("(reviewer)" in note for note in notes)
