@@ -79,11 +79,11 @@ def _public_key(key: str) -> tuple[str, Any]:
     return info.name, info.public
 
 
-def _signer(name: str | None, *, default: str | None = None) -> Any:
+def _signer(name: str | None) -> Any:
     from dprelease.catalog.identity.keys import IdentityError, load_signing_key
     from dprelease.catalog.identity.signing import KEY_ENV
 
-    chosen = name or os.environ.get(KEY_ENV, "").strip() or default
+    chosen = name or os.environ.get(KEY_ENV, "").strip()
     if not chosen:
         raise IdentityError(f"--as NAME (or {KEY_ENV}): which of your keys signs this change")
     return load_signing_key(chosen)
@@ -135,7 +135,8 @@ def register(
     name, public = _public_key(key)
     catalog, dataset_id = _catalog_with(dataset, spec)
     first = not roles.requires_signatures(catalog, dataset_id)
-    signing = _signer(signer, default=name if first else None)
+    # a dataset's first key signs its own registration, whatever DPRELEASE_KEY names
+    signing = _signer(signer or (name if first else None))
     receipt = roles.register_key(
         catalog, dataset_id=dataset_id, public=public, name=name, roles=role, signer=signing
     )

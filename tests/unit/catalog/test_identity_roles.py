@@ -143,10 +143,12 @@ def test_keys_register_revoke_roles_cli(tmp_path: Path, monkeypatch: pytest.Monk
     )
     assert absent.exit_code == 2 and "add --spec SPEC" in absent.output
     Catalog().ensure_dataset("ds", cap=PrivacyCost(measure="pure", epsilon=2.0))
+    monkeypatch.setenv("DPRELEASE_KEY", "ray")  # the first key signs itself all the same
     first = runner.invoke(
         app, ["keys", "register", "cara", "--dataset", "ds", "--role", "custodian"]
     )
     assert first.exit_code == 0, first.output
+    monkeypatch.delenv("DPRELEASE_KEY")
     assert "now requires signed runs and reviews" in first.output
     refused = runner.invoke(
         app, ["keys", "register", "ray", "--dataset", "ds", "--role", "reviewer"]
