@@ -35,6 +35,7 @@ from dprelease.catalog import partitions
 from dprelease.catalog.confidential.series_measure import combined_periods
 from dprelease.catalog.confidential.source import list_source_files, resolve_source
 from dprelease.catalog.errors import CatalogError, DataError, SpecError
+from dprelease.catalog.identity import signing
 from dprelease.catalog.ledger.schema import create_tables, now
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.planning.planner import Plan, build_workload
@@ -229,6 +230,8 @@ def register(
     catalog.ensure_dataset(
         spec.dataset.id, cap=spec.dataset.budget_cap(), partitioned_by=partitions.declaration(spec)
     )
+    # a dataset with registered keys: an operator key runs it (checked before anything is charged)
+    signing.check_operator(catalog, spec.dataset.id, key=signing.load_chosen_key())
     released = recorded_periods(catalog, spec)
     period = len(released)
     path = _next_file(spec, released)

@@ -126,3 +126,49 @@ def test_a_signed_run_reviewed_by_two_keys_verifies(
     assert all(f"key {keys[name].key_id} (reviewer)" in report for name in ("ada", "bob"))
     notes = signatures.verify_release(Path(outcome["published_directory"]), catalog)
     assert len(notes) == 2 and all("(reviewer)" in note for note in notes)
+
+
+def test_a_series_period_needs_an_operator_key_and_its_charges_are_signed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dprelease.catalog import series
+    from tests.unit.catalog.test_series_release import _spec as series_spec
+    from tests.unit.catalog.test_series_release import _write_period
+
+    monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path))
+    monkeypatch.delenv(signing.KEY_ENV, raising=False)
+    folder = tmp_path / "periods"
+    folder.mkdir()
+    _write_period(folder, 1, seed=1)
+    spec = series_spec(folder)
+    catalog = Catalog(f"sqlite:///{tmp_path / 'c.db'}")
+    catalog.ensure_dataset(spec.dataset.id, cap=spec.dataset.budget_cap(), partitioned_by="file")
+    cara, svc = create_key("cara")[0], create_key("svc")[0]
+    for key, name, granted in [(cara, "cara", "custodian"), (svc, "svc", "operator")]:
+        roles.register_key(
+            catalog,
+            dataset_id=spec.dataset.id,
+            public=key.public,
+            name=name,
+            roles=[granted],
+            signer=cara,
+        )
+    plan = make_plan(spec)
+    directory = release.release_directory(tmp_path / "out", "s-1")
+    with pytest.raises(IdentityError, match="requires signed runs"):
+        series.register(spec, plan, catalog, release_id="s-1", directory=directory)
+    assert catalog.spent(spec.dataset.id).rho == 0 and catalog.releases() == []
+    monkeypatch.setenv(signing.KEY_ENV, "svc")
+    step, _ = series.register(spec, plan, catalog, release_id="s-1", directory=directory)
+    series.measure(spec, plan, step, catalog, release_id="s-1")
+    assert (
+        signing.sign_unsigned(
+            catalog,
+            release_id="s-1",
+            dataset_id=spec.dataset.id,
+            spec_fingerprint=spec.fingerprint(),
+        )
+        >= 1
+    )  # what release.stage does for a series period
+    assert signing.step_problems(catalog, "s-1", spec.dataset.id) == []
+    assert {s.key_id for s in signing.steps(catalog, "s-1")} == {svc.key_id}
