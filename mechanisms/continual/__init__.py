@@ -13,34 +13,30 @@ root); Denisov et al., NeurIPS 2022 (optimised causal factorisations); figures: 
 
 from __future__ import annotations
 
-from dprelease.mechanisms.continual.factorisation import CausalFactorisation
-from dprelease.mechanisms.continual.strategies import (
-    binary_tree,
-    optimised,
-    square_root,
-    square_root_coefficients,
-    square_root_matrix,
-    sum_of_periods,
-    svd_bound_rmse,
-)
-from dprelease.mechanisms.continual.workloads import (
-    cumulative,
-    period,
-    rolling,
-    time_workload,
-)
+import importlib
+from typing import Any
 
-__all__ = [
-    "CausalFactorisation",
-    "binary_tree",
-    "cumulative",
-    "optimised",
-    "period",
-    "rolling",
-    "square_root",
-    "square_root_coefficients",
-    "square_root_matrix",
-    "sum_of_periods",
-    "svd_bound_rmse",
-    "time_workload",
-]
+# Lazy exports: a spec that declares a series needs only :mod:`.workloads` to validate; the
+# strategies (scipy.optimize, ~0.1 s to import) load when a plan is made.
+_EXPORTS = {
+    "CausalFactorisation": "factorisation",
+    "binary_tree": "strategies",
+    "optimised": "strategies",
+    "square_root": "strategies",
+    "square_root_coefficients": "strategies",
+    "square_root_matrix": "strategies",
+    "sum_of_periods": "strategies",
+    "svd_bound_rmse": "strategies",
+    "cumulative": "workloads",
+    "period": "workloads",
+    "rolling": "workloads",
+    "time_workload": "workloads",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
