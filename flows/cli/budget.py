@@ -49,15 +49,24 @@ def budget(
             table.add_column("partition", overflow="fold")
         for entry in entries:
             skipped = entry["kind"] == "skipped"
+            record = entry["kind"] not in ("charge", "skipped")  # e.g. series-plan: zero cost
             partition = entry["partition"]
             where = (
-                str(partition) if partition is not None else "" if skipped else "(whole dataset)"
+                str(partition)
+                if partition is not None
+                else ""
+                if skipped or record
+                else "(whole dataset)"
             )
             table.add_row(
                 str(entry["seq"]),
                 entry["created_at"],
                 entry["release_id"],
-                "skipped (nothing charged)" if skipped else cost_text(entry["charge"]),
+                "skipped (nothing charged)"
+                if skipped
+                else f"{entry['kind']} (nothing charged)"
+                if record
+                else cost_text(entry["charge"]),
                 cost_text(entry["cumulative"]),
                 cost_text(entry["remaining"]),
                 entry["label"],

@@ -84,3 +84,8 @@ def test_a_series_releases_period_by_period_and_refuses_twice_and_past_horizon(
     assert len(Catalog().ledger_entries(dataset_id)) == count
     budget = runner.invoke(app, ["budget", dataset_id])
     assert budget.exit_code == 0 and "2026-01.parquet" in budget.output
+    as_json = runner.invoke(app, ["budget", dataset_id, "--json"])
+    [entries] = [d["ledger"] for d in json.loads(as_json.output)["datasets"]]
+    assert [e["kind"] for e in entries].count("series-plan") == 1
+    shown = runner.invoke(app, ["show", directory.name])
+    assert shown.exit_code == 0 and directory.name in shown.output, shown.output
