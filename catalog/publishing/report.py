@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from dprelease.catalog.ledger.store import Catalog
 
 from dprelease.catalog.publishing.report_charts import Axis, chart_for, table_model, value_chart
+from dprelease.catalog.publishing.series_report import (
+    SeriesHistory,
+    series_history,
+    series_section,
+)
 
 PAGE_ROWS = 25
 WHOLE_FROM = 999.95  # shown as whole numbers from here (where four significant digits reach 1000)
@@ -473,8 +478,11 @@ def render_report(
     budget: dict[str, Any],
     ledger_rows: list[dict[str, Any]],
     reviews: list[dict[str, Any]],
+    series: SeriesHistory | None = None,
 ) -> str:
     """The whole report as one HTML string (its CSV links point at ``tables/<name>.csv``).
+
+    ``series``: a series period's published history (:mod:`.series_report`), charted over time.
 
     From :data:`SPLIT_FROM` tables on, the tables part is a searchable index linking to each
     table's own page (:func:`table_pages` renders those)."""
@@ -491,7 +499,9 @@ def render_report(
         f"<style>{STYLE}</style></head><body>",
         "<nav class='toc'><a href='#summary'>Summary</a><a href='#budget'>Privacy budget</a>"
         "<a href='#method'>Method and error</a>"
-        f"<a href='#tables'>Tables ({len(tables)})</a><a href='#validation'>Validation</a>"
+        f"<a href='#tables'>Tables ({len(tables)})</a>"
+        + ("<a href='#series'>Over time</a>" if series is not None else "")
+        + "<a href='#validation'>Validation</a>"
         "<a href='#review'>Review</a></nav><main>",
         f"<h1>{html.escape(manifest['name'])}: differentially private release "
         f"<code>{release_id}</code></h1>",
@@ -597,6 +607,11 @@ def render_report(
             for index, (name, table) in enumerate(tables.items())
         ]
     )
+    if series is not None:
+        names = list(tables)
+        parts.append(
+            series_section(series, names, list(dict.fromkeys(n.rsplit(".", 1)[-1] for n in names)))
+        )
     parts.append("<section id='validation'>")
     parts.append("<h2>Validation (released values and public metadata only)</h2>")
     parts += validation_section(validation)
@@ -762,6 +777,7 @@ def write_report(directory: Path, manifest: dict[str, Any], catalog: Catalog) ->
         budget=manifest["budget"],
         ledger_rows=ledger_rows,
         reviews=_signed_trail(manifest["review"]),
+        series=series_history(manifest, tables, catalog),
     )
     (directory / "report.html").write_text(html_text)
     pages = directory / TABLE_PAGES

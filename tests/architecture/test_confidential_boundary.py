@@ -70,6 +70,10 @@ PUBLIC_READS = {
     ): "reads the staged release's own (noised) tables",
     ("catalog/publishing/synthetic.py", "pq.read_table"): "reads a released (noised) table",
     (
+        "catalog/publishing/series_report.py",
+        "pq.read_table",
+    ): "reads earlier periods' published (noised) tables, each checked against its manifest",
+    (
         "catalog/publishing/artifacts.py",
         "pq.read_metadata",
     ): "verify: footers of the released tables",
