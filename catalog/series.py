@@ -24,7 +24,7 @@ import math
 import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +37,7 @@ from dprelease.catalog.confidential.source import list_source_files, resolve_sou
 from dprelease.catalog.errors import CatalogError, DataError, SpecError
 from dprelease.catalog.identity import signing
 from dprelease.catalog.ledger.schema import create_tables, now
-from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning.planner import Plan, build_workload
 from dprelease.catalog.planning.series import SeriesPlan, make_series_plan, spec_key
 from dprelease.catalog.publishing import artifacts
@@ -214,11 +214,21 @@ def series_plan_for(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> tuple[Se
 
 
 def register(
-    spec: ReleaseSpec, plan: Plan, catalog: Catalog, *, release_id: str, directory: Path
-) -> tuple[SeriesStep, PrivacyCost]:
+    spec: ReleaseSpec,
+    plan: Plan,
+    catalog: Catalog,
+    *,
+    release_id: str,
+    directory: Path,
+    on_unchanged: Literal["skip", "release"] = "release",
+) -> tuple[SeriesStep, PrivacyCost] | SkippedRelease:
     """Everything public before any data is read (module docstring); records the plan at the
     series' first release, then the release's intent.  Returns the step and what the partitions
-    it reads had spent."""
+    it reads had spent.
+
+    ``on_unchanged="skip"`` (scheduled and triggered runs): a source whose keyed fingerprint is
+    that of the series' last release (a duplicated arrival of the period just released) records a
+    ``skipped`` ledger entry and returns it, as a release without a series does.  O(bytes)."""
     if spec.dataset.source is None:
         raise SpecError(
             "dataset.source is not set in the spec; plan works without it, run does not"
@@ -232,13 +242,23 @@ def register(
     )
     # a dataset with registered keys: an operator key runs it (checked before anything is charged)
     signing.check_operator(catalog, spec.dataset.id, key=signing.load_chosen_key())
+    if on_unchanged == "skip":
+        skipped = catalog.skip_if_unchanged(
+            release_id=release_id,
+            name=spec.name,
+            dataset_id=spec.dataset.id,
+            series_key=spec.series_key(),
+            input_fingerprint=resolve_source(str(spec.dataset.source), key=catalog.key).fingerprint,
+        )
+        if skipped is not None:
+            return skipped
     released = recorded_periods(catalog, spec)
     period = len(released)
     path = _next_file(spec, released)
     series_plan.check_period(period)
     needed = series_plan.periods_read(period)
     key = catalog.key
-    for s in needed[:-1] if needed and needed[-1] == period else needed:
+    for s in (s for s in needed if s < period):
         past = released[s]
         if resolve_source(past.file_path, key=key).fingerprint != past.input_fingerprint:
             raise DataError(

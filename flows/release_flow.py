@@ -64,7 +64,12 @@ def release_flow(
             spec = release.planned_spec(spec, plan)  # accuracy targets: the level plan found
         if spec.series is not None:  # one period of a series: its own stages
             return release_period(
-                spec, plan, out_dir=out_dir, catalog_url=catalog_url, watchdog=watchdog
+                spec,
+                plan,
+                out_dir=out_dir,
+                catalog_url=catalog_url,
+                watchdog=watchdog,
+                on_unchanged=on_unchanged,
             )
         release_id = release.new_release_id(spec)
         directory = release.release_directory(out_dir, release_id)

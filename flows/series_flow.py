@@ -5,11 +5,11 @@ and notification are the release's own)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dprelease.catalog import release
 from dprelease.catalog.confidential.inputs import Ingested, describe_unit
-from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning.planner import Plan
 from dprelease.catalog.spec.model import ReleaseSpec
 from dprelease.flows.notify import notify_reviewers_task
@@ -23,18 +23,28 @@ from dprelease.tasks.stages import stage_task
 
 
 def release_period(
-    spec: ReleaseSpec, plan: Plan, *, out_dir: str, catalog_url: str, watchdog: Any
-) -> release.StagedRelease:
-    """Release the series' next period (its file: the first of ``dataset.source`` not released)."""
+    spec: ReleaseSpec,
+    plan: Plan,
+    *,
+    out_dir: str,
+    catalog_url: str,
+    watchdog: Any,
+    on_unchanged: Literal["skip", "release"] = "release",
+) -> release.StagedRelease | SkippedRelease:
+    """Release the series' next period (its file: the first of ``dataset.source`` not released);
+    ``on_unchanged="skip"``: a source unchanged since the series' last release is a skip."""
     if spec.series is None:
         raise ValueError(f"spec {spec.name!r} has no series section")
     parts = tuple(spec.series.part_names())
     release_id = release.new_release_id(spec)
     directory = release.release_directory(out_dir, release_id)
     with watchdog.stage("register"):
-        step, spent_before = series_register_task(
-            spec, plan, catalog_url, release_id, str(directory)
+        registered = series_register_task(
+            spec, plan, catalog_url, release_id, str(directory), on_unchanged
         )
+    if isinstance(registered, SkippedRelease):
+        return registered  # nothing read, nothing charged
+    step, spent_before = registered
     watchdog.set_release(release_id)
     watchdog.on_stop = lambda reason: release.mark_stopped(
         Catalog(catalog_url), release_id, directory, status="failed"

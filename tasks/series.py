@@ -5,14 +5,14 @@ draws the noise has ``retries=0``, no cache, no persisted result and no printed 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from dprelease.catalog import series
-from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning.planner import Plan
 from dprelease.catalog.spec.model import ReleaseSpec
 from dprelease.mechanisms.primitives.privacy import PrivacyCost
@@ -21,12 +21,22 @@ from dprelease.mechanisms.primitives.protocol import Measurement
 
 @task(name="series-register", cache_policy=NO_CACHE, retries=0)
 def series_register_task(
-    spec: ReleaseSpec, plan: Plan, catalog_url: str, release_id: str, directory: str
-) -> tuple[series.SeriesStep, PrivacyCost]:
+    spec: ReleaseSpec,
+    plan: Plan,
+    catalog_url: str,
+    release_id: str,
+    directory: str,
+    on_unchanged: Literal["skip", "release"] = "release",
+) -> tuple[series.SeriesStep, PrivacyCost] | SkippedRelease:
     """The series' checks and each partition's increment against its cap, before any data is
-    read; the plan recorded at the first release; the release's intent."""
+    read; the plan recorded at the first release; the release's intent (or a skip)."""
     return series.register(
-        spec, plan, Catalog(catalog_url), release_id=release_id, directory=Path(directory)
+        spec,
+        plan,
+        Catalog(catalog_url),
+        release_id=release_id,
+        directory=Path(directory),
+        on_unchanged=on_unchanged,
     )
 
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from dprelease.catalog import release, series
 from dprelease.catalog.confidential.choke_point import ProtectedCells, ProtectedMarginals
 from dprelease.catalog.errors import BudgetExceededError, CatalogError, DataError, SpecError
-from dprelease.catalog.ledger.store import Catalog
+from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning.planner import make_plan
 from dprelease.catalog.planning.series import SeriesPlan, make_series_plan
 from dprelease.catalog.spec.load import parse_spec
@@ -262,3 +262,38 @@ def test_a_data_dependent_cell_mechanism_and_a_foreign_plan_format_are_refused(
     plan = make_series_plan(spec, make_plan(spec))
     with pytest.raises(SpecError, match="series plan format"):
         SeriesPlan.from_json(plan.to_json() | {"format": "other/1"})
+
+
+def test_a_duplicated_arrival_of_the_last_period_is_skipped_charging_nothing(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    catalog = Catalog()
+    first = _write_period(data, 1, seed=1)
+    _release(_spec(data), catalog, tmp_path / "out")
+    arrived = _spec(first)  # a triggered run: the arrived file is the source
+    plan = make_plan(arrived)
+    count = len(catalog.ledger_entries(arrived.dataset.id))
+    skipped = series.register(
+        arrived,
+        plan,
+        catalog,
+        release_id="dup",
+        directory=tmp_path / "out" / "dup",
+        on_unchanged="skip",
+    )
+    assert isinstance(skipped, SkippedRelease)
+    entries = catalog.ledger_entries(arrived.dataset.id)[count:]
+    assert [(e.kind, e.cost.rho) for e in entries] == [("skipped", 0.0)]
+    # the next period's file is released under the same policy
+    second = _spec(_write_period(data, 2, seed=2))
+    step, _ = series.register(
+        second,
+        plan,
+        catalog,
+        release_id="next",
+        directory=tmp_path / "out" / "next",
+        on_unchanged="skip",
+    )
+    assert step.period == 1
