@@ -38,6 +38,7 @@ from dprelease.catalog.errors import CatalogError, DataError, SpecError
 from dprelease.catalog.identity import signing
 from dprelease.catalog.ledger.schema import create_tables, now
 from dprelease.catalog.ledger.store import Catalog, SkippedRelease
+from dprelease.catalog.planning.memory import check_memory, predict_plan
 from dprelease.catalog.planning.planner import Plan, build_workload
 from dprelease.catalog.planning.series import SeriesPlan, make_series_plan, spec_key
 from dprelease.catalog.publishing import artifacts
@@ -235,6 +236,7 @@ def register(
         )
     if plan.mechanism.input_kind == "cells":
         check_runnable(spec)
+    check_memory(predict_plan(spec, plan))  # one period read at a time, plus the running sum
     directory.parent.mkdir(parents=True, exist_ok=True)
     series_plan, first = series_plan_for(spec, plan, catalog)
     catalog.ensure_dataset(
