@@ -1,12 +1,13 @@
 """The release of one period of a series: register, measure, publish (the series' stages; the
 Prefect tasks in ``tasks/series.py`` wrap them 1:1).
 
-State (public, two tables of their own in the catalog database): ``series_plans`` holds each
+State (public, tables of their own in the catalog database): ``series_plans`` holds each
 series' horizon plan (canonical JSON, sha256), recorded at its first release together with a
 zero-cost ``series-plan`` ledger entry whose label carries the digest (so the plan is
 hash-chained like every charge); ``series_periods`` holds, per released period, its file (the
 partition), the keyed fingerprint of that file at release, and the period's noisy measurement
-(post-noise: what later periods' published figures combine).
+(post-noise: what later periods' published figures combine); ``series_claims`` lets one run at
+a time release a period (two runs started together never both charge for it).
 
 Order and refusals (each before any data is read or anything charged, CLI exit 2): a spec whose
 :func:`~catalog.planning.series.spec_key` differs from the recorded plan's; a period already
@@ -36,7 +37,7 @@ from dprelease.catalog.confidential.series_measure import combined_periods
 from dprelease.catalog.confidential.source import list_source_files, resolve_source
 from dprelease.catalog.errors import CatalogError, DataError, SpecError
 from dprelease.catalog.identity import signing
-from dprelease.catalog.ledger.schema import create_tables, now
+from dprelease.catalog.ledger.schema import create_tables, now, releases
 from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning.memory import check_memory, predict_plan
 from dprelease.catalog.planning.planner import Plan, build_workload
@@ -87,6 +88,16 @@ series_periods = sa.Table(
     sa.Column("measurement_sha256", sa.String(64), nullable=False),
     sa.Column("recorded_at", sa.String(40), nullable=False),
     sa.UniqueConstraint("dataset_id", "name", "file_name"),
+)
+
+series_claims = sa.Table(  # one release at a time per period: concurrent runs never both charge
+    "series_claims",
+    series_metadata,
+    sa.Column("dataset_id", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("period", sa.Integer, primary_key=True),  # 0-based
+    sa.Column("release_id", sa.String(128), nullable=False),
+    sa.Column("claimed_at", sa.String(40), nullable=False),
 )
 
 _ready: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -281,8 +292,6 @@ def register(
         )
     touched = tuple(sorted(n for n in charges if n is not None)) or None
     before = catalog.spent(spec.dataset.id, partitions=touched)
-    if first:
-        _record_plan(catalog, spec, series_plan, release_id=release_id)
     record_policy(catalog, release_id=release_id, spec=spec)
     catalog.create_release(
         release_id=release_id,
@@ -292,6 +301,13 @@ def register(
         dataset_id=spec.dataset.id,
         series_key=spec.series_key(),
     )
+    try:
+        _claim(catalog, spec, period=period, release_id=release_id)
+    except SpecError:
+        catalog.update_release(release_id, status="failed")  # refused: nothing read or charged
+        raise
+    if first:
+        _record_plan(catalog, spec, series_plan, release_id=release_id)
     return (
         SeriesStep(
             period=period,
@@ -306,6 +322,44 @@ def register(
         ),
         before,
     )
+
+
+def _claim(catalog: Catalog, spec: ReleaseSpec, *, period: int, release_id: str) -> None:
+    """Claim ``period`` for ``release_id`` (recorded before this call).  A claim by a release
+    that is still measuring refuses this one (:class:`SpecError`); a claim by a failed or aborted
+    release that recorded no measurement lapses.  The primary key makes two concurrent claims
+    of one period impossible.  O(1)."""
+    where = (
+        series_claims.c.dataset_id == spec.dataset.id,
+        series_claims.c.name == spec.name,
+        series_claims.c.period == period,
+    )
+    refused = SpecError(
+        f"series {spec.name!r}: period {period + 1} is being released by another run; a "
+        "period is released once, by one run (if that run crashed, `dprelease recover` marks "
+        "it failed and the period can be released again)"
+    )
+    try:
+        with _engine(catalog).begin() as conn:
+            holder = conn.execute(sa.select(series_claims.c.release_id).where(*where)).first()
+            if holder is not None:
+                status = conn.execute(
+                    sa.select(releases.c.status).where(releases.c.id == holder.release_id)
+                ).scalar_one_or_none()
+                if status not in ("failed", "aborted"):
+                    raise refused
+                conn.execute(sa.delete(series_claims).where(*where))  # the claim lapsed
+            conn.execute(
+                series_claims.insert().values(
+                    dataset_id=spec.dataset.id,
+                    name=spec.name,
+                    period=period,
+                    release_id=release_id,
+                    claimed_at=now(),
+                )
+            )
+    except sa.exc.IntegrityError:
+        raise refused from None
 
 
 def _next_file(spec: ReleaseSpec, released: list[RecordedPeriod]) -> str:
@@ -434,6 +488,7 @@ def measure(
                 "period": step.period + 1,
                 "horizon": series_plan.horizon,
                 "time_strategy": series_plan.time_strategy,
+                "domain_order": list(spec.domain),  # the cell layout (the spec JSON sorts keys)
                 "plan_sha256": series_plan.digest(),
                 "charges": {str(k): v for k, v in accountant.charged.items()},
             }

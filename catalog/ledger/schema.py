@@ -30,6 +30,7 @@ AUXILIARY_TABLES = frozenset(
         "synthetic_files",
         "series_plans",
         "series_periods",
+        "series_claims",
         "entry_sessions",  # ledger.pg_roles: who wrote each entry (PostgreSQL roles only)
     }
     | {"identity_entries", "signed_steps", "review_signatures"}

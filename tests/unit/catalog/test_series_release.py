@@ -297,3 +297,27 @@ def test_a_duplicated_arrival_of_the_last_period_is_skipped_charging_nothing(
         on_unchanged="skip",
     )
     assert step.period == 1
+
+
+def test_a_period_claimed_by_a_running_release_is_refused_and_a_failed_claim_lapses(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    catalog = Catalog()
+    spec = _spec(data)
+    plan = make_plan(spec)
+    _write_period(data, 1, seed=1)
+    out = tmp_path / "out"
+    step, _ = series.register(spec, plan, catalog, release_id="first", directory=out / "first")
+    # a second run started before the first measured: refused, nothing charged, marked failed
+    with pytest.raises(SpecError, match="period 1 is being released by another run"):
+        series.register(spec, plan, catalog, release_id="second", directory=out / "second")
+    assert catalog.release("second").status == "failed"
+    assert [e.kind for e in catalog.ledger_entries(spec.dataset.id)] == ["series-plan"]
+    # the first run failed before measuring: its claim lapses and a third run releases period 1
+    catalog.update_release("first", status="failed")
+    third, _ = series.register(spec, plan, catalog, release_id="third", directory=out / "third")
+    assert third.period == step.period == 0
+    series.measure(spec, plan, third, catalog, release_id="third")
+    assert [p.release_id for p in series.recorded_periods(catalog, spec)] == ["third"]
