@@ -38,6 +38,7 @@ def budget(
             f"{cost_text(current['spent'])}; remaining {cost_text(current['remaining'])}"
         )
         _print_partitions(current)
+        _print_series(current)
         entries = current["ledger"]
         table = Table(title=f"{current['dataset_id']}: ledger timeline (oldest first)")
         for column in ("#", "when (UTC)", "release", "charge", "cumulative", "remaining", "label"):
@@ -97,10 +98,30 @@ def _print_partitions(current: dict[str, Any]) -> None:
     stdout.print(table)
 
 
+def _print_series(current: dict[str, Any]) -> None:
+    """Per series on the dataset: each period's partition, its planned rho over the horizon and
+    what the series has spent on it so far."""
+    for series in current["series"]:
+        table = Table(
+            title=f"series {series['name']}: {series['periods_released']} of {series['horizon']} "
+            f"periods released ({series['unit']} level, rho {series['rho']:.6g} over the horizon; "
+            f"plan sha256 {series['plan_sha256'][:12]}…)"
+        )
+        for column in ("period", "partition", "planned rho (horizon)", "spent so far"):
+            table.add_column(column, overflow="fold")
+        for row in series["periods"]:
+            where = row["partition"] or ("(whole dataset)" if row["released"] else "(not released)")
+            table.add_row(
+                str(row["period"]), where, f"{row['planned_rho']:.6g}", f"{row['spent_rho']:.6g}"
+            )
+        stdout.print(table)
+
+
 def _budget_json(catalog: Any, dataset_id: str) -> dict[str, Any]:
     """Cap, spent, remaining, per-partition spending and the ledger timeline of one dataset
     (public)."""
     from dprelease.catalog.ledger.spending import running_spend
+    from dprelease.catalog.series_audit import series_budget
 
     cap = catalog.cap(dataset_id)
     spent = catalog.spent(dataset_id)
@@ -121,6 +142,7 @@ def _budget_json(catalog: Any, dataset_id: str) -> dict[str, Any]:
         "remaining": spent.remaining(cap).as_dict(),
         "partitioned_by": catalog.partitioned_by(dataset_id),
         "partitions": [row.as_dict() for row in catalog.partition_spending(dataset_id)],
+        "series": series_budget(catalog, dataset_id),
         "ledger": timeline,
     }
 

@@ -332,7 +332,7 @@ def verify(
     force when it was made, the attestation files over exactly these tables)."""
     from dprelease.catalog.errors import VerificationError
     from dprelease.catalog.ledger.store import Catalog
-    from dprelease.catalog.review.signatures import verify_release
+    from dprelease.catalog.series_audit import verify_release_and_series as verify_release
 
     if as_json:
         notes: list[str] = []

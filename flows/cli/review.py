@@ -246,9 +246,12 @@ def show(
     receipts, budget, review trail, artifact paths and the synthetic files sampled from it
     (public facts only)."""
     from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.series_audit import series_summary
     from dprelease.catalog.show import describe_release
 
-    summary = describe_release(Catalog(), release_id)
+    catalog = Catalog()
+    summary = describe_release(catalog, release_id)
+    summary["series"] = series_summary(catalog, release_id)  # None: not a period of a series
     if as_json:
         print_json(summary)
         return
@@ -280,6 +283,19 @@ def _print_summary(summary: dict[str, Any]) -> None:
             f"  plan:       {plan.get('num_queries', '?')} queries over "
             f"{plan.get('num_cells', '?')} cells; chosen {plan.get('chosen')}"
         )
+    series = summary.get("series")
+    if series:
+        stdout.print(
+            f"  series:     {series['name']}, period {series['period']} of {series['horizon']} "
+            f"(file {series['file']}; {series['unit']} level; {series['time_strategy']}); plan "
+            f"sha256 {series['plan_sha256']}"
+        )
+        for charge in series["charges"]:
+            planned = charge["planned_rho"]
+            stdout.print(
+                f"    partition {charge['partition'] or '(whole dataset)'}: rho={charge['rho']:.6g}"
+                + (f" (plan: {planned:.6g})" if planned is not None else " (not in the plan)")
+            )
     stdout.print(f"  charged:    {cost_text(summary['charged'] or {}) or 'nothing'}")
     for receipt in summary["receipts"]:
         stdout.print(

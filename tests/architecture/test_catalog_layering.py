@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("review",),
     ("partitions", "show"),  # which partitions a release reads; everything about one release
     ("release", "series"),  # the stage functions the tasks wrap (a series' period: series)
+    ("series_audit",),  # show, budget and verify of a series
 )
 
 

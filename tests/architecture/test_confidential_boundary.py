@@ -74,6 +74,10 @@ PUBLIC_READS = {
         "pq.read_table",
     ): "reads earlier periods' published (noised) tables, each checked against its manifest",
     (
+        "catalog/series_audit.py",
+        "pq.read_table",
+    ): "verify: reads a series period's published (noised) tables to compare them",
+    (
         "catalog/publishing/artifacts.py",
         "pq.read_metadata",
     ): "verify: footers of the released tables",
