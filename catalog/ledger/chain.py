@@ -22,8 +22,11 @@ CHAIN_FORMAT = "dprelease-ledger-entry/1"
 # in format 2, which adds the kind and the partition; plain charges keep format 1, so every entry
 # written before schema 3 still verifies.
 CHAIN_FORMAT_V2 = "dprelease-ledger-entry/2"
-# key: a key registered with roles, or revoked; series-plan: a series' horizon plan recorded
-ENTRY_KINDS = ("charge", "skipped", "key", "series-plan")
+# key: a key registered with roles, or revoked; series-plan: a series' horizon plan recorded;
+# decision: a review decision (its label carries :func:`decision_digest`)
+DECISION_KIND = "decision"
+ENTRY_KINDS = ("charge", "skipped", "key", "series-plan", DECISION_KIND)
+DECISION_FORMAT = "dprelease-decision/1"
 MAX_PROBLEMS_SHOWN = 20
 
 
@@ -74,6 +77,130 @@ def entry_digest(
         prev_hash,
     )
     return sha256("".join(f"{len(p)}:{p};" for p in parts).encode()).hexdigest()
+
+
+def decision_digest(
+    *,
+    release_id: str,
+    decision: str,
+    reviewer: str,
+    note: str,
+    key_id: str | None,
+    envelope_sha256: str | None,
+) -> str:
+    """SHA-256 of a review decision as its ledger entry anchors it: the release, the decision,
+    the reviewer, the note, and for a signed decision the key id and the SHA-256 of its DSSE
+    envelope (as the catalog stores it).  Length-prefixed, so unambiguous.  O(len(note))."""
+    parts = (
+        DECISION_FORMAT,
+        release_id,
+        decision,
+        reviewer,
+        note,
+        key_id or "",
+        envelope_sha256 or "",
+    )
+    return sha256("".join(f"{len(p)}:{p};" for p in parts).encode()).hexdigest()
+
+
+def decision_label(decision: str, digest: str) -> str:
+    """The label of a decision's ledger entry (at most 256 characters)."""
+    return f"{decision} {digest}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionAnchoring:
+    """Which review decisions the ledger anchors (:func:`match_decisions`)."""
+
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]  # decisions recorded before decisions were anchored
+    review_entries: dict[int, int]  # reviews.seq -> ledger seq of its anchor
+    signature_entries: dict[int, int]  # review_signatures.id -> ledger seq of its anchor
+
+
+def match_decisions(
+    reviews: list[Any], signatures: list[Any], anchors: list[Any], *, anchored_from_start: bool
+) -> DecisionAnchoring:
+    """Match each decision row (``reviews`` in ``seq`` order; its signature among
+    ``signatures``, matched by release, decision and reviewer) to the first unused ledger entry
+    of kind ``decision`` (``anchors``, in ledger order) of its release whose label carries its
+    :func:`decision_digest`.  A decision without an entry is a problem, unless it was recorded
+    before the catalog's first anchored decision (and the catalog was not created anchoring
+    them: ``anchored_from_start``); an entry without its decision, or a signature row no entry
+    covers, is a problem.  O(decisions · anchors of a release)."""
+    by_release: dict[str, list[Any]] = {}
+    for anchor in anchors:
+        by_release.setdefault(anchor.release_id, []).append(anchor)
+    used: set[int] = set()
+    review_entries: dict[int, int] = {}
+    signature_entries: dict[int, int] = {}
+    unanchored = []
+    for row in reviews:
+        candidates: dict[str, Any] = {_row_digest(row, None): None}
+        for signature in signatures:
+            same = (signature.release_id, signature.decision, signature.reviewer)
+            if same == (row.release_id, row.decision, row.reviewer):
+                candidates[_row_digest(row, signature)] = signature
+        found = next(
+            (
+                anchor
+                for anchor in by_release.get(row.release_id, [])
+                if anchor.seq not in used and anchor.label.rsplit(" ", 1)[-1] in candidates
+            ),
+            None,
+        )
+        if found is None:
+            unanchored.append(row)
+            continue
+        used.add(found.seq)
+        review_entries[row.seq] = found.seq
+        signature = candidates[found.label.rsplit(" ", 1)[-1]]
+        if signature is not None:
+            signature_entries[signature.id] = found.seq
+    boundary = 0 if anchored_from_start else min(review_entries, default=None)
+    problems, notes, legacy = [], [], set()
+    for row in unanchored:
+        what = f"decision {row.decision} by {row.reviewer} on release {row.release_id}"
+        if boundary is None or 0 < row.seq < boundary:
+            notes.append(f"{what}: not anchored (recorded before decisions were anchored)")
+            legacy.add((row.release_id, row.decision, row.reviewer))
+        else:
+            problems.append(
+                f"{what} (review #{row.seq}) has no decision entry in the ledger: it was "
+                "inserted or edited outside dprelease"
+            )
+    problems += [
+        f"ledger entry #{anchor.seq} anchors a decision on release {anchor.release_id} that table "
+        "reviews does not hold: a decision was deleted or edited outside dprelease"
+        for anchor in anchors
+        if anchor.seq not in used
+    ]
+    problems += [
+        f"signature #{s.id} ({s.decision} by {s.reviewer} on release {s.release_id}, key "
+        f"{s.key_id}) is not the one its decision's ledger entry anchors: it was inserted or "
+        "edited outside dprelease"
+        for s in signatures
+        if s.id not in signature_entries and (s.release_id, s.decision, s.reviewer) not in legacy
+    ]
+    return DecisionAnchoring(
+        problems=tuple(problems),
+        notes=tuple(notes),
+        review_entries=review_entries,
+        signature_entries=signature_entries,
+    )
+
+
+def _row_digest(review: Any, signature: Any) -> str:
+    return decision_digest(
+        release_id=review.release_id,
+        decision=review.decision,
+        reviewer=review.reviewer,
+        note=review.note,
+        key_id=None if signature is None else signature.key_id,
+        envelope_sha256=None
+        if signature is None
+        else sha256(signature.envelope.encode()).hexdigest(),
+    )
 
 
 def row_digest(row: Any, prev_hash: str) -> str:

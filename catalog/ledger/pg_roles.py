@@ -41,6 +41,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 
 from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger.chain import DECISION_KIND
 from dprelease.catalog.ledger.database import redacted
 from dprelease.catalog.ledger.schema import AUXILIARY_TABLES, STATUSES, lock_schema, metadata
 
@@ -53,6 +54,7 @@ SESSION_TRIGGER = "dprelease_session"
 STATUS_TRIGGER = "dprelease_session_status"
 GUARD_TRIGGER = "dprelease_guard"
 STATUS_GUARD_FUNCTION = "dprelease_guard_release_status"
+LEDGER_GUARD_FUNCTION = "dprelease_guard_ledger_entry"
 # The statuses a review decides (each needs its review row); the others are the run's.
 REVIEW_STATUSES = ("approved", "rejected", "published")
 RUN_STATUSES = tuple(status for status in STATUSES if status not in REVIEW_STATUSES)
@@ -113,13 +115,19 @@ _RELEASE_REVIEW_COLUMNS = ("status", "published_directory", "manifest_sha256", "
 
 TABLE_ACCESS: dict[str, TableAccess] = {
     # the chain row is locked FOR UPDATE by every ledger write; the guard refuses the update
-    "catalog_meta": TableAccess(operator=Writes(update=("value",))),
+    "catalog_meta": TableAccess(
+        operator=Writes(update=("value",)), reviewer=Writes(update=("value",))
+    ),
     # a cap is registered once and never changed; a partitioning may be added once
     "datasets": TableAccess(
         operator=Writes(insert=True, update=("partitioned_by",)), recorded_by="id"
     ),
+    # reviewers append only zero-cost decision entries (:func:`_ledger_guard`)
     "ledger": TableAccess(
-        operator=Writes(insert=True), recorded_by="receipt_id", detail="entry_kind"
+        operator=Writes(insert=True),
+        reviewer=Writes(insert=True),
+        recorded_by="receipt_id",
+        detail="entry_kind",
     ),
     "releases": TableAccess(
         operator=Writes(insert=True, update=_RELEASE_RUN_COLUMNS),
@@ -248,6 +256,7 @@ def role_statements(
     statements += _session_triggers(by_name, roles=roles)
     statements += _meta_guard(roles=roles)
     statements += _status_guard(roles=roles)
+    statements += _ledger_guard(roles=roles)
     statements.append(
         f"ALTER DEFAULT PRIVILEGES FOR ROLE {custodian} IN SCHEMA {space} "
         f"GRANT SELECT ON TABLES TO {readers}"
@@ -428,4 +437,29 @@ def _status_guard(*, roles: RoleNames) -> list[str]:
         f"DROP TRIGGER IF EXISTS {GUARD_TRIGGER} ON releases",
         f"CREATE TRIGGER {GUARD_TRIGGER} BEFORE INSERT OR UPDATE OF status ON releases "
         f"FOR EACH ROW EXECUTE FUNCTION {function}()",
+    ]
+
+
+def _ledger_guard(*, roles: RoleNames) -> list[str]:
+    """Reviewers append a review decision's ledger entry in the decision's transaction: the
+    INSERT privilege cannot say which entries, this trigger does.  A login that is not an
+    operator (nor a custodian) may append only a zero-cost whole-dataset entry of kind
+    ``decision``: never a charge, a key or any other kind.  O(1) per entry."""
+    quote = postgresql.dialect().identifier_preparer.quote
+    function = f"{quote(SCHEMA)}.{LEDGER_GUARD_FUNCTION}"
+    denied = "RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = "
+    return [
+        f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql "
+        "SET search_path = pg_catalog, pg_temp AS $fn$ BEGIN "
+        f"IF pg_has_role(current_user, '{roles.custodian}', 'USAGE') "
+        f"OR pg_has_role(current_user, '{roles.operator}', 'USAGE') THEN RETURN NEW; END IF; "
+        f"IF NEW.entry_kind = '{DECISION_KIND}' AND NEW.epsilon = 0 AND NEW.rho = 0 "
+        "AND NEW.delta = 0 AND NEW.partition_key IS NULL THEN RETURN NEW; END IF; "
+        f"{denied}'permission denied for table ledger: members of {roles.reviewer} append "
+        f"only zero-cost {DECISION_KIND} entries (not ' || NEW.entry_kind || ')'; "
+        "END $fn$",
+        f"ALTER FUNCTION {function}() OWNER TO {quote(roles.custodian)}",
+        f"DROP TRIGGER IF EXISTS {GUARD_TRIGGER} ON ledger",
+        f"CREATE TRIGGER {GUARD_TRIGGER} BEFORE INSERT ON ledger FOR EACH ROW "
+        f"EXECUTE FUNCTION {function}()",
     ]

@@ -18,6 +18,8 @@ from dprelease.catalog.ledger.database import redacted
 
 SCHEMA_NAME = "dprelease-catalog"
 SCHEMA_VERSION = 3  # 1: before the hash chain and leases; 2: before partitions and skipped entries
+# catalog_meta key present in catalogs created with every review decision anchored in the ledger
+DECISIONS_MARKER = "decisions"
 SCHEMA_LOCK_ID = 0x64707265  # PostgreSQL advisory lock key of schema changes ("dpre")
 # Tables other dprelease modules keep in the catalog database (watch_state, ldp_release,
 # identity.roles, review.signatures).
@@ -162,6 +164,8 @@ def open_schema(engine: Engine, url: str) -> bool:
         if state == "fresh":
             metadata.create_all(conn)
             _write_marker(conn)
+            # every review decision of this catalog is anchored in the ledger (none is legacy)
+            conn.execute(catalog_meta.insert().values(key=DECISIONS_MARKER, value="anchored"))
         elif state == "legacy":
             _migrate_v1(conn)
         elif state == "outdated":

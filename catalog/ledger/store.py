@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dprelease.catalog.errors import CatalogError
+from dprelease.catalog.ledger import chain
 from dprelease.catalog.ledger.budget import Ledger, append_entry
 from dprelease.catalog.ledger.leases import (
     DEFAULT_LEASE_SECONDS,
@@ -26,8 +27,24 @@ from dprelease.catalog.ledger.leases import (
     stuck_reason,
 )
 from dprelease.catalog.ledger.names import normalize_reviewer, same_person
-from dprelease.catalog.ledger.schema import STATUSES, datasets, ledger, now, releases, reviews
+from dprelease.catalog.ledger.schema import (
+    DECISIONS_MARKER,
+    STATUSES,
+    catalog_meta,
+    datasets,
+    ledger,
+    now,
+    releases,
+    reviews,
+)
 from dprelease.mechanisms.primitives.privacy import PrivacyCost
+
+# The columns of catalog.review.signatures' table that a decision's ledger entry covers.
+_review_signatures = sa.table(
+    "review_signatures",
+    *(sa.column(name) for name in ("id", "release_id", "decision", "reviewer", "key_id")),
+    sa.column("envelope"),
+)
 
 # A release that failed or was aborted released nothing: "unchanged" never compares with it.
 _NOT_RELEASED = ("failed", "aborted")
@@ -227,6 +244,8 @@ class Catalog(Ledger):
         published_directory: str | None = None,
         required_approvals: int = 1,
         also: Callable[[Connection], None] | None = None,
+        key_id: str | None = None,
+        envelope_sha256: str | None = None,
     ) -> ReviewRecord:
         """Append a review decision and move the release to approved/rejected (staged only).
 
@@ -236,6 +255,12 @@ class Catalog(Ledger):
         the release will be published (``published_directory``) in the same transaction, so an
         interrupted publication resumes to the same place.  ``also(conn)`` writes the caller's own
         row of the decision (its signature) in the same transaction.
+
+        The decision is anchored in the ledger's hash chain in that transaction: a zero-cost
+        ``decision`` entry whose label carries :func:`chain.decision_digest` of the release,
+        decision, reviewer, note and, for a signed decision, ``key_id`` and ``envelope_sha256``
+        (the SHA-256 of its envelope as stored).  A decision row without its entry, or an entry
+        without its row, no longer verifies.  O(entries) (the chain is verified first).
         """
         if decision not in ("approved", "rejected"):
             raise CatalogError(f"decision {decision!r} must be 'approved' or 'rejected'")
@@ -243,7 +268,7 @@ class Catalog(Ledger):
             raise CatalogError(f"required_approvals ({required_approvals}) must be >= 1")
         reviewer = normalize_reviewer(reviewer)
         stamp = now()
-        with self.engine.begin() as conn:
+        with self._ledger_write() as conn:
             # locked: of two concurrent reviews only the first sees "staged"
             row = _locked_release(conn, release_id)
             if row.status != "staged":
@@ -270,6 +295,25 @@ class Catalog(Ledger):
             )
             if also is not None:
                 also(conn)
+            measure = conn.execute(
+                sa.select(datasets.c.measure).where(datasets.c.id == row.dataset_id)
+            ).scalar_one()
+            digest = chain.decision_digest(
+                release_id=release_id,
+                decision=decision,
+                reviewer=reviewer,
+                note=note,
+                key_id=key_id,
+                envelope_sha256=envelope_sha256,
+            )
+            append_entry(
+                conn,
+                dataset_id=row.dataset_id,
+                release_id=release_id,
+                label=chain.decision_label(decision, digest),
+                cost=PrivacyCost.zero(measure),
+                kind=chain.DECISION_KIND,
+            )
             values: dict[str, Any] = {"updated_at": stamp}
             if decision == "rejected" or approvals + 1 >= required_approvals:
                 values["status"] = decision
@@ -278,6 +322,33 @@ class Catalog(Ledger):
             conn.execute(releases.update().where(releases.c.id == release_id).values(**values))
         return ReviewRecord(
             release_id=release_id, decision=decision, reviewer=reviewer, note=note, at=stamp
+        )
+
+    def verify_chain(self) -> list[str]:
+        """The hash chain and its anchor (:meth:`Ledger.verify_chain`), and every review decision
+        against its ledger entry (:meth:`decision_anchoring`).  Reads only; O(entries)."""
+        return super().verify_chain() + list(self.decision_anchoring().problems)
+
+    def decision_anchoring(self) -> chain.DecisionAnchoring:
+        """Which decisions (and their signatures) the ledger anchors, and what does not match
+        (:func:`chain.match_decisions`).  O(decisions + entries)."""
+        with self.engine.connect() as conn:
+            decisions = conn.execute(sa.select(reviews).order_by(reviews.c.seq)).all()
+            anchors = conn.execute(
+                sa.select(ledger.c.seq, ledger.c.release_id, ledger.c.label)
+                .where(ledger.c.entry_kind == chain.DECISION_KIND)
+                .order_by(ledger.c.seq)
+            ).all()
+            signed = []
+            if sa.inspect(conn).has_table(_review_signatures.name):
+                signed = conn.execute(
+                    sa.select(_review_signatures).order_by(_review_signatures.c.id)
+                ).all()
+            marker = conn.execute(
+                sa.select(catalog_meta.c.value).where(catalog_meta.c.key == DECISIONS_MARKER)
+            ).scalar_one_or_none()
+        return chain.match_decisions(
+            list(decisions), list(signed), list(anchors), anchored_from_start=marker is not None
         )
 
     def reviews(self, release_id: str) -> list[ReviewRecord]:

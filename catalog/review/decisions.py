@@ -80,6 +80,8 @@ def review(
         published_directory=str(target) if approve else None,
         required_approvals=policy.required_approvals,
         also=None if accepted is None else accepted.recorder(release_id, decision, reviewer),
+        key_id=None if accepted is None else accepted.key_id,
+        envelope_sha256=None if accepted is None else accepted.envelope_sha256,
     )
     return _finish(catalog, catalog.release(release_id), publish_dir)
 

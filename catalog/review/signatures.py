@@ -18,6 +18,7 @@ Migration: decisions on a dataset without registered keys stay unsigned and veri
 
 from __future__ import annotations
 
+import hashlib
 import json
 import weakref
 from dataclasses import dataclass
@@ -108,6 +109,15 @@ class AcceptedSignature:
     role: str
     envelope: Envelope
 
+    @property
+    def stored(self) -> str:
+        """The envelope as table ``review_signatures`` stores it (what its anchor digests)."""
+        return json.dumps(self.envelope.as_dict(), sort_keys=True)
+
+    @property
+    def envelope_sha256(self) -> str:
+        return hashlib.sha256(self.stored.encode()).hexdigest()
+
     def recorder(self, release_id: str, decision: str, reviewer: str) -> Any:
         """``also`` for :meth:`Catalog.record_review`: the signature row, same transaction."""
 
@@ -122,7 +132,7 @@ class AcceptedSignature:
                     role=self.role,
                     ledger_seq=int(seq),
                     signed_at=now(),
-                    envelope=json.dumps(self.envelope.as_dict(), sort_keys=True),
+                    envelope=self.stored,
                 )
             )
 
@@ -302,23 +312,28 @@ def signature_problems(
     problems += step_problems(catalog, release_id, dataset_id)
     rows = signatures(catalog, release_id)
     operators = operator_keys(catalog, release_id)
+    anchoring = catalog.decision_anchoring()
+    legacy = [n for n in anchoring.notes if f" on release {release_id}: " in n]
     rosters: dict[int, Roster] = {}
     valid_approvers: set[str] = set()
     for number, row in enumerate(rows, start=1):
         where = f"{row.decision} by {row.reviewer} (key {row.key_id})"
-        if row.ledger_seq not in rosters:
-            rosters[row.ledger_seq] = roster(catalog, dataset_id, upto=row.ledger_seq)
+        # the roles in force where the ledger anchors the decision (before: where it was read)
+        point = anchoring.signature_entries.get(row.id, row.ledger_seq)
+        if point not in rosters:
+            rosters[point] = roster(catalog, dataset_id, upto=point)
         refusal, role = _signer_refusal(
-            rosters[row.ledger_seq],
+            rosters[point],
             row.key_id,
             approve=row.decision == "approved",
             operators=operators,
             release_id=release_id,
         )
-        state = rosters[row.ledger_seq].keys.get(row.key_id)
+        state = rosters[point].keys.get(row.key_id)
         revoked = roster(catalog, dataset_id).keys.get(row.key_id)
         if (
             refusal is None
+            and row.id not in anchoring.signature_entries  # unanchored: only its timestamps
             and revoked
             and revoked.revoked_at
             and revoked.revoked_at < row.signed_at
@@ -345,8 +360,8 @@ def signature_problems(
             valid_approvers.add(row.key_id)
     required_from = _required_from(catalog, dataset_id)
     if required_from is None and not rows:
-        return problems, []  # a dataset that never registered keys: reviews as before
-    notes = []
+        return problems, legacy  # a dataset that never registered keys: reviews as before
+    notes = list(legacy)
     for entry in signed_trail(catalog, release_id, catalog.reviews(release_id)):
         who = f"{entry['decision']} by {entry['reviewer']} at {entry['at']}"
         if entry["key_id"] is not None:

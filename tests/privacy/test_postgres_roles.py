@@ -222,9 +222,48 @@ def test_a_reviewer_records_a_decision_but_cannot_charge(role_catalog: RoleCatal
                 )
             )
         assert "permission denied for table ledger" in message
+        assert "append only zero-cost decision entries (not charge)" in message
+        for kind, cost in (("decision", pure(0.5)), ("key", pure(0.0)), ("skipped", pure(0.0))):
+            with reviewer.engine.begin() as conn:  # a charge disguised, or another kind
+                message = denied(
+                    lambda conn=conn, kind=kind, cost=cost: append_entry(
+                        conn, dataset_id="ds", release_id="rel-1", label="x", cost=cost, kind=kind
+                    )
+                )
+            assert f"(not {kind})" in message, message
         denied(lambda: reviewer.ensure_dataset("other", cap=pure(9.0)))
         assert reviewer.spent("ds") == pure(1.0)
-        assert len(reviewer.ledger_entries()) == 1 and reviewer.verify_chain() == []
+        # the charge, then the decision's zero-cost entry, which the reviewer's login appended
+        charge, anchor = reviewer.ledger_entries()
+        assert (charge.kind, anchor.kind) == ("charge", "decision")
+        assert (anchor.cost, anchor.release_id) == (pure(0.0), "rel-1")
+        assert reviewer.verify_chain() == []
+    with role_catalog.connected("auditor") as auditor:
+        sessions = pg_roles.recorded_sessions(auditor.engine, table="ledger")
+    assert [(s["detail"], s["login_role"]) for s in sessions][-1] == (
+        "decision",
+        role_catalog.logins["reviewer"],
+    )
+
+
+def test_a_decision_row_written_outside_dprelease_fails_the_chain_check(
+    role_catalog: RoleCatalog,
+) -> None:
+    with role_catalog.connected("operator") as operator:
+        run_to_staged(operator)
+    with role_catalog.connected("reviewer") as reviewer:
+        reviewer.record_review("rel-1", decision="rejected", reviewer="Ada", note="noisy")
+        assert reviewer.verify_chain() == []
+        # the reviewer's INSERT privilege on reviews lets it write a row by hand: no anchor
+        execute(
+            reviewer,
+            reviews.insert().values(
+                release_id="rel-1", decision="approved", reviewer="Eve", note="", at="2020-01-01"
+            ),
+        )
+        problems = reviewer.verify_chain()
+    assert len(problems) == 1 and "decision approved by Eve on release rel-1" in problems[0]
+    assert "has no decision entry in the ledger" in problems[0]
 
 
 @pytest.mark.parametrize(
@@ -276,7 +315,8 @@ def test_an_auditor_reads_budget_releases_and_the_chain_but_writes_nothing(
     assert '"epsilon": 1.0' in budget.stdout
     assert decision.exit_code == 2, decision.output
     assert "the catalog database refused this role" in decision.output
-    assert "permission denied for table releases" in decision.output  # its row lock, first
+    # the decision's transaction locks the ledger's chain row first
+    assert "permission denied for table catalog_meta" in decision.output
 
 
 def test_the_login_role_is_recorded_with_each_entry_and_cannot_be_forged(
@@ -296,7 +336,9 @@ def test_the_login_role_is_recorded_with_each_entry_and_cannot_be_forged(
         denied(lambda: execute(operator, forged))
     who = {(r["table_name"], r["entry_key"], r["detail"]): r["login_role"] for r in recorded}
     op, rev = role_catalog.logins["operator"], role_catalog.logins["reviewer"]
+    (anchor,) = [r["entry_key"] for r in recorded if r["detail"] == "decision"]
     assert who == {
+        ("ledger", anchor, "decision"): rev,  # the decision's ledger entry
         ("datasets", "ds", None): op,
         ("releases", "rel-1", "measuring"): op,
         ("ledger", receipt, "charge"): op,
@@ -319,7 +361,8 @@ def test_applying_the_roles_again_keeps_every_grant_and_entry(
         denied(lambda: reviewer.charge("ds", pure(1.0), release_id="rel-1", label="x"))
     with role_catalog.connected("operator") as operator:
         assert operator.spent("ds") == pure(1.0) and operator.verify_chain() == []
-        assert len(pg_roles.recorded_sessions(operator.engine, table="ledger")) == 1
+        # the charge and the rejection's zero-cost entry
+        assert len(pg_roles.recorded_sessions(operator.engine, table="ledger")) == 2
 
 
 def test_a_release_runs_as_operator_is_published_by_a_reviewer_and_audited_read_only(

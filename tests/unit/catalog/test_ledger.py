@@ -268,7 +268,10 @@ def test_rejected_review_keeps_the_budget_spent(catalog: Catalog) -> None:
     assert review.decision == "rejected"
     assert catalog.release(release_id).status == "rejected"
     assert catalog.spent("ds") == pure(1.0)
-    assert catalog.ledger_entries() == before
+    # the charge stays; the decision is anchored by one zero-cost entry after it
+    *kept, anchor = catalog.ledger_entries()
+    assert kept == before and anchor.kind == "decision" and anchor.release_id == release_id
+    assert anchor.cost == pure(0.0)
     assert [(r.decision, r.reviewer, r.note) for r in catalog.reviews(release_id)] == [
         ("rejected", "Ada", "too noisy")
     ]
