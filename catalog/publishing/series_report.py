@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 SERIES_ROWS = 12
 """Rows of one table charted over time (the first ones, in table order; every row is in the
 tables and their CSVs)."""
+SERIES_CHARTS = 240
+"""Charts the section draws at most (tables in part order, whole tables): a release with many
+tables names the rest, whose figures are in their own tables at every period."""
 VALUE_COLUMNS = ("estimate", "std_error", "ci_low", "ci_high")
 
 
@@ -165,12 +168,22 @@ def _nan(values: list[float | None]) -> np.ndarray:
 
 def series_section(history: SeriesHistory, table_names: list[str], parts: list[str]) -> str:
     """The report's ``#series`` section: per part, per table, one step chart per charted row
-    (estimates with the 95% band), and the charted figures as JSON (``#series-data``)."""
+    (estimates with the 95% band), and the charted figures as JSON (``#series-data``); at most
+    :data:`SERIES_CHARTS` charts.  O(charted rows × periods)."""
+    ordered = [n for part in parts for n in table_names if n.rsplit(".", 1)[-1] == part]
+    charted: list[str] = []
+    charts = 0
+    for name in ordered:
+        rows = min(history.periods[-1].tables[name].num_rows, SERIES_ROWS)
+        if charted and charts + rows > SERIES_CHARTS:
+            break
+        charted.append(name)
+        charts += rows
     data = {
         "period": history.period,
         "horizon": history.horizon,
         "plan_sha256": history.plan_sha256,
-        "tables": {name: chart_data(history, name) for name in table_names},
+        "tables": {name: chart_data(history, name) for name in charted},
     }
     labels = [
         f"{p.period}*" if p.period == history.period else str(p.period) for p in history.periods
@@ -186,8 +199,15 @@ def series_section(history: SeriesHistory, table_names: list[str], parts: list[s
     if history.left_out:
         items = "".join(f"<li>{html.escape(text)}</li>" for text in history.left_out)
         out.append(f"<p class='muted'>Not shown:</p><ul>{items}</ul>")
+    rest = ordered[len(charted) :]
+    if rest:
+        named = ", ".join(rest[:20]) + (f" … ({len(rest) - 20} more)" if len(rest) > 20 else "")
+        out.append(
+            f"<p class='muted'>Not charted ({len(rest)} tables; the section draws at most "
+            f"{SERIES_CHARTS} charts): {html.escape(named)}.</p>"
+        )
     for part in parts:
-        names = [n for n in table_names if n.rsplit(".", 1)[-1] == part]
+        names = [n for n in charted if n.rsplit(".", 1)[-1] == part]
         if not names:
             continue
         out.append(f"<h3>{html.escape(part)}</h3>")

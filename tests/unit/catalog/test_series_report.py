@@ -20,6 +20,7 @@ from dprelease.catalog import release, series
 from dprelease.catalog.confidential.inputs import Ingested, describe_unit
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.planning.planner import make_plan
+from dprelease.catalog.publishing import series_report
 from dprelease.catalog.publishing.series_report import SERIES_ROWS, series_history
 from dprelease.catalog.review.decisions import review
 from dprelease.catalog.spec.load import parse_spec
@@ -168,6 +169,25 @@ def test_unpublished_and_altered_periods_are_left_out_and_named(tmp_path: Path) 
     assert {tuple(t["periods"]) for t in figures["tables"].values()} == {(3,)}
     text = (third / "report.html").read_text()
     assert f"period 2 (release {second.name}): a published table file does not match" in text
+
+
+def test_the_section_draws_at_most_its_chart_budget_and_names_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    write_period(data, 1)
+    directory = run_period(series_spec(data), Catalog(), tmp_path / "out")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    tables = {n: pq.read_table(directory / "tables" / f"{n}.parquet") for n in manifest["tables"]}
+    history = series_history(manifest, tables, Catalog())
+    assert history is not None
+    monkeypatch.setattr(series_report, "SERIES_CHARTS", 4)  # by_region.period (3) + all.period
+    html_text = series_report.series_section(history, list(tables), PARTS)
+    assert html_text.count("over periods'><svg") == 4
+    assert "Not charted (4 tables; the section draws at most 4 charts)" in html_text
+    drawn = json.loads(html_text.split("id='series-data'>")[1].split("</script>")[0])
+    assert sorted(drawn["tables"]) == ["all.period", "by_region.period"]
 
 
 def test_a_release_that_is_not_a_period_has_no_series_history(tmp_path: Path) -> None:
