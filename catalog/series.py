@@ -40,7 +40,7 @@ from dprelease.catalog.identity import signing
 from dprelease.catalog.ledger.schema import create_tables, now, releases
 from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning.memory import check_memory, predict_plan
-from dprelease.catalog.planning.planner import Plan, build_workload
+from dprelease.catalog.planning.planner import Plan, build_workload, make_plan
 from dprelease.catalog.planning.series import SeriesPlan, make_series_plan, spec_key
 from dprelease.catalog.publishing import artifacts
 from dprelease.catalog.publishing.tables import build_table
@@ -54,6 +54,7 @@ from dprelease.mechanisms.primitives.protocol import (
     MeasureContext,
     Measurement,
     NoiseDescription,
+    largest_unit_variance,
 )
 from dprelease.mechanisms.primitives.workload import Workload
 
@@ -199,6 +200,17 @@ class SeriesStep:
     first: bool
 
 
+def cell_plan(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> Plan:
+    """The cell plan a period runs: the run's own for the first period; afterwards the recorded
+    plan's cell mechanism, re-planned alone when ``auto`` chose another this time (its choice may
+    change as the strategy store fills), with the spec's own workload fingerprint.  Public."""
+    recorded = recorded_plan(catalog, spec)
+    if recorded is None or plan.chosen == recorded.cell_mechanism:
+        return plan
+    pinned = make_plan(spec.model_copy(update={"mechanism": recorded.cell_mechanism}))
+    return replace(pinned, workload_fingerprint=plan.workload_fingerprint)
+
+
 def series_plan_for(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> tuple[SeriesPlan, bool]:
     """The recorded plan (refusing a spec that would change it), or a new one (True)."""
     recorded = recorded_plan(catalog, spec)
@@ -211,12 +223,21 @@ def series_plan_for(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> tuple[Se
             "privacy level or unit, domain, workload or mechanism differ; a series follows its "
             "plan to the horizon (start a new series under another name)"
         )
-    if (plan.chosen, plan.workload_fingerprint, plan.strategy.num_queries) != (
-        recorded.cell_mechanism,
-        recorded.workload_fingerprint,
-        recorded.cell_queries,
-    ) or not math.isclose(
-        plan.strategy.sensitivity(noise="gaussian"), recorded.cell_sensitivity, rel_tol=1e-12
+    workload = plan.workload or build_workload(spec)
+    unit_variances = {
+        item.name: largest_unit_variance(plan.strategy, item, workload) for item in workload.items
+    }
+    if (
+        (plan.chosen, plan.workload_fingerprint, plan.strategy.num_queries)
+        != (recorded.cell_mechanism, recorded.workload_fingerprint, recorded.cell_queries)
+        or not math.isclose(
+            plan.strategy.sensitivity(noise="gaussian"), recorded.cell_sensitivity, rel_tol=1e-12
+        )
+        or unit_variances.keys() != recorded.item_unit_variances.keys()
+        or not all(
+            math.isclose(value, recorded.item_unit_variances[name], rel_tol=1e-9)
+            for name, value in unit_variances.items()
+        )
     ):
         raise SpecError(
             f"series {spec.name!r}: the cell strategy planned now ({plan.chosen}) differs from "

@@ -14,6 +14,7 @@ from dprelease.catalog.planning.planner import Plan
 from dprelease.catalog.spec.model import ReleaseSpec
 from dprelease.flows.notify import notify_reviewers_task
 from dprelease.tasks.series import (
+    series_cell_plan_task,
     series_measure_task,
     series_reconstruct_task,
     series_register_task,
@@ -39,6 +40,7 @@ def release_period(
     release_id = release.new_release_id(spec)
     directory = release.release_directory(out_dir, release_id)
     with watchdog.stage("register"):
+        plan = series_cell_plan_task(spec, plan, catalog_url)
         registered = series_register_task(
             spec, plan, catalog_url, release_id, str(directory), on_unchanged
         )

@@ -19,6 +19,12 @@ from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from dprelease.mechanisms.primitives.protocol import Measurement
 
 
+@task(name="series-cell-plan", cache_policy=NO_CACHE, retries=0)
+def series_cell_plan_task(spec: ReleaseSpec, plan: Plan, catalog_url: str) -> Plan:
+    """The cell plan this period runs: the series' recorded cell mechanism once it has one."""
+    return series.cell_plan(spec, plan, Catalog(catalog_url))
+
+
 @task(name="series-register", cache_policy=NO_CACHE, retries=0)
 def series_register_task(
     spec: ReleaseSpec,

@@ -217,12 +217,43 @@ def plan(
 
 
 def _series_summary(spec: Any, result: Plan) -> dict[str, Any]:
-    """``{"series": summary}`` of the horizon plan for a series spec (data-free), else ``{}``."""
+    """``{"series": summary}`` of the horizon plan for a series spec (data-free), else ``{}``.
+
+    Once the series' first release recorded its plan, that plan is shown (what later releases
+    follow) with the periods released so far; a spec that would change it is shown its own plan
+    and ``follows_recorded: false`` (its run would be refused)."""
     if spec.series is None:
         return {}
-    from dprelease.catalog.planning.series import make_series_plan
+    from dprelease.catalog.ledger.store import Catalog
+    from dprelease.catalog.planning.series import make_series_plan, spec_key
+    from dprelease.catalog.series import recorded_periods, recorded_plan
 
-    return {"series": make_series_plan(spec, result).summary()}
+    catalog = Catalog()
+    recorded = recorded_plan(catalog, spec) if spec.dataset.id in catalog.dataset_ids() else None
+    if recorded is None:
+        return {"series": make_series_plan(spec, result).summary() | {"recorded": False}}
+    if recorded.spec_key != spec_key(spec):
+        summary = make_series_plan(spec, result).summary()
+        return {"series": summary | {"recorded": True, "follows_recorded": False}}
+    released = len(recorded_periods(catalog, spec))
+    return {
+        "series": recorded.summary()
+        | {"recorded": True, "follows_recorded": True, "periods_released": released}
+    }
+
+
+def _recorded_text(summary: dict[str, Any]) -> str:
+    if not summary["recorded"]:
+        return "(recorded at the first release; later releases follow it)"
+    if not summary["follows_recorded"]:
+        return (
+            "— this spec changes the series' recorded plan: its run would be refused (start a new "
+            "series under another name)"
+        )
+    return (
+        f"(the recorded plan; {summary['periods_released']} of {summary['horizon']} periods "
+        "released)"
+    )
 
 
 def _print_series(summary: dict[str, Any]) -> None:
@@ -234,8 +265,7 @@ def _print_series(summary: dict[str, Any]) -> None:
         f"{summary['sigma']:.4g} per answer",
         f"privacy over the horizon: rho {summary['rho_per_person_total']:.6g} per person at most "
         "(charged period by period: each release pays every period it reads its increment)",
-        f"plan sha256: {summary['plan_sha256']} (recorded at the first release; later releases "
-        "follow it)",
+        f"plan sha256: {summary['plan_sha256']} " + _recorded_text(summary),
         sep="\n",
     )
     table = Table(title="predicted standard error of the worst cell, by period")

@@ -321,3 +321,58 @@ def test_a_period_claimed_by_a_running_release_is_refused_and_a_failed_claim_lap
     assert third.period == step.period == 0
     series.measure(spec, plan, third, catalog, release_id="third")
     assert [p.release_id for p in series.recorded_periods(catalog, spec)] == ["third"]
+
+
+def test_plan_shows_the_recorded_plan_once_the_series_started(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_period(data, 1, seed=1)
+    raw = raw_series_spec()
+    raw["dataset"]["source"] = str(data)
+    path = tmp_path / "series.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    runner = CliRunner()
+    before = json.loads(runner.invoke(app, ["plan", str(path), "--json"]).output)["series"]
+    assert before["recorded"] is False
+    _release(parse_spec(raw), Catalog(), tmp_path / "out")
+    after = json.loads(runner.invoke(app, ["plan", str(path), "--json"]).output)["series"]
+    assert after["recorded"] and after["follows_recorded"] and after["periods_released"] == 1
+    recorded = series.recorded_plan(Catalog(), parse_spec(raw))
+    assert recorded is not None and after["plan_sha256"] == recorded.digest()
+    text = runner.invoke(app, ["plan", str(path)])
+    assert "1 of 12 periods released" in " ".join(text.output.split())
+    path.write_text(yaml.safe_dump(raw | {"privacy": {"rho": 0.25}}))
+    changed = json.loads(runner.invoke(app, ["plan", str(path), "--json"]).output)["series"]
+    assert changed["recorded"] and not changed["follows_recorded"]
+    assert "its run would be refused" in " ".join(
+        runner.invoke(app, ["plan", str(path)]).output.split()
+    )
+
+
+def test_later_periods_follow_the_recorded_cell_mechanism_whatever_auto_chooses(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    catalog = Catalog()
+    spec = _spec(data)
+    _write_period(data, 1, seed=1)
+    _release(spec, catalog, tmp_path / "out")
+    recorded = series.recorded_plan(catalog, spec)
+    assert recorded is not None
+    other = "identity" if recorded.cell_mechanism != "identity" else "hierarchical"
+    # auto chose another cell mechanism this time (e.g. once the strategy store filled up)
+    drifted = dataclasses.replace(
+        make_plan(spec.model_copy(update={"mechanism": other})),
+        workload_fingerprint=spec.workload_fingerprint(),
+    )
+    assert drifted.chosen == other
+    with pytest.raises(SpecError, match="differs from the recorded plan's"):
+        series.series_plan_for(spec, drifted, catalog)
+    followed = series.cell_plan(spec, drifted, catalog)
+    assert followed.chosen == recorded.cell_mechanism
+    _write_period(data, 2, seed=2)
+    step, _ = series.register(
+        spec, followed, catalog, release_id="p2", directory=tmp_path / "out" / "p2"
+    )
+    assert step.period == 1
