@@ -376,3 +376,12 @@ def test_later_periods_follow_the_recorded_cell_mechanism_whatever_auto_chooses(
         spec, followed, catalog, release_id="p2", directory=tmp_path / "out" / "p2"
     )
     assert step.period == 1
+
+
+def test_the_series_accountant_charges_only_zcdp_costs() -> None:
+    accountant = series.SeriesAccountant(
+        Catalog(), dataset_id="d", release_id="r", multipliers={"a": 1.0}
+    )
+    with pytest.raises(CatalogError, match="a series charges zCDP costs"):
+        accountant.charge(PrivacyCost(measure="pure", epsilon=1.0), label="laplace")
+    assert not accountant.holds("anything")
