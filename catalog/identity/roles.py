@@ -6,8 +6,8 @@ revocation is a zero-cost ledger entry of kind ``key`` whose label anchors the S
 signed payload kept in table ``identity_entries`` (its own ``MetaData``).  The payload, an
 :data:`PAYLOAD_TYPE` JSON document in a DSSE envelope, is signed by a key holding the
 ``custodian`` role on the dataset at that point of the chain; the first registration of a dataset
-is its custodian's, signed by the key it registers.  Rotation is a registration of the new key and
-a revocation of the old one.  A revoked key stays known (its earlier signatures still verify) and
+is its custodian's, signed by the key it registers.  Rotation (:func:`rotate_key`) is a
+registration of the new key and a revocation of the old one, in one transaction.  A revoked key stays known (its earlier signatures still verify) and
 holds no role after its revocation.
 
 Roles: ``custodian`` (registers and revokes keys), ``operator`` (runs releases and spends),
@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dprelease.catalog.identity.dsse import Envelope, sign_envelope, verify_envelope
 from dprelease.catalog.identity.keys import NAME, IdentityError, PublicKey, SigningKey
+from dprelease.catalog.ledger.budget import ZeroCostRecord
 from dprelease.catalog.ledger.schema import create_tables, ledger, now
 from dprelease.catalog.ledger.store import Catalog
 
@@ -299,6 +300,25 @@ def _record(
     roles: tuple[str, ...],
     signer: SigningKey,
 ) -> str:
+    prepared(catalog)
+    record = _signed_record(
+        dataset_id=dataset_id, action=action, public=public, name=name, roles=roles, signer=signer
+    )
+    return catalog.append_records(
+        dataset_id=dataset_id, release_id=LEDGER_RELEASE_ID, records=[record]
+    )[0]
+
+
+def _signed_record(
+    *,
+    dataset_id: str,
+    action: str,
+    public: PublicKey,
+    name: str,
+    roles: tuple[str, ...],
+    signer: SigningKey,
+) -> ZeroCostRecord:
+    """The signed payload of one identity entry, as the ledger record that anchors it."""
     payload = json.dumps(
         {
             "_type": STATEMENT_TYPE,
@@ -332,13 +352,8 @@ def _record(
             )
         )
 
-    prepared(catalog)
-    return catalog.append_record(
-        dataset_id=dataset_id,
-        release_id=LEDGER_RELEASE_ID,
-        label=_label(action, public.key_id, roles, digest),
-        kind=ENTRY_KIND,
-        also=store,
+    return ZeroCostRecord(
+        label=_label(action, public.key_id, roles, digest), kind=ENTRY_KIND, also=store
     )
 
 
@@ -427,3 +442,57 @@ def revoke_key(catalog: Catalog, *, dataset_id: str, key_id: str, signer: Signin
         roles=(),
         signer=signer,
     )
+
+
+def rotate_key(
+    catalog: Catalog,
+    *,
+    dataset_id: str,
+    old_key_id: str,
+    new_public: PublicKey,
+    new_name: str,
+    signer: SigningKey,
+) -> tuple[str, str]:
+    """Replace ``old_key_id`` on ``dataset_id`` by ``new_public``: register the new key with the
+    old key's roles and revoke the old key, two entries signed by ``signer`` (a custodian of the
+    dataset; the old key itself when it is one) appended in one transaction, so the dataset never
+    holds both or neither.  Returns the two ledger receipt ids (registration, revocation)."""
+    if not isinstance(new_name, str) or not NAME.fullmatch(new_name):
+        raise IdentityError(
+            f"key name {new_name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with "
+            "a letter or digit"
+        )
+    current = roster(catalog, dataset_id)
+    old = current.keys.get(old_key_id)
+    if old is None:
+        raise IdentityError(f"key {old_key_id} is not registered on dataset {dataset_id!r}")
+    if old.revoked_seq is not None:
+        raise IdentityError(
+            f"key {old_key_id} ({old.name}) is already revoked on dataset {dataset_id!r} (ledger "
+            f"entry #{old.revoked_seq}): register the new key with its roles instead"
+        )
+    if new_public.key_id in current.keys:
+        raise IdentityError(
+            f"key {new_public.key_id} is already registered on dataset {dataset_id!r}: a rotation "
+            "replaces a key by a new one (create a new key)"
+        )
+    _check_custodian(current, signer, doing=f"rotate keys on dataset {dataset_id!r}")
+    prepared(catalog)
+    records = [
+        _signed_record(
+            dataset_id=dataset_id,
+            action=action,
+            public=public,
+            name=name,
+            roles=granted,
+            signer=signer,
+        )
+        for action, public, name, granted in (
+            ("register", new_public, new_name, old.roles),
+            ("revoke", old.public, old.name, ()),
+        )
+    ]
+    registered, revoked = catalog.append_records(
+        dataset_id=dataset_id, release_id=LEDGER_RELEASE_ID, records=records
+    )
+    return registered, revoked

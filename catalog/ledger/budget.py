@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
@@ -33,6 +33,17 @@ from dprelease.catalog.ledger.schema import (
     releases,
 )
 from dprelease.mechanisms.primitives.privacy import PrivacyCost, convert
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroCostRecord:
+    """A zero-cost ledger entry to append (:meth:`Ledger.append_records`): its label and kind,
+    and ``also(conn, receipt_id)``, the caller's own row for it, written in the same
+    transaction."""
+
+    label: str
+    kind: str
+    also: Callable[[Connection, str], None] | None = None
 
 
 class Ledger:
@@ -339,25 +350,40 @@ class Ledger:
         """Append a zero-cost entry of ``kind`` (never a charge: no budget sum counts it) to the
         chain; ``also(conn, receipt_id)`` writes the caller's own row for it in the same
         transaction.  Returns the receipt id.  O(entries) (the chain is verified first)."""
-        if kind == "charge":
+        record = ZeroCostRecord(label=label, kind=kind, also=also)
+        return self.append_records(dataset_id=dataset_id, release_id=release_id, records=[record])[
+            0
+        ]
+
+    def append_records(
+        self, *, dataset_id: str, release_id: str, records: Sequence[ZeroCostRecord]
+    ) -> list[str]:
+        """Append zero-cost entries (:meth:`append_record`), in order, in one transaction: all
+        or none.  Returns their receipt ids.  O(entries)."""
+        if not records:
+            raise CatalogError("append_records needs at least one record")
+        if any(record.kind == "charge" for record in records):
             raise CatalogError("append_record writes zero-cost entries; charges go through charge")
+        receipts = []
         with self._ledger_write() as conn:
             measure = conn.execute(
                 sa.select(datasets.c.measure).where(datasets.c.id == dataset_id)
             ).scalar_one_or_none()
             if measure is None:
                 raise CatalogError(f"dataset {dataset_id!r} is not in the catalog")
-            receipt = append_entry(
-                conn,
-                dataset_id=dataset_id,
-                release_id=release_id,
-                label=label,
-                cost=PrivacyCost.zero(measure),
-                kind=kind,
-            )
-            if also is not None:
-                also(conn, receipt)
-        return receipt
+            for record in records:
+                receipt = append_entry(
+                    conn,
+                    dataset_id=dataset_id,
+                    release_id=release_id,
+                    label=record.label,
+                    cost=PrivacyCost.zero(measure),
+                    kind=record.kind,
+                )
+                if record.also is not None:
+                    record.also(conn, receipt)
+                receipts.append(receipt)
+        return receipts
 
     def ledger_entries(self, dataset_id: str | None = None) -> list[spending.LedgerEntry]:
         query = sa.select(ledger).order_by(ledger.c.seq)

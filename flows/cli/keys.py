@@ -164,6 +164,37 @@ def revoke(
     stdout.print(f"revoked key {key_id} on {dataset}: ledger receipt {receipt}")
 
 
+@keys_app.command()
+def rotate(
+    old: Annotated[
+        str, typer.Argument(help="The key replaced: a key id, a local key name or a NAME.pub path.")
+    ],
+    new: Annotated[str, typer.Argument(help="The new key: a local key name or a NAME.pub path.")],
+    dataset: Annotated[str, _DATASET],
+    signer: Annotated[str | None, _SIGNER] = None,
+) -> None:
+    """Replace a key on a dataset: register NEW with OLD's roles and revoke OLD, in one signed,
+    atomic step (two ledger entries, one transaction).  OLD's earlier signatures still verify."""
+    from dprelease.catalog.identity import roles
+    from dprelease.catalog.ledger.store import Catalog
+
+    old_id = old if re.fullmatch(r"[0-9a-f]{64}", old) else _public_key(old)[1].key_id
+    name, public = _public_key(new)
+    signing = _signer(signer)
+    registered, revoked = roles.rotate_key(
+        Catalog(),
+        dataset_id=dataset,
+        old_key_id=old_id,
+        new_public=public,
+        new_name=name,
+        signer=signing,
+    )
+    stdout.print(f"rotated on {dataset}: key {old_id} replaced by {public.key_id} ({name})")
+    stdout.print(
+        f"ledger receipts {registered} (register), {revoked} (revoke), signed by {signing.key_id}"
+    )
+
+
 @keys_app.command("roles")
 def roles_(
     dataset: Annotated[str, _DATASET],

@@ -173,3 +173,106 @@ def test_keys_register_revoke_roles_cli(tmp_path: Path, monkeypatch: pytest.Monk
     assert "revoked #" in shown.output
     for result in (first, ok, revoked, shown):
         assert "PRIVATE" not in result.output
+
+
+def test_rotation_registers_the_new_key_with_the_old_roles_and_revokes_the_old_atomically(
+    catalog: Catalog,
+) -> None:
+    cara, ray, ray2, other = (SigningKey.generate() for _ in range(4))
+    register(catalog, cara, "custodian", by=cara, name="cara")
+    register(catalog, ray, "reviewer", "auditor", by=cara, name="ray")
+    before = len(catalog.ledger_entries("ds"))
+    with pytest.raises(IdentityError, match="custodian"):  # only a custodian rotates
+        roles.rotate_key(
+            catalog, dataset_id="ds", old_key_id=ray.key_id, new_public=ray2.public,
+            new_name="ray2", signer=ray,
+        )  # fmt: skip
+    with pytest.raises(IdentityError, match="already registered"):
+        roles.rotate_key(
+            catalog, dataset_id="ds", old_key_id=ray.key_id, new_public=cara.public,
+            new_name="cara", signer=cara,
+        )  # fmt: skip
+    with pytest.raises(IdentityError, match="is not registered"):
+        roles.rotate_key(
+            catalog, dataset_id="ds", old_key_id=other.key_id, new_public=ray2.public,
+            new_name="ray2", signer=cara,
+        )  # fmt: skip
+    assert len(catalog.ledger_entries("ds")) == before  # refusals append nothing
+    registered, revoked = roles.rotate_key(
+        catalog, dataset_id="ds", old_key_id=ray.key_id, new_public=ray2.public,
+        new_name="ray2", signer=cara,
+    )  # fmt: skip
+    entries = catalog.ledger_entries("ds")
+    assert [e.receipt_id for e in entries[-2:]] == [registered, revoked]
+    assert entries[-1].seq == entries[-2].seq + 1  # adjacent: nothing between them
+    current = roles.roster(catalog, "ds")
+    assert current.keys[ray2.key_id].roles == ("reviewer", "auditor")
+    assert not current.holds(ray.key_id, "reviewer") and current.keys[ray.key_id].revoked_seq
+    assert roles.identity_problems(catalog, "ds") == [] and catalog.verify_chain() == []
+    # the sole custodian rotates its own key, signing both entries with it
+    roles.rotate_key(
+        catalog, dataset_id="ds", old_key_id=cara.key_id, new_public=other.public,
+        new_name="cara2", signer=cara,
+    )  # fmt: skip
+    current = roles.roster(catalog, "ds")
+    assert current.holders("custodian") == [other.key_id]
+    assert roles.identity_problems(catalog, "ds") == []
+
+
+def test_a_rotation_that_fails_midway_appends_neither_entry(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cara, ray, ray2 = (SigningKey.generate() for _ in range(3))
+    register(catalog, cara, "custodian", by=cara, name="cara")
+    register(catalog, ray, "reviewer", by=cara, name="ray")
+    before = catalog.ledger_entries("ds")
+    real = roles._signed_record
+    made = []
+
+    def failing_second(**kwargs: object) -> object:
+        record = real(**kwargs)  # type: ignore[arg-type]
+        made.append(record)
+        if len(made) < 2:
+            return record
+
+        def broken(conn: object, receipt: str) -> None:
+            raise RuntimeError("the database went away after the registration was written")
+
+        return type(record)(label=record.label, kind=record.kind, also=broken)
+
+    monkeypatch.setattr(roles, "_signed_record", failing_second)
+    with pytest.raises(RuntimeError, match="went away"):
+        roles.rotate_key(
+            catalog, dataset_id="ds", old_key_id=ray.key_id, new_public=ray2.public,
+            new_name="ray2", signer=cara,
+        )  # fmt: skip
+    assert catalog.ledger_entries("ds") == before
+    assert ray2.key_id not in roles.roster(catalog, "ds").keys
+
+
+def test_keys_rotate_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path))
+    monkeypatch.delenv("DPRELEASE_KEY", raising=False)
+    monkeypatch.delenv("DPRELEASE_CATALOG_URL", raising=False)
+    for name in ("cara", "ray", "ray2"):
+        assert runner.invoke(app, ["keys", "create", name]).exit_code == 0
+    Catalog().ensure_dataset("ds", cap=PrivacyCost(measure="pure", epsilon=2.0))
+    for name, role in (("cara", "custodian"), ("ray", "reviewer")):
+        done = runner.invoke(
+            app, ["keys", "register", name, "--dataset", "ds", "--role", role, "--as", "cara"]
+        )
+        assert done.exit_code == 0, done.output
+    refused = runner.invoke(app, ["keys", "rotate", "ray", "ray2", "--dataset", "ds"])
+    assert refused.exit_code == 2 and "--as NAME" in refused.output
+    rotated = runner.invoke(
+        app, ["keys", "rotate", "ray", "ray2", "--dataset", "ds", "--as", "cara"]
+    )
+    assert rotated.exit_code == 0, rotated.output
+    assert "(register)" in rotated.output and "(revoke)" in rotated.output
+    document = json.loads(runner.invoke(app, ["keys", "roles", "--dataset", "ds", "--json"]).output)
+    states = {k["name"]: k for k in document["keys"]}
+    assert states["ray2"]["roles"] == ["reviewer"] and states["ray2"]["revoked_seq"] is None
+    assert states["ray"]["revoked_seq"] == states["ray2"]["registered_seq"] + 1
+    again = runner.invoke(app, ["keys", "rotate", "ray", "ray2", "--dataset", "ds", "--as", "cara"])
+    assert again.exit_code == 2 and "already revoked" in again.output
+    assert "PRIVATE" not in rotated.output + again.output
