@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -18,8 +19,10 @@ from typer.testing import CliRunner
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.publishing import artifacts
 from dprelease.catalog.series_audit import recorded_plans, series_problems
+from dprelease.catalog.spec.load import parse_spec
 from dprelease.flows.cli import app
 from tests.unit.catalog.test_series_report import run_period, series_spec, write_period
+from tests.unit.catalog.test_spec_series import raw_series_spec
 
 runner = CliRunner()
 
@@ -131,3 +134,48 @@ def test_verify_ignores_a_release_that_is_not_a_period(tmp_path: Path) -> None:
     directory.mkdir()
     artifacts.write_manifest(directory, {"release_id": "r", "mechanism": {"details": {}}})
     assert series_problems(directory, Catalog()) == []
+
+
+def test_a_person_level_series_shows_and_budgets_each_release_against_the_whole_dataset(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    raw = raw_series_spec(privacy_unit={"person_column": "pid", "max_rows": 2})
+    raw["dataset"] = {"id": "people", "source": str(data), "budget": {"rho": 2.0}}
+    raw["series"] = {"period": "file", "horizon": 3, "time_workload": ["cumulative"]}
+    spec = parse_spec(raw)
+    catalog = Catalog()
+    directories = []
+    for period in (1, 2):
+        rng = np.random.default_rng(period)  # public randomness: synthetic test data
+        table = pa.table(
+            {
+                "pid": rng.integers(0, 40, 90),  # the same people in every period
+                "region": rng.choice(["n", "s", "e"], 90),
+                "age": rng.integers(0, 4, 90),
+            }
+        )
+        pq.write_table(table, data / f"2026-{period:02d}.parquet")
+        directories.append(run_period(spec, catalog, tmp_path / "out"))
+    plan = recorded_plans(catalog, "people")[0]
+    shown = json.loads(runner.invoke(app, ["show", directories[1].name, "--json"]).stdout)
+    (charge,) = shown["series"]["charges"]
+    assert charge["partition"] is None and shown["series"]["unit"] == "person"
+    assert charge["rho"] == pytest.approx(charge["planned_rho"], rel=1e-6)
+    budget = json.loads(runner.invoke(app, ["budget", "people", "--json"]).stdout)
+    (series,) = budget["datasets"][0]["series"]
+    assert [r["planned_rho"] for r in series["periods"]] == pytest.approx(plan.partition_totals())
+    assert sum(plan.partition_totals()) == pytest.approx(0.5)
+    by_release = {
+        e.release_id: e.cost.rho for e in catalog.ledger_entries("people") if e.kind == "charge"
+    }
+    assert [r["spent_rho"] for r in series["periods"]] == [
+        by_release[directories[0].name],
+        by_release[directories[1].name],
+        0,
+    ]
+    assert [r["partition"] for r in series["periods"]] == [None, None, None]
+    assert [r["released"] for r in series["periods"]] == [True, True, False]
+    for directory in directories:
+        assert series_problems(directory, catalog) == []
