@@ -158,6 +158,10 @@ TABLE_ACCESS: dict[str, TableAccess] = {
     "series_periods": TableAccess(
         operator=Writes(insert=True), recorded_by="release_id", detail="period"
     ),
+    # one run per period: the operator's run claims it, a lapsed claim (failed run) is replaced
+    "series_claims": TableAccess(
+        operator=Writes(insert=True, delete=True), recorded_by="release_id", detail="period"
+    ),
     "entry_sessions": READ_ONLY,  # written by the trigger only
 }
 
