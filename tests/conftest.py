@@ -24,9 +24,11 @@ os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "300"
 os.environ["PREFECT_UI_ENABLED"] = "false"
 os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)
 # a shared local server started by a CLI test stops itself soon after the session (tests that start
-# one also stop it by PID); the cache of migrated Prefect databases stays inside the temp home
+# one also stop it by PID)
 os.environ["DPRELEASE_SERVER_IDLE_SECONDS"] = "60"
-os.environ["DPRELEASE_CACHE_DIR"] = os.path.join(_HOME, "cache")
+# the migrated, empty Prefect database (flows/server.py, keyed by Prefect's version) is shared by the
+# xdist workers and by later runs: the suite migrates at most once (tests/prefect_template.py)
+os.environ["DPRELEASE_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "dprelease-test-cache")
 os.environ.pop("DPRELEASE_CATALOG_URL", None)
 os.environ.pop("PREFECT_API_URL", None)
 
@@ -130,10 +132,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
+    import prefect.testing.utilities as harness
 
-    with prefect_test_harness(server_startup_timeout=300):
-        yield
+    from tests.prefect_template import seed_prefect_db
+
+    def seeded_mkdtemp() -> str:
+        # the harness keeps its SQLite database in a folder it makes with mkdtemp; the migrated
+        # template copied there first spares its server the migrations (same schema, same rows)
+        folder = tempfile.mkdtemp(prefix="dprelease-harness-")
+        seed_prefect_db(Path(folder) / "prefect-test.db")
+        return folder
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "mkdtemp", seeded_mkdtemp)
+        with harness.prefect_test_harness(server_startup_timeout=300):
+            yield
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ import yaml
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.publishing import artifacts
 from dprelease.catalog.watch_state import ReviewRuns
+from tests.prefect_template import seed_prefect_db
 
 pytestmark = [pytest.mark.flow]
 
@@ -257,6 +258,7 @@ def serve(
         PREFECT_WORKER_PREFETCH_SECONDS="2",
     )
     logs = {"server": base / "server.log", "worker": base / "worker.log"}
+    seed_prefect_db(base / "server-home" / "prefect.db")  # migrated once per suite, then copied
     server_log = open(logs["server"], "wb")  # noqa: SIM115 - closed at teardown
     server = subprocess.Popen(
         [

@@ -42,6 +42,7 @@ from dprelease.catalog.confidential.check import check_data, format_report
 from dprelease.catalog.confidential.source import count_cells
 from dprelease.catalog.errors import DataError
 from dprelease.catalog.spec.load import load_spec
+from tests.prefect_template import migrated_prefect_db
 
 NORMAL_ROWS = 1000  # in-domain rows in every file: ages 20..69, one person each
 
@@ -334,6 +335,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[
     root = tmp_path_factory.mktemp("leaks")
     data = root / "data"
     (root / "user").mkdir()
+    # the user ran install.sh: the migrated, empty Prefect database waits in their cache (scanned too)
+    template = migrated_prefect_db()
+    cached = root / "user" / "cache" / "dprelease" / template.name
+    cached.parent.mkdir(parents=True)
+    shutil.copyfile(template, cached)
     outcomes = []
     try:
         for case in CASES:
