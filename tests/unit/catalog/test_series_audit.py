@@ -16,9 +16,14 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
+from dprelease.catalog.errors import VerificationError
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.publishing import artifacts
-from dprelease.catalog.series_audit import recorded_plans, series_problems
+from dprelease.catalog.series_audit import (
+    recorded_plans,
+    series_problems,
+    verify_release_and_series,
+)
 from dprelease.catalog.spec.load import parse_spec
 from dprelease.flows.cli import app
 from tests.unit.catalog.test_series_report import run_period, series_spec, write_period
@@ -179,3 +184,20 @@ def test_a_person_level_series_shows_and_budgets_each_release_against_the_whole_
     assert [r["released"] for r in series["periods"]] == [True, True, False]
     for directory in directories:
         assert series_problems(directory, catalog) == []
+
+
+def test_verify_reports_an_altered_plan_and_an_unreadable_manifest_once(tmp_path: Path) -> None:
+    catalog, directories = two_periods(tmp_path)
+    with catalog.engine.begin() as conn:  # the recorded plan edited outside dprelease
+        conn.execute(sa.text("UPDATE series_plans SET plan_sha256 = :d"), {"d": "0" * 64})
+    with pytest.raises(VerificationError) as info:
+        verify_release_and_series(directories[1], catalog)
+    assert [p for p in info.value.problems if "series" in p] == [
+        "series 'monthly': the recorded plan does not match its ledger entry (receipt "
+        f"{catalog.ledger_entries('monthly')[0].receipt_id}); the catalog was altered"
+    ]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(VerificationError) as info:
+        verify_release_and_series(empty, catalog)
+    assert info.value.problems == (f"{empty} has no manifest.json",)
