@@ -77,6 +77,7 @@ def series_history(
     current = int(own["period"])
     found: dict[int, PublishedPeriod] = {}
     left_out: list[str] = []
+    skipped: set[int] = set()
     for record in catalog.releases(dataset_id=manifest["dataset_id"], status="published"):
         if record.name != manifest["name"] or record.id == manifest["release_id"]:
             continue
@@ -100,9 +101,17 @@ def series_history(
                 f"period {period} (release {record.id}): a published table file does not match "
                 "its manifest's sha256"
             )
+            skipped.add(period)
+            continue
+        if any(not _same_labels(read[name], table) for name, table in tables.items()):
+            left_out.append(
+                f"period {period} (release {record.id}): its tables' rows are not this "
+                "release's rows (another cell layout)"
+            )
+            skipped.add(period)
             continue
         found[period] = PublishedPeriod(period=period, release_id=record.id, tables=read)
-    missing = [p for p in range(1, current) if p not in found]
+    missing = [p for p in range(1, current) if p not in found and p not in skipped]
     if missing:
         left_out.append(
             "period" + ("s " if len(missing) > 1 else " ") + ", ".join(map(str, missing)) + ": "
@@ -130,6 +139,13 @@ def _published_tables(
             return None
         read[name] = pq.read_table(path)
     return read
+
+
+def _same_labels(table: pa.Table, other: pa.Table) -> bool:
+    """Same label columns with the same values, row by row.  O(rows)."""
+    names = table.column_names
+    labels = names[: names.index(VALUE_START)] if VALUE_START in names else names
+    return names == other.column_names and table.select(labels).equals(other.select(labels))
 
 
 def row_labels(table: pa.Table) -> list[str]:

@@ -169,6 +169,35 @@ def test_unpublished_and_altered_periods_are_left_out_and_named(tmp_path: Path) 
     assert {tuple(t["periods"]) for t in figures["tables"].values()} == {(3,)}
     text = (third / "report.html").read_text()
     assert f"period 2 (release {second.name}): a published table file does not match" in text
+    assert "period 2: not published" not in text
+
+
+def test_a_period_whose_rows_are_another_layout_is_left_out(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    catalog = Catalog()
+    spec = series_spec(data)
+    write_period(data, 1)
+    first = run_period(spec, catalog, tmp_path / "out")
+    target = Path(
+        review(catalog, first.name, approve=True, reviewer="Ada", note="ok")["published_directory"]
+    )
+    write_period(data, 2)
+    second = run_period(spec, catalog, tmp_path / "out")
+    manifest = json.loads((second / "manifest.json").read_text())
+    tables = {n: pq.read_table(second / "tables" / f"{n}.parquet") for n in manifest["tables"]}
+    history = series_history(manifest, tables, catalog)
+    assert history is not None and [p.period for p in history.periods] == [1, 2]
+    # the same published figures read against tables whose rows come in another order
+    reordered = {
+        n: t.take(list(range(t.num_rows))[::-1]) if t.num_rows > 1 else t for n, t in tables.items()
+    }
+    history = series_history(manifest, reordered, catalog)
+    assert history is not None and [p.period for p in history.periods] == [2]
+    assert history.left_out == (
+        f"period 1 (release {target.name}): its tables' rows are not this release's rows "
+        "(another cell layout)",
+    )
 
 
 def test_the_section_draws_at_most_its_chart_budget_and_names_the_rest(
