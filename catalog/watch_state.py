@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from dprelease.catalog.errors import CatalogError
 from dprelease.catalog.ledger.database import default_url, dispose_with, make_engine
-from dprelease.catalog.ledger.schema import create_tables, now
+from dprelease.catalog.ledger.schema import create_tables, lock_schema, now
 
 operations_metadata = sa.MetaData()
 
@@ -49,7 +49,14 @@ review_runs = sa.Table(
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("created_at", sa.String(40), nullable=False),
     sa.Column("updated_at", sa.String(40), nullable=False),
+    # where an approval publishes (the deployment's publish_dir; None: next to the releases):
+    # the reviewer's own process records the decision and publishes
+    sa.Column("publish_dir", sa.Text),
 )
+
+# Columns added to a table of this module after it was first created (nullable, so existing rows
+# need no value); added when missing by whoever may (the custodian under database roles).
+ADDED_COLUMNS = {"review_runs": ("publish_dir",)}
 
 REVIEW_RUN_STATUSES: tuple[str, ...] = ("awaiting", "decided", "expired")
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")  # hex sha256
@@ -76,6 +83,7 @@ class ReviewRun:
     status: str
     created_at: str
     updated_at: str
+    publish_dir: str | None = None
 
 
 class _OperationsTables:
@@ -83,7 +91,31 @@ class _OperationsTables:
         self.url = url or default_url()
         self.engine: Engine = make_engine(self.url)  # SQLite waits for a writer charging the ledger
         create_tables(self.engine, operations_metadata)
+        _add_missing_columns(self.engine)
         dispose_with(self, self.engine)
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """``ALTER TABLE … ADD COLUMN`` for each :data:`ADDED_COLUMNS` column a table created by an
+    earlier dprelease lacks.  O(columns)."""
+    inspector = sa.inspect(engine)
+    missing = [
+        (name, column)
+        for name, columns in ADDED_COLUMNS.items()
+        for column in columns
+        if column not in {c["name"] for c in inspector.get_columns(name)}
+    ]
+    if not missing:
+        return
+    with engine.begin() as conn:
+        lock_schema(conn)
+        have = {
+            name: {c["name"] for c in sa.inspect(conn).get_columns(name)} for name, _ in missing
+        }
+        for name, column in missing:
+            if column not in have[name]:
+                kind = operations_metadata.tables[name].c[column].type.compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {column} {kind}")
 
 
 def _announced(dataset_id: str, fingerprint: str) -> sa.ColumnElement[bool]:
@@ -140,8 +172,16 @@ class WatchState(_OperationsTables):
 class ReviewRuns(_OperationsTables):
     """Which paused Prefect flow run waits for the review of which release."""
 
-    def record(self, *, release_id: str, flow_run_id: str, api_url: str | None) -> None:
-        """Remember that ``flow_run_id`` pauses for the review of ``release_id``."""
+    def record(
+        self,
+        *,
+        release_id: str,
+        flow_run_id: str,
+        api_url: str | None,
+        publish_dir: str | None = None,
+    ) -> None:
+        """Remember that ``flow_run_id`` pauses for the review of ``release_id`` and where an
+        approval publishes it (``publish_dir``)."""
         stamp = now()
         with self.engine.begin() as conn:
             conn.execute(review_runs.delete().where(review_runs.c.release_id == release_id))
@@ -150,6 +190,7 @@ class ReviewRuns(_OperationsTables):
                     release_id=release_id,
                     flow_run_id=flow_run_id,
                     api_url=api_url,
+                    publish_dir=publish_dir,
                     status="awaiting",
                     created_at=stamp,
                     updated_at=stamp,

@@ -4,8 +4,13 @@
 still has its announced content (before any budget is spent), takes the dataset's one-slot
 concurrency limit ``dprelease-dataset-<id>`` (not held during review), runs the ``release``
 subflow, records the run awaiting review (``catalog.watch_state.ReviewRuns``) and pauses for a
-typed :class:`ReviewDecision` until ``review.approvers`` distinct reviewers approved;
-:func:`catalog.review.decisions.review` records the decision (rejection keeps the budget spent).
+typed :class:`ReviewDecision` until ``review.approvers`` distinct reviewers approved.  ``dprelease
+review`` records each decision in the reviewer's own process (its database login: under
+PostgreSQL roles only a reviewer may), publishes once the policy is satisfied, then resumes the
+run, which reads the outcome from the catalog; a decision typed into the paused run's form (the
+Prefect UI) is recorded by the run itself (:func:`catalog.review.decisions.review`; a rejection
+keeps the budget spent).  Where an approval publishes is kept with the paused run
+(``review_runs.publish_dir``).
 
 Unchanged input (``on_unchanged``, default ``skip``): a scheduled or triggered run whose keyed
 input fingerprint and spec (less its source) equal the series' last release charges nothing,
@@ -75,6 +80,11 @@ class ReviewDecision(RunInput):
         default="",
         description="the reviewer's signed decision (DSSE JSON, made by `dprelease review --key`); "
         "required on a dataset whose custodian registered keys",
+    )
+    recorded: bool = Field(
+        default=False,
+        description="true: the reviewer's own process (`dprelease review`) recorded the decision "
+        "and published; the run only reads the outcome from the catalog",
     )
 
 
@@ -222,7 +232,10 @@ def release_deployment_flow(
     reviews = ReviewRuns(catalog_url)
     if flow_run_id is not None:
         reviews.record(
-            release_id=staged.release_id, flow_run_id=flow_run_id, api_url=PREFECT_API_URL.value()
+            release_id=staged.release_id,
+            flow_run_id=flow_run_id,
+            api_url=PREFECT_API_URL.value(),
+            publish_dir=publish_dir,
         )
     try:
         decision, outcome = _collect_review(
@@ -285,45 +298,24 @@ def _collect_review(
             poll_interval=min(REVIEW_POLL_SECONDS, review_timeout_seconds),
             key=f"review-{pause}",  # one key per pause (lowercase letters, digits, dashes)
         )
-        try:
-            reviewing.check_reviewer(  # refused here, the decision fails no task
-                Catalog(catalog_url),
-                staged.release_id,
-                approve=decision.approve,
-                reviewer=decision.reviewer,
-            )
-            signatures.accept(
-                Catalog(catalog_url),
-                staged.release_id,
-                approve=decision.approve,
-                signature=(
-                    signatures.envelope_from_json(decision.signature)
-                    if decision.signature
-                    else None
-                ),
-            )
-        except DprReleaseError as refused:
-            logger.warning("decision refused, waiting for another: %s", refused)
-            outcome: dict[str, Any] = {"status": "staged"}
-        else:
-            outcome = record_review_task(
-                catalog_url,
-                staged.release_id,
-                decision.approve,
-                decision.reviewer,
-                decision.note,
-                publish_dir,
-                decision.signature,
-            )
+        if decision.recorded:  # decided by the reviewer's process (its database login)
+            outcome = _recorded_outcome(Catalog(catalog_url), staged.release_id)
             if outcome["status"] != "staged":
                 return decision, outcome
             logger.info(
-                "%s approved %s: %d of %d approvals; waiting for the next reviewer",
+                "%s's decision on %s is recorded; the release stays staged, waiting for the next "
+                "reviewer",
                 decision.reviewer,
                 staged.release_id,
-                len(outcome.get("approvals", [])),
-                outcome.get("required_approvals", 0),
             )
+        else:
+            try:
+                outcome = _decide(staged, catalog_url, publish_dir, decision, logger=logger)
+            except DprReleaseError as refused:
+                logger.warning("decision refused, waiting for another: %s", refused)
+                outcome = {"status": "staged"}
+            if outcome["status"] != "staged":
+                return decision, outcome
         if pause >= MAX_REVIEW_PAUSES:
             logger.warning(
                 "%s still awaits approvals after %d decisions; decide with `dprelease review %s`",
@@ -332,6 +324,55 @@ def _collect_review(
                 staged.release_id,
             )
             return decision, outcome
+
+
+def _recorded_outcome(catalog: Catalog, release_id: str) -> dict[str, Any]:
+    """The outcome a reviewer's process recorded, read from the catalog (nothing is written)."""
+    record = catalog.release(release_id)
+    return {"status": record.status, "published_directory": record.published_directory}
+
+
+def _decide(
+    staged: StagedRelease,
+    catalog_url: str,
+    publish_dir: str | None,
+    decision: ReviewDecision,
+    *,
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+) -> dict[str, Any]:
+    """Check and record a decision typed into the paused run (the Prefect UI's form): the run's
+    own database login records it.  Raises :class:`DprReleaseError` for a refused decision."""
+    reviewing.check_reviewer(  # refused here, the decision fails no task
+        Catalog(catalog_url),
+        staged.release_id,
+        approve=decision.approve,
+        reviewer=decision.reviewer,
+    )
+    signature = decision.signature
+    signatures.accept(
+        Catalog(catalog_url),
+        staged.release_id,
+        approve=decision.approve,
+        signature=signatures.envelope_from_json(signature) if signature else None,
+    )
+    outcome = record_review_task(
+        catalog_url,
+        staged.release_id,
+        decision.approve,
+        decision.reviewer,
+        decision.note,
+        publish_dir,
+        signature,
+    )
+    if outcome["status"] == "staged":
+        logger.info(
+            "%s approved %s: %d of %d approvals; waiting for the next reviewer",
+            decision.reviewer,
+            staged.release_id,
+            len(outcome.get("approvals", [])),
+            outcome.get("required_approvals", 0),
+        )
+    return outcome
 
 
 class ReviewRunNotPaused(CatalogError):
@@ -347,8 +388,13 @@ def resume_review(
     catalog: Catalog,
     wait_seconds: float = 120.0,
     signature: str = "",
+    recorded: bool = False,
 ) -> ReleaseRecord:
     """Resume the paused flow run of ``run`` with the decision; return once the catalog records it.
+
+    ``recorded``: the caller recorded (and published) the decision itself, under its own database
+    login; the run only reads the outcome and ends (or pauses for the next approval), and this
+    returns the release as recorded without waiting.
 
     Raises :class:`ReviewRunNotPaused` when the run can no longer decide (the caller then decides
     in the catalog directly), :class:`CatalogError` when it is running (someone else resumed it)
@@ -362,7 +408,7 @@ def resume_review(
         raise ValueError(f"wait_seconds ({wait_seconds}) must be > 0")
     try:
         decision = ReviewDecision(
-            approve=approve, reviewer=reviewer, note=note, signature=signature
+            approve=approve, reviewer=reviewer, note=note, signature=signature, recorded=recorded
         )
     except ValidationError:
         raise CatalogError(f"reviewer ({reviewer!r}) must name a person") from None
@@ -392,8 +438,12 @@ def resume_review(
         decided = len(catalog.reviews(run.release_id))
         resume_flow_run(
             UUID(run.flow_run_id),
-            run_input=decision.model_dump(include={"approve", "reviewer", "note", "signature"}),
+            run_input=decision.model_dump(
+                include={"approve", "reviewer", "note", "signature", "recorded"}
+            ),
         )
+    if recorded:
+        return catalog.release(run.release_id)
     deadline = time.monotonic() + wait_seconds
     while True:
         # reviews first: a decision and the status it sets commit together, so a release read

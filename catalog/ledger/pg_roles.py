@@ -249,6 +249,13 @@ def role_statements(
             for index in sorted(table.indexes, key=lambda index: str(index.name))
         ]
         statements += [str(ddl.compile(dialect=dialect)).strip() for ddl in created]
+        # a nullable column a later version added to a table created earlier
+        statements += [
+            f"ALTER TABLE {quote(name)} ADD COLUMN IF NOT EXISTS {quote(column.name)} "
+            f"{column.type.compile(dialect=dialect)}"
+            for column in table.columns
+            if column.nullable and not column.primary_key and column.server_default is None
+        ]
     for name, table in sorted(by_name.items()):
         statements += _table_grants(name, roles=roles, table=table)
     for name in sorted(set(auxiliary) - set(by_name)):  # kept by a module not handed in

@@ -3,7 +3,6 @@ everything recorded about it."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -83,15 +82,15 @@ def review(
     A spec's `review: {approvers: N}` needs N distinct reviewers, none of them the person who ran
     the release; until then each approval is recorded and the release stays staged.  On a dataset
     whose custodian registered keys, each decision is signed with --key (a key holding the
-    reviewer role, never the key that ran the release) and approvals count distinct keys.  A
-    release whose deployed flow run is paused for review is decided by resuming that run with the
-    decision (the run records it); any other release is decided here, in the catalog.
+    reviewer role, never the key that ran the release) and approvals count distinct keys.  The
+    decision is recorded here, under your own database login; a release whose deployed flow run
+    is paused for review is then published where the deployment publishes, and the run resumed:
+    it reads the outcome and ends.
     """
     from dprelease.catalog.identity.roles import requires_signatures
     from dprelease.catalog.identity.signing import KEY_ENV
     from dprelease.catalog.ledger.store import Catalog
     from dprelease.catalog.review import decisions as reviewing
-    from dprelease.catalog.review import signatures
     from dprelease.catalog.watch_state import ReviewRuns
 
     catalog = Catalog()
@@ -117,12 +116,22 @@ def review(
         reviewer = reviewer or key
         paused_run = ReviewRuns(catalog.url).get(release_id)
         if paused_run is not None and paused_run.status == "awaiting":
-            # refused here, before the paused run is resumed with a decision it would refuse
-            reviewing.check_reviewer(catalog, release_id, approve=approve, reviewer=reviewer)
-            signatures.accept(catalog, release_id, approve=approve, signature=signature)
-            outcome = _review_through_flow_run(
-                paused_run, approve, reviewer, note, publish_dir, catalog, signature
+            # recorded (and published) here, under this process's database login; then the
+            # paused run is resumed and reads the outcome
+            if publish_dir is not None:
+                console.print(
+                    "note: --publish-dir is ignored: the deployment's publish location is used"
+                )
+            outcome = reviewing.review(
+                catalog,
+                release_id,
+                approve=approve,
+                reviewer=reviewer,
+                note=note,
+                publish_dir=Path(paused_run.publish_dir) if paused_run.publish_dir else None,
+                signature=signature,
             )
+            outcome |= _resume_paused_run(paused_run, approve, reviewer, note, catalog)
         if outcome is None:
             outcome = reviewing.review(
                 catalog,
@@ -200,23 +209,16 @@ def _print_review_status(current: dict[str, Any], *, header: bool = True) -> Non
         stdout.print("  no decision yet")
 
 
-def _review_through_flow_run(
-    paused_run: Any,
-    approve: bool,
-    reviewer: str,
-    note: str,
-    publish_dir: Path | None,
-    catalog: Any,
-    signature: Any = None,
-) -> dict[str, Any] | None:
-    """Resume the paused deployed run with the decision: its outcome as ``reviewing.review``
-    reports one, and through which run; None when the run can no longer decide."""
+def _resume_paused_run(
+    paused_run: Any, approve: bool, reviewer: str, note: str, catalog: Any
+) -> dict[str, str]:
+    """Resume the paused deployed run with the decision just recorded here: it reads the outcome
+    from the catalog and ends (or pauses for the next approval).  ``through``: how, for the
+    output line; empty when the run can no longer be resumed (the decision stands)."""
     prefect_defaults()
     from dprelease.catalog.watch_state import ReviewRuns
     from dprelease.flows.deployed_release import ReviewRunNotPaused, resume_review
 
-    if publish_dir is not None:
-        console.print("note: --publish-dir is ignored: the deployment's publish location is used")
     try:
         record = resume_review(
             paused_run,
@@ -224,18 +226,17 @@ def _review_through_flow_run(
             reviewer=reviewer,
             note=note,
             catalog=catalog,
-            signature="" if signature is None else json.dumps(signature.as_dict()),
+            recorded=True,
         )
     except ReviewRunNotPaused as exc:
-        console.print(f"note: {exc}; deciding in the catalog directly")
+        console.print(f"note: {exc}; the decision is recorded in the catalog")
         ReviewRuns(catalog.url).mark(paused_run.release_id, status="expired")
-        return None
+        return {}
+    except CatalogError as exc:  # e.g. someone else resumed it: it reads the catalog too
+        console.print(f"note: {exc}; the decision is recorded in the catalog")
+        return {}
     how = "recorded" if record.status == "staged" else "decided"
-    return {
-        "status": record.status,
-        "published_directory": record.published_directory,
-        "through": f" ({how} through flow run {paused_run.flow_run_id})",
-    }
+    return {"through": f" ({how} through flow run {paused_run.flow_run_id})"}
 
 
 def show(

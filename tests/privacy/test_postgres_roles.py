@@ -365,6 +365,21 @@ def test_applying_the_roles_again_keeps_every_grant_and_entry(
         assert len(pg_roles.recorded_sessions(operator.engine, table="ledger")) == 2
 
 
+def test_applying_the_roles_adds_a_column_a_later_version_gave_a_module_table(
+    role_catalog: RoleCatalog,
+) -> None:
+    """Only the custodian alters tables: a column added to ``review_runs`` by an upgrade is
+    added by the custodian's ``catalog roles --apply``, then the operator writes it."""
+    with role_catalog.connected("superuser") as custodian, custodian.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE review_runs DROP COLUMN publish_dir")  # as before
+    prefix = role_catalog.roles.operator.removesuffix("_operator")
+    apply_roles(role_catalog.url, prefix, role_catalog.monkeypatch)
+    with role_catalog.connected("operator") as operator:
+        runs = ReviewRuns(operator.url)
+        runs.record(release_id="rel-1", flow_run_id="f1", api_url=None, publish_dir="/pub")
+        assert runs.get("rel-1").publish_dir == "/pub"  # type: ignore[union-attr]
+
+
 def test_a_release_runs_as_operator_is_published_by_a_reviewer_and_audited_read_only(
     role_catalog: RoleCatalog, tmp_path: Path, zero_noise: object
 ) -> None:

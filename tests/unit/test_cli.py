@@ -532,7 +532,7 @@ def test_a_refused_reviewer_never_resumes_a_paused_run(
     def resumed(*args: Any, **kwargs: Any) -> bool:
         raise AssertionError("the paused run was resumed with a refused decision")
 
-    monkeypatch.setattr(review_cli, "_review_through_flow_run", resumed)
+    monkeypatch.setattr(review_cli, "_resume_paused_run", resumed)
     own = runner.invoke(app, ["review", LONG_ID, "--approve", "--reviewer", "Olga"])
     assert own.exit_code == 2 and "may not approve it" in own.output
     assert staged_home.catalog.reviews(LONG_ID) == []

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 import yaml
 from typer.testing import CliRunner
 
@@ -354,6 +355,31 @@ def test_review_runs_round_trip(state_url: str) -> None:
     assert run is not None and run.status == "awaiting" and run.flow_run_id == "f1"
     runs.mark("r1", status="decided")
     assert runs.get("r1").status == "decided"  # type: ignore[union-attr]
+    runs.record(release_id="r2", flow_run_id="f2", api_url=None, publish_dir="/srv/public")
+    assert runs.get("r2").publish_dir == "/srv/public"  # type: ignore[union-attr]
+
+
+def test_a_review_runs_table_of_an_earlier_version_gains_the_publish_dir_column(
+    tmp_path: Path,
+) -> None:
+    """What an approval publishes to is kept with the paused run; a table created before that
+    column existed gets it when the tables are opened, and its rows read as before."""
+    url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE review_runs (release_id VARCHAR(128) PRIMARY KEY, flow_run_id "
+            "VARCHAR(64) NOT NULL, api_url TEXT, status VARCHAR(16) NOT NULL, created_at "
+            "VARCHAR(40) NOT NULL, updated_at VARCHAR(40) NOT NULL)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO review_runs VALUES ('old', 'f0', NULL, 'awaiting', 't', 't')"
+        )
+    engine.dispose()
+    runs = ReviewRuns(url)
+    assert runs.get("old").publish_dir is None  # type: ignore[union-attr]
+    runs.record(release_id="new", flow_run_id="f1", api_url=None, publish_dir="/pub")
+    assert runs.get("new").publish_dir == "/pub"  # type: ignore[union-attr]
 
 
 # --- validators fire --------------------------------------------------------------------------
