@@ -38,6 +38,7 @@ import yaml
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.watch_state import ReviewRuns
 from tests.flows.test_operations import _children, _free_port, _spec, _write_tiny_parquet
+from tests.prefect_template import migrated_prefect_db
 
 pytestmark = [pytest.mark.flow]
 
@@ -134,7 +135,9 @@ def _stat(pid: int) -> tuple[str, int] | None:
 def _make_stack(label: str, base: Path, catalog_url: str | None) -> Stack:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DPRELEASE_"))}
+    migrated_prefect_db()  # start-server.sh seeds the new PREFECT_HOME from it, as after install.sh
     env.update(
+        DPRELEASE_CACHE_DIR=os.environ["DPRELEASE_CACHE_DIR"],
         DO_NOT_TRACK="1",
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_UI_ENABLED="false",
