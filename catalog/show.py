@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dprelease.catalog.errors import VerificationError
+from dprelease.catalog.ledger.chain import DECISION_KIND
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.publishing import artifacts
 from dprelease.catalog.review import decisions as reviewing
@@ -39,7 +40,8 @@ def describe_release(catalog: Catalog, release_id: str) -> dict[str, Any]:
             "entry_hash": entry.entry_hash,
         }
         for entry in catalog.ledger_entries(record.dataset_id)
-        if entry.release_id == release_id
+        # a decision's entry anchors it in the chain (the review trail shows it), never a charge
+        if entry.release_id == release_id and entry.kind != DECISION_KIND
     ]
     mechanism = manifest.get("mechanism") or {}
     plan = manifest.get("plan") or {}

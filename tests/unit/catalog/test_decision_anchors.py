@@ -23,6 +23,7 @@ from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.review import decisions as review_module
 from dprelease.catalog.review import signatures
 from dprelease.catalog.review.policy import OPERATOR_ENV, record_policy
+from dprelease.catalog.show import describe_release
 from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from tests.unit.catalog.test_review import RELEASE, build_staged, fake_report, policy_spec
 from tests.unit.catalog.test_signed_review import People, decide, ran_by
@@ -64,6 +65,11 @@ def test_each_decision_is_anchored_by_a_zero_cost_entry_in_its_transaction(
     assert catalog.spent("ds") == PrivacyCost(measure="pure", epsilon=0.5)  # nothing charged
     assert catalog.verify_chain() == []
     assert catalog.decision_anchoring().review_entries == {1: anchor.seq}
+    # `dprelease show` lists the release's charges as its receipts, not the decision's anchor
+    receipts = describe_release(catalog, RELEASE)["receipts"]
+    assert [r["receipt_id"] for r in receipts] == [
+        e.receipt_id for e in catalog.ledger_entries() if e.kind == "charge"
+    ]
 
 
 @pytest.mark.parametrize(
