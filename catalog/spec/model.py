@@ -449,13 +449,16 @@ class ReleaseSpec(Strict):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical spec (everything, including the dataset and privacy level)."""
+        """sha256 of the canonical spec (everything, including the dataset and privacy level,
+        but not the domain's order: reordering the domain is not a new spec for skip-unchanged,
+        the statistics released are the same; strategies and series plans, whose cell layout
+        follows that order, are keyed by :meth:`workload_fingerprint`, which includes it)."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def workload_fingerprint(self) -> str:
-        """sha256 of what determines strategies: domain sizes and order, workload (with item
-        weights when given), noise kind, options and objective (plans and stored strategies are
-        keyed by it)."""
+        """sha256 of what determines strategies: domain sizes and order (the cell layout),
+        workload (with item weights when given), noise kind, options and objective (plans, stored
+        strategies and series plans are keyed by it)."""
         workload = [item.model_dump(mode="json", exclude_none=True) for item in self.workload]
         for item in workload:  # weight 1 is no weight: the same strategies (and public seed)
             if item.get("weight") == 1.0:
@@ -472,6 +475,11 @@ class ReleaseSpec(Strict):
             payload["objective"] = self.objective
         if self.accuracy is not None:  # the targets weigh the tables
             payload["accuracy"] = self.accuracy.model_dump(mode="json")
+        # The domain's order is the cell layout, which sort_keys would hide (a stored strategy of
+        # one order must not serve another).  A domain already in sorted order adds nothing, so
+        # fingerprints written before this key stay valid for it.
+        if list(self.domain) != sorted(self.domain):
+            payload["domain_order"] = list(self.domain)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

@@ -330,7 +330,7 @@ def test_plan_shows_the_recorded_plan_once_the_series_started(tmp_path: Path) ->
     raw = raw_series_spec()
     raw["dataset"]["source"] = str(data)
     path = tmp_path / "series.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))  # the domain order is the cell layout
     runner = CliRunner()
     before = json.loads(runner.invoke(app, ["plan", str(path), "--json"]).output)["series"]
     assert before["recorded"] is False

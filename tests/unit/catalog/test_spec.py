@@ -595,3 +595,21 @@ def test_a_domain_too_large_to_count_is_valid_for_plan_but_refused_by_count() ->
         match=r"the domain has 1,000,000,000 cells \(1000 × 1000 × 1000\); a release counts at most",
     ):
         count_cells(spec)
+
+
+def test_the_domain_order_is_part_of_the_workload_fingerprint_only() -> None:
+    """The order of the domain is the cell layout: a strategy stored (or a series plan recorded)
+    for one order must not be found for another.  The spec fingerprint leaves it out (the same
+    statistics are released), and a domain already in sorted order keeps its fingerprint."""
+    raw = valid_spec()
+    reordered = {**raw, "domain": dict(reversed(list(raw["domain"].items())))}
+    spec, other = parse_spec(raw), parse_spec(reordered)
+    assert spec.domain_shape != other.domain_shape
+    assert spec.workload_fingerprint() != other.workload_fingerprint()
+    assert spec.fingerprint() == other.fingerprint()
+    in_order = {**raw, "domain": dict(sorted(raw["domain"].items()))}
+    # computed by the code before the domain order was added (a sorted domain adds nothing)
+    assert (
+        parse_spec(in_order).workload_fingerprint()
+        == "86961373fc34798ada12f6249c8203b395daa514c490533a790fe36f01047ef8"
+    )
