@@ -50,6 +50,7 @@ from tests.pg_server import catalog_url, postgres_server  # noqa: E402, F401
 # Dask cluster share one worker, so one cluster starts.  The longest tests are handed out first
 # (a long test started last is the run's tail).
 LONGEST_FIRST = (
+    "tests/flows/test_series_arrival.py",  # 24 arrivals, one deployed run each
     "tests/flows/test_operations_e2e.py::test_scheduled_",  # ≥ 5 cron ticks of one minute
     "tests/statistical/test_interval_coverage.py::test_dawa_",
     "tests/statistical/test_interval_coverage.py::test_data_independent_",
