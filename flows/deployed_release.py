@@ -235,7 +235,8 @@ def release_deployment_flow(
             release_id=staged.release_id,
             flow_run_id=flow_run_id,
             api_url=PREFECT_API_URL.value(),
-            publish_dir=publish_dir,
+            # absolute: the reviewer's process publishes, from its own working directory
+            publish_dir=str(Path(publish_dir).resolve()) if publish_dir else None,
         )
     try:
         decision, outcome = _collect_review(
