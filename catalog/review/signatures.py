@@ -32,7 +32,13 @@ from dprelease.catalog.errors import CatalogError, VerificationError
 from dprelease.catalog.identity import attestations
 from dprelease.catalog.identity.dsse import Envelope
 from dprelease.catalog.identity.keys import IdentityError, SigningKey
-from dprelease.catalog.identity.roles import Roster, entries, identity_problems, roster
+from dprelease.catalog.identity.roles import (
+    ENTRY_KIND,
+    Roster,
+    entries,
+    identity_problems,
+    roster,
+)
 from dprelease.catalog.identity.signing import operator_keys, step_problems
 from dprelease.catalog.ledger.schema import create_tables, ledger, now
 from dprelease.catalog.ledger.store import Catalog, ReviewRecord
@@ -108,6 +114,10 @@ class AcceptedSignature:
     key_id: str
     role: str
     envelope: Envelope
+    dataset_id: str | None = None
+    checked_at: int | None = None
+    """The ledger head when the key's roles were read: a key entry of the dataset after it (a
+    revocation, a role change) refuses the decision in its transaction."""
 
     @property
     def stored(self) -> str:
@@ -122,6 +132,20 @@ class AcceptedSignature:
         """``also`` for :meth:`Catalog.record_review`: the signature row, same transaction."""
 
         def record(conn: Connection) -> None:
+            if self.checked_at is not None:  # under the chain lock: no key entry can follow
+                changed = conn.execute(
+                    sa.select(sa.func.min(ledger.c.seq)).where(
+                        ledger.c.dataset_id == self.dataset_id,
+                        ledger.c.entry_kind == ENTRY_KIND,
+                        ledger.c.seq > self.checked_at,
+                    )
+                ).scalar_one()
+                if changed is not None:
+                    raise IdentityError(
+                        f"the keys of dataset {self.dataset_id!r} changed (ledger entry "
+                        f"#{changed}) after key {self.key_id}'s roles were checked; nothing was "
+                        "recorded: decide again"
+                    )
             seq = conn.execute(sa.select(sa.func.max(ledger.c.seq))).scalar_one() or 0
             conn.execute(
                 review_signatures.insert().values(
@@ -179,6 +203,7 @@ def accept(
     a dataset that requires none.  Raises :class:`IdentityError` (naming the key and the rule)."""
     _engine(catalog)  # the table the accepted signature is recorded in, before that transaction
     record = catalog.release(release_id)
+    checked_at = catalog.chain_head().seq  # before the roster is read
     current = roster(catalog, record.dataset_id)
     if not current.keys:
         if signature is not None:
@@ -236,7 +261,13 @@ def accept(
                 f"the earlier approval by key {row.key_id} ({row.reviewer}) is not of the release "
                 f"as it is now, so the approvals would not be of the same content: {exc}"
             ) from None
-    return AcceptedSignature(key_id=key_id, role=role, envelope=signature)
+    return AcceptedSignature(
+        key_id=key_id,
+        role=role,
+        envelope=signature,
+        dataset_id=record.dataset_id,
+        checked_at=checked_at,
+    )
 
 
 def _public(catalog: Catalog, row: Any) -> Any:

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from dprelease.catalog.errors import VerificationError
 from dprelease.catalog.identity import roles
+from dprelease.catalog.identity.keys import IdentityError
 from dprelease.catalog.ledger import chain
 from dprelease.catalog.ledger.schema import DECISIONS_MARKER, catalog_meta, reviews
 from dprelease.catalog.ledger.store import Catalog
@@ -185,3 +186,29 @@ def test_decisions_recorded_before_anchoring_are_listed_and_still_verify(
     )
     [problem] = catalog.verify_chain()
     assert problem.startswith("decision approved by Eve on release rel-1 (review #3) has no")
+
+
+def test_a_revocation_between_the_check_and_the_decisions_transaction_refuses_it(
+    tmp_path: Path, catalog_url: str
+) -> None:
+    staged = build_staged(tmp_path, url=catalog_url)
+    people = People(staged)
+    ran_by(staged, people.olga)
+    envelope = signatures.sign_decision(staged.directory, key=people.ada, approve=False)
+    accepted = signatures.accept(staged.catalog, RELEASE, approve=False, signature=envelope)
+    assert accepted is not None
+    # the custodian revokes Ada's key after her signature was checked, before it is recorded
+    roles.revoke_key(staged.catalog, dataset_id="ds", key_id=people.ada.key_id, signer=people.cara)
+    entries = staged.catalog.ledger_entries()
+    with pytest.raises(IdentityError, match=r"keys of dataset 'ds' changed \(ledger entry #\d+\)"):
+        staged.catalog.record_review(
+            RELEASE,
+            decision="rejected",
+            reviewer="Ada",
+            note="",
+            also=accepted.recorder(RELEASE, "rejected", "Ada"),
+            key_id=accepted.key_id,
+            envelope_sha256=accepted.envelope_sha256,
+        )
+    assert staged.catalog.reviews(RELEASE) == [] and staged.catalog.ledger_entries() == entries
+    assert staged.catalog.release(RELEASE).status == "staged"
