@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +36,7 @@ from dprelease.catalog.confidential.series_measure import combined_periods
 from dprelease.catalog.confidential.source import list_source_files, resolve_source
 from dprelease.catalog.errors import CatalogError, DataError, SpecError
 from dprelease.catalog.identity import signing
-from dprelease.catalog.ledger.schema import create_tables, now, releases
+from dprelease.catalog.ledger.schema import now, releases, with_tables
 from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning.memory import check_memory, predict_plan
 from dprelease.catalog.planning.planner import Plan, build_workload, make_plan
@@ -101,14 +100,9 @@ series_claims = sa.Table(  # one release at a time per period: concurrent runs n
     sa.Column("claimed_at", sa.String(40), nullable=False),
 )
 
-_ready: weakref.WeakSet[Engine] = weakref.WeakSet()
-
 
 def _engine(catalog: Catalog) -> Engine:
-    if catalog.engine not in _ready:
-        create_tables(catalog.engine, series_metadata)
-        _ready.add(catalog.engine)
-    return catalog.engine
+    return with_tables(catalog.engine, series_metadata)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,7 @@ from sqlalchemy.engine import Connection, Engine
 from dprelease.catalog.identity.dsse import Envelope, sign_envelope, verify_envelope
 from dprelease.catalog.identity.keys import NAME, IdentityError, PublicKey, SigningKey
 from dprelease.catalog.ledger.budget import ZeroCostRecord
-from dprelease.catalog.ledger.schema import create_tables, ledger, now
+from dprelease.catalog.ledger.schema import ledger, now, with_tables
 from dprelease.catalog.ledger.store import Catalog
 
 ROLES = ("custodian", "operator", "reviewer", "auditor")
@@ -57,15 +56,10 @@ identity_entries = sa.Table(
     sa.Column("envelope", sa.Text, nullable=False),
 )
 
-_prepared: weakref.WeakSet[Engine] = weakref.WeakSet()
-
 
 def prepared(catalog: Catalog) -> Engine:
     """The catalog's engine, with the identity table created on first use (once per engine)."""
-    if catalog.engine not in _prepared:
-        create_tables(catalog.engine, identity_metadata)
-        _prepared.add(catalog.engine)
-    return catalog.engine
+    return with_tables(catalog.engine, identity_metadata)
 
 
 def check_roles(roles: Iterable[str]) -> tuple[str, ...]:

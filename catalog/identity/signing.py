@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import weakref
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ from dprelease.catalog.identity.dsse import Envelope, sign_envelope, verify_enve
 from dprelease.catalog.identity.keys import IdentityError, SigningKey, load_signing_key
 from dprelease.catalog.identity.roles import Roster, requires_signatures, roster
 from dprelease.catalog.ledger.budget import DatasetAccountant
-from dprelease.catalog.ledger.schema import create_tables, ledger, now
+from dprelease.catalog.ledger.schema import ledger, now, with_tables
 from dprelease.catalog.ledger.store import Catalog
 
 KEY_ENV = "DPRELEASE_KEY"
@@ -49,14 +48,9 @@ signed_steps = sa.Table(
     sa.Column("envelope", sa.Text, nullable=False),
 )
 
-_prepared: weakref.WeakSet[Engine] = weakref.WeakSet()
-
 
 def _engine(catalog: Catalog) -> Engine:
-    if catalog.engine not in _prepared:
-        create_tables(catalog.engine, steps_metadata)
-        _prepared.add(catalog.engine)
-    return catalog.engine
+    return with_tables(catalog.engine, steps_metadata)
 
 
 def chosen_key_name() -> str | None:

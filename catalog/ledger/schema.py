@@ -6,6 +6,7 @@ each with its own ``MetaData``, created with :func:`create_tables`)."""
 
 from __future__ import annotations
 
+import weakref
 from datetime import UTC, datetime
 from typing import Any
 
@@ -145,6 +146,19 @@ def create_tables(engine: Engine, tables: sa.MetaData) -> None:
     with engine.begin() as conn:
         lock_schema(conn)
         tables.create_all(conn)
+
+
+_created: weakref.WeakKeyDictionary[Engine, set[int]] = weakref.WeakKeyDictionary()
+
+
+def with_tables(engine: Engine, tables: sa.MetaData) -> Engine:
+    """``engine``, once the tables of ``tables`` exist in its database (:func:`create_tables` on
+    first use, once per engine and ``MetaData``: a module's own tables, created lazily)."""
+    created = _created.setdefault(engine, set())
+    if id(tables) not in created:
+        create_tables(engine, tables)
+        created.add(id(tables))
+    return engine
 
 
 def chain_rows(conn: Connection) -> list[Any]:

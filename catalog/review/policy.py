@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -23,7 +22,7 @@ from sqlalchemy.engine import Engine
 from dprelease.catalog.errors import CatalogError
 from dprelease.catalog.ledger.leases import process_owner
 from dprelease.catalog.ledger.names import normalize_reviewer
-from dprelease.catalog.ledger.schema import create_tables, now
+from dprelease.catalog.ledger.schema import now, with_tables
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.spec.model import ReleaseSpec
 
@@ -78,15 +77,9 @@ def current_operator() -> str:
     return normalize_reviewer(login)
 
 
-_prepared: weakref.WeakSet[Engine] = weakref.WeakSet()
-
-
 def _engine(catalog: Catalog) -> Engine:
     """The catalog's engine, with the table created on first use (once per engine)."""
-    if catalog.engine not in _prepared:
-        create_tables(catalog.engine, policy_metadata)
-        _prepared.add(catalog.engine)
-    return catalog.engine
+    return with_tables(catalog.engine, policy_metadata)
 
 
 def record_policy(catalog: Catalog, *, release_id: str, spec: ReleaseSpec) -> ReviewPolicyRecord:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from dprelease.catalog.identity.roles import (
     roster,
 )
 from dprelease.catalog.identity.signing import operator_keys, step_problems
-from dprelease.catalog.ledger.schema import create_tables, ledger, now
+from dprelease.catalog.ledger.schema import ledger, now, with_tables
 from dprelease.catalog.ledger.store import Catalog, ReviewRecord
 
 # the catalog's decision words and the attestation's
@@ -63,14 +62,9 @@ review_signatures = sa.Table(
     sa.UniqueConstraint("release_id", "key_id", "decision", name="one_decision_per_key"),
 )
 
-_prepared: weakref.WeakSet[Engine] = weakref.WeakSet()
-
 
 def _engine(catalog: Catalog) -> Engine:
-    if catalog.engine not in _prepared:
-        create_tables(catalog.engine, signature_metadata)
-        _prepared.add(catalog.engine)
-    return catalog.engine
+    return with_tables(catalog.engine, signature_metadata)
 
 
 def sign_decision(
