@@ -321,10 +321,10 @@ def verify_release_and_series(
         extra = _series_problems_or_error(directory, catalog)
         if not extra:
             raise
-        _raise(directory, exc.problems + tuple(extra))
+        artifacts.raise_problems(directory, exc.problems + tuple(extra))
     extra = _series_problems_or_error(directory, catalog)
     if extra:
-        _raise(directory, tuple(extra))
+        artifacts.raise_problems(directory, extra)
     return notes
 
 
@@ -335,14 +335,3 @@ def _series_problems_or_error(directory: Path, catalog: Catalog) -> list[str]:
         return []
     except CatalogError as exc:  # e.g. a recorded plan that no longer matches its ledger entry
         return [str(exc)]
-
-
-def _raise(directory: Path, problems: tuple[str, ...]) -> None:
-    shown = [f"  - {p}" for p in problems[: artifacts.SHOWN_PROBLEMS]]
-    if len(problems) > artifacts.SHOWN_PROBLEMS:
-        shown.append(f"  … and {len(problems) - artifacts.SHOWN_PROBLEMS:,} more")
-    raise VerificationError(
-        f"release {directory} failed verification ({len(problems):,} problems):\n"
-        + "\n".join(shown),
-        problems=problems,
-    )

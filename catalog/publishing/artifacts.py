@@ -21,7 +21,7 @@ import subprocess
 import uuid
 from importlib import metadata as importlib_metadata
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -196,18 +196,24 @@ def verify(directory: Path, catalog: Catalog, *, input_path: str | Path | None =
     problems += _fingerprint_problems(manifest, catalog, input_path)
     problems += _validation_problems(directory, manifest)
     if problems:
-        shown = [f"  - {p}" for p in problems[:SHOWN_PROBLEMS]]
-        if len(problems) > SHOWN_PROBLEMS:
-            shown.append(
-                f"  … and {len(problems) - SHOWN_PROBLEMS:,} more (`dprelease verify --json` "
-                "lists every problem)"
-            )
-        raise VerificationError(
-            f"release {directory} failed verification ({len(problems):,} problems):\n"
-            + "\n".join(shown),
-            problems=tuple(problems),
-        )
+        raise_problems(directory, problems)
     return problems
+
+
+def raise_problems(directory: Path, problems: list[str] | tuple[str, ...]) -> NoReturn:
+    """Raise :class:`VerificationError` naming the first :data:`SHOWN_PROBLEMS` of ``problems``
+    (all of them in its ``problems``)."""
+    shown = [f"  - {p}" for p in problems[:SHOWN_PROBLEMS]]
+    if len(problems) > SHOWN_PROBLEMS:
+        shown.append(
+            f"  … and {len(problems) - SHOWN_PROBLEMS:,} more (`dprelease verify --json` "
+            "lists every problem)"
+        )
+    raise VerificationError(
+        f"release {directory} failed verification ({len(problems):,} problems):\n"
+        + "\n".join(shown),
+        problems=tuple(problems),
+    )
 
 
 def _file_problems(directory: Path, manifest: dict[str, Any]) -> list[str]:

@@ -427,12 +427,5 @@ def verify_release(
         found, notes = [], []
     problems += found
     if problems:
-        shown = [f"  - {p}" for p in problems[: artifacts.SHOWN_PROBLEMS]]
-        if len(problems) > artifacts.SHOWN_PROBLEMS:
-            shown.append(f"  … and {len(problems) - artifacts.SHOWN_PROBLEMS:,} more")
-        raise VerificationError(
-            f"release {directory} failed verification ({len(problems):,} problems):\n"
-            + "\n".join(shown),
-            problems=tuple(problems),
-        )
+        artifacts.raise_problems(directory, problems)
     return notes
