@@ -1,5 +1,6 @@
 """A 24-period series released on arrival (real ``prefect server``, ``dprelease deploy``, a process
-worker, ``dprelease watch``): 24 monthly Parquet files arrive one by one; each triggered run
+worker, one ``dprelease watch`` polling every second): 24 monthly Parquet files arrive one by one,
+each announced once by the watcher; each triggered run
 releases its period, charges each period it reads exactly its increment (checked per partition in
 the ledger), publishes its period's rows; earlier releases' files stay byte-identical, and after
 the horizon no partition has spent more than the planned ρ (the most-charged spends exactly it).
@@ -8,6 +9,7 @@ A 25th file is past the horizon: its run fails and charges nothing."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,14 @@ from dprelease.catalog.planning.series import SeriesPlan
 from dprelease.catalog.publishing import artifacts
 from dprelease.catalog.series import recorded_plan
 from dprelease.catalog.spec.load import load_spec
+from dprelease.catalog.watch_state import WatchState
 from tests.flows.test_operations import (
+    BIN,
     RUN_TIMEOUT,
     Operations,
     _deployment,
     _runs_of,
+    _stop,
     _wait_for,
     serve,
 )
@@ -75,7 +80,20 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
         base, specs={"series": spec_path}, landing=landing, deploy=[str(specs_dir)],
         review_timeout=1, pool_limit=1,
     ) as operations:  # fmt: skip
-        yield operations
+        # one watcher for the whole test, as deploy/start-watcher.sh runs it (a command per file
+        # would pay a process start per month); stopped by PID
+        operations.logs["watcher"] = base / "watcher.log"
+        with open(operations.logs["watcher"], "wb") as log:
+            watcher = subprocess.Popen(
+                [str(BIN / "dprelease"), "watch", str(landing), "--spec-dir", str(specs_dir),
+                 "--interval", "1"],
+                env=operations.env, cwd=base, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                yield operations
+            finally:
+                _stop(watcher)
 
 
 def _finished(ops: Operations, count: int) -> list[Any]:
@@ -102,11 +120,12 @@ def test_24_monthly_arrivals_release_one_period_each(ops: Operations) -> None:
     plan: SeriesPlan | None = None
     for month in range(1, HORIZON + 1):
         before = len(catalog.ledger_entries(DATASET)) if month > 1 else 0
-        _write_month(folder / f"2026-{month:02d}.parquet", month)
-        watched = ops.cli("watch", str(ops.landing), "--spec-dir", str(ops.specs["series"].parent),
-                          "--once", "--interval", "1")  # fmt: skip
-        assert watched.returncode == 0 and "announced 1 file(s)" in watched.stdout, watched.stdout
+        _write_month(folder / f"2026-{month:02d}.parquet", month)  # the watcher announces it
         runs = _finished(ops, month)  # each stops waiting for review after 1 s (staged)
+        announced = [a.path for a in WatchState(ops.catalog_url).announcements(DATASET)]
+        assert sorted(Path(a).name for a in announced) == [  # each file announced once
+            f"2026-{s:02d}.parquet" for s in range(1, month + 1)
+        ], ops.diagnostics()
         staged = [r for r in catalog.releases(dataset_id=DATASET) if r.status == "staged"]
         assert len(staged) == month, [(run.name, run.state.message) for run in runs] + [
             ops.diagnostics()
@@ -143,9 +162,8 @@ def test_24_monthly_arrivals_release_one_period_each(ops: Operations) -> None:
 
     count = len(catalog.ledger_entries(DATASET))
     _write_month(folder / "2027-01.parquet", HORIZON + 1)
-    ops.cli("watch", str(ops.landing), "--spec-dir", str(ops.specs["series"].parent), "--once",
-            "--interval", "1")  # fmt: skip
     runs = _finished(ops, HORIZON + 1)
+    assert len(WatchState(ops.catalog_url).announcements(DATASET)) == HORIZON + 1
     past = max(runs, key=lambda run: run.expected_start_time)
     assert past.state.is_failed()  # refused past the horizon: no release, nothing charged
     assert len(catalog.releases(dataset_id=DATASET)) == HORIZON

@@ -1,6 +1,7 @@
 """The deployed path with keys, against a real Prefect server and process worker: the worker runs
 with a service key in the operator role (``DPRELEASE_KEY``), the custodian registers keys with
-``dprelease keys register --spec``, the deployed run signs its run and charges and pauses for
+``dprelease keys register --spec``; a file arrives and the run the arrival trigger starts
+(``dprelease watch``) signs its run and charges and pauses for
 review; the service key may not approve; two reviewers' keys decide through the paused run
 (``dprelease review --key``), the second publishes; the published copy carries both attestation
 files and ``dprelease verify`` lists both signatures."""
@@ -22,6 +23,7 @@ from tests.flows.test_operations import (
     Operations,
     _deployment,
     _only_release,
+    _runs_of,
     _spec,
     _wait_final,
     _wait_for,
@@ -37,17 +39,20 @@ RUN_TIMEOUT = 240.0
 @pytest.fixture(scope="module")
 def signed_ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
     base = tmp_path_factory.mktemp("signed")
-    data = base / "data" / "tiny.parquet"
-    _write_tiny_parquet(data, seed=11)
+    landing = base / "landing"
+    (landing / "ops-signed").mkdir(parents=True)
     specs_dir = base / "specs"
     specs_dir.mkdir()
-    spec = _spec("ops-signed", "ops-signed", data, cap=5.0, review={"approvers": 2})
+    spec = _spec(
+        "ops-signed", "ops-signed", landing / "ops-signed", cap=5.0, review={"approvers": 2},
+        trigger="arrival",
+    )  # fmt: skip
     path = specs_dir / "ops-signed.yaml"
     path.write_text(yaml.safe_dump(spec))
     with serve(
         base,
         specs={"signed": path},
-        landing=base / "landing",
+        landing=landing,
         deploy=[str(specs_dir)],
         worker_env={signing.KEY_ENV: "svc"},
     ) as operations:
@@ -69,9 +74,17 @@ def test_a_worker_with_a_service_key_runs_and_two_reviewer_keys_publish(
         )
         assert done.returncode == 0, done.stdout + done.stderr
 
+    _write_tiny_parquet(ops.landing / "ops-signed" / "2026-11.parquet", seed=11)
+    watched = ops.cli(
+        "watch", str(ops.landing), "--spec-dir", str(ops.specs["signed"].parent), "--once",
+        "--interval", "1",
+    )  # fmt: skip
+    assert watched.returncode == 0 and "announced 1 file(s)" in watched.stdout, watched.stderr
     deployment = _deployment(ops, "ops-signed")
-    with ops.api() as client:
-        created = client.create_flow_run_from_deployment(deployment.id)
+    [created] = _wait_for(
+        lambda: _runs_of(ops, deployment.id), what="the triggered run", timeout=RUN_TIMEOUT, ops=ops
+    )
+    assert created.parameters["source_override"].endswith("2026-11.parquet")
     _wait_paused(ops, created.id)
     record = _only_release(ops, "ops-signed")
     catalog = Catalog(ops.catalog_url)
