@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from dprelease.mechanisms.primitives.protocol import MechanismOptions, PlanRequest, require_int
 from dprelease.mechanisms.primitives.strategies import KronFamily
-from dprelease.mechanisms.primitives.workload import cell_vector_reason
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,10 +25,6 @@ class HierarchicalMechanism(KronFamily):
     family = "hierarchical"
 
     options = TreeOptions
-
-    def unavailable_reason(self, request: PlanRequest) -> str | None:
-        # its evaluation walks every item's factors: refused from sizes past int64 cell indices
-        return cell_vector_reason(request.workload)
 
     def branching(self, request: PlanRequest) -> int:
         return TreeOptions.parse(request.options).branching

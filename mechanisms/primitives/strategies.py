@@ -36,7 +36,7 @@ from dprelease.mechanisms.primitives.protocol import (
     PlanRequest,
     StrategyCache,
 )
-from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem
+from dprelease.mechanisms.primitives.workload import Workload, WorkloadItem, cell_vector_reason
 
 
 def identity_strategy(n: int) -> MatrixFactor:
@@ -230,6 +230,10 @@ class KronFamily(MatrixMechanism):
     """
 
     family: ClassVar[str]
+
+    def unavailable_reason(self, request: PlanRequest) -> str | None:
+        # its evaluation walks every item's factors: refused from sizes past int64 cell indices
+        return cell_vector_reason(request.workload)
 
     def branching(self, request: PlanRequest) -> int:
         return 2
