@@ -357,6 +357,28 @@ def _check_custodian(current: Roster, signer: SigningKey, *, doing: str) -> None
         raise IdentityError(refusal)
 
 
+def _check_key_name(name: str) -> None:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise IdentityError(
+            f"key name {name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit"
+        )
+
+
+def _unrevoked_key(current: Roster, key_id: str, *, if_revoked: str = "") -> KeyState:
+    """``key_id``'s state on ``current``'s dataset; refused when it is not registered there or is
+    revoked already (``if_revoked``: what to do instead, appended to that message)."""
+    state = current.keys.get(key_id)
+    if state is None:
+        raise IdentityError(f"key {key_id} is not registered on dataset {current.dataset_id!r}")
+    if state.revoked_seq is not None:
+        raise IdentityError(
+            f"key {key_id} ({state.name}) is already revoked on dataset {current.dataset_id!r} "
+            f"(ledger entry #{state.revoked_seq}){if_revoked}"
+        )
+    return state
+
+
 def register_key(
     catalog: Catalog,
     *,
@@ -370,11 +392,7 @@ def register_key(
     signed by ``signer``, a custodian of the dataset; the dataset's first key must be its
     custodian, signed by itself.  Returns the ledger receipt id."""
     wanted = check_roles(roles)
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise IdentityError(
-            f"key name {name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a "
-            "letter or digit"
-        )
+    _check_key_name(name)
     catalog.cap(dataset_id)  # refused for a dataset the catalog does not hold
     current = roster(catalog, dataset_id)
     if not current.keys:
@@ -413,14 +431,7 @@ def revoke_key(catalog: Catalog, *, dataset_id: str, key_id: str, signer: Signin
     key when another custodian remains).  Its earlier signatures still verify; from this entry on
     it holds no role.  Returns the ledger receipt id."""
     current = roster(catalog, dataset_id)
-    state = current.keys.get(key_id)
-    if state is None:
-        raise IdentityError(f"key {key_id} is not registered on dataset {dataset_id!r}")
-    if state.revoked_seq is not None:
-        raise IdentityError(
-            f"key {key_id} ({state.name}) is already revoked on dataset {dataset_id!r} (ledger "
-            f"entry #{state.revoked_seq})"
-        )
+    state = _unrevoked_key(current, key_id)
     _check_custodian(current, signer, doing=f"revoke keys on dataset {dataset_id!r}")
     if [k for k in current.holders("custodian") if k != key_id] == []:
         raise IdentityError(
@@ -451,20 +462,11 @@ def rotate_key(
     old key's roles and revoke the old key, two entries signed by ``signer`` (a custodian of the
     dataset; the old key itself when it is one) appended in one transaction, so the dataset never
     holds both or neither.  Returns the two ledger receipt ids (registration, revocation)."""
-    if not isinstance(new_name, str) or not NAME.fullmatch(new_name):
-        raise IdentityError(
-            f"key name {new_name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with "
-            "a letter or digit"
-        )
+    _check_key_name(new_name)
     current = roster(catalog, dataset_id)
-    old = current.keys.get(old_key_id)
-    if old is None:
-        raise IdentityError(f"key {old_key_id} is not registered on dataset {dataset_id!r}")
-    if old.revoked_seq is not None:
-        raise IdentityError(
-            f"key {old_key_id} ({old.name}) is already revoked on dataset {dataset_id!r} (ledger "
-            f"entry #{old.revoked_seq}): register the new key with its roles instead"
-        )
+    old = _unrevoked_key(
+        current, old_key_id, if_revoked=": register the new key with its roles instead"
+    )
     if new_public.key_id in current.keys:
         raise IdentityError(
             f"key {new_public.key_id} is already registered on dataset {dataset_id!r}: a rotation "

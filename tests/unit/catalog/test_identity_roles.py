@@ -197,6 +197,11 @@ def test_rotation_registers_the_new_key_with_the_old_roles_and_revokes_the_old_a
             catalog, dataset_id="ds", old_key_id=other.key_id, new_public=ray2.public,
             new_name="ray2", signer=cara,
         )  # fmt: skip
+    with pytest.raises(IdentityError, match="key name 'ray 2' must be 1-64 letters"):
+        roles.rotate_key(
+            catalog, dataset_id="ds", old_key_id=ray.key_id, new_public=ray2.public,
+            new_name="ray 2", signer=cara,
+        )  # fmt: skip
     assert len(catalog.ledger_entries("ds")) == before  # refusals append nothing
     registered, revoked = roles.rotate_key(
         catalog, dataset_id="ds", old_key_id=ray.key_id, new_public=ray2.public,
@@ -208,6 +213,11 @@ def test_rotation_registers_the_new_key_with_the_old_roles_and_revokes_the_old_a
     current = roles.roster(catalog, "ds")
     assert current.keys[ray2.key_id].roles == ("reviewer", "auditor")
     assert not current.holds(ray.key_id, "reviewer") and current.keys[ray.key_id].revoked_seq
+    with pytest.raises(IdentityError, match=r"\(ledger entry #\d+\): register the new key"):
+        roles.rotate_key(
+            catalog, dataset_id="ds", old_key_id=ray.key_id, new_public=other.public,
+            new_name="ray3", signer=cara,
+        )  # fmt: skip
     assert roles.identity_problems(catalog, "ds") == [] and catalog.verify_chain() == []
     # the sole custodian rotates its own key, signing both entries with it
     roles.rotate_key(
