@@ -265,33 +265,13 @@ class Ledger:
         """
         spending.check_partitions(partitions)
         with self._ledger_write() as conn:
-            cap_row = conn.execute(
-                sa.select(datasets).where(datasets.c.id == dataset_id).with_for_update()
-            ).first()
-            if cap_row is None:
-                raise CatalogError(f"dataset {dataset_id!r} is not in the catalog")
-            cap = spending.cap_from_row(cap_row)
+            cap = _locked_cap(conn, dataset_id)
             charged = convert(cost, to=cap.measure)
             spending.Spending.read(conn, dataset_id, cap.measure).check(
                 dataset_id, charged, cap, partitions
             )
-            receipts = [
-                append_entry(
-                    conn,
-                    dataset_id=dataset_id,
-                    release_id=release_id,
-                    label=label,
-                    cost=charged,
-                    partition=partition,
-                )
-                for partition in (partitions or (None,))
-            ]
-            # a charge is a sign of life of the release that pays it
-            conn.execute(
-                releases.update()
-                .where(releases.c.id == release_id, releases.c.status == "measuring")
-                .values(heartbeat_at=now())
-            )
+            each = {partition: charged for partition in (partitions or (None,))}
+            receipts = _append_charges(conn, dataset_id, release_id, label, each)
         return receipts[0]
 
     def charge_each(
@@ -310,32 +290,12 @@ class Ledger:
         if not costs:
             raise CatalogError("charge_each needs at least one cost")
         with self._ledger_write() as conn:
-            cap_row = conn.execute(
-                sa.select(datasets).where(datasets.c.id == dataset_id).with_for_update()
-            ).first()
-            if cap_row is None:
-                raise CatalogError(f"dataset {dataset_id!r} is not in the catalog")
-            cap = spending.cap_from_row(cap_row)
+            cap = _locked_cap(conn, dataset_id)
             totals = spending.Spending.read(conn, dataset_id, cap.measure)
             charged = {name: convert(cost, to=cap.measure) for name, cost in costs.items()}
             for name, cost in charged.items():
                 totals.check(dataset_id, cost, cap, None if name is None else (name,))
-            receipts = [
-                append_entry(
-                    conn,
-                    dataset_id=dataset_id,
-                    release_id=release_id,
-                    label=label,
-                    cost=cost,
-                    partition=name,
-                )
-                for name, cost in charged.items()
-            ]
-            conn.execute(
-                releases.update()
-                .where(releases.c.id == release_id, releases.c.status == "measuring")
-                .values(heartbeat_at=now())
-            )
+            receipts = _append_charges(conn, dataset_id, release_id, label, charged)
         return receipts
 
     def append_record(
@@ -513,6 +473,46 @@ def chain_tip(conn: Connection) -> tuple[int, str]:
     entries = conn.execute(sa.select(sa.func.count()).select_from(ledger)).scalar_one()
     last = _last_entry(conn)
     return int(entries), (last and last.entry_hash) or chain.GENESIS
+
+
+def _locked_cap(conn: Connection, dataset_id: str) -> PrivacyCost:
+    """The dataset's cap, its row locked until ``conn``'s transaction ends: charges of one
+    dataset check and append one after the other."""
+    cap_row = conn.execute(
+        sa.select(datasets).where(datasets.c.id == dataset_id).with_for_update()
+    ).first()
+    if cap_row is None:
+        raise CatalogError(f"dataset {dataset_id!r} is not in the catalog")
+    return spending.cap_from_row(cap_row)
+
+
+def _append_charges(
+    conn: Connection,
+    dataset_id: str,
+    release_id: str,
+    label: str,
+    costs: Mapping[str | None, PrivacyCost],
+) -> list[str]:
+    """One chained charge entry per partition (``None``: the whole dataset), already checked
+    against the locked cap, in ``costs``' order; their receipt ids.  O(len(costs))."""
+    receipts = [
+        append_entry(
+            conn,
+            dataset_id=dataset_id,
+            release_id=release_id,
+            label=label,
+            cost=cost,
+            partition=partition,
+        )
+        for partition, cost in costs.items()
+    ]
+    # a charge is a sign of life of the release that pays it
+    conn.execute(
+        releases.update()
+        .where(releases.c.id == release_id, releases.c.status == "measuring")
+        .values(heartbeat_at=now())
+    )
+    return receipts
 
 
 def _last_entry(conn: Connection, dataset_id: str | None = None) -> Any:

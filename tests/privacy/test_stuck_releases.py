@@ -113,6 +113,15 @@ def test_expired_lease_moves_the_release_to_failed_and_keeps_its_charges(catalog
     assert catalog.recover(now=later(record, 10 * LEASE), lease_seconds=LEASE) == []  # once
 
 
+def test_each_charge_is_a_sign_of_life_of_the_release_it_charges(catalog: Catalog) -> None:
+    record = measuring(catalog)
+    catalog.charge("ds", pure(0.1), release_id="rel-1", label="measure")
+    charged = catalog.release("rel-1")
+    assert str(charged.heartbeat_at) > str(record.heartbeat_at)
+    catalog.charge_each("ds", {None: pure(0.1)}, release_id="rel-1", label="measure")
+    assert str(catalog.release("rel-1").heartbeat_at) > str(charged.heartbeat_at)
+
+
 def test_heartbeat_renews_the_lease(catalog: Catalog) -> None:
     record = measuring(catalog)
     catalog.heartbeat("rel-1")

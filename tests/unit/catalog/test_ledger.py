@@ -210,6 +210,8 @@ def test_unknown_dataset(catalog: Catalog) -> None:
     with pytest.raises(CatalogError, match=r"dataset 'nope' is not in the catalog"):
         catalog.charge("nope", pure(0.1), release_id="r", label="x")
     with pytest.raises(CatalogError, match=r"dataset 'nope' is not in the catalog"):
+        catalog.charge_each("nope", {None: pure(0.1)}, release_id="r", label="x")
+    with pytest.raises(CatalogError, match=r"dataset 'nope' is not in the catalog"):
         catalog.spent("nope")
     with pytest.raises(CatalogError, match=r"dataset 'nope' is not in the catalog"):
         catalog.check_budget("nope", pure(0.1))
