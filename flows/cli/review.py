@@ -115,33 +115,27 @@ def review(
         signature = None if key is None else _signed(catalog, release_id, key, approve, note)
         reviewer = reviewer or key
         paused_run = ReviewRuns(catalog.url).get(release_id)
-        if paused_run is not None and paused_run.status == "awaiting":
+        if paused_run is not None and paused_run.status != "awaiting":
+            paused_run = None  # its run no longer waits: nothing to resume
+        if paused_run is not None:
             # recorded (and published) here, under this process's database login; then the
             # paused run is resumed and reads the outcome
             if publish_dir is not None:
                 console.print(
                     "note: --publish-dir is ignored: the deployment's publish location is used"
                 )
-            outcome = reviewing.review(
-                catalog,
-                release_id,
-                approve=approve,
-                reviewer=reviewer,
-                note=note,
-                publish_dir=Path(paused_run.publish_dir) if paused_run.publish_dir else None,
-                signature=signature,
-            )
+            publish_dir = Path(paused_run.publish_dir) if paused_run.publish_dir else None
+        outcome = reviewing.review(
+            catalog,
+            release_id,
+            approve=approve,
+            reviewer=reviewer,
+            note=note,
+            publish_dir=publish_dir,
+            signature=signature,
+        )
+        if paused_run is not None:
             outcome |= _resume_paused_run(paused_run, approve, reviewer, note, catalog)
-        if outcome is None:
-            outcome = reviewing.review(
-                catalog,
-                release_id,
-                approve=approve,
-                reviewer=reviewer,
-                note=note,
-                publish_dir=publish_dir,
-                signature=signature,
-            )
     current = reviewing.status(catalog, release_id)
     if as_json:
         print_json(current)
@@ -288,7 +282,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     if series:
         stdout.print(
             f"  series:     {series['name']}, period {series['period']} of {series['horizon']} "
-            f"(file {series['file']}; {series['unit']} level; {series['time_strategy']}); plan "
+            f"({series['period_name']}; {series['unit']} level; {series['time_strategy']}); plan "
             f"sha256 {series['plan_sha256']}"
         )
         for charge in series["charges"]:
