@@ -20,16 +20,19 @@ Seconds are per optimisation (one BLAS thread).  Usage (from the repository root
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from dprelease.mechanisms.continual import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dprelease.mechanisms.continual import cumulative, optimised, square_root, time_workload
+from tests.reference.continual import (
     binary_tree,
-    cumulative,
-    optimised,
-    square_root,
+    mean_rmse,
     sum_of_periods,
     svd_bound_rmse,
-    time_workload,
+    worst_rmse,
 )
 
 REFERENCE = {
@@ -63,13 +66,13 @@ def main() -> None:
         workload = cumulative(horizon)
         ref = [f"({v:.2f})" for v in REFERENCE.get(horizon, (float("nan"),) * 4)]
         summed, tree, root = (
-            s(workload).worst_rmse(rho) for s in (sum_of_periods, binary_tree, square_root)
+            worst_rmse(s(workload), rho) for s in (sum_of_periods, binary_tree, square_root)
         )
         best, seconds = _timed(workload, "worst")
         bound = svd_bound_rmse(workload, rho)
         print(
             f"{horizon:>4} {summed:>6.2f} {ref[0]:>7} {tree:>6.2f} {ref[1]:>7} {root:>6.2f} {ref[2]:>7}"
-            f" {best.worst_rmse(rho):>10.2f} {seconds:>8.2f} {bound:>6.2f} {ref[3]:>7}"
+            f" {worst_rmse(best, rho):>10.2f} {seconds:>8.2f} {bound:>6.2f} {ref[3]:>7}"
         )
 
     print(
@@ -82,8 +85,8 @@ def main() -> None:
         workload = time_workload(STACKED, horizon)
         rows = [s(workload) for s in (sum_of_periods, binary_tree, square_root)]
         (worst, worst_s), (total, total_s) = _timed(workload, "worst"), _timed(workload, "total")
-        figures = [(f.worst_rmse(rho), f.mean_rmse(rho)) for f in rows]
-        opt = (worst.worst_rmse(rho), total.mean_rmse(rho))
+        figures = [(worst_rmse(f, rho), mean_rmse(f, rho)) for f in rows]
+        opt = (worst_rmse(worst, rho), mean_rmse(total, rho))
         ratio = [opt[i] / min(figures[0][i], figures[2][i]) for i in (0, 1)]
         cells = " ".join(f"{w:>6.2f} {m:>6.2f}" for w, m in [*figures, opt, ratio])
         print(

@@ -7,8 +7,8 @@ measurements taken by t.  References: Fichtenberger, Henzinger, Upadhyay, ICML 2
 root); Denisov et al., NeurIPS 2022 (optimised causal factorisations); figures: benchmarks/.
 
 * :mod:`.workloads`: the time workload matrices and their validation;
-* :mod:`.factorisation`: :class:`CausalFactorisation` (sensitivity, variances, rmse, checks);
-* :mod:`.strategies`: sum of periods, square root, causal binary tree, optimised, SVD bound.
+* :mod:`.factorisation`: :class:`CausalFactorisation` (causality checks, sensitivity, variances);
+* :mod:`.strategies`: square root, optimised.
 """
 
 from __future__ import annotations
@@ -20,13 +20,10 @@ from typing import Any
 # strategies (scipy.optimize, ~0.1 s to import) load when a plan is made.
 _EXPORTS = {
     "CausalFactorisation": "factorisation",
-    "binary_tree": "strategies",
     "optimised": "strategies",
     "square_root": "strategies",
     "square_root_coefficients": "strategies",
     "square_root_matrix": "strategies",
-    "sum_of_periods": "strategies",
-    "svd_bound_rmse": "strategies",
     "cumulative": "workloads",
     "period": "workloads",
     "rolling": "workloads",

@@ -109,32 +109,3 @@ class CausalFactorisation:
         if not (math.isfinite(sigma2) and sigma2 >= 0):
             raise ValueError(f"sigma2 must be finite and >= 0 (got {sigma2!r})")
         return sigma2 * np.einsum("ij,ij->i", self.B, self.B)
-
-    def _zcdp_variances(self, rho: float, unit: str, max_rows: int) -> np.ndarray:
-        if not (math.isfinite(rho) and rho > 0):
-            raise ValueError(f"rho must be finite and > 0 (got {rho!r})")
-        delta = self.sensitivity(noise="gaussian", unit=unit, max_rows=max_rows)
-        return self.row_variances(delta**2 / (2 * rho))
-
-    def worst_rmse(self, rho: float, *, unit: str = "event", max_rows: int = 1) -> float:
-        """Largest standard error of a published figure under ρ-zCDP (σ² = Δ²/(2ρ))."""
-        return math.sqrt(float(self._zcdp_variances(rho, unit, max_rows).max()))
-
-    def mean_rmse(self, rho: float, *, unit: str = "event", max_rows: int = 1) -> float:
-        """Root of the mean variance over published figures under ρ-zCDP."""
-        return math.sqrt(float(self._zcdp_variances(rho, unit, max_rows).mean()))
-
-    def check_factorises(self, workload: np.ndarray) -> None:
-        """Raise unless ``B·A`` equals ``workload`` to 1e-9 relative (of its largest entry)."""
-        target = np.asarray(workload, dtype=np.float64)
-        if target.shape != (self.B.shape[0], self.horizon):
-            raise ValueError(
-                f"workload (shape {target.shape}) must be {self.B.shape[0]} × {self.horizon}"
-            )
-        error = float(np.abs(self.B @ self.A - target).max())
-        scale = max(float(np.abs(target).max()), 1.0)
-        if error > 1e-9 * scale:
-            raise ValueError(
-                f"{self.name}: B·A differs from the workload by {error:.3g} "
-                f"(must be <= 1e-9 × {scale:.3g})"
-            )

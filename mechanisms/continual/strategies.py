@@ -1,14 +1,7 @@
-"""Causal factorisations of a time workload ``W`` (kT × T), and the SVD bound none of them beats.
+"""Causal factorisations of a time workload ``W`` (kT × T) that a series is planned with.
 
-* :func:`sum_of_periods`: ``A = I``, ``B = W`` (each period measured once, figures summed).
 * :func:`square_root`: ``A = C^{1/2}``, the square root of the cumulative matrix (Fichtenberger,
   Henzinger, Upadhyay 2023), ``B = W·A⁻¹`` (``A = B = C^{1/2}`` for cumulative counts).
-* :func:`binary_tree`: every dyadic interval, measured when it completes; each figure at period t
-  is the least-squares estimate from the nodes completed by t (Honaker 2015 restricted to those
-  nodes, so causal).  Only nodes inside the horizon are measured (Δ₂² = ⌊log₂ T⌋ + 1).  The
-  reference table's tree is the one over 2^⌈log₂ T⌉ leaves cut at T, every cut node kept, with
-  full least squares (it reproduces 2.21, 3.03, 3.37); estimated causally that tree is worse than
-  this one (worst rmse 3.35 against 2.99 at T = 12, ρ = 0.5).
 * :func:`optimised`: L-BFGS over lower-triangular ``A`` (Denisov et al. 2022), never worse than
   the square root by its own objective.
 """
@@ -23,7 +16,6 @@ from scipy.optimize import minimize
 
 from dprelease.mechanisms.continual.factorisation import CausalFactorisation
 from dprelease.mechanisms.continual.workloads import positive_int
-from dprelease.mechanisms.primitives.lower_bound import svd_bound_gram
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
 
 OBJECTIVES = ("total", "worst")
@@ -77,39 +69,11 @@ def square_root_matrix(horizon: int) -> np.ndarray:
     return _toeplitz(square_root_coefficients(horizon))
 
 
-def sum_of_periods(workload: np.ndarray) -> CausalFactorisation:
-    work = _workload(workload)
-    return CausalFactorisation(np.eye(work.shape[1]), work, "sum_of_periods")
-
-
 def square_root(workload: np.ndarray) -> CausalFactorisation:
     """``A = C^{1/2}``, ``B = W·C^{-1/2}`` (the inverse in closed form, power −1/2).  O(kT³)."""
     work = _workload(workload)
     inverse = _toeplitz(square_root_coefficients(work.shape[1], power=-0.5))
     return CausalFactorisation(square_root_matrix(work.shape[1]), work @ inverse, "square_root")
-
-
-def binary_tree(workload: np.ndarray) -> CausalFactorisation:
-    """Dyadic nodes measured at completion; causal least squares per period.  O(T⁴)."""
-    work = _workload(workload)
-    horizon = work.shape[1]
-    nodes = [
-        (start, start + 2**level)
-        for level in range(int(math.log2(horizon)) + 1)
-        for start in range(0, horizon - 2**level + 1, 2**level)
-    ]
-    nodes.sort(key=lambda node: (node[1], node[0]))
-    strategy = np.zeros((len(nodes), horizon))
-    for row, (start, stop) in enumerate(nodes):
-        strategy[row, start:stop] = 1.0
-    times = np.array([stop - 1 for _, stop in nodes])
-    recombination = np.zeros((len(work), len(nodes)))
-    for t in range(horizon):
-        done = np.flatnonzero(times <= t)  # includes every leaf 0..t: full column rank
-        solve = np.linalg.pinv(strategy[np.ix_(done, np.arange(t + 1))])
-        rows = np.arange(t, len(work), horizon)
-        recombination[np.ix_(rows, done)] = work[rows, : t + 1] @ solve
-    return CausalFactorisation(strategy, recombination, "binary_tree", times=times)
 
 
 def objective_value(factorisation: CausalFactorisation, objective: str) -> float:
@@ -188,12 +152,3 @@ def optimised(
     if objective_value(found, objective) < objective_value(baseline, objective):
         return found
     return baseline
-
-
-def svd_bound_rmse(workload: np.ndarray, rho: float) -> float:
-    """The SVD bound as a mean rmse at ρ-zCDP, event level: ``√(SVDB(WᵀW)/rows · 1/(2ρ))``; no
-    factorisation, causal or not, has a smaller :meth:`~CausalFactorisation.mean_rmse`.  O(T³)."""
-    work = _workload(workload)
-    if not (math.isfinite(rho) and rho > 0):
-        raise ValueError(f"rho must be finite and > 0 (got {rho!r})")
-    return math.sqrt(svd_bound_gram(work.T @ work) / len(work) / (2 * rho))

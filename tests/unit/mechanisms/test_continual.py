@@ -13,7 +13,6 @@ from scipy.optimize import approx_fprime
 
 from dprelease.mechanisms.continual import (
     CausalFactorisation,
-    binary_tree,
     cumulative,
     optimised,
     period,
@@ -21,11 +20,17 @@ from dprelease.mechanisms.continual import (
     square_root,
     square_root_coefficients,
     square_root_matrix,
-    sum_of_periods,
-    svd_bound_rmse,
     time_workload,
 )
 from dprelease.mechanisms.continual.strategies import _value_and_gradient, objective_value
+from tests.reference.continual import (
+    binary_tree,
+    check_factorises,
+    mean_rmse,
+    sum_of_periods,
+    svd_bound_rmse,
+    worst_rmse,
+)
 
 STACKED = ["period", "cumulative", {"rolling": 12}]
 SMALL = ["period", "cumulative", {"rolling": 3}]
@@ -86,7 +91,7 @@ def test_every_factorisation_is_causal_and_factorises_the_workload(
     strategy: Callable[[np.ndarray], CausalFactorisation], workload: np.ndarray
 ) -> None:
     factorisation = strategy(workload)
-    factorisation.check_factorises(workload)
+    check_factorises(factorisation, workload)
     assert np.allclose(factorisation.B @ factorisation.A, workload, rtol=0, atol=1e-9)
     assert _is_causal(factorisation)
 
@@ -113,9 +118,9 @@ def test_check_factorises_fires_on_a_wrong_product() -> None:
     with pytest.raises(
         ValueError, match=r"square_root: B·A differs from the workload by 1 \(must be <= 1e-9"
     ):
-        wrong.check_factorises(cumulative(6) + np.eye(6))
+        check_factorises(wrong, cumulative(6) + np.eye(6))
     with pytest.raises(ValueError, match=r"workload \(shape \(6, 5\)\) must be 6 × 6"):
-        wrong.check_factorises(np.ones((6, 5)))
+        check_factorises(wrong, np.ones((6, 5)))
 
 
 def _brute_sensitivity(a: np.ndarray, order: int, unit: str, max_rows: int) -> float:
@@ -169,11 +174,11 @@ REFERENCE = {  # T: (sum of periods, square root, SVD bound), reference/continua
 def test_reference_figures_for_cumulative_counts(horizon: int) -> None:
     workload = cumulative(horizon)
     summed, root, bound = REFERENCE[horizon]
-    assert sum_of_periods(workload).worst_rmse(0.5) == pytest.approx(summed, abs=0.01)
-    assert square_root(workload).worst_rmse(0.5) == pytest.approx(root, abs=0.01)
+    assert worst_rmse(sum_of_periods(workload), 0.5) == pytest.approx(summed, abs=0.01)
+    assert worst_rmse(square_root(workload), 0.5) == pytest.approx(root, abs=0.01)
     assert svd_bound_rmse(workload, 0.5) == pytest.approx(bound, abs=0.01)
     for strategy in (sum_of_periods, square_root, binary_tree):
-        assert strategy(workload).mean_rmse(0.5) >= svd_bound_rmse(workload, 0.5)
+        assert mean_rmse(strategy(workload), 0.5) >= svd_bound_rmse(workload, 0.5)
 
 
 @pytest.mark.parametrize("horizon", [12, 60])
@@ -183,15 +188,15 @@ def test_optimised_beats_the_square_root_on_cumulative_counts_and_not_the_bound(
     workload, root = cumulative(horizon), square_root(cumulative(horizon))
     worst, total = optimised(workload), optimised(workload, objective="total")
     assert worst.name == "optimised_worst" and total.name == "optimised_total"
-    assert worst.worst_rmse(0.5) < root.worst_rmse(0.5)
-    assert total.mean_rmse(0.5) < root.mean_rmse(0.5)
-    assert min(worst.mean_rmse(0.5), total.mean_rmse(0.5)) >= svd_bound_rmse(workload, 0.5)
+    assert worst_rmse(worst, 0.5) < worst_rmse(root, 0.5)
+    assert mean_rmse(total, 0.5) < mean_rmse(root, 0.5)
+    assert min(mean_rmse(worst, 0.5), mean_rmse(total, 0.5)) >= svd_bound_rmse(workload, 0.5)
 
 
 def test_optimised_meets_the_issue_target_on_a_stacked_workload() -> None:
     workload = time_workload(STACKED, 60)
-    best = min(sum_of_periods(workload).worst_rmse(0.5), square_root(workload).worst_rmse(0.5))
-    assert optimised(workload).worst_rmse(0.5) <= 0.9 * best
+    best = min(worst_rmse(sum_of_periods(workload), 0.5), worst_rmse(square_root(workload), 0.5))
+    assert worst_rmse(optimised(workload), 0.5) <= 0.9 * best
 
 
 def test_optimised_is_deterministic_and_keeps_the_square_root_when_it_cannot_improve() -> None:
@@ -231,8 +236,8 @@ def test_variances_scale_with_sigma_and_rho() -> None:
     root = square_root(cumulative(4))
     assert np.allclose(root.row_variances(2.0), 2 * (root.B**2).sum(axis=1))
     delta2 = root.sensitivity() ** 2
-    assert root.worst_rmse(0.25) ** 2 == pytest.approx(root.row_variances(delta2 / 0.5).max())
-    assert root.mean_rmse(0.5, unit="person", max_rows=3) ** 2 == pytest.approx(
+    assert worst_rmse(root, 0.25) ** 2 == pytest.approx(root.row_variances(delta2 / 0.5).max())
+    assert mean_rmse(root, 0.5, unit="person", max_rows=3) ** 2 == pytest.approx(
         root.row_variances(root.sensitivity(unit="person", max_rows=3) ** 2).mean()
     )
 
@@ -317,11 +322,11 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         "sigma2 must be finite and >= 0 (got -1.0)",
     ),
     "rho 0": (
-        lambda: square_root(cumulative(2)).worst_rmse(0.0),
+        lambda: worst_rmse(square_root(cumulative(2)), 0.0),
         "rho must be finite and > 0 (got 0.0)",
     ),
     "rho nan": (
-        lambda: square_root(cumulative(2)).mean_rmse(float("nan")),
+        lambda: mean_rmse(square_root(cumulative(2)), float("nan")),
         "rho must be finite and > 0 (got nan)",
     ),
     "workload rows": (
