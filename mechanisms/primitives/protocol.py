@@ -99,16 +99,10 @@ def require_int(value: Any, *, option: str, minimum: int) -> None:
         )
 
 
-def require_number(
-    value: Any, *, option: str, low: float, high: float = math.inf, open_low: bool = False
-) -> None:
+def require_number(value: Any, *, option: str, low: float) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if open_low else value >= low) and value <= high
-    if not ok:
-        bounds = f"{'>' if open_low else '>='} {low:g}" + (
-            f" and <= {high:g}" if math.isfinite(high) else ""
-        )
-        raise OptionsError(f"mechanism_options.{option} ({value!r}) must be a number {bounds}")
+    if not (ok and value >= low):
+        raise OptionsError(f"mechanism_options.{option} ({value!r}) must be a number >= {low:g}")
 
 
 @dataclass(frozen=True, kw_only=True)
