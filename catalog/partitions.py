@@ -25,6 +25,9 @@ Which partitions does a release read?  Only public information decides, never th
   belong to that partition).  A release of one period therefore narrows the domain to that
   period (``period: {values: [2026-11]}``); rows of other periods are out of the domain, so
   they are refused (``on_out_of_domain: error``) or dropped (``drop``) and never counted.
+* ``by: column`` on a series' period column (``series.period: {column: NAME, values: [...]}``;
+  NAME is the time axis, not a domain attribute) — the declared periods ``NAME=<value>``; a
+  series period is charged only the periods its strategy row reads (:func:`charged_partitions`).
 
 Everything here reads the spec and file names only. O(files + cells of NAME).
 """
@@ -38,6 +41,7 @@ from dprelease.catalog.confidential.source import list_source_files
 from dprelease.catalog.errors import SpecError
 from dprelease.catalog.ledger.spending import MAX_PARTITIONS_PER_RELEASE
 from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.catalog.spec.series import period_column_partition
 
 
 def declaration(spec: ReleaseSpec) -> str | None:
@@ -68,6 +72,8 @@ def release_partitions(
             )
         listed = files if files is not None else list_source_files(spec.dataset.source)[0]
         names = tuple(sorted({Path(name).name for name in listed}))
+    elif partitions.column == period_column_partition(spec):
+        names = tuple(sorted(period_partitions(spec)))
     else:
         column = str(partitions.column)
         names = tuple(sorted({f"{column}={label}" for label in spec.domain[column].labels()}))
@@ -81,6 +87,27 @@ def release_partitions(
     return names
 
 
+def period_partitions(spec: ReleaseSpec) -> list[str]:
+    """The partitions of a column series' periods, in period order (``NAME=<value>``); [] for
+    any other spec.  Public: the declared values."""
+    columns = None if spec.series is None else spec.series.columns
+    if columns is None:
+        return []
+    return [columns.partition(period) for period in range(len(columns.values))]
+
+
+def charged_partitions(
+    spec: ReleaseSpec, *, files: tuple[str, ...] | None, details: dict[str, Any]
+) -> tuple[str, ...] | None:
+    """The partitions a staged release was charged to (sorted): a series period's own charges
+    (``details["series"]["charges"]``, the periods its strategy row read), otherwise
+    :func:`release_partitions` of the files read.  None without a declaration."""
+    charges = (details.get("series") or {}).get("charges")
+    if spec.dataset.partitions is None or not charges:
+        return release_partitions(spec, files=files)
+    return tuple(sorted(charges))
+
+
 def assumption(spec: ReleaseSpec) -> str | None:
     """The declared assumption in words (manifest and report); None without a declaration."""
     partitions = spec.dataset.partitions
@@ -89,6 +116,8 @@ def assumption(spec: ReleaseSpec) -> str | None:
     what = (
         "its files (by file name)"
         if partitions.by == "file"
+        else f"the periods of column {partitions.column!r}"
+        if partitions.column == period_column_partition(spec)
         else f"the cells of column {partitions.column!r}"
     )
     return (

@@ -271,7 +271,7 @@ def stage(
         spec_fingerprint=spec.fingerprint(),
     )
     cap = catalog.cap(spec.dataset.id)
-    touched = partitions.release_partitions(spec, files=ingested.files)
+    touched = partitions.charged_partitions(spec, files=ingested.files, details=measurement.details)
     after = catalog.spent(spec.dataset.id, partitions=touched)
     receipts = [  # a partitioned charge is one entry per partition, all paid by this release
         entry.receipt()

@@ -4,15 +4,19 @@ Prefect tasks in ``tasks/series.py`` wrap them 1:1).
 State (public, tables of their own in the catalog database): ``series_plans`` holds each
 series' horizon plan (canonical JSON, sha256), recorded at its first release together with a
 zero-cost ``series-plan`` ledger entry whose label carries the digest (so the plan is
-hash-chained like every charge); ``series_periods`` holds, per released period, its file (the
-partition), the keyed fingerprint of that file at release, and the period's noisy measurement
+hash-chained like every charge); ``series_periods`` holds, per released period, its partition
+(``file_name``: the file's name, or ``NAME=<value>`` for periods given by a column's values), the
+keyed fingerprint of that file (of the period's counts, for column periods) at release, and the
+period's noisy measurement
 (post-noise: what later periods' published figures combine); ``series_claims`` lets one run at
 a time release a period (two runs started together never both charge for it).
 
 Order and refusals (each before any data is read or anything charged, CLI exit 2): a spec whose
 :func:`~catalog.planning.series.spec_key` differs from the recorded plan's; a period already
 released; a period past the horizon; a past period's file whose keyed fingerprint changed (also
-checked again when the files are read, before the charge).  Then each partition's increment is
+checked again when the files are read, before the charge; a column period's rows are checked
+when they are read, still before the charge).  A column series releases the next declared value
+(public: from the catalog, never from the data).  Then each partition's increment is
 checked against the cap, the release charges every partition it reads its own increment, and only
 then is noise drawn (the choke point).
 """
@@ -192,6 +196,8 @@ class SeriesStep:
     """ρ per partition (file name; None: the whole dataset) at the plan's ``ρ_unit``."""
     plan_sha256: str
     first: bool
+    periods: tuple[int, ...] = ()
+    """The periods read (0-based), in the order of ``paths``."""
 
 
 def cell_plan(spec: ReleaseSpec, plan: Plan, catalog: Catalog) -> Plan:
@@ -282,11 +288,18 @@ def register(
             return skipped
     released = recorded_periods(catalog, spec)
     period = len(released)
-    path = _next_file(spec, released)
-    series_plan.check_period(period)
+    columns = spec.series.columns if spec.series is not None else None
+    if columns is not None:  # the next declared value (public: the catalog, never the data)
+        series_plan.check_period(period)
+        path = str(Path(str(spec.dataset.source)).resolve())
+    else:
+        path = _next_file(spec, released)
+        series_plan.check_period(period)
     needed = series_plan.periods_read(period)
     key = catalog.key
-    for s in (s for s in needed if s < period):
+    # a file period's past files are checked here; a column period's past rows when they are
+    # read (series_measure), which is still before the charge (made by the choke point)
+    for s in (s for s in needed if s < period and columns is None):
         past = released[s]
         if resolve_source(past.file_path, key=key).fingerprint != past.input_fingerprint:
             raise DataError(
@@ -297,8 +310,7 @@ def register(
     rows = series_plan.release_costs(period)
     charges: dict[str | None, float] = {}
     for s, multiplier in rows.items():
-        name = None if s is None else (released[s].file_name if s < period else Path(path).name)
-        charges[name] = multiplier * series_plan.rho_unit
+        charges[_partition(spec, released, s, path=path)] = multiplier * series_plan.rho_unit
     for name, rho in charges.items():  # each partition's increment, before any data is read
         catalog.check_budget(
             spec.dataset.id,
@@ -334,9 +346,23 @@ def register(
             charges=charges,
             plan_sha256=series_plan.digest(),
             first=first,
+            periods=tuple(needed),
         ),
         before,
     )
+
+
+def _partition(
+    spec: ReleaseSpec, released: list[RecordedPeriod], s: int | None, *, path: str
+) -> str | None:
+    """The ledger partition of period ``s`` (None: the whole dataset, person level): its file's
+    name, or ``NAME=<value>`` for column periods.  Public."""
+    if s is None:
+        return None
+    columns = spec.series.columns if spec.series is not None else None
+    if columns is not None:
+        return columns.partition(s)
+    return released[s].file_name if s < len(released) else Path(path).name
 
 
 def _claim(catalog: Catalog, spec: ReleaseSpec, *, period: int, release_id: str) -> None:
@@ -464,8 +490,22 @@ def measure(
     series_plan = recorded_plan(catalog, spec)
     if series_plan is None or series_plan.digest() != step.plan_sha256:
         raise CatalogError(f"series {spec.name!r}: the plan registered for this release is gone")
+    columns = spec.series.columns if spec.series is not None else None
+    # column periods: the release's input fingerprint is the whole source's (skip-unchanged and
+    # `verify --input` compare it); each period records the fingerprint of its own counts
+    source_fingerprint = (
+        None
+        if columns is None
+        else resolve_source(str(spec.dataset.source), key=catalog.key).fingerprint
+    )
     combined, seen = combined_periods(
-        spec, plan, step.paths, step.weights, key=catalog.key, fingerprints=step.fingerprints
+        spec,
+        plan,
+        step.paths,
+        step.weights,
+        key=catalog.key,
+        fingerprints=step.fingerprints,
+        periods=step.periods or None,
     )
     unit = {name: rho / series_plan.rho_unit for name, rho in step.charges.items()}
     accountant = SeriesAccountant(
@@ -487,11 +527,22 @@ def measure(
         spec,
         period=step.period,
         path=step.paths[-1],
+        partition=_partition(spec, [], step.period, path=step.paths[-1]) or "",
         fingerprint=new_fingerprint,
         release_id=release_id,
         measurement=measured,
     )
-    catalog.update_release(release_id, input_fingerprint=new_fingerprint)
+    input_fingerprint = new_fingerprint if source_fingerprint is None else source_fingerprint
+    catalog.update_release(release_id, input_fingerprint=input_fingerprint)
+    value = (
+        {}
+        if columns is None
+        else {
+            "period_column": columns.column,
+            "period_value": columns.values[step.period],
+            "period_fingerprint": new_fingerprint,
+        }
+    )
     worst = max(accountant.charged.values())
     measured = replace(
         measured,
@@ -507,9 +558,11 @@ def measure(
                 "plan_sha256": series_plan.digest(),
                 "charges": {str(k): v for k, v in accountant.charged.items()},
             }
+            | value
         },
     )
-    return measured, step.paths, new_fingerprint
+    files = step.paths if columns is None else list_source_files(str(spec.dataset.source))[0]
+    return measured, files, input_fingerprint
 
 
 def _record_period(
@@ -518,10 +571,13 @@ def _record_period(
     *,
     period: int,
     path: str,
+    partition: str,
     fingerprint: str,
     release_id: str,
     measurement: Measurement,
 ) -> None:
+    """The period's row: its partition (file name or ``NAME=<value>``), path, fingerprint and
+    noisy measurement (post-noise)."""
     values = np.ascontiguousarray(measurement.values, dtype=np.float64).tobytes()
     with _engine(catalog).begin() as conn:
         conn.execute(
@@ -529,7 +585,7 @@ def _record_period(
                 dataset_id=spec.dataset.id,
                 name=spec.name,
                 period=period,
-                file_name=Path(path).name,
+                file_name=partition,
                 file_path=path,
                 input_fingerprint=fingerprint,
                 release_id=release_id,

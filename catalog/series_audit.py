@@ -48,8 +48,18 @@ class PeriodRow:
 
     period: int  # 0-based
     file_name: str
+    """The period's partition: its file's name, or ``NAME=<value>`` for column periods."""
+    file_path: str
     release_id: str
     input_fingerprint: str
+
+    @property
+    def label(self) -> str:
+        """How ``show`` names the period: ``file 2026-03.parquet``, or ``month=2026-03`` for a
+        column period (whose path is the whole source, not a file of that name)."""
+        if Path(self.file_path).name == self.file_name:
+            return f"file {self.file_name}"
+        return self.file_name
 
 
 def _has_series_tables(catalog: Catalog) -> bool:
@@ -92,6 +102,7 @@ def period_rows(catalog: Catalog, dataset_id: str, name: str) -> list[PeriodRow]
             sa.select(
                 series_periods.c.period,
                 series_periods.c.file_name,
+                series_periods.c.file_path,
                 series_periods.c.release_id,
                 series_periods.c.input_fingerprint,
             )
@@ -139,6 +150,7 @@ def series_summary(catalog: Catalog, release_id: str) -> dict[str, Any] | None:
             "period": period + 1,
             "horizon": plan.horizon,
             "file": mine[0].file_name,
+            "period_name": mine[0].label,
             "unit": plan.unit,
             "time_strategy": plan.time_strategy,
             "plan_sha256": plan.digest(),
@@ -174,7 +186,7 @@ def series_budget(catalog: Catalog, dataset_id: str) -> list[dict[str, Any]]:
                     for e in entries
                     if row is not None and e.release_id == row.release_id
                 )
-            else:
+            else:  # the period's file, or NAME=<value> for column periods
                 partition = None if row is None else row.file_name
                 spent = sum(
                     e.cost.rho
@@ -233,7 +245,19 @@ def series_problems(directory: Path, catalog: Catalog) -> list[str]:
             f"series {name!r}: period {period + 1} is not recorded as this release "
             f"({manifest.get('release_id')}) in the catalog",
         ]
-    if row.input_fingerprint != manifest.get("input_fingerprint"):
+    column = details.get("period_column")
+    if column is not None:  # column periods: the fingerprint of the period's own counts
+        if row.file_name != f"{column}={details.get('period_value')}":
+            problems.append(
+                f"series {name!r}: period {period + 1} is recorded as {row.file_name!r}, the "
+                f"manifest names {column}={details.get('period_value')}"
+            )
+        if row.input_fingerprint != details.get("period_fingerprint"):
+            problems.append(
+                f"series {name!r}: period {period + 1}'s recorded fingerprint differs from the "
+                "manifest's period fingerprint"
+            )
+    elif row.input_fingerprint != manifest.get("input_fingerprint"):
         problems.append(
             f"series {name!r}: period {period + 1}'s recorded file fingerprint differs from the "
             "manifest's input fingerprint"

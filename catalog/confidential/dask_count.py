@@ -37,23 +37,26 @@ from dprelease.catalog.confidential.marginal_source import (
 )
 from dprelease.catalog.confidential.source import (
     CountResult,
+    PeriodRows,
     SourceFiles,
     bound_contributions,
     check_in_domain,
     check_schema,
     content_fingerprint,
+    counts_fingerprint,
     decode_dictionaries,
     encode_groups,
     group_counts,
     input_columns,
     list_source_files,
+    no_rows_error,
     null_persons_error,
     open_dataset,
     protect,
     unreadable,
 )
 from dprelease.catalog.engine import open_cluster
-from dprelease.catalog.errors import DataError, SpecError
+from dprelease.catalog.errors import SpecError
 from dprelease.catalog.keys import CatalogKey
 from dprelease.catalog.spec.domain import NumericBins
 from dprelease.catalog.spec.load import check_runnable
@@ -148,11 +151,15 @@ class Partial:
 
 
 def count_cells_dask(
-    spec: ReleaseSpec, *, key: CatalogKey | None = None, client: Client | None = None
+    spec: ReleaseSpec,
+    *,
+    key: CatalogKey | None = None,
+    client: Client | None = None,
+    rows: PeriodRows | None = None,
 ) -> CountResult:
     """``source.count_cells`` on the cluster of ``spec.execution`` (or ``client``)."""
     check_runnable(spec)
-    total, files, fingerprint = _count(spec, subsets=None, key=key, client=client)
+    total, files, fingerprint = _count(spec, subsets=None, key=key, client=client, rows=rows)
     protected = protect(ProtectedCells, total, spec)
     return CountResult(cells=protected, input_fingerprint=fingerprint, files=files)
 
@@ -164,11 +171,12 @@ def count_marginals_dask(
     output_rows: int,
     key: CatalogKey | None = None,
     client: Client | None = None,
+    rows: PeriodRows | None = None,
 ) -> MarginalCountResult:
     """``marginal_source.count_marginals`` on the cluster of ``spec.execution``."""
     check_marginals_runnable(spec, subsets=subsets, output_rows=output_rows)
     axes = tuple(dict.fromkeys(tuple(int(a) for a in s) for s in subsets))
-    tables, files, fingerprint = _count(spec, subsets=axes, key=key, client=client)
+    tables, files, fingerprint = _count(spec, subsets=axes, key=key, client=client, rows=rows)
     protected = protect(ProtectedMarginals, tables, spec)
     return MarginalCountResult(marginals=protected, input_fingerprint=fingerprint, files=files)
 
@@ -186,12 +194,23 @@ def check_colocated(spec: ReleaseSpec) -> None:
 
 
 def _count(
-    spec: ReleaseSpec, *, subsets: Subsets | None, key: CatalogKey | None, client: Client | None
+    spec: ReleaseSpec,
+    *,
+    subsets: Subsets | None,
+    key: CatalogKey | None,
+    client: Client | None,
+    rows: PeriodRows | None = None,
 ) -> tuple[Any, tuple[str, ...], str]:
+    """``rows``: one period of a column series, filtered on the workers' scans and fingerprinted
+    by its counts (``source.counts_fingerprint``, equal to the local reader's)."""
     check_colocated(spec)
     names, partitioned_dir = list_source_files(str(spec.dataset.source))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(content_fingerprint, names, partitioned_dir, key=key)
+        hashing = (
+            None
+            if rows is not None
+            else pool.submit(content_fingerprint, names, partitioned_dir, key=key)
+        )
         files = SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir)
         dataset = open_dataset(files, spec)
         check_schema(dataset, spec)  # footers only, on the driver
@@ -201,6 +220,7 @@ def _count(
             subsets=subsets,
             partitioning=getattr(dataset, "partitioning", None),
             partitioned_dir=partitioned_dir,
+            rows=rows,
         )
         with open_cluster(spec.execution) if client is None else nullcontext(client) as active:
             if active is None:
@@ -209,9 +229,11 @@ def _count(
                     "not on a cluster"
                 )
             total = _run(active, paths, job)
-        fingerprint = hashing.result()
+        fingerprint = "" if hashing is None else hashing.result()
     total.any_rows |= pruned_rows
-    _raise_input_problems(total, spec)
+    _raise_input_problems(total, spec, rows)
+    if rows is not None:
+        fingerprint = counts_fingerprint(total.counts, key=key)
     return total.counts, files.files, fingerprint
 
 
@@ -252,6 +274,8 @@ class CountJob:
     subsets: Subsets | None
     partitioning: ds.Partitioning | None
     partitioned_dir: str | None
+    rows: PeriodRows | None = None
+    """One period of a column series (its filter is built on the worker)."""
 
 
 def _run(client: Client, paths: list[str], job: CountJob) -> Partial:
@@ -304,7 +328,10 @@ def count_files(paths: list[str], job: CountJob) -> Partial:
         columns = input_columns(spec)
         for fragment in dataset.get_fragments():
             batches = fragment.to_batches(
-                schema=dataset.schema, columns=columns, batch_size=BATCH_ROWS
+                schema=dataset.schema,
+                columns=columns,
+                batch_size=BATCH_ROWS,
+                filter=None if job.rows is None else job.rows.expression(),
             )
             if spec.privacy_unit.person_column is None:
                 for batch in batches:
@@ -392,10 +419,10 @@ def _prebin(table: pa.Table, spec: ReleaseSpec) -> tuple[pa.Table, ReleaseSpec]:
     return table, spec.model_copy(update={"domain": domain})  # decoding only; never validated
 
 
-def _raise_input_problems(total: Partial, spec: ReleaseSpec) -> None:
+def _raise_input_problems(total: Partial, spec: ReleaseSpec, rows: PeriodRows | None) -> None:
     """The error ``source.read_and_encode`` raises for the same input, if any."""
     if not total.any_rows:
-        raise DataError(f"input {spec.dataset.source!r} has no rows")
+        raise no_rows_error(spec, rows)
     person = spec.privacy_unit.person_column
     if total.null_person and person is not None:
         raise null_persons_error(person)

@@ -40,17 +40,19 @@ def describe_unit(spec: ReleaseSpec) -> str:
     return f"{unit.rows_per_person} row(s) per person"
 
 
-def read_cells(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
+def read_cells(spec: ReleaseSpec, plan: Any, key: CatalogKey, *, rows: Any = None) -> Ingested:
+    """``rows``: one period of a column series (``source.PeriodRows``), else every row."""
     if spec.execution.engine == "dask":
         from dprelease.catalog.confidential.dask_count import count_cells_dask as count_cells
     else:
         from dprelease.catalog.confidential.source import count_cells
 
-    counted = count_cells(spec, key=key)
+    counted = count_cells(spec, key=key, rows=rows)
     return _central(spec, counted.cells, counted)
 
 
-def read_marginals(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
+def read_marginals(spec: ReleaseSpec, plan: Any, key: CatalogKey, *, rows: Any = None) -> Ingested:
+    """``rows``: one period of a column series (``source.PeriodRows``), else every row."""
     if spec.execution.engine == "dask":
         from dprelease.catalog.confidential.dask_count import (
             count_marginals_dask as count_marginals,
@@ -59,7 +61,11 @@ def read_marginals(spec: ReleaseSpec, plan: Any, key: CatalogKey) -> Ingested:
         from dprelease.catalog.confidential.marginal_source import count_marginals
 
     counted = count_marginals(
-        spec, subsets=plan.strategy.marginal_subsets, output_rows=plan.num_queries, key=key
+        spec,
+        subsets=plan.strategy.marginal_subsets,
+        output_rows=plan.num_queries,
+        key=key,
+        rows=rows,
     )
     return _central(spec, counted.marginals, counted)
 

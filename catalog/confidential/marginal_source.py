@@ -23,7 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from dprelease.catalog.confidential.choke_point import ProtectedMarginals
-from dprelease.catalog.confidential.source import Counted, protect, read_and_encode
+from dprelease.catalog.confidential.source import (
+    Counted,
+    PeriodRows,
+    counts_fingerprint,
+    protect,
+    read_and_encode,
+)
 from dprelease.catalog.errors import SpecError
 from dprelease.catalog.keys import CatalogKey
 from dprelease.catalog.spec.limits import MAX_RELEASE_CELLS, MAX_RELEASE_QUERIES
@@ -67,20 +73,24 @@ def count_marginals(
     subsets: Sequence[tuple[int, ...]],
     output_rows: int,
     key: CatalogKey | None = None,
+    rows: PeriodRows | None = None,
 ) -> MarginalCountResult:
     """Read, check, bound contributions and count the ``subsets``-marginals of the spec's source.
 
     ``subsets`` are ascending axis tuples (``()`` = the total); ``key`` is the catalog's
-    fingerprint key (default: the default catalog's), as for ``source.count_cells``.
+    fingerprint key (default: the default catalog's) and ``rows`` one period of a column series,
+    as for ``source.count_cells``.
     O(rows) Arrow work for the read and group-by, then O(groups × subsets) numpy; the content
     fingerprint is hashed on a second thread meanwhile.
     """
     check_marginals_runnable(spec, subsets=subsets, output_rows=output_rows)
-    encoded, files, input_fingerprint = read_and_encode(spec, key=key)
+    encoded, files, input_fingerprint = read_and_encode(spec, key=key, rows=rows)
     valid = encoded.valid
     index = [axis_index[valid] for axis_index in encoded.index]
     shape = spec.domain_shape
     tables = project_marginals(index, encoded.counts[valid], shape=shape, subsets=subsets)
+    if rows is not None:  # one period of a column series: fingerprinted by its counts
+        input_fingerprint = counts_fingerprint(tables, key=key)
     protected = protect(ProtectedMarginals, tables, spec)
     return MarginalCountResult(
         marginals=protected, input_fingerprint=input_fingerprint, files=files

@@ -119,6 +119,9 @@ def open_dataset_unchecked(files: SourceFiles, spec: ReleaseSpec) -> ds.Dataset:
     if files.partitioned_dir is not None:
         keys = _partition_keys(files)
         types = {name: _ARROW_TYPES[_expected_type(a)] for name, a in spec.domain.items()}
+        columns = _period_columns(spec)
+        if columns is not None:  # a series' period column as a hive key (``month=2026-03/``)
+            types[columns.column] = _ARROW_TYPES[_period_type(columns)]
         schema = pa.schema([(key, types.get(key, pa.string())) for key in keys])
         partitioning = ds.partitioning(schema, flavor="hive") if keys else None
         return ds.dataset(files.partitioned_dir, format="parquet", partitioning=partitioning)
@@ -187,10 +190,10 @@ def _one_schema_problems(
     schema: pa.Schema, spec: ReleaseSpec, partition_names: set[str], *, file: str | None
 ) -> list[SchemaProblem]:
     problems = []
+    columns = _period_columns(spec)
+    required = input_columns(spec) + ([columns.column] if columns is not None else [])
     missing = [
-        name
-        for name in input_columns(spec)
-        if name not in schema.names and name not in partition_names
+        name for name in required if name not in schema.names and name not in partition_names
     ]
     if missing:
         problems.append(
@@ -202,13 +205,19 @@ def _one_schema_problems(
                 detail=f"columns present: {schema.names}",
             )
         )
-    for name, attribute in spec.domain.items():
+    typed = [
+        (name, _expected_type(attribute), f"the domain ({type(attribute).__name__})", "the domain")
+        for name, attribute in spec.domain.items()
+    ]
+    if columns is not None:
+        period = "series.period.values"
+        typed.append((columns.column, _period_type(columns), period, period))
+    for name, expected, declared, fix in typed:
         if name not in schema.names:
             continue  # missing, or a hive partition key: typed by the partitioning, not the file
         column_type = schema.field(name).type
         if pa.types.is_dictionary(column_type):
             column_type = column_type.value_type
-        expected = _expected_type(attribute)
         ok = {
             "integer": pa.types.is_integer(column_type),
             "numeric": pa.types.is_integer(column_type) or pa.types.is_floating(column_type),
@@ -219,13 +228,21 @@ def _one_schema_problems(
                 SchemaProblem(
                     column=name,
                     file=file,
-                    message=f"column {name!r} does not hold {expected} values, which the domain "
-                    f"({type(attribute).__name__}) needs: fix the data or the domain; "
-                    f"{CUSTODIAN_HINT}",
+                    message=f"column {name!r} does not hold {expected} values, which {declared} "
+                    f"needs: fix the data or {fix}; {CUSTODIAN_HINT}",
                     detail=f"has type {column_type}",
                 )
             )
     return problems
+
+
+def _period_columns(spec: ReleaseSpec) -> Any:
+    """The spec's column periods (``series.period: {column, values}``), or None."""
+    return None if spec.series is None else spec.series.columns
+
+
+def _period_type(columns: Any) -> str:
+    return "string" if isinstance(columns.values[0], str) else "integer"
 
 
 def _expected_type(attribute: Any) -> str:
@@ -244,10 +261,18 @@ def input_columns(spec: ReleaseSpec) -> list[str]:
     return list(spec.domain) + ([person] if person is not None else [])
 
 
-def read_columns(dataset: ds.Dataset, columns: list[str]) -> pa.Table:
-    """Only ``columns`` of every file, dictionary columns decoded. O(rows × columns), Arrow."""
+def read_columns(
+    dataset: ds.Dataset, columns: list[str], *, rows: PeriodRows | None = None
+) -> pa.Table:
+    """Only ``columns`` of every file (only ``rows``' rows: the filter is pushed into the scan, so
+    row groups and hive folders of other periods are skipped), dictionary columns decoded.
+    O(rows × columns), Arrow."""
     try:
-        table = dataset.to_table(columns=columns)
+        table = (
+            dataset.to_table(columns=columns)
+            if rows is None
+            else dataset.to_table(columns=columns, filter=rows.expression())
+        )
     except (pa.ArrowException, OSError):
         raise unreadable("the input") from None
     return decode_dictionaries(table)
@@ -344,6 +369,76 @@ def check_in_domain(spec: ReleaseSpec, *, null: set[str], outside: set[str]) -> 
 
 
 @dataclass(frozen=True, kw_only=True)
+class PeriodRows:
+    """The rows of one declared period of a column series: ``column == value``.  Public (the
+    spec's declaration); ``label`` names the period in messages (``period 3 (2026-03)``)."""
+
+    column: str
+    value: str | int
+    label: str
+
+    def expression(self) -> ds.Expression:
+        return ds.field(self.column) == self.value
+
+
+def period_rows(spec: ReleaseSpec, period: int) -> PeriodRows:
+    """The rows of ``period`` (0-based) of the spec's column series."""
+    columns = _period_columns(spec)
+    if columns is None:
+        raise ValueError(f"spec {spec.name!r} has no column periods")
+    value = columns.values[period]
+    return PeriodRows(column=columns.column, value=value, label=f"period {period + 1} ({value})")
+
+
+def check_period_values(spec: ReleaseSpec) -> None:
+    """With ``on_out_of_domain: error``, refuse a source whose period column holds a null or a
+    value that is no declared period (named by column and rule only, never the value); with
+    ``drop`` those rows are left out by every period's filter and nothing is read here.
+    O(rows) Arrow over one column."""
+    columns = _period_columns(spec)
+    if columns is None or spec.on_out_of_domain != "error":
+        return
+    names, partitioned_dir = list_source_files(str(spec.dataset.source))
+    dataset = open_dataset(
+        SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir), spec
+    )
+    check_schema(dataset, spec)
+    distinct = pc.unique(read_columns(dataset, [columns.column])[columns.column])
+    if distinct.null_count:
+        raise DataError(
+            f"column {columns.column!r} (series.period.column) has null values; each row must "
+            "belong to a declared period: set on_out_of_domain: drop to leave those rows out, "
+            f"or fix the data; {CUSTODIAN_HINT}"
+        )
+    declared = pa.array(columns.values, type=distinct.type)
+    if not pc.all(pc.is_in(distinct, value_set=declared)).as_py():
+        raise DataError(
+            f"column {columns.column!r} (series.period.column) has values that are not "
+            "series.period.values: set on_out_of_domain: drop to leave those rows out, or fix "
+            f"the data or declare the period; {CUSTODIAN_HINT}"
+        )
+
+
+def counts_fingerprint(counts: Any, *, key: CatalogKey | None = None) -> str:
+    """HMAC-SHA256, under the catalog key, of a period's exact counts (a cell vector, or the
+    measured marginal tables keyed by axes): what a column series records for each period.
+
+    Independent of file layout and row order, and equal for ``engine: local`` and ``dask`` (exact
+    integer sums).  It changes with every row moved to another cell, i.e. with every change that
+    would change a published figure.  Privacy: keyed, never a plain hash, so a recorded
+    fingerprint cannot confirm guessed counts.  O(cells counted)."""
+
+    def parts() -> Iterator[bytes]:
+        yield b"dprelease-period-counts/1\0"
+        tables = counts if isinstance(counts, dict) else {None: counts}
+        for axes in sorted(tables, key=repr):
+            yield repr(axes).encode() + b"\0"
+            yield np.ascontiguousarray(np.ravel(tables[axes]), dtype="<f8").tobytes()
+
+    return (key or catalog_key(default_url())).fingerprint(parts())
+
+
+@dataclass(frozen=True, kw_only=True)
 class Counted:
     """Public facts about a counted input: its files and their keyed fingerprint."""
 
@@ -357,10 +452,12 @@ class CountResult(Counted):
 
 
 def read_and_encode(
-    spec: ReleaseSpec, *, key: CatalogKey | None = None
+    spec: ReleaseSpec, *, key: CatalogKey | None = None, rows: PeriodRows | None = None
 ) -> tuple[EncodedGroups, tuple[str, ...], str]:
     """Read the source once, bound contributions, group and encode the rows over the domain, and
     apply ``on_out_of_domain``; return the encoded groups, the files and their keyed fingerprint.
+    ``rows``: only one period's rows of a column series (bounded within it; no file fingerprint,
+    ``""``: the caller fingerprints the period's counts, :func:`counts_fingerprint`).
 
     The one read path of every central input (cells or marginals).  Confidential output; every
     problem is a :class:`DataError` naming the column and the rule only.  O(rows) Arrow work; the
@@ -368,14 +465,18 @@ def read_and_encode(
     """
     names, partitioned_dir = list_source_files(str(spec.dataset.source))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(content_fingerprint, names, partitioned_dir, key=key)
+        hashing = (
+            None
+            if rows is not None
+            else pool.submit(content_fingerprint, names, partitioned_dir, key=key)
+        )
         files = SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir)
         dataset = open_dataset(files, spec)
         check_schema(dataset, spec)
-        table = read_columns(dataset, input_columns(spec))
-        input_fingerprint = hashing.result()
+        table = read_columns(dataset, input_columns(spec), rows=rows)
+        input_fingerprint = "" if hashing is None else hashing.result()
     if table.num_rows == 0:
-        raise DataError(f"input {spec.dataset.source!r} has no rows")
+        raise no_rows_error(spec, rows)
     person = spec.privacy_unit.person_column
     if person is not None:
         table = bound_contributions(
@@ -386,10 +487,22 @@ def read_and_encode(
     return encoded, files.files, input_fingerprint
 
 
-def count_cells(spec: ReleaseSpec, *, key: CatalogKey | None = None) -> CountResult:
+def no_rows_error(spec: ReleaseSpec, rows: PeriodRows | None) -> DataError:
+    if rows is None:
+        return DataError(f"input {spec.dataset.source!r} has no rows")
+    return DataError(
+        f"input {spec.dataset.source!r} has no rows of {rows.label} (column {rows.column!r}): "
+        "deliver that period's data before releasing it"
+    )
+
+
+def count_cells(
+    spec: ReleaseSpec, *, key: CatalogKey | None = None, rows: PeriodRows | None = None
+) -> CountResult:
     """Read, check, bound contributions and count the spec's source into protected cells.
 
-    ``key`` is the catalog's fingerprint key (default: the default catalog's).
+    ``key`` is the catalog's fingerprint key (default: the default catalog's); ``rows``: one
+    period of a column series, fingerprinted by its counts (:func:`counts_fingerprint`).
 
     Privacy: every input problem raises a :class:`DataError` that names the column and the rule,
     never a count, a row or a raw value (those would be an unnoised release, and the message
@@ -397,10 +510,12 @@ def count_cells(spec: ReleaseSpec, *, key: CatalogKey | None = None) -> CountRes
     ``dprelease check``.  Whether a problem exists at all is the only thing a refusal reveals.
     """
     check_runnable(spec)
-    encoded, files, input_fingerprint = read_and_encode(spec, key=key)
+    encoded, files, input_fingerprint = read_and_encode(spec, key=key, rows=rows)
     valid = encoded.valid
     flat = np.ravel_multi_index(tuple(ix[valid] for ix in encoded.index), spec.domain_shape)
     cells = np.bincount(flat, weights=encoded.counts[valid], minlength=spec.num_cells)  # O(groups)
+    if rows is not None:
+        input_fingerprint = counts_fingerprint(cells, key=key)
     protected = protect(ProtectedCells, cells, spec)
     return CountResult(cells=protected, input_fingerprint=input_fingerprint, files=files)
 

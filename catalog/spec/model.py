@@ -43,7 +43,7 @@ from dprelease.catalog.spec.sections import (
     Schedule,
     WorkloadItemSpec,
 )
-from dprelease.catalog.spec.series import SeriesSection, check_series
+from dprelease.catalog.spec.series import SeriesSection, check_series, period_column_partition
 from dprelease.mechanisms import registry
 from dprelease.mechanisms.derived import BinnedColumn, support_item
 from dprelease.mechanisms.primitives.privacy import PrivacyCost, cost_from_dict
@@ -112,7 +112,11 @@ class ReleaseSpec(Strict):
                 "dataset.partitions applies to central releases; a local-model (model: local) "
                 "collection is charged as a whole"
             )
-        if partitions.by == "column" and partitions.column not in self.domain:
+        if (
+            partitions.by == "column"
+            and partitions.column not in self.domain
+            and partitions.column != period_column_partition(self)  # a series' periods
+        ):
             raise ValueError(
                 f"dataset.partitions.column ({partitions.column!r}) must be an attribute of the "
                 f"domain (the partitions are its public cells, never values read from the data); "

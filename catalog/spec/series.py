@@ -1,14 +1,18 @@
 """The ``series`` section of a release spec: one release per period over a declared horizon.
 
 ``series: {period: file, horizon: T, time_workload: [period, cumulative, {rolling: 12}]}``: each
-file of ``dataset.source`` is one period (the files in name order, one released per run); the
+file of ``dataset.source`` is one period (the files in name order, one released per run); or
+``period: {column: NAME, values: [v1, v2, ...]}``: period s is the rows whose column NAME holds
+``values[s]`` (public, declared like a categorical domain; released in that order).  The
 release workload is the time workload (each part published at every period) times the cell
 workload (``workload``).  The horizon plan (:mod:`catalog.planning.series`) fixes a causal
 strategy for all ``T`` periods at the first release; later releases follow it.
 
 Rules (each refused with a message naming the field): Gaussian noise under zCDP only
 (``privacy: {rho: ...}``); event level (``rows_per_person``) needs ``dataset.partitions: {by:
-file}`` (each period is a partition of people, charged its own increment); person level
+file}`` for file periods, ``{column: NAME}`` (the same NAME) for column periods (each period is a
+partition of people, charged its own increment); NAME is the time axis, neither a domain
+attribute nor the person column; person level
 (``person_column``, ``max_rows`` per period) needs no partitions (a person may be in every
 period; charges are sequential on the whole dataset); a central release of count tables with a
 least-squares reconstruction.
@@ -16,9 +20,9 @@ least-squares reconstruction.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Discriminator, Tag, field_validator, model_validator
 
 from dprelease.catalog.spec.domain import Strict
 from dprelease.mechanisms.continual.workloads import time_workload
@@ -28,13 +32,74 @@ MAX_SERIES_HORIZON = 360
 per iteration) and every period is one partition of the ledger."""
 
 TimePart = Literal["period", "cumulative"] | dict[str, int]
+PeriodValue = str | int
+
+
+class ColumnPeriods(Strict):
+    """``period: {column: NAME, values: [...]}``: period s is the rows whose NAME is ``values[s]``."""
+
+    column: str
+    """The time axis: a column of the source, not a domain attribute."""
+    values: list[PeriodValue]
+    """One value per period, in release order (public): all strings or all integers, unique."""
+
+    @field_validator("column")
+    @classmethod
+    def _check_column(cls, column: str) -> str:
+        if not column:
+            raise ValueError("series.period.column must name a column of dataset.source")
+        return column
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _check_values(cls, values: Any) -> Any:
+        if not isinstance(values, list) or not values:
+            raise ValueError(
+                "series.period.values must be a non-empty list (one value of the period column "
+                "per period, in release order)"
+            )
+        kinds = set()
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise ValueError(
+                    f"series.period.values: {value!r} is a {type(value).__name__}; each value "
+                    "must be a string or an integer, as the period column holds them (quote "
+                    "dates: '2026-01-31')"
+                )
+            kinds.add(type(value))
+        if len(kinds) > 1:
+            raise ValueError(
+                "series.period.values mixes strings and integers; the period column holds one "
+                "type: give all values as strings or all as integers"
+            )
+        seen: set[PeriodValue] = set()
+        for value in values:
+            if value in seen:
+                raise ValueError(
+                    f"series.period.values lists {value!r} twice; each period is one value"
+                )
+            seen.add(value)
+        return values
+
+    def partition(self, period: int) -> str:
+        """The ledger partition of ``period`` (0-based): ``NAME=<value>``."""
+        return f"{self.column}={self.values[period]}"
+
+
+def _period_kind(raw: Any) -> str:
+    """Which shape ``series.period`` has: a mapping is column periods, anything else ``file``."""
+    return "column" if isinstance(raw, dict | ColumnPeriods) else "file"
 
 
 class SeriesSection(Strict):
     """``series:`` of a spec (module docstring)."""
 
-    period: str
-    """``file``: each file of ``dataset.source`` is one period (its partition), in name order."""
+    period: Annotated[
+        Annotated[str, Tag("file")] | Annotated[ColumnPeriods, Tag("column")],
+        Discriminator(_period_kind),
+    ]
+    """``file``: each file of ``dataset.source`` is one period (its partition), in name order;
+    ``{column: NAME, values: [...]}``: the rows of each declared value of NAME, in that order."""
     horizon: int
     """How many periods the series has: its plan covers exactly these; a release past it is refused."""
     time_workload: list[TimePart]
@@ -43,12 +108,12 @@ class SeriesSection(Strict):
 
     @field_validator("period")
     @classmethod
-    def _check_period(cls, period: str) -> str:
-        if period != "file":
+    def _check_period(cls, period: str | ColumnPeriods) -> str | ColumnPeriods:
+        if isinstance(period, str) and period != "file":
             raise ValueError(
                 f"series.period ({period!r}) must be 'file' (each file of dataset.source is one "
-                "period); periods given by a column's values are not supported: write one file "
-                "per period"
+                "period) or {column: NAME, values: [...]} (the rows of each declared value of "
+                "column NAME)"
             )
         return period
 
@@ -61,6 +126,16 @@ class SeriesSection(Strict):
                 "(the number of periods the plan covers)"
             )
         return horizon
+
+    @model_validator(mode="after")
+    def _check_values_cover_horizon(self) -> SeriesSection:
+        columns = self.columns
+        if columns is not None and len(columns.values) != self.horizon:
+            raise ValueError(
+                f"series.period.values lists {len(columns.values)} values and series.horizon is "
+                f"{self.horizon}: declare exactly one value per period of the horizon"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_time_workload(self) -> SeriesSection:
@@ -78,6 +153,16 @@ class SeriesSection(Strict):
         except ValueError as exc:
             raise ValueError(f"series.time_workload: {exc}") from None
         return self
+
+    @property
+    def columns(self) -> ColumnPeriods | None:
+        """The column periods, or None for file periods."""
+        return self.period if isinstance(self.period, ColumnPeriods) else None
+
+    def period_label(self, period: int) -> str | None:
+        """The declared value of ``period`` (0-based) as text, None for file periods."""
+        columns = self.columns
+        return None if columns is None else str(columns.values[period])
 
     def part_names(self) -> list[str]:
         """One name per time part, in order: ``period``, ``cumulative``, ``rolling12``."""
@@ -109,8 +194,18 @@ def check_series(spec: Any) -> None:
     if spec.model != "central":
         raise ValueError("series applies to central releases (model: central)")
     partitions = spec.dataset.partitions
+    columns = series.columns
+    if columns is not None:
+        _check_period_column(spec, columns.column)
     if spec.privacy_unit.person_column is None:
-        if partitions is None or partitions.by != "file":
+        if columns is not None and (partitions is None or partitions.column != columns.column):
+            raise ValueError(
+                f"series at event level (privacy_unit.rows_per_person) with periods of column "
+                f"{columns.column!r} needs dataset.partitions: {{column: {columns.column}}}: each "
+                "period's rows hold other people, and each release charges every period it "
+                "reads its own increment"
+            )
+        if columns is None and (partitions is None or partitions.by != "file"):
             raise ValueError(
                 "series at event level (privacy_unit.rows_per_person) needs dataset.partitions: "
                 "{by: file}: each period's file holds other people, and each release charges "
@@ -133,3 +228,28 @@ def check_series(spec: Any) -> None:
             f"series needs reconstruct: least_squares (got {spec.reconstruct!r}): each "
             "published figure is a linear combination of the periods' measurements"
         )
+
+
+def _check_period_column(spec: Any, column: str) -> None:
+    """The period column is the time axis: neither a domain attribute nor the person column."""
+    if column in spec.domain:
+        raise ValueError(
+            f"series.period.column ({column!r}) is an attribute of the domain; the period column "
+            "is the time axis, not a cell dimension: remove it from the domain (its values are "
+            "series.period.values)"
+        )
+    if column == spec.privacy_unit.person_column:
+        raise ValueError(
+            f"series.period.column ({column!r}) is privacy_unit.person_column; the period column "
+            "is the time axis: name the column that holds each row's period"
+        )
+
+
+def period_column_partition(spec: Any) -> str | None:
+    """The period column of a column series whose partitions are its periods, else None."""
+    series = spec.series
+    columns = None if series is None else series.columns
+    partitions = spec.dataset.partitions
+    if columns is None or partitions is None or partitions.column != columns.column:
+        return None
+    return columns.column
