@@ -16,10 +16,10 @@ from prefect import Flow, flow
 from dprelease.catalog import release
 from dprelease.catalog.engine import Execution, open_cluster, with_execution
 from dprelease.catalog.ledger.database import default_url
-from dprelease.catalog.ledger.store import Catalog, SkippedRelease
-from dprelease.flows.notify import notify_reviewers_task
+from dprelease.catalog.ledger.store import SkippedRelease
 from dprelease.flows.series_flow import release_period
 from dprelease.flows.server import state_home
+from dprelease.flows.staging import MeasuredStages, stage_after_charge
 from dprelease.flows.watchdog import RunWatchdog, stage_timeout_seconds
 from dprelease.tasks.stages import (
     ingest_task,
@@ -28,7 +28,6 @@ from dprelease.tasks.stages import (
     plan_task,
     reconstruct_task,
     register_task,
-    stage_task,
     validate_task,
 )
 
@@ -79,11 +78,8 @@ def release_flow(
             )
         if isinstance(spent_before, SkippedRelease):
             return spent_before  # nothing read, nothing charged
-        watchdog.set_release(release_id)
-        watchdog.on_stop = lambda reason: release.mark_stopped(
-            Catalog(catalog_url), release_id, directory, status="failed"
-        )
-        try:
+
+        def measured_input() -> MeasuredStages:
             with watchdog.stage("ingest"):
                 ingested = ingest_task(spec, plan, catalog_url)
             with watchdog.stage("measure"):
@@ -92,26 +88,11 @@ def release_flow(
                 tables = reconstruct_task(spec, plan, measurement)
             with watchdog.stage("validate"):
                 validation = validate_task(tables, plan, str(directory))
-            with watchdog.stage("stage"):
-                staged = stage_task(
-                    spec,
-                    plan,
-                    release_id,
-                    str(directory),
-                    ingested,
-                    measurement,
-                    tables,
-                    validation,
-                    spent_before,
-                    catalog_url,
-                )
-            with watchdog.stage("notify"):
-                notify_reviewers_task(catalog_url, staged.release_id)  # review.notify; never raises
-            return staged
-        except BaseException as stopped:
-            status = "aborted" if isinstance(stopped, KeyboardInterrupt) else "failed"
-            release.mark_stopped(Catalog(catalog_url), release_id, directory, status=status)
-            raise
+            return ingested, measurement, tables, validation
+
+        return stage_after_charge(
+            watchdog, spec, plan, release_id, directory, spent_before, catalog_url, measured_input
+        )
 
 
 def run_release(

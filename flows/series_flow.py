@@ -1,6 +1,6 @@
 """One period of a series inside the ``release`` flow: register → measure → reconstruct →
 validate → stage, each stage under the run's watchdog (the tasks of ``tasks/series.py``; staging
-and notification are the release's own)."""
+and notification are the release's own, :func:`flows.staging.stage_after_charge`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 from dprelease.catalog import release
 from dprelease.catalog.confidential.inputs import Ingested, describe_unit
-from dprelease.catalog.ledger.store import Catalog, SkippedRelease
+from dprelease.catalog.ledger.store import SkippedRelease
 from dprelease.catalog.planning.planner import Plan
 from dprelease.catalog.spec.model import ReleaseSpec
-from dprelease.flows.notify import notify_reviewers_task
+from dprelease.flows.staging import MeasuredStages, stage_after_charge
 from dprelease.tasks.series import (
     series_cell_plan_task,
     series_measure_task,
@@ -20,7 +20,6 @@ from dprelease.tasks.series import (
     series_register_task,
     series_validate_task,
 )
-from dprelease.tasks.stages import stage_task
 
 
 def release_period(
@@ -47,11 +46,8 @@ def release_period(
     if isinstance(registered, SkippedRelease):
         return registered  # nothing read, nothing charged
     step, spent_before = registered
-    watchdog.set_release(release_id)
-    watchdog.on_stop = lambda reason: release.mark_stopped(
-        Catalog(catalog_url), release_id, directory, status="failed"
-    )
-    try:
+
+    def measured_period() -> MeasuredStages:
         with watchdog.stage("measure"):
             measurement, files, fingerprint = series_measure_task(
                 spec, plan, step, catalog_url, release_id
@@ -66,23 +62,8 @@ def release_period(
             files=tuple(str(Path(f)) for f in files),
             privacy_unit=describe_unit(spec),
         )
-        with watchdog.stage("stage"):
-            staged = stage_task(
-                spec,
-                plan,
-                release_id,
-                str(directory),
-                ingested,
-                measurement,
-                tables,
-                validation,
-                spent_before,
-                catalog_url,
-            )
-        with watchdog.stage("notify"):
-            notify_reviewers_task(catalog_url, staged.release_id)
-        return staged
-    except BaseException as stopped:
-        status = "aborted" if isinstance(stopped, KeyboardInterrupt) else "failed"
-        release.mark_stopped(Catalog(catalog_url), release_id, directory, status=status)
-        raise
+        return ingested, measurement, tables, validation
+
+    return stage_after_charge(
+        watchdog, spec, plan, release_id, directory, spent_before, catalog_url, measured_period
+    )
