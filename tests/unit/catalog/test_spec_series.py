@@ -125,3 +125,95 @@ def test_a_person_level_series_without_partitions_parses() -> None:
     raw["dataset"] = {"id": "monthly", "source": "data/", "budget": {"rho": 2.0}}
     spec = parse_spec(raw)
     assert spec.privacy_unit.contribution_bound == 2
+
+
+MONTHS = ["2026-01", "2026-02", "2026-03"]
+
+
+def raw_column_series(**period: Any) -> dict[str, Any]:
+    """An event-level series whose periods are the values of column ``month``."""
+    raw = raw_series_spec()
+    raw["dataset"]["partitions"] = {"column": "month"}
+    raw["series"] = {
+        "period": {"column": "month", "values": list(MONTHS)} | period,
+        "horizon": 3,
+        "time_workload": ["cumulative"],
+    }
+    return raw
+
+
+def test_column_periods_parse_with_their_partitions_and_labels() -> None:
+    spec = parse_spec(raw_column_series())
+    assert spec.series is not None and spec.series.columns is not None
+    assert [spec.series.columns.partition(t) for t in range(3)] == [
+        "month=2026-01",
+        "month=2026-02",
+        "month=2026-03",
+    ]
+    assert spec.series.period_label(1) == "2026-02"
+    raw = raw_column_series(column="year", values=[2024, 2025, 2026])
+    raw["dataset"]["partitions"] = {"column": "year"}
+    assert parse_spec(raw).series.columns.partition(2) == "year=2026"  # type: ignore[union-attr]
+    assert parse_spec(raw_series_spec()).series.columns is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("period", "needle"),
+    [
+        ({"values": ["2026-01", "2026-02"]}, "lists 2 values and series.horizon is 3"),
+        ({"values": ["2026-01", "2026-02", "2026-01"]}, "lists '2026-01' twice"),
+        ({"values": ["2026-01", 2, "2026-03"]}, "mixes strings and integers"),
+        ({"values": ["2026-01", True, "2026-03"]}, "True is a bool"),
+        ({"values": [1.5, 2.5, 3.5]}, "1.5 is a float"),
+        ({"values": []}, "series.period.values must be a non-empty list"),
+        ({"values": "2026-01"}, "series.period.values must be a non-empty list"),
+        ({"column": ""}, "series.period.column must name a column"),
+        ({"every": "month"}, "every"),
+    ],
+)
+def test_malformed_column_periods_are_refused_naming_the_field(
+    period: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(SpecError, match=r"series\.period") as info:
+        parse_spec(raw_column_series(**period))
+    assert needle in str(info.value)
+
+
+def test_a_date_value_is_refused_with_the_hint_to_quote_it() -> None:
+    import datetime
+
+    raw = raw_column_series(values=[datetime.date(2026, m, 1) for m in (1, 2, 3)])
+    with pytest.raises(SpecError, match=r"is a date; each value must be a string or an integer"):
+        parse_spec(raw)
+
+
+def test_a_period_column_breaking_a_cross_field_rule_is_refused() -> None:
+    in_domain = raw_column_series(column="region")
+    in_domain["dataset"]["partitions"] = {"column": "region"}
+    with pytest.raises(SpecError, match=r"series.period.column \('region'\) is an attribute"):
+        parse_spec(in_domain)
+    person = raw_column_series(column="pid")
+    person["privacy_unit"] = {"person_column": "pid", "max_rows": 2}
+    person["dataset"].pop("partitions")
+    with pytest.raises(SpecError, match=r"series.period.column \('pid'\) is privacy_unit.person"):
+        parse_spec(person)
+    for partitions in (None, {"by": "file"}, {"column": "region"}):
+        raw = raw_column_series()
+        raw["dataset"].pop("partitions")
+        if partitions is not None:
+            raw["dataset"]["partitions"] = partitions
+        with pytest.raises(SpecError, match=r"needs dataset.partitions: \{column: month\}"):
+            parse_spec(raw)
+    people = raw_column_series()
+    people["privacy_unit"] = {"person_column": "pid", "max_rows": 2}
+    with pytest.raises(SpecError, match=r"takes no dataset\.partitions"):
+        parse_spec(people)
+    people["dataset"].pop("partitions")
+    assert parse_spec(people).series is not None  # person level: no partitions
+
+
+def test_a_partition_column_outside_the_domain_is_still_refused_without_column_periods() -> None:
+    raw = raw_series_spec(series=None)
+    raw["dataset"]["partitions"] = {"column": "month"}
+    with pytest.raises(SpecError, match=r"dataset.partitions.column \('month'\) must be"):
+        parse_spec(raw)
