@@ -284,23 +284,13 @@ def identity_problems(catalog: Catalog, dataset_id: str) -> list[str]:
     return problems
 
 
-def _record(
-    catalog: Catalog,
-    *,
-    dataset_id: str,
-    action: str,
-    public: PublicKey,
-    name: str,
-    roles: tuple[str, ...],
-    signer: SigningKey,
-) -> str:
+def _append_entries(catalog: Catalog, dataset_id: str, records: list[ZeroCostRecord]) -> list[str]:
+    """Append identity entries to ``dataset_id``'s ledger in one transaction (all or none);
+    their receipt ids, in order."""
     prepared(catalog)
-    record = _signed_record(
-        dataset_id=dataset_id, action=action, public=public, name=name, roles=roles, signer=signer
-    )
     return catalog.append_records(
-        dataset_id=dataset_id, release_id=LEDGER_RELEASE_ID, records=[record]
-    )[0]
+        dataset_id=dataset_id, release_id=LEDGER_RELEASE_ID, records=records
+    )
 
 
 def _signed_record(
@@ -415,8 +405,7 @@ def register_key(
                 f"key {public.key_id} is the only custodian of dataset {dataset_id!r}: register "
                 "another custodian before taking the role away"
             )
-    return _record(
-        catalog,
+    record = _signed_record(
         dataset_id=dataset_id,
         action="register",
         public=public,
@@ -424,6 +413,7 @@ def register_key(
         roles=wanted,
         signer=signer,
     )
+    return _append_entries(catalog, dataset_id, [record])[0]
 
 
 def revoke_key(catalog: Catalog, *, dataset_id: str, key_id: str, signer: SigningKey) -> str:
@@ -438,8 +428,7 @@ def revoke_key(catalog: Catalog, *, dataset_id: str, key_id: str, signer: Signin
             f"key {key_id} is the only custodian of dataset {dataset_id!r}: register another "
             "custodian before revoking it"
         )
-    return _record(
-        catalog,
+    record = _signed_record(
         dataset_id=dataset_id,
         action="revoke",
         public=state.public,
@@ -447,6 +436,7 @@ def revoke_key(catalog: Catalog, *, dataset_id: str, key_id: str, signer: Signin
         roles=(),
         signer=signer,
     )
+    return _append_entries(catalog, dataset_id, [record])[0]
 
 
 def rotate_key(
@@ -473,7 +463,6 @@ def rotate_key(
             "replaces a key by a new one (create a new key)"
         )
     _check_custodian(current, signer, doing=f"rotate keys on dataset {dataset_id!r}")
-    prepared(catalog)
     records = [
         _signed_record(
             dataset_id=dataset_id,
@@ -488,7 +477,5 @@ def rotate_key(
             ("revoke", old.public, old.name, ()),
         )
     ]
-    registered, revoked = catalog.append_records(
-        dataset_id=dataset_id, release_id=LEDGER_RELEASE_ID, records=records
-    )
+    registered, revoked = _append_entries(catalog, dataset_id, records)
     return registered, revoked
