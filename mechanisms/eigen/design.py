@@ -26,6 +26,7 @@ chapters 4-5 (also Li & Miklau, PVLDB 5(6), 2012 and ICDT 2013).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,14 +139,12 @@ class EigenDesignStrategy:
     noise: NoiseKind
     source: StrategySource
     """Which candidate was returned: the optimised weights, or the SVD-bound weights (completed)."""
-    total_error: float
-    """``sensitivity(A)^2 * trace(G (A^T A)^+)`` for the input Gram (noise variance P = 1)."""
+    gram: np.ndarray
+    """The input Gram G (public), for :attr:`total_error` and :attr:`svd_bound` on demand."""
     total_error_before_completion: float
     """The same for the weighted eigen-queries alone (steps 1-3 of Program 5.1.2)."""
     alternative_total_error: float
     """Completed error of the candidate not returned (``nan`` if it was not evaluated)."""
-    svd_bound: float
-    """Lower bound on ``total_error`` under L2 (Thm 4.1): max(SVDB, SVDB+) of the input Gram."""
     solver_iterations: int
     """L-BFGS-B iterations summed over all weighting programs solved."""
     solver_relative_gap: float
@@ -157,6 +156,31 @@ class EigenDesignStrategy:
         for field_name in ("A", "weights", "eigenvalues_kept", "completion_weights"):
             object.__setattr__(self, field_name, read_only(getattr(self, field_name), np.float64))
         object.__setattr__(self, "column_of_cell", read_only(self.column_of_cell, np.intp))
+        gram = np.asarray(self.gram, dtype=np.float64).view()  # no O(n^2) copy
+        gram.setflags(write=False)
+        object.__setattr__(self, "gram", gram)
+
+    @functools.cached_property
+    def _representatives(self) -> np.ndarray:
+        """The first cell of each minimised column (the columns ``A`` was expanded from)."""
+        _, first = np.unique(self.column_of_cell, return_index=True)
+        return first[self.column_of_cell[first] >= 0]
+
+    @functools.cached_property
+    def total_error(self) -> float:
+        """``sensitivity(A)^2 * trace(G (A^T A)^+)`` for the input Gram (noise variance P = 1),
+        evaluated against the whole minimised Gram, not only its kept eigenvalues.  O(n^3) on
+        first access; a plan never reads it."""
+        cells = self._representatives
+        strategy = self.A[:, cells]
+        return _trace_gram_pinv(strategy.T @ strategy, gram=self.gram[np.ix_(cells, cells)])
+
+    @functools.cached_property
+    def svd_bound(self) -> float:
+        """Lower bound on :attr:`total_error` under L2 (Thm 4.1): max(SVDB, SVDB+) of the input
+        Gram.  O(n^3) on first access; a plan never reads it."""
+        cells = self._representatives
+        return max(svd_bound_gram(self.gram), svd_bound_gram(self.gram[np.ix_(cells, cells)]))
 
 
 def _check_positive_int(name: str, value: int) -> int:
@@ -616,8 +640,8 @@ def eigen_design(
     ``gram`` is ``G = W^T W`` (n x n, PSD); ``noise`` ``"gaussian"`` (L2 sensitivity) or
     ``"laplace"`` (L1).  The weighting stops at a primal-dual gap ``<= solver_rtol`` or after
     ``max_iterations`` L-BFGS-B iterations.  ``A`` has sensitivity 1 in the chosen norm;
-    ``total_error`` is its exact error on G.  O(n^3) (eigen-decomposition, error evaluation), each
-    weighting evaluation O(n r).  *Privacy*: reads only the public workload; spends no budget.
+    ``total_error`` (on demand) is its exact error on G.  O(n^3) (eigen-decomposition, the
+    completed candidates' errors), each weighting evaluation O(n r).  *Privacy*: reads only the public workload; spends no budget.
     """
     _validated_design_options(noise, solver_rtol, max_iterations)
     gram = validate_gram(gram, nonzero=True)
@@ -632,23 +656,16 @@ def eigen_design(
         solver_rtol=solver_rtol,
         max_iterations=max_iterations,
     )
-    strategy_on_columns = _strategy_matrix(candidate, spectrum)
-    # The error is re-evaluated against the full minimised Gram, not only its kept eigenvalues.
-    error_factor = _trace_gram_pinv(
-        strategy_on_columns.T @ strategy_on_columns, gram=minimized.gram
-    )
-    lower_bound = max(svd_bound_gram(gram), svd_bound_gram(minimized.gram))
     return EigenDesignStrategy(
-        A=minimized.expand_strategy(strategy_on_columns),
+        A=minimized.expand_strategy(_strategy_matrix(candidate, spectrum)),
         weights=candidate.row_weights,
         eigenvalues_kept=spectrum.eigenvalues,
         completion_weights=candidate.completion_weights,
         noise=noise,
         source=source,
-        total_error=error_factor,
+        gram=gram,
         total_error_before_completion=candidate.total_error_before_completion,
         alternative_total_error=alternative,
-        svd_bound=lower_bound,
         solver_iterations=iterations,
         solver_relative_gap=gap,
         column_of_cell=minimized.column_of_cell,

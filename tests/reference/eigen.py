@@ -13,7 +13,7 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -424,21 +424,39 @@ def eigen_design_from_spectrum(
         solver_rtol=solver_rtol,
         max_iterations=max_iterations,
     )
-    return EigenDesignStrategy(
+    return SpectrumDesign(
         A=_strategy_matrix(candidate, spectrum),
         weights=candidate.row_weights,
         eigenvalues_kept=spectrum.eigenvalues,
         completion_weights=candidate.completion_weights,
         noise=noise,
         source=source,
-        total_error=candidate.total_error,
+        spectrum_total_error=candidate.total_error,
         total_error_before_completion=candidate.total_error_before_completion,
         alternative_total_error=alternative,
-        svd_bound=svd_bound_from_spectrum(spectrum),
+        spectrum_svd_bound=svd_bound_from_spectrum(spectrum),
         solver_iterations=iterations,
         solver_relative_gap=gap,
         column_of_cell=np.arange(spectrum.n_cells),
     )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SpectrumDesign(EigenDesignStrategy):
+    """An Eigen-Design result from a known spectrum: no dense Gram is held; the total error (on
+    ``Q diag(sigma) Q^T``) and the SVD bound come from the spectrum."""
+
+    gram: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    spectrum_total_error: float
+    spectrum_svd_bound: float
+
+    @property
+    def total_error(self) -> float:  # type: ignore[override]
+        return self.spectrum_total_error
+
+    @property
+    def svd_bound(self) -> float:  # type: ignore[override]
+        return self.spectrum_svd_bound
 
 
 def spectrum_gram(spectrum: WorkloadSpectrum) -> np.ndarray:
