@@ -38,20 +38,16 @@ from dprelease.catalog.confidential.marginal_source import (
 from dprelease.catalog.confidential.source import (
     CountResult,
     PeriodRows,
-    SourceFiles,
     bound_contributions,
     check_in_domain,
-    check_schema,
-    content_fingerprint,
     counts_fingerprint,
     decode_dictionaries,
     encode_groups,
     group_counts,
     input_columns,
-    list_source_files,
     no_rows_error,
     null_persons_error,
-    open_dataset,
+    open_source,
     protect,
     unreadable,
 )
@@ -204,22 +200,14 @@ def _count(
     """``rows``: one period of a column series, filtered on the workers' scans and fingerprinted
     by its counts (``source.counts_fingerprint``, equal to the local reader's)."""
     check_colocated(spec)
-    names, partitioned_dir = list_source_files(str(spec.dataset.source))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = (
-            None
-            if rows is not None
-            else pool.submit(content_fingerprint, names, partitioned_dir, key=key)
-        )
-        files = SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir)
-        dataset = open_dataset(files, spec)
-        check_schema(dataset, spec)  # footers only, on the driver
+        files, dataset, hashing = open_source(spec, pool, key=key, rows=rows)  # on the driver
         paths, pruned_rows = _select_fragments(dataset, spec)
         job = CountJob(
             spec=spec,
             subsets=subsets,
             partitioning=getattr(dataset, "partitioning", None),
-            partitioned_dir=partitioned_dir,
+            partitioned_dir=files.partitioned_dir,
             rows=rows,
         )
         with open_cluster(spec.execution) if client is None else nullcontext(client) as active:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import glob as globlib
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -451,6 +451,28 @@ class CountResult(Counted):
     cells: ProtectedCells
 
 
+def open_source(
+    spec: ReleaseSpec,
+    hashing_pool: ThreadPoolExecutor,
+    *,
+    key: CatalogKey | None,
+    rows: PeriodRows | None,
+) -> tuple[SourceFiles, ds.Dataset, Future[str] | None]:
+    """The source's files opened as one dataset, its schema checked (footers only), and their
+    keyed fingerprint hashing on ``hashing_pool`` meanwhile (None for ``rows``, one period of a
+    column series: its counts are fingerprinted instead).  O(files) here, O(bytes) on the pool."""
+    names, partitioned_dir = list_source_files(str(spec.dataset.source))
+    hashing = (
+        None
+        if rows is not None
+        else hashing_pool.submit(content_fingerprint, names, partitioned_dir, key=key)
+    )
+    files = SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir)
+    dataset = open_dataset(files, spec)
+    check_schema(dataset, spec)
+    return files, dataset, hashing
+
+
 def read_and_encode(
     spec: ReleaseSpec, *, key: CatalogKey | None = None, rows: PeriodRows | None = None
 ) -> tuple[EncodedGroups, tuple[str, ...], str]:
@@ -463,16 +485,8 @@ def read_and_encode(
     problem is a :class:`DataError` naming the column and the rule only.  O(rows) Arrow work; the
     fingerprint is hashed on a second thread meanwhile (hashlib releases the GIL).
     """
-    names, partitioned_dir = list_source_files(str(spec.dataset.source))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = (
-            None
-            if rows is not None
-            else pool.submit(content_fingerprint, names, partitioned_dir, key=key)
-        )
-        files = SourceFiles(files=names, fingerprint="", partitioned_dir=partitioned_dir)
-        dataset = open_dataset(files, spec)
-        check_schema(dataset, spec)
+        files, dataset, hashing = open_source(spec, pool, key=key, rows=rows)
         table = read_columns(dataset, input_columns(spec), rows=rows)
         input_fingerprint = "" if hashing is None else hashing.result()
     if table.num_rows == 0:
