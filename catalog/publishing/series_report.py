@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,12 @@ class SeriesHistory:
     plan_sha256: str
     periods: tuple[PublishedPeriod, ...]
     left_out: tuple[str, ...]
+    values: dict[int, str] = field(default_factory=dict)
+    """Column periods: each shown period's declared value (``2026-03``), named with its number."""
+
+    def label(self, period: int) -> str:
+        value = self.values.get(period)
+        return str(period) if value is None else f"{period} ({value})"
 
 
 def series_details(manifest: dict[str, Any]) -> dict[str, Any] | None:
@@ -76,6 +82,7 @@ def series_history(
         return None
     current = int(own["period"])
     found: dict[int, PublishedPeriod] = {}
+    values = {current: str(own["period_value"])} if "period_value" in own else {}
     left_out: list[str] = []
     skipped: set[int] = set()
     for record in catalog.releases(dataset_id=manifest["dataset_id"], status="published"):
@@ -111,6 +118,8 @@ def series_history(
             skipped.add(period)
             continue
         found[period] = PublishedPeriod(period=period, release_id=record.id, tables=read)
+        if "period_value" in details:
+            values[period] = str(details["period_value"])
     missing = [p for p in range(1, current) if p not in found and p not in skipped]
     if missing:
         left_out.append(
@@ -124,6 +133,7 @@ def series_history(
         plan_sha256=str(own["plan_sha256"]),
         periods=(*(found[p] for p in sorted(found)), this),
         left_out=tuple(left_out),
+        values=values,
     )
 
 
@@ -202,11 +212,13 @@ def series_section(history: SeriesHistory, table_names: list[str], parts: list[s
         "tables": {name: chart_data(history, name) for name in charted},
     }
     labels = [
-        f"{p.period}*" if p.period == history.period else str(p.period) for p in history.periods
+        f"{history.label(p.period)}*" if p.period == history.period else history.label(p.period)
+        for p in history.periods
     ]
     out = [
         "<section id='series'><h2>Series over time</h2>",
-        f"<p>Period <b>{history.period}</b> of <b>{history.horizon}</b> "
+        f"<p>Period <b>{html.escape(history.label(history.period))}</b> of "
+        f"<b>{history.horizon}</b> "
         f"(plan sha256 <code>{html.escape(history.plan_sha256)}</code>). Each chart shows one row "
         "of a table as published at every period released so far (* this release): the estimate "
         "and its published 95% interval as a band. Published figures never change; every number "

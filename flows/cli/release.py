@@ -229,16 +229,19 @@ def _series_summary(spec: Any, result: Plan) -> dict[str, Any]:
     from dprelease.catalog.series import recorded_periods, recorded_plan
 
     catalog = Catalog()
+    columns = spec.series.columns  # column periods: each period named by its declared value
+    values = {} if columns is None else {"period_values": list(columns.values)}
     recorded = recorded_plan(catalog, spec) if spec.dataset.id in catalog.dataset_ids() else None
     if recorded is None:
-        return {"series": make_series_plan(spec, result).summary() | {"recorded": False}}
+        return {"series": make_series_plan(spec, result).summary() | {"recorded": False} | values}
     if recorded.spec_key != spec_key(spec):
         summary = make_series_plan(spec, result).summary()
-        return {"series": summary | {"recorded": True, "follows_recorded": False}}
+        return {"series": summary | {"recorded": True, "follows_recorded": False} | values}
     released = len(recorded_periods(catalog, spec))
     return {
         "series": recorded.summary()
         | {"recorded": True, "follows_recorded": True, "periods_released": released}
+        | values
     }
 
 
@@ -273,8 +276,10 @@ def _print_series(summary: dict[str, Any]) -> None:
     table.add_column("period", justify="right")
     for name in names:
         table.add_column(name, justify="right")
+    values = summary.get("period_values")
     for t in range(summary["horizon"]):
-        table.add_row(str(t + 1), *(f"{summary['std_errors_by_period'][n][t]:.4g}" for n in names))
+        period = str(t + 1) if values is None else f"{t + 1} ({values[t]})"
+        table.add_row(period, *(f"{summary['std_errors_by_period'][n][t]:.4g}" for n in names))
     table.add_row("worst", *(f"{summary['worst_std_error'][n]:.4g}" for n in names))
     stdout.print(table)
 
