@@ -380,3 +380,27 @@ def test_column_periods_counted_on_dask_publish_what_the_local_reader_publishes(
     # period 1, counted locally, was re-read on the cluster and its counts' fingerprint agreed
     # (else the release of period 2 is refused as a changed past period)
     assert len(series.recorded_periods(mixed, local_spec)) == 2
+
+
+def test_integer_periods_are_read_by_value_and_a_column_of_another_type_is_refused(
+    tmp_path: Path, zero_noise: Any
+) -> None:
+    source = tmp_path / "years.parquet"
+    raw = raw_column_series(column="year", values=[2024, 2025, 2026])
+    raw["dataset"] |= {"source": str(source), "partitions": {"column": "year"}}
+    raw["series"]["time_workload"] = ["period"]
+    spec = parse_spec(raw)
+    rng = np.random.default_rng(3)  # public randomness: synthetic test data
+    years = pa.array(rng.choice([2024, 2025, 2026], 90), pa.int32())
+    table = pa.table(
+        {"year": years, "region": rng.choice(["n", "s", "e"], 90), "age": rng.integers(0, 4, 90)}
+    )
+    pq.write_table(table, source)
+    assert period_rows(spec, 1).label == "period 2 (2025)"
+    published = release_tables(spec, Catalog(), tmp_path / "out")["by_region.period"]
+    rows = table.filter(pa.compute.equal(table["year"], 2024))["region"].to_pylist()
+    exact = [rows.count(region) for region in published["region"].to_pylist()]
+    np.testing.assert_allclose(published["estimate"].to_numpy(), exact, atol=1e-9)
+    pq.write_table(table.set_column(0, "year", years.cast(pa.string())), source)
+    with pytest.raises(DataError, match=r"column 'year' does not hold integer values, which "):
+        count_cells(spec, key=Catalog().key, rows=period_rows(spec, 0))
