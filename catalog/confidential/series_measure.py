@@ -32,7 +32,7 @@ def read_period(
         if period is None:
             raise ValueError("a column series reads a period by its index")
         reader = READERS[plan.mechanism.input_kind]
-        return reader(spec, plan, key, rows=period_rows(spec, period))  # type: ignore[call-arg]
+        return reader(spec, plan, key, rows=period_rows(spec, period))
     single = spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"source": path})})
     return READERS[plan.mechanism.input_kind](single, plan, key)
 
