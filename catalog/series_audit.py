@@ -1,12 +1,14 @@
 """What ``dprelease show``, ``budget`` and ``verify`` say about a series (public facts only: the
 recorded plan, the periods' files, release ids and fingerprints, ledger charges, published rows).
 
-- :func:`series_summary` (show): the series, period t of T, the plan digest and each partition's
-  charge next to what the plan sets for it.
+- :func:`series_summary` (show): the series, period t of T (named by its file, or by
+  ``NAME=<value>`` for column periods), the plan digest and each partition's charge next to what
+  the plan sets for it.
 - :func:`series_budget` (budget): per period's partition, the ρ the plan sets over the horizon and
   what the series has spent on it so far.
 - :func:`series_problems` (verify): the release is its series' recorded period (plan digest,
-  period row, fingerprint), its charges are the plan's increments, and its published rows are
+  period row, fingerprint: the file's, or for column periods the period's value and the keyed
+  fingerprint of its counts), its charges are the plan's increments, and its published rows are
   exactly the estimates the recorded plan derives from the recorded (noisy) measurements.
 
 Reads the catalog only; never creates a table (an auditor's login may not).  Cost: O(ledger

@@ -33,6 +33,7 @@ from dprelease.catalog.confidential.source import (
     schema_problems,
 )
 from dprelease.catalog.errors import SpecError
+from dprelease.catalog.spec.domain import Categorical
 from dprelease.catalog.spec.model import ReleaseSpec
 
 EXAMPLES = 5  # distinct out-of-domain values shown per column, most rows first
@@ -151,7 +152,11 @@ def check_data(spec: ReleaseSpec) -> CheckReport:
     if None in unusable:  # an unreadable file: no rows can be trusted
         return base
     person = spec.privacy_unit.person_column
-    attributes = [name for name in spec.domain if name not in unusable]
+    domain = dict(spec.domain)
+    series_columns = None if spec.series is None else spec.series.columns
+    if series_columns is not None:  # a column series' period column: its declared values
+        domain[series_columns.column] = Categorical(values=list(series_columns.values))
+    attributes = [name for name in domain if name not in unusable]
     columns = attributes + ([person] if person and person not in unusable else [])
     try:
         table = dataset.to_table(columns=columns)
@@ -161,13 +166,13 @@ def check_data(spec: ReleaseSpec) -> CheckReport:
     if not attributes:
         return replace(base, rows=table.num_rows)
     # the data's problems are counted over every row (what the custodian must fix) ...
-    checked = spec.model_copy(update={"domain": {n: spec.domain[n] for n in attributes}})
+    checked = spec.model_copy(update={"domain": {n: domain[n] for n in attributes}})
     groups = group_counts(table, attributes)
     encoded = encode_groups(groups, checked)
     findings = tuple(
         ColumnFindings(
             column=name,
-            domain=describe(spec.domain[name]),
+            domain=describe(domain[name]),
             null_rows=int(encoded.counts[encoded.null[name]].sum()),
             outside_rows=int(encoded.counts[encoded.outside[name]].sum()),
             examples=_examples(groups[name], encoded.counts, encoded.outside[name]),

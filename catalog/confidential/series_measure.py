@@ -7,7 +7,10 @@ the whole source with that filter pushed into the scan.  Each is read by the rea
 mechanism's input kind (:data:`READERS`); the combination is made by the choke point's own
 ``combination`` (:class:`~catalog.confidential.choke_point.ProtectedCells`,
 :class:`~catalog.confidential.choke_point.ProtectedMarginals`), which holds the charge-per-unit-
-weight obligation the series accountant meets.  O(periods read × (rows + cells)).
+weight obligation the series accountant meets.  O(periods read × (rows + cells)); a column
+period scans the whole source with its filter (row groups and hive folders of other periods are
+skipped by the scan), plus one scan of the period column per release under
+``on_out_of_domain: error``.
 """
 
 from __future__ import annotations

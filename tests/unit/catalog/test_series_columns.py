@@ -20,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from dprelease.catalog import partitions, release, series
+from dprelease.catalog.confidential.check import check_data
 from dprelease.catalog.confidential.marginal_source import count_marginals
 from dprelease.catalog.confidential.source import count_cells, period_rows
 from dprelease.catalog.engine import Execution
@@ -404,3 +405,15 @@ def test_integer_periods_are_read_by_value_and_a_column_of_another_type_is_refus
     pq.write_table(table.set_column(0, "year", years.cast(pa.string())), source)
     with pytest.raises(DataError, match=r"column 'year' does not hold integer values, which "):
         count_cells(spec, key=Catalog().key, rows=period_rows(spec, 0))
+
+
+def test_the_custodians_check_counts_undeclared_and_null_period_values(tmp_path: Path) -> None:
+    source = tmp_path / "data.parquet"
+    clean = write_months(source, 2)
+    nulls = month_rows(MONTHS[0], seed=8, rows=3).set_column(0, "month", pa.nulls(3, pa.string()))
+    pq.write_table(pa.concat_tables([clean, month_rows(SECRET, seed=9, rows=7), nulls]), source)
+    report = check_data(column_spec(source))
+    assert report.rows == clean.num_rows + 10 and report.rows_counted == clean.num_rows
+    [null_line, outside_line] = report.problems
+    assert null_line.startswith("column 'month': 3 null row(s)")
+    assert "column 'month': 7 row(s) outside values" in outside_line and SECRET in outside_line
