@@ -159,11 +159,6 @@ class SeriesSection(Strict):
         """The column periods, or None for file periods."""
         return self.period if isinstance(self.period, ColumnPeriods) else None
 
-    def period_label(self, period: int) -> str | None:
-        """The declared value of ``period`` (0-based) as text, None for file periods."""
-        columns = self.columns
-        return None if columns is None else str(columns.values[period])
-
     def part_names(self) -> list[str]:
         """One name per time part, in order: ``period``, ``cumulative``, ``rolling12``."""
         return [

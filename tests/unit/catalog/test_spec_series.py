@@ -150,7 +150,6 @@ def test_column_periods_parse_with_their_partitions_and_labels() -> None:
         "month=2026-02",
         "month=2026-03",
     ]
-    assert spec.series.period_label(1) == "2026-02"
     raw = raw_column_series(column="year", values=[2024, 2025, 2026])
     raw["dataset"]["partitions"] = {"column": "year"}
     assert parse_spec(raw).series.columns.partition(2) == "year=2026"  # type: ignore[union-attr]
