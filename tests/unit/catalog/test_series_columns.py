@@ -349,6 +349,7 @@ def test_show_and_verify_name_the_period_by_its_value(tmp_path: Path) -> None:
     first = series_summary(catalog, directories[0].name)
     assert first is not None and first["period_name"] == "month=2026-01"
     assert series_problems(directories[1], catalog) == []
+    assert "Period <b>2 (2026-02)</b> of <b>3</b>" in (directories[1] / "report.html").read_text()
     with catalog.engine.begin() as conn:  # the recorded period fingerprint altered
         conn.execute(
             sa.update(series.series_periods)
