@@ -166,6 +166,13 @@ def validate_restarts(restarts: int) -> None:
         raise ValueError(f"restarts ({restarts}) must be >= 1")
 
 
+KRON_MAX_SWEEPS = 10
+"""Most sweeps of a union's alternation."""
+KRON_TOLERANCE = 1e-5
+"""A union's alternation stops when a sweep lowers the error by less than this fraction; a
+factor's full-rank optimum is certified to this relative duality gap."""
+
+
 def kron_template(
     grams: list[Term],
     sizes: tuple[int, ...],
@@ -177,17 +184,14 @@ def kron_template(
     start: float,
     limit: WorkLimit,
     progress: Progress | None,
-    template: str = "auto",
-    max_sweeps: int = 10,
-    tolerance: float = 1e-5,
 ) -> OptimizedStrategy:
     """Kronecker strategy ``A_1 ⊗ … ⊗ A_d`` for validated Gram terms, by alternation.
 
     Each sweep re-optimises factor ``i`` against ``Σ_t c_t G_{t,i}``,
     ``c_t = Π_{j≠i} tr(G_{t,j} (A_jᵀA_j)⁻¹)`` (exact for the other factors), warm-started; a factor
     is only replaced by something no worse, so the error never increases.  One term is separable
-    (one sweep; for Gaussian noise optimal among all strategies up to ``tolerance``, certified by
-    the product of the factors' dual bounds).  ``ps[i]``: p-Identity size (None: ``n_i // 16``).
+    (one sweep; for Gaussian noise optimal among all strategies up to :data:`KRON_TOLERANCE`,
+    certified by the product of the factors' dual bounds).  ``ps[i]``: p-Identity size (None: ``n_i // 16``).
     Once ``limit`` passes, the factor in progress returns its best point and the result is
     ``stopped_early``.
 
@@ -196,8 +200,7 @@ def kron_template(
     """
     d = len(sizes)
     ps = [None] * d if ps is None else ps
-    deterministic = noise == "gaussian" and template in ("auto", "fullrank", "identity")
-    runs = 1 if deterministic else restarts
+    runs = 1 if noise == "gaussian" else restarts  # the Gaussian factors are deterministic
     results: list[tuple[list[FactorSolution], float, int, bool]] = []
     for run in range(runs):
         if results and limit.expired():
@@ -209,9 +212,6 @@ def kron_template(
                 ps,
                 noise=noise,
                 rng=rng,
-                template=template,
-                max_sweeps=max_sweeps,
-                tolerance=tolerance,
                 limit=limit,
                 progress=scaled(progress, run / runs, (run + 1) / runs),
             )
@@ -253,9 +253,6 @@ def _alternate(
     *,
     noise: NoiseKind,
     rng: np.random.Generator,
-    template: str,
-    max_sweeps: int,
-    tolerance: float,
     limit: WorkLimit,
     progress: Progress | None,
 ) -> tuple[list[FactorSolution], float, int, bool]:
@@ -271,8 +268,8 @@ def _alternate(
     previous = float(np.sum(np.prod(errors, axis=1)))
     iterations = 0
     stopped = False
-    sweeps = 1 if len(grams) == 1 else max_sweeps
-    for sweep in range(max_sweeps):
+    sweeps = 1 if len(grams) == 1 else KRON_MAX_SWEEPS
+    for sweep in range(KRON_MAX_SWEEPS):
         for i in range(d):
             if limit.expired():
                 stopped = True
@@ -286,12 +283,10 @@ def _alternate(
                 noise=noise,
                 rng=rng,
                 p=ps[i],
-                restarts=1,
-                template=template,
                 warm_start=solutions[i],
                 warm_theta=thetas[i],
                 warm_weights=dual_weights[i],
-                tolerance=tolerance,
+                tolerance=KRON_TOLERANCE,
                 limit=limit,
                 progress=scaled(progress, done, done + 1 / (sweeps * d)),
             )
@@ -304,7 +299,7 @@ def _alternate(
                 errors[:, i] = [unit_error(term[i], strategy_gram) for term in grams]
             solutions[i] = solution  # one term: weights == [1.0], so its bound is for G_{1,i}
         total = float(np.sum(np.prod(errors, axis=1)))
-        converged = total >= previous * (1 - tolerance)
+        converged = total >= previous * (1 - KRON_TOLERANCE)
         previous = min(previous, total)
         report(
             progress,

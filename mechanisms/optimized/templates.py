@@ -658,17 +658,11 @@ def default_p(n: int) -> int:
 FULL_RANK_MAX_CELLS = 4096
 """Largest attribute size for the O(n³)-per-iteration full-rank Gaussian template."""
 
-FACTOR_TEMPLATES: tuple[str, ...] = ("auto", "pidentity", "fullrank", "identity")
 
-
-def _resolved_template(template: str, *, noise: NoiseKind, n: int) -> str:
-    """``template`` checked, with ``"auto"`` resolved: Gaussian → full rank when n ≤
-    :data:`FULL_RANK_MAX_CELLS`, else p-Identity; Laplace → p-Identity."""
-    if template not in FACTOR_TEMPLATES:
-        raise ValueError(f"template ({template!r}) must be one of {FACTOR_TEMPLATES}")
-    if template == "auto":
-        return "fullrank" if noise == "gaussian" and n <= FULL_RANK_MAX_CELLS else "pidentity"
-    return template
+def _factor_template(noise: NoiseKind, n: int) -> str:
+    """Gaussian → full rank when n ≤ :data:`FULL_RANK_MAX_CELLS`, else p-Identity; Laplace →
+    p-Identity."""
+    return "fullrank" if noise == "gaussian" and n <= FULL_RANK_MAX_CELLS else "pidentity"
 
 
 def identity_factor(n: int, *, unit_error: float, noise: NoiseKind) -> FactorSolution:
@@ -689,8 +683,6 @@ def optimize_factor(
     noise: NoiseKind,
     rng: np.random.Generator,
     p: int | None = None,
-    restarts: int = 1,
-    template: str = "auto",
     warm_start: FactorSolution | None = None,
     warm_theta: np.ndarray | None = None,
     warm_weights: np.ndarray | None = None,
@@ -698,18 +690,12 @@ def optimize_factor(
     limit: WorkLimit | None = None,
     progress: Progress | None = None,
 ) -> tuple[FactorSolution, np.ndarray | None, np.ndarray | None]:
-    """Best sensitivity-1 strategy for one attribute among identity and the chosen template.
-    ``template``: ``"auto"`` (see :func:`_resolved_template`), ``"pidentity"``, ``"fullrank"``
-    (Gaussian only) or ``"identity"``.  Returns the solution plus the state for a warm start (Θ or
-    dual weights).  ``gram`` must already be validated (:func:`validate_gram`).  ``limit``: an
+    """Best sensitivity-1 strategy for one attribute among identity and the template
+    :func:`_factor_template` chooses (one p-Identity start).  Returns the solution plus the state
+    for a warm start (Θ or dual weights).  ``gram`` must already be validated (:func:`validate_gram`).  ``limit``: an
     expired limit returns the best strategy found so far (never worse than the identity or
     ``warm_start``) with ``stopped_early``."""
     n = gram.shape[0]
-    template = _resolved_template(template, noise=noise, n=n)
-    if template == "fullrank" and noise != "gaussian":
-        raise ValueError(
-            "the full-rank template optimises L2 sensitivity: noise must be 'gaussian'"
-        )
     best = identity_factor(n, unit_error=float(np.trace(gram)), noise=noise)
     if warm_start is not None and warm_start.strategy.shape[1] == n:
         # the previous factor stays admissible: never return something worse than it
@@ -727,9 +713,7 @@ def optimize_factor(
             )
     if n == 1:  # [1] is optimal: the bound is attained
         return dataclasses.replace(best, lower_bound=best.unit_error), warm_theta, warm_weights
-    if template == "identity":
-        return best, warm_theta, warm_weights
-    if template == "fullrank":
+    if _factor_template(noise, n) == "fullrank":
         solution = gaussian_full_rank(
             gram, tolerance, 100, warm_weights, limit=limit, progress=progress
         )
@@ -753,7 +737,7 @@ def optimize_factor(
         p=p,
         noise=noise,
         rng=rng,
-        restarts=restarts,
+        restarts=1,
         initial_theta=warm_theta if warm_theta is not None and warm_theta.shape == (p, n) else None,
         limit=limit,
         progress=progress,
@@ -765,7 +749,7 @@ def optimize_factor(
             template="pidentity",
             theta=theta,
             noise=noise,
-            restarts=restarts,
+            restarts=1,
             iterations=iterations,
         )
     return dataclasses.replace(best, stopped_early=stopped), theta, warm_weights
@@ -785,30 +769,26 @@ _FULL_RANK_ITERATIONS = 6
 _FULL_RANK_EIGHS_PER_ITERATION = 1.8
 
 
-def predict_pidentity_seconds(
-    n: int, *, p: int | None = None, restarts: int = 1, max_iterations: int = 2000
-) -> float:
-    """Predicted seconds of :func:`optimize_pidentity_factor` for an n-cell attribute. O(1)."""
+def predict_pidentity_seconds(n: int) -> float:
+    """Predicted seconds of :func:`optimize_pidentity_factor` for an n-cell attribute (the
+    default p, one start, at most 2000 iterations). O(1)."""
     if n <= 1:
         return 0.0
-    extra = default_p(n) if p is None else p
-    iterations = min(max_iterations, 150 + 0.6 * n)
+    extra = default_p(n)
+    iterations = min(2000, 150 + 0.6 * n)
     per_iteration = (
         _PIDENTITY_ITERATION_FIXED
         + _PIDENTITY_PER_VARIABLE * extra * n
         + _PIDENTITY_EVALUATIONS_PER_ITERATION * 8.0 * extra * extra * n / DGEMM_FLOPS_PER_SECOND
     )
-    return restarts * iterations * per_iteration
+    return iterations * per_iteration
 
 
-def predict_factor_seconds(
-    n: int, *, noise: NoiseKind, template: str = "auto", p: int | None = None, restarts: int = 1
-) -> float:
-    """Predicted seconds of :func:`optimize_factor` (the template ``"auto"`` would choose). O(1)."""
+def predict_factor_seconds(n: int, *, noise: NoiseKind) -> float:
+    """Predicted seconds of :func:`optimize_factor`. O(1)."""
     validate_noise(noise)
-    template = _resolved_template(template, noise=noise, n=n)
-    if template == "identity" or n <= 1:
+    if n <= 1:
         return 0.0
-    if template == "fullrank":  # gaussian_full_rank
+    if _factor_template(noise, n) == "fullrank":  # gaussian_full_rank
         return _FULL_RANK_ITERATIONS * (_FULL_RANK_EIGHS_PER_ITERATION * eigh_seconds(n) + 2e-4)
-    return predict_pidentity_seconds(n, p=p, restarts=restarts)
+    return predict_pidentity_seconds(n)

@@ -22,7 +22,6 @@ from dprelease.mechanisms.optimized.search import (
     validate_terms,
 )
 from dprelease.mechanisms.optimized.templates import (
-    FACTOR_TEMPLATES,
     FullRankSolution,
     NoiseKind,
     PIdentityFactor,
@@ -168,9 +167,6 @@ def optimize_kron(
     rng: np.random.Generator,
     ps: Sequence[int | None] | None = None,
     restarts: int = 1,
-    template: str = "auto",
-    max_sweeps: int = 10,
-    tolerance: float = 1e-5,
     time_limit: float | None = None,
     progress: Progress | None = None,
 ) -> OptimizedStrategy:
@@ -180,10 +176,9 @@ def optimize_kron(
     ``Σ_t c_t G_{t,i}``, ``c_t = Π_{j≠i} tr(G_{t,j} (A_jᵀA_j)⁻¹)`` (exact for the current other
     factors), warm-started from its previous value; a factor is only replaced by something no
     worse, so the error never increases.  A single term is separable and needs one sweep (for
-    Gaussian noise it is then optimal among *all* strategies up to ``tolerance``, certified by the
-    product of the factors' dual bounds).  ``ps[i]`` is the p-Identity size of attribute ``i``
-    (default ``max(1, n_i // 16)``); ``template`` is as in
-    :func:`mechanisms.optimized.templates.optimize_factor`.
+    Gaussian noise it is then optimal among *all* strategies up to ``KRON_TOLERANCE``, certified
+    by the product of the factors' dual bounds).  ``ps[i]`` is the p-Identity size of attribute
+    ``i`` (default ``max(1, n_i // 16)``).
 
     ``time_limit`` (seconds): the factor being optimised stops at its next evaluation with its
     best point so far, no further factors, sweeps or restarts start, and the best strategy is
@@ -199,14 +194,6 @@ def optimize_kron(
     grams, sizes = validate_terms(terms)
     validate_noise(noise)
     validate_restarts(restarts)
-    if template not in FACTOR_TEMPLATES:
-        raise ValueError(f"template ({template!r}) must be one of {FACTOR_TEMPLATES}")
-    if template == "fullrank" and noise != "gaussian":
-        raise ValueError(
-            "the full-rank template optimises L2 sensitivity: noise must be 'gaussian'"
-        )
-    if max_sweeps < 1:
-        raise ValueError(f"max_sweeps ({max_sweeps}) must be >= 1")
     d = len(sizes)
     if ps is None:
         ps = [None] * d
@@ -222,9 +209,6 @@ def optimize_kron(
         rng=rng,
         ps=ps,
         restarts=restarts,
-        template=template,
-        max_sweeps=max_sweeps,
-        tolerance=tolerance,
         start=start,
         limit=limit,
         progress=progress,

@@ -710,26 +710,6 @@ VALIDATOR_CASES = [
     ),
     (lambda: optimize_full_rank(GOOD, tolerance=0.0), "tolerance (0.0) must be > 0"),
     (lambda: optimize_full_rank(GOOD, max_iterations=0), "max_iterations (0) must be >= 1"),
-    (
-        lambda: optimize_kron([(GOOD,)], noise="laplace", rng=RNG, template="svd"),
-        "template ('svd') must be one of",
-    ),
-    (
-        lambda: optimize_kron([(GOOD,)], noise="laplace", rng=RNG, template="fullrank"),
-        "noise must be 'gaussian'",
-    ),
-    (
-        lambda: optimize_factor(GOOD, noise="laplace", rng=RNG, template="fullrank"),
-        "noise must be 'gaussian'",
-    ),
-    (
-        lambda: optimize_factor(GOOD, noise="laplace", rng=RNG, template="svd"),
-        "template ('svd') must be one of",
-    ),
-    (
-        lambda: optimize_kron([(GOOD,)], noise="laplace", rng=RNG, max_sweeps=0),
-        "max_sweeps (0) must be >= 1",
-    ),
     (lambda: optimize_kron([(GOOD,)], noise="laplace", rng=RNG, ps=[1, 1]), "ps has 2 entries"),
     (
         lambda: optimize_kron([(GOOD,)], noise="laplace", rng=RNG, ps=[99]),
@@ -920,7 +900,6 @@ def test_ctrl_c_propagates_from_the_optimisers() -> None:
 
 def test_predictors_grow_with_size() -> None:
     assert predict_factor_seconds(1, noise="laplace") == 0.0
-    assert predict_factor_seconds(64, noise="laplace", template="identity") == 0.0
     for noise in ("laplace", "gaussian"):
         small = predict_seconds((64,), noise=noise)
         large = predict_seconds((1024,), noise=noise)
@@ -941,7 +920,6 @@ PREDICTOR_CASES = [
     (lambda: predict_seconds((4,), noise="laplace", num_terms=0), "num_terms (0) must be >= 1"),
     (lambda: predict_seconds((4,), noise="laplace", restarts=0), "restarts (0) must be >= 1"),
     (lambda: predict_seconds((4, 0), noise="laplace"), "must all be >= 1"),
-    (lambda: predict_factor_seconds(4, noise="laplace", template="svd"), "template ('svd')"),
 ]
 
 
