@@ -54,6 +54,7 @@ MAX_DENSE_CELLS = 4096
 MAX_SPLIT_BLOCKS = 1 << 16
 # Relative term weights stay within e^±7 (≈ 1100×): wider ratios only lose terms to rounding.
 LOG_WEIGHT_BOUND = 7.0
+MAX_EVALUATIONS = 400  # objective evaluations of the weight search (L-BFGS-B maxfun)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -461,7 +462,6 @@ def optimize_weights(
     *,
     noise: NoiseKind,
     name: str,
-    max_evaluations: int = 400,
     time_limit: float | None = None,
     progress: Progress | None = None,
 ) -> UnionStrategy:
@@ -481,7 +481,6 @@ def optimize_weights(
             workload,
             candidate_terms,
             noise=noise,
-            max_evaluations=max_evaluations,
             limit=limit,
             progress=progress,
         )
@@ -529,7 +528,6 @@ def _optimize_log_weights(
     terms: Sequence[tuple[Factor, ...]],
     *,
     noise: NoiseKind,
-    max_evaluations: int,
     limit: WorkLimit,
     progress: Progress | None,
 ) -> tuple[np.ndarray, int, bool]:
@@ -549,7 +547,7 @@ def _optimize_log_weights(
 
     def iterated(_: scipy.optimize.OptimizeResult) -> None:
         if progress is not None:
-            share = seen["evaluations"] / max_evaluations
+            share = seen["evaluations"] / MAX_EVALUATIONS
             used = limit.fraction_used()
             report(
                 progress,
@@ -566,7 +564,7 @@ def _optimize_log_weights(
             method="L-BFGS-B",
             bounds=[(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND)] * start.size,
             callback=iterated,
-            options={"maxfun": max_evaluations},
+            options={"maxfun": MAX_EVALUATIONS},
         )
     except TimeLimitReached:
         return np.exp(np.asarray(seen["point"])), int(seen["evaluations"]), True
@@ -601,11 +599,10 @@ def predict_seconds(
     split_blocks: int,
     num_terms: int,
     num_cells: int,
-    max_evaluations: int = 400,
 ) -> float:
     """Predicted seconds of :func:`optimize_weights` from sizes (see :func:`weight_problem_sizes`).
 
-    ``min(max_evaluations·T, 10·(T + 1))`` evaluations, each ``split_blocks`` pinvh's and two
+    ``min(MAX_EVALUATIONS·T, 10·(T + 1))`` evaluations, each ``split_blocks`` pinvh's and two
     products of the ``dense_cells``-sized block plus the O(T·N) sensitivity.  One BLAS thread.  O(1).
     """
     for name, value in (
@@ -613,13 +610,12 @@ def predict_seconds(
         ("split_blocks", split_blocks),
         ("num_terms", num_terms),
         ("num_cells", num_cells),
-        ("max_evaluations", max_evaluations),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
     if num_terms == 1:
         return 0.0  # a single term needs no weights
-    evaluations = min(max_evaluations * num_terms, _EVALUATIONS_PER_TERM * (num_terms + 1))
+    evaluations = min(MAX_EVALUATIONS * num_terms, _EVALUATIONS_PER_TERM * (num_terms + 1))
     per_block = (
         _BLOCK_EVALUATION_FIXED
         + _BLOCK_EVALUATION_EIGHS * eigh_seconds(dense_cells)

@@ -97,15 +97,9 @@ def test_predict_seconds_grows_with_size() -> None:
     large = predict_seconds(dense_cells=512, split_blocks=8, num_terms=4, num_cells=12288)
     assert 0 < small < large
     assert predict_seconds(dense_cells=512, split_blocks=8, num_terms=1, num_cells=9) == 0.0
-    capped = predict_seconds(
-        dense_cells=512, split_blocks=8, num_terms=4, num_cells=12288, max_evaluations=10
-    )
-    assert capped < large
 
 
-@pytest.mark.parametrize(
-    "field", ["dense_cells", "split_blocks", "num_terms", "num_cells", "max_evaluations"]
-)
+@pytest.mark.parametrize("field", ["dense_cells", "split_blocks", "num_terms", "num_cells"])
 def test_predict_seconds_validators(field: str) -> None:
     sizes = {"dense_cells": 4, "split_blocks": 2, "num_terms": 2, "num_cells": 8}
     sizes[field] = 0
