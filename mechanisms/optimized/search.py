@@ -368,7 +368,6 @@ def optimize_workload(
     *,
     noise: NoiseKind,
     rng: np.random.Generator,
-    restarts: int = 1,
     time_limit: float | None = None,
     progress: Progress | None = None,
 ) -> OptimizedStrategy:
@@ -384,14 +383,13 @@ def optimize_workload(
     limit = WorkLimit(time_limit=time_limit)
     grams, sizes = validate_terms(terms)
     validate_noise(noise)
-    validate_restarts(restarts)
     candidates = [
         kron_template(
             grams,
             sizes,
             noise=noise,
             rng=rng,
-            restarts=restarts,
+            restarts=1,
             start=time.perf_counter(),
             limit=limit,
             progress=scaled(progress, 0.0, 0.8),
@@ -408,7 +406,7 @@ def optimize_workload(
                     sizes,
                     noise=noise,
                     rng=rng,
-                    restarts=max(restarts, 2),
+                    restarts=2,
                     start=time.perf_counter(),
                     limit=limit,
                     progress=scaled(progress, 0.8, 1.0),
@@ -436,23 +434,20 @@ def predict_seconds(
     *,
     num_terms: int = 1,
     noise: NoiseKind,
-    restarts: int = 1,
 ) -> float:
     """Predicted seconds of :func:`optimize_workload` from the sizes only (one BLAS thread).
 
     ``num_terms``: Kronecker terms in the workload's Gram (``len(workload.gram_terms())``).
     Kronecker template: every attribute's factor (p-Identity, or the full-rank optimum for
-    Gaussian noise), times 1.5 for a union of terms, times the runs (``restarts`` for Laplace);
-    marginals template (d ≤ 20): its iterations at O(d 2^d).  Calibrated in
+    Gaussian noise), times 1.5 for a union of terms; marginals template (d ≤ 20, two starts): its
+    iterations at O(d 2^d).  Calibrated in
     ``benchmarks/predict_bench.py``; O(d).
     """
     sizes = validate_domain_sizes(domain_sizes)
     validate_noise(noise)
-    validate_restarts(restarts)
     if num_terms < 1:
         raise ValueError(f"num_terms ({num_terms}) must be >= 1")
-    runs = 1 if noise == "gaussian" else restarts
-    kron = sum(predict_factor_seconds(n, noise=noise) for n in sizes) * runs
+    kron = sum(predict_factor_seconds(n, noise=noise) for n in sizes)
     if num_terms > 1:
         kron *= _KRON_UNION_FACTOR
         kron += num_terms * sum(float(n) ** 3 for n in sizes) / DGEMM_FLOPS_PER_SECOND
@@ -460,5 +455,5 @@ def predict_seconds(
     marginals = 0.0
     if d <= MAX_MARGINAL_ATTRIBUTES:
         per_iteration = 2e-4 + 2e-8 * d * 2.0**d
-        marginals = _MARGINAL_ITERATIONS[noise] * max(restarts, 2) / 2 * per_iteration
+        marginals = _MARGINAL_ITERATIONS[noise] * per_iteration
     return kron + marginals

@@ -907,9 +907,6 @@ def test_predictors_grow_with_size() -> None:
         assert predict_seconds((64, 32), num_terms=3, noise=noise) > predict_seconds(
             (64, 32), noise=noise
         )
-    assert predict_seconds((256,), noise="laplace", restarts=3) > predict_seconds(
-        (256,), noise="laplace"
-    )
     assert predict_factor_seconds(8192, noise="gaussian") == pytest.approx(
         predict_pidentity_seconds(8192)
     )
@@ -918,7 +915,6 @@ def test_predictors_grow_with_size() -> None:
 PREDICTOR_CASES = [
     (lambda: predict_seconds((4,), noise="poisson"), "noise ('poisson') must be one of"),
     (lambda: predict_seconds((4,), noise="laplace", num_terms=0), "num_terms (0) must be >= 1"),
-    (lambda: predict_seconds((4,), noise="laplace", restarts=0), "restarts (0) must be >= 1"),
     (lambda: predict_seconds((4, 0), noise="laplace"), "must all be >= 1"),
 ]
 
