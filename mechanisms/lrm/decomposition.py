@@ -330,27 +330,15 @@ _OUTER_COEFFICIENTS = (7.5e-3, 1.35e-10, 1.0e-9, 8.9e-10, 1.27e-7, 2.2e-7)
 _TYPICAL_OUTER = 150
 
 
-def predict_seconds(
-    num_queries: int,
-    num_cells: int,
-    *,
-    workload_rank: int | None = None,
-    rank: int | None = None,
-    max_outer: int = 300,
-    max_inner: int = 5,
-) -> float:
-    """Predicted seconds of :func:`decompose` on an ``m×n`` workload, from sizes only.
-
-    ``workload_rank`` defaults to ``min(m, n)`` (an upper bound), ``rank`` to
-    ``⌈1.2·workload_rank⌉``: the SVD plus ``min(max_outer, 150)`` outer iterations of the fitted
-    cost model (one BLAS thread, an idle core).  O(1).
+def predict_seconds(num_queries: int, num_cells: int) -> float:
+    """Predicted seconds of :func:`decompose` (its defaults) on an ``m×n`` workload, from sizes
+    only: the SVD plus :data:`_TYPICAL_OUTER` outer iterations of the fitted cost model at
+    ``r = ⌈1.2·min(m, n)⌉`` (``min(m, n)`` bounds the workload's rank; one BLAS thread, an idle
+    core).  O(1).
     """
     m, n = _positive_int(num_queries, "num_queries"), _positive_int(num_cells, "num_cells")
-    k = min(m, n) if workload_rank is None else _positive_int(workload_rank, "workload_rank")
-    r = (6 * k + 4) // 5 if rank is None else _positive_int(rank, "rank")
-    outer = min(_positive_int(max_outer, "max_outer"), _TYPICAL_OUTER)
-    inner = _positive_int(max_inner, "max_inner")
-    return svd_seconds(m, n) + outer * _outer_seconds(m, n, r, inner)
+    rank = (6 * min(m, n) + 4) // 5
+    return svd_seconds(m, n) + _TYPICAL_OUTER * _outer_seconds(m, n, rank, 5)
 
 
 def _outer_seconds(m: int, n: int, r: int, max_inner: int) -> float:

@@ -842,8 +842,6 @@ def test_time_limit_validator() -> None:
 def test_predict_seconds_grows_with_size() -> None:
     small, large = predict_seconds(64, 64), predict_seconds(1024, 1024)
     assert 0 < small < large
-    assert predict_seconds(1024, 1024, workload_rank=10) < large
-    assert predict_seconds(1024, 1024, max_outer=10) < large / 10
     assert predict_seconds(4096, 128) > predict_seconds(128, 128)
 
 
@@ -852,10 +850,8 @@ def test_predict_seconds_grows_with_size() -> None:
     [
         ({"num_queries": 0, "num_cells": 4}, "num_queries (0) must be an integer >= 1"),
         ({"num_queries": 4, "num_cells": 2.5}, "num_cells (2.5) must be an integer >= 1"),
-        ({"num_queries": 4, "num_cells": 4, "rank": 0}, "rank (0) must be an integer >= 1"),
-        ({"num_queries": 4, "num_cells": 4, "max_outer": 0}, "max_outer (0) must be an integer"),
     ],
-    ids=["queries", "cells", "rank", "max-outer"],
+    ids=["queries", "cells"],
 )
 def test_predict_seconds_validators(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
