@@ -21,6 +21,8 @@ from dprelease.mechanisms.primitives.threads import single_threaded_blas
 OBJECTIVES = ("total", "worst")
 WORST_P_SCHEDULE = (16.0, 64.0, 256.0)
 """p-norms of the row variances minimised in turn for ``worst`` (‖v‖_p → max v as p grows)."""
+MAX_ITERATIONS = 2000
+"""L-BFGS-B iterations per objective (per p-norm surrogate for ``worst``)."""
 
 
 def _workload(workload: np.ndarray) -> np.ndarray:
@@ -113,20 +115,16 @@ def _value_and_gradient(
 
 
 @single_threaded_blas()
-def optimised(
-    workload: np.ndarray, *, objective: str = "worst", max_iterations: int = 2000
-) -> CausalFactorisation:
+def optimised(workload: np.ndarray, *, objective: str = "worst") -> CausalFactorisation:
     """Minimise the objective over lower-triangular A (L-BFGS-B from the square root), B = W·A⁻¹.
 
     ``total``: ``Δ₂²·tr(BBᵀ)``, smooth.  ``worst``: ``Δ₂²·max_r ‖B_r‖²`` through its p-norm
     surrogates (:data:`WORST_P_SCHEDULE`, each started from the last); the returned factorisation is
     compared with the square root by the exact :func:`objective_value`, and the better is returned.
-    Deterministic (no randomness); one BLAS thread (20× faster at T = 120 on 2 cores).
-    O(iterations · kT³).
+    Deterministic (no randomness); one BLAS thread.  O(:data:`MAX_ITERATIONS` · kT³) per surrogate.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
-    positive_int(max_iterations, name="max_iterations")
     baseline = square_root(workload)
     work = _workload(workload)
     horizon = work.shape[1]
@@ -139,7 +137,7 @@ def optimised(
             args=(work, lower, p),
             jac=True,
             method="L-BFGS-B",
-            options={"maxiter": max_iterations, "maxcor": 20},
+            options={"maxiter": MAX_ITERATIONS, "maxcor": 20},
         )
         theta = result.x
     strategy = np.zeros((horizon, horizon))

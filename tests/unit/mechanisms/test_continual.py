@@ -347,10 +347,6 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         lambda: objective_value(square_root(cumulative(2)), "mean"),
         "objective 'mean' is not one of",
     ),
-    "max_iterations": (
-        lambda: optimised(cumulative(2), max_iterations=0),
-        "max_iterations must be an integer >= 1 (got 0)",
-    ),
     "bound rho": (
         lambda: svd_bound_rmse(cumulative(2), -1.0),
         "rho must be finite and > 0 (got -1.0)",
