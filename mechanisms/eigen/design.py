@@ -197,34 +197,29 @@ def _check_unit_interval(name: str, value: float, *, include_one: bool) -> float
     return float(value)
 
 
-def workload_spectrum(
-    gram: np.ndarray, *, eigenvalue_rtol: float = DEFAULT_EIGENVALUE_RTOL
-) -> WorkloadSpectrum:
-    """Dense eigen-decomposition of G, dropping eigenvalues ``<= eigenvalue_rtol * max`` (O(n^3))."""
+def workload_spectrum(gram: np.ndarray) -> WorkloadSpectrum:
+    """Dense eigen-decomposition of G, dropping eigenvalues ``<= DEFAULT_EIGENVALUE_RTOL * max``
+    (O(n^3))."""
     gram = validate_gram(gram, nonzero=True)
-    eigenvalue_rtol = _check_unit_interval("eigenvalue_rtol", eigenvalue_rtol, include_one=False)
     eigenvalues, eigenvectors = np.linalg.eigh(gram)  # O(n^3)
     order = np.argsort(eigenvalues)[::-1]
     eigenvalues, eigenvectors = eigenvalues[order], eigenvectors[:, order]
     if eigenvalues[0] <= 0:
         raise ValueError("gram has no positive eigenvalue")
-    kept = eigenvalues > eigenvalue_rtol * eigenvalues[0]
+    kept = eigenvalues > DEFAULT_EIGENVALUE_RTOL * eigenvalues[0]
     return WorkloadSpectrum(eigenvalues=eigenvalues[kept], eigenvectors=eigenvectors[:, kept])
 
 
-def minimize_workload(
-    gram: np.ndarray, *, duplicate_rtol: float = DEFAULT_DUPLICATE_RTOL
-) -> MinimizedWorkload:
+def minimize_workload(gram: np.ndarray) -> MinimizedWorkload:
     """Merge duplicate columns and drop zero columns of W, using only G (Def 2.6, O(n n_min)).
 
     Columns j and k of W are equal iff ``G_jj + G_kk - 2 G_jk = |w_j - w_k|^2 = 0``; column j is
-    zero iff ``G_jj = 0``.  Both tests use the tolerance ``duplicate_rtol * max_j G_jj``.
+    zero iff ``G_jj = 0``.  Both tests use the tolerance ``DEFAULT_DUPLICATE_RTOL * max_j G_jj``.
     Each merged group keeps its lowest-index cell as representative.
     """
     gram = validate_gram(gram, nonzero=True)
-    duplicate_rtol = _check_unit_interval("duplicate_rtol", duplicate_rtol, include_one=False)
     diagonal = np.diag(gram)
-    tolerance = duplicate_rtol * float(diagonal.max())
+    tolerance = DEFAULT_DUPLICATE_RTOL * float(diagonal.max())
     if diagonal.max() <= 0:
         raise ValueError("gram must have a positive diagonal entry (some query reads a cell)")
     column_of_cell = np.full(gram.shape[0], -1, dtype=np.intp)
@@ -616,8 +611,6 @@ def eigen_design(
     gram: np.ndarray,
     *,
     noise: NoiseKind = "gaussian",
-    eigenvalue_rtol: float = DEFAULT_EIGENVALUE_RTOL,
-    duplicate_rtol: float = DEFAULT_DUPLICATE_RTOL,
     complete: bool = True,
     compare_svd_bound: bool = True,
     solver_rtol: float = 1e-7,
@@ -628,7 +621,7 @@ def eigen_design(
 
     1. Minimise the workload (merge duplicate columns, drop zero columns; Prop 5.1), so the result
        does not depend on how cells are represented; permuting cells permutes A's columns.
-    2. Eigen-decompose the minimised G; drop eigenvalues ``<= eigenvalue_rtol * max``.
+    2. Eigen-decompose the minimised G; drop eigenvalues ``<= DEFAULT_EIGENVALUE_RTOL * max``.
     3. Weight the eigen-queries by the convex program (5.1.1 for L2, 5.1.3 with the L1 constraint
        for L1), all weights free (``weighting``; the section 5.2.2 approximations that fix some
        weights are in ``tests/reference/eigen.py``).
@@ -645,8 +638,8 @@ def eigen_design(
     """
     _validated_design_options(noise, solver_rtol, max_iterations)
     gram = validate_gram(gram, nonzero=True)
-    minimized = minimize_workload(gram, duplicate_rtol=duplicate_rtol)
-    spectrum = workload_spectrum(minimized.gram, eigenvalue_rtol=eigenvalue_rtol)
+    minimized = minimize_workload(gram)
+    spectrum = workload_spectrum(minimized.gram)
     candidate, source, alternative, iterations, gap = _design(
         spectrum,
         noise=noise,

@@ -684,14 +684,6 @@ GRAM = all_range_gram(4)
             lambda: eigen_design(GRAM, max_iterations=0),
             "max_iterations (0) must be an integer >= 1",
         ),
-        (
-            lambda: eigen_design(GRAM, eigenvalue_rtol=0.0),
-            "eigenvalue_rtol (0.0) must be > 0 and < 1",
-        ),
-        (
-            lambda: eigen_design(GRAM, duplicate_rtol=-1.0),
-            "duplicate_rtol (-1.0) must be > 0 and < 1",
-        ),
         (lambda: all_range_gram(0), "n (0) must be an integer >= 1"),
         (lambda: prefix_gram(2.5), "n (2.5) must be an integer >= 1"),
         (lambda: all_range_gram_nd(()), "shape must have at least one attribute"),
