@@ -84,38 +84,18 @@ def reconstruction(W: np.ndarray, Q: LDPStrategy | np.ndarray) -> np.ndarray:
     return (workload @ gram_pinv) @ scaled.T
 
 
-def _check_factorization(workload: np.ndarray, matrix: np.ndarray, V: np.ndarray) -> np.ndarray:
-    reconstruction_matrix = np.asarray(V, dtype=np.float64)
-    expected_shape = (workload.shape[0], matrix.shape[0])
-    if reconstruction_matrix.shape != expected_shape:
-        raise ValueError(
-            f"V (shape {reconstruction_matrix.shape}) must have shape {expected_shape}"
-        )
-    residual = np.linalg.norm(reconstruction_matrix @ matrix - workload)
-    if residual > _ROW_SPACE_TOLERANCE * max(np.linalg.norm(workload), 1.0):
-        raise ValueError(
-            f"V @ Q must equal W (residual {residual:.3g}); V is not an unbiased reconstruction"
-        )
-    return reconstruction_matrix
-
-
 @single_threaded_blas()
-def per_type_variance(
-    W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
-) -> np.ndarray:
-    """Per-user variance ``σ²_u = Σ_i v_i^T Diag(q_u) v_i - (v_i^T q_u)^2`` for every item ``u``.
+def per_type_variance(W: np.ndarray, Q: LDPStrategy | np.ndarray) -> np.ndarray:
+    """Per-user variance ``σ²_u = Σ_i v_i^T Diag(q_u) v_i - (v_i^T q_u)^2`` for every item ``u``
+    of the reconstruction ``V`` of Thm 3.10, without forming it.
 
-    The total squared error of ``V y`` on data ``x`` is ``σ² · x`` (Thm 3.4).  ``V=None`` uses the
-    reconstruction of Thm 3.10 without forming it: with ``B = D^-1 Q X^+`` and ``G = W^T W``,
-    ``σ²_u = [diag(B G B^T)^T Q]_u - G_uu``, cost ``O(m n^2 + n^3 + p n^2)``.  A given ``V`` must
-    satisfy ``V Q = W``; then the cost is ``O(p m n)``.
+    The total squared error of ``V y`` on data ``x`` is ``σ² · x`` (Thm 3.4).  With
+    ``B = D^-1 Q X^+`` and ``G = W^T W``, ``σ²_u = [diag(B G B^T)^T Q]_u - G_uu``, cost
+    ``O(m n^2 + n^3 + p n^2)``.
 
     References: [McKenna20] Theorem 3.4, Corollaries 3.5 and 3.6."""
     matrix = _strategy_matrix(Q)
     workload = workload_matrix(W, matrix.shape[1])
-    if V is not None:
-        reconstruction_matrix = _check_factorization(workload, matrix, V)
-        return (reconstruction_matrix**2).sum(axis=0) @ matrix - (workload**2).sum(axis=0)
     workload_gram = workload.T @ workload  # O(p n^2)
     scaled, gram_pinv, range_projector = _gls_factors(matrix)
     _check_row_space(workload_gram, range_projector)

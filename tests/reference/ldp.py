@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from dprelease.mechanisms.local.estimation import (
-    _check_factorization,
+    _ROW_SPACE_TOLERANCE,
     _strategy_matrix,
     per_type_variance,
     reconstruction,
@@ -22,13 +22,41 @@ from dprelease.mechanisms.local.randomizer import (
 from dprelease.mechanisms.primitives.threads import single_threaded_blas
 
 
+def _check_factorization(workload: np.ndarray, matrix: np.ndarray, V: np.ndarray) -> np.ndarray:
+    reconstruction_matrix = np.asarray(V, dtype=np.float64)
+    expected_shape = (workload.shape[0], matrix.shape[0])
+    if reconstruction_matrix.shape != expected_shape:
+        raise ValueError(
+            f"V (shape {reconstruction_matrix.shape}) must have shape {expected_shape}"
+        )
+    residual = np.linalg.norm(reconstruction_matrix @ matrix - workload)
+    if residual > _ROW_SPACE_TOLERANCE * max(np.linalg.norm(workload), 1.0):
+        raise ValueError(
+            f"V @ Q must equal W (residual {residual:.3g}); V is not an unbiased reconstruction"
+        )
+    return reconstruction_matrix
+
+
+def per_type_variance_of(
+    W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
+) -> np.ndarray:
+    """:func:`mechanisms.local.estimation.per_type_variance` for a given reconstruction ``V``
+    (``V Q = W``; cost ``O(p m n)``), or for Thm 3.10's when ``V`` is None ([McKenna20] Thm 3.4)."""
+    if V is None:
+        return per_type_variance(W, Q)
+    matrix = _strategy_matrix(Q)
+    workload = workload_matrix(W, matrix.shape[1])
+    reconstruction_matrix = _check_factorization(workload, matrix, V)
+    return (reconstruction_matrix**2).sum(axis=0) @ matrix - (workload**2).sum(axis=0)
+
+
 def worst_case_variance(
     W: np.ndarray, Q: LDPStrategy | np.ndarray, V: np.ndarray | None = None
 ) -> float:
     """Worst-case total variance per user, ``L_worst / N = max_u σ²_u`` ([McKenna20] Cor 3.5),
     attained when all users hold the worst item.  ``V=None``: Thm 3.10's reconstruction (what a
     release uses); ``V = W @ pinv(Q)`` gives the authors' README figures."""
-    return float(per_type_variance(W, Q, V).max())
+    return float(per_type_variance_of(W, Q, V).max())
 
 
 def average_case_variance(
@@ -36,7 +64,7 @@ def average_case_variance(
 ) -> float:
     """Average-case total variance per user, ``L_avg / N = mean_u σ²_u`` ([McKenna20] Cor 3.6,
     Thm 3.9; ``x = N/n``)."""
-    return float(per_type_variance(W, Q, V).mean())
+    return float(per_type_variance_of(W, Q, V).mean())
 
 
 @single_threaded_blas()

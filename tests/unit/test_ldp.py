@@ -241,7 +241,7 @@ def test_gram_route_per_type_variance_matches_dense_theorem_3_4(workload) -> Non
     V = estimation.reconstruction(W, Q)
     dense = dense_per_type_variance(W, Q, V)
     np.testing.assert_allclose(estimation.per_type_variance(W, Q), dense, rtol=1e-10)
-    np.testing.assert_allclose(estimation.per_type_variance(W, Q, V), dense, rtol=1e-10)
+    np.testing.assert_allclose(ldp_reference.per_type_variance_of(W, Q, V), dense, rtol=1e-10)
 
 
 def test_theorem_3_10_reconstruction_beats_pinv_on_average() -> None:
