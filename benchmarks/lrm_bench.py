@@ -50,6 +50,7 @@ import scipy.linalg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dprelease.mechanisms.lrm.decomposition import decompose
+from dprelease.mechanisms.primitives.linalg import l1_sensitivity
 from tests.reference.lrm import (
     expected_total_error,
     noise_on_data_error,
@@ -192,7 +193,7 @@ def main() -> None:
         notes = (
             f"r={decomposition.rank} it={decomposition.iterations} "
             f"converged={decomposition.converged} tau={math.sqrt(decomposition.bias_sq):.2g} "
-            f"sens={decomposition.sensitivity_l1:.6f} stopped_early={decomposition.stopped_early}"
+            f"sens={l1_sensitivity(decomposition.L):.6f} stopped_early={decomposition.stopped_early}"
         )
         if name in TARGETS:
             verdict = "ok" if value / baseline <= TARGETS[name] else "MISSED"

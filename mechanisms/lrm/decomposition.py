@@ -103,11 +103,6 @@ class LowRankDecomposition:
         """r, the number of rows of ``L`` (not the rank of ``W``)."""
         return int(self.L.shape[0])
 
-    @property
-    def sensitivity_l1(self) -> float:
-        """``Δ(L) = max_j Σ_i |L_ij|``. O(r n)."""
-        return l1_sensitivity(self.L)
-
 
 def _project_rows(rows: np.ndarray, radius: float, *, limit: WorkLimit | None = None) -> np.ndarray:
     """Project every row of a C-contiguous (n, r) array onto the L1 ball. O(n r log r).
@@ -215,7 +210,7 @@ def decompose(
     >>> decomposition = decompose(W, rng=np.random.default_rng(0))
     >>> decomposition.rank, decomposition.converged
     (4, True)
-    >>> noise = 2 * decomposition.sensitivity_l1**2 * float(np.sum(decomposition.B**2))  # ε = 1
+    >>> noise = 2 * l1_sensitivity(decomposition.L) ** 2 * float(np.sum(decomposition.B**2))  # ε=1
     >>> round(noise + decomposition.bias_sq, 1)
     38.0
     """

@@ -259,4 +259,4 @@ def query_scale(decomposition: LowRankDecomposition) -> float:
 def unit_noise_error(decomposition: LowRankDecomposition) -> float:
     """``Δ(L)²·‖B‖²_F``: total noise variance over the m answers per unit noise variance per unit
     data sensitivity (times ``2/ε²`` for the Laplace release; no bias). O(mr)."""
-    return decomposition.sensitivity_l1**2 * query_scale(decomposition)
+    return l1_sensitivity(decomposition.L) ** 2 * query_scale(decomposition)
