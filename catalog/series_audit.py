@@ -168,10 +168,17 @@ def series_summary(catalog: Catalog, release_id: str) -> dict[str, Any] | None:
     return None
 
 
+def _declared_name(plan: SeriesPlan, period: int) -> str | None:
+    """A column period's ``NAME=<value>`` (declared in the spec, recorded in the plan); None for
+    a file period not yet released (its file is not known before)."""
+    return plan.period_names[period] if plan.period_names else None
+
+
 def series_budget(catalog: Catalog, dataset_id: str) -> list[dict[str, Any]]:
-    """Per series on the dataset, per period: its partition (the period's file once released; at
-    person level the whole dataset), the ρ the plan sets for it over the horizon, and what the
-    series' releases have charged it so far.  O(ledger entries + horizon)."""
+    """Per series on the dataset, per period: its name (the period's file once released, or a
+    column period's declared ``NAME=<value>``), its partition (that name at event level; at
+    person level the whole dataset: None), the ρ the plan sets for it over the horizon, and what
+    the series' releases have charged it so far.  O(ledger entries + horizon)."""
     result = []
     entries = [e for e in catalog.ledger_entries(dataset_id) if e.kind == "charge"]
     for plan in recorded_plans(catalog, dataset_id):
@@ -181,6 +188,8 @@ def series_budget(catalog: Catalog, dataset_id: str) -> list[dict[str, Any]]:
         periods = []
         for s in range(plan.horizon):
             row = released.get(s)
+            # public: the released row's partition, or a column period's declared NAME=<value>
+            name = row.file_name if row is not None else _declared_name(plan, s)
             if plan.unit == "person":  # release s charges the whole dataset
                 partition = None
                 spent = sum(
@@ -188,8 +197,9 @@ def series_budget(catalog: Catalog, dataset_id: str) -> list[dict[str, Any]]:
                     for e in entries
                     if row is not None and e.release_id == row.release_id
                 )
-            else:  # the period's file, or NAME=<value> for column periods
-                partition = None if row is None else row.file_name
+            else:  # the period's file, or NAME=<value> for column periods (declared: also
+                # before their release)
+                partition = name
                 spent = sum(
                     e.cost.rho
                     for e in entries
@@ -199,6 +209,7 @@ def series_budget(catalog: Catalog, dataset_id: str) -> list[dict[str, Any]]:
                 {
                     "period": s + 1,
                     "partition": partition,
+                    "period_name": name,
                     "released": row is not None,
                     "release_id": None if row is None else row.release_id,
                     "planned_rho": totals[s],

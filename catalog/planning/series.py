@@ -97,6 +97,10 @@ class SeriesPlan:
     workload_fingerprint: str
     item_unit_variances: dict[str, float]
     """Per cell workload item, the largest unit variance of its cells (σ² = 1, ‖B_r‖ = 1)."""
+    period_names: tuple[str, ...] = ()
+    """A column series' periods, ``NAME=<value>`` in declared order (public, from the spec); ()
+    for file periods (a period's file is named when it is released).  In the JSON only when
+    given, so a file series' plan and its digest are as before."""
 
     @property
     def factorisation(self) -> CausalFactorisation:
@@ -186,7 +190,7 @@ class SeriesPlan:
             "cell_queries": self.cell_queries,
             "workload_fingerprint": self.workload_fingerprint,
             "item_unit_variances": dict(self.item_unit_variances),
-        }
+        } | ({"period_names": list(self.period_names)} if self.period_names else {})
 
     def canonical_json(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
@@ -203,6 +207,7 @@ class SeriesPlan:
         fields["parts"] = tuple(fields["parts"])
         fields["A"] = np.array(fields["A"], dtype=np.float64)
         fields["B"] = np.array(fields["B"], dtype=np.float64)
+        fields["period_names"] = tuple(fields.get("period_names", ()))
         return cls(**fields)
 
     def summary(self) -> dict[str, Any]:
@@ -264,4 +269,7 @@ def make_series_plan(spec: ReleaseSpec, plan: Plan) -> SeriesPlan:
             item.name: float(largest_unit_variance(plan.strategy, item, workload))
             for item in workload.items
         },
+        period_names=()
+        if series.columns is None
+        else tuple(series.columns.partition(t) for t in range(series.horizon)),
     )

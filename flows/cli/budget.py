@@ -99,8 +99,9 @@ def _print_partitions(current: dict[str, Any]) -> None:
 
 
 def _print_series(current: dict[str, Any]) -> None:
-    """Per series on the dataset: each period's partition, its planned rho over the horizon and
-    what the series has spent on it so far."""
+    """Per series on the dataset: each period's partition (a column period's declared
+    ``NAME=<value>`` also before its release), its planned rho over the horizon and what the
+    series has spent on it so far."""
     for series in current["series"]:
         table = Table(
             title=f"series {series['name']}: {series['periods_released']} of {series['horizon']} "
@@ -110,7 +111,8 @@ def _print_series(current: dict[str, Any]) -> None:
         for column in ("period", "partition", "planned rho (horizon)", "spent so far"):
             table.add_column(column, overflow="fold")
         for row in series["periods"]:
-            where = row["partition"] or ("(whole dataset)" if row["released"] else "(not released)")
+            status = "(whole dataset)" if row["released"] else "(not released)"  # person level
+            where = row["partition"] or f"{row['period_name'] or ''} {status}".lstrip()
             table.add_row(
                 str(row["period"]), where, f"{row['planned_rho']:.6g}", f"{row['spent_rho']:.6g}"
             )

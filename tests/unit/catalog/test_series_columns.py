@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
+from typer.testing import CliRunner
 
 from dprelease.catalog import partitions, release, series
 from dprelease.catalog.confidential.check import check_data
@@ -27,11 +28,12 @@ from dprelease.catalog.engine import Execution
 from dprelease.catalog.errors import DataError, SpecError
 from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning.planner import make_plan
-from dprelease.catalog.planning.series import make_series_plan
+from dprelease.catalog.planning.series import SeriesPlan, make_series_plan
 from dprelease.catalog.series_audit import series_problems, series_summary
 from dprelease.catalog.spec.load import parse_spec
+from dprelease.flows.cli import app
 from tests.unit.catalog.test_series_report import run_period
-from tests.unit.catalog.test_spec_series import MONTHS, raw_column_series
+from tests.unit.catalog.test_spec_series import MONTHS, raw_column_series, raw_series_spec
 
 SECRET = "2031-07"
 """An undeclared period value planted in the data: it must appear in no message."""
@@ -418,3 +420,48 @@ def test_the_custodians_check_counts_undeclared_and_null_period_values(tmp_path:
     [null_line, outside_line] = report.problems
     assert null_line.startswith("column 'month': 3 null row(s)")
     assert "column 'month': 7 row(s) outside values" in outside_line and SECRET in outside_line
+
+
+def test_budget_names_every_column_period_by_its_declared_value_before_its_release(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "data.parquet"
+    spec = column_spec(source)
+    catalog = Catalog()
+    write_months(source, 1)
+    register_and_measure(spec, catalog, tmp_path / "out")
+    result = CliRunner().invoke(app, ["budget", spec.dataset.id, "--json"])
+    assert result.exit_code == 0, result.output
+    (summary,) = json.loads(result.stdout)["datasets"][0]["series"]
+    rows = summary["periods"]
+    assert [r["partition"] for r in rows] == [f"month={m}" for m in MONTHS]
+    assert [r["period_name"] for r in rows] == [f"month={m}" for m in MONTHS]
+    assert [r["released"] for r in rows] == [True, False, False]
+    assert rows[0]["spent_rho"] > 0 and [r["spent_rho"] for r in rows[1:]] == [0, 0]
+    text = " ".join(CliRunner().invoke(app, ["budget", spec.dataset.id]).output.split())
+    assert "month=2026-03" in text and "(not released)" not in text
+    # the declared names are recorded in the plan (hash-chained); a file series' plan is as before
+    plan = series.recorded_plan(catalog, spec)
+    assert plan is not None and plan.period_names == tuple(f"month={m}" for m in MONTHS)
+    assert SeriesPlan.from_json(plan.to_json()).digest() == plan.digest()
+    file_spec = parse_spec(raw_series_spec())
+    assert "period_names" not in make_series_plan(file_spec, make_plan(file_spec)).to_json()
+
+
+def test_budget_names_a_person_level_column_period_before_and_after_its_release(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "data.parquet"
+    raw = raw_column_series()
+    raw["dataset"] = {"id": "people", "source": str(source), "budget": {"rho": 2.0}}
+    raw["privacy_unit"] = {"person_column": "pid", "max_rows": 2}
+    spec = parse_spec(raw)
+    write_months(source, 1, people=True)
+    register_and_measure(spec, Catalog(), tmp_path / "out")
+    rows = json.loads(CliRunner().invoke(app, ["budget", "people", "--json"]).stdout)["datasets"][
+        0
+    ]["series"][0]["periods"]
+    assert [r["partition"] for r in rows] == [None, None, None]  # charged to the whole dataset
+    assert [r["period_name"] for r in rows] == [f"month={m}" for m in MONTHS]
+    text = " ".join(CliRunner().invoke(app, ["budget", "people"]).output.split())
+    assert "month=2026-01 (whole dataset)" in text and "month=2026-02 (not released)" in text
