@@ -2,21 +2,24 @@
 # Start a process worker that runs dprelease deployments (pool dprelease-process by default,
 # created if missing).  It inherits this environment: DPRELEASE_HOME / DPRELEASE_CATALOG_URL
 # decide which catalog the releases charge.  Flow-run logs go to $DPRELEASE_HOME/run/worker.log.
+# The worker runs with a Great Expectations validation service beside it (flows/worker_host.py:
+# GX imported once per worker, not in every flow run; DPRELEASE_VALIDATION_SERVICE=off: none).
 #   deploy/start-worker.sh              # in the background (recorded in $DPRELEASE_RUN_REGISTRY)
 #   deploy/start-worker.sh --foreground
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 healthy "$PREFECT_API_URL" || { echo "no Prefect server at $PREFECT_API_URL (deploy/start-server.sh)" >&2; exit 1; }
-ARGS=(worker start --pool "$DPRELEASE_POOL" --type process --install-policy never)
+ARGS=(-m dprelease.flows.worker_host -- "$DPRELEASE_VENV/bin/prefect"
+  worker start --pool "$DPRELEASE_POOL" --type process --install-policy never)
 cd "$DPRELEASE_ROOT"
 if [ "${1:-}" = "--foreground" ]; then
-  exec "$DPRELEASE_VENV/bin/prefect" "${ARGS[@]}"
+  exec "$DPRELEASE_VENV/bin/python" "${ARGS[@]}"
 fi
 if registered worker; then
   echo "worker already running (pid $REG_PID, DPRELEASE_HOME=$REG_HOME); log: $REG_LOG"
   exit 0
 fi
-nohup "$DPRELEASE_VENV/bin/prefect" "${ARGS[@]}" >>"$RUN_DIR/worker.log" 2>&1 &
+nohup "$DPRELEASE_VENV/bin/python" "${ARGS[@]}" >>"$RUN_DIR/worker.log" 2>&1 &
 PID=$!
 register worker "$PID" "worker start --pool $DPRELEASE_POOL" "$RUN_DIR/worker.log" "$PREFECT_API_URL"
 sleep 3

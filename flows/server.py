@@ -651,8 +651,9 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child b
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _spawn(command: list[str]) -> subprocess.Popen[bytes]:
-    """A child of the supervisor that ends with it (the supervisor is single-threaded here)."""
+def spawn_child(command: list[str]) -> subprocess.Popen[bytes]:
+    """A child that ends with this process (called from a single-threaded one: the supervisor,
+    ``flows.worker_host``)."""
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
 
 
@@ -666,7 +667,7 @@ def supervise(*, port: int, home: Path, idle: float) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, request_stop)
     prefect = f"prefect server start --host 127.0.0.1 --port {port} --no-ui --analytics-off"
-    child = _spawn([sys.executable, "-m", *prefect.split()])
+    child = spawn_child([sys.executable, "-m", *prefect.split()])
     _log(f"supervisor {os.getpid()}: prefect server pid {child.pid} on port {port}")
     validator = _start_validation_service(home)
     interval = max(0.2, min(5.0, idle / 4))
@@ -716,20 +717,26 @@ def supervise(*, port: int, home: Path, idle: float) -> int:
     return 0
 
 
-def validation_socket(home: Path) -> Path:
-    """``home/validation.sock``; when that path is too long for AF_UNIX, a name derived from the
-    home in ``$TMPDIR/dprelease-<uid>/`` (the socket itself is created mode 0600)."""
-    path = home / VALIDATION_SOCKET_FILE
+def validation_socket(home: Path, *, name: str = VALIDATION_SOCKET_FILE) -> Path:
+    """``home/<name>``; when that path is too long for AF_UNIX, a name derived from it in
+    ``$TMPDIR/dprelease-<uid>/`` (the socket itself is created mode 0600)."""
+    path = home / name
     if len(str(path)) <= MAX_SOCKET_PATH:
         return path
-    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"dprelease-{os.getuid()}" / f"{digest}.sock"
+
+
+def service_enabled() -> bool:
+    """False when ``DPRELEASE_VALIDATION_SERVICE`` is off (``0``, ``off``, ``false``, ``no``)."""
+    value = os.environ.get(VALIDATION_SERVICE_ENV, "on").strip().lower()
+    return value not in ("0", "off", "false", "no")
 
 
 def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
     """``python -m dprelease.catalog.validation.service`` (module docstring); None when it cannot start or
     ``DPRELEASE_VALIDATION_SERVICE=off`` (a host short of the memory it keeps)."""
-    if os.environ.get(VALIDATION_SERVICE_ENV, "on").strip().lower() in ("0", "off", "false", "no"):
+    if not service_enabled():
         _log(f"supervisor {os.getpid()}: validation service off ({VALIDATION_SERVICE_ENV})")
         return None
     path = validation_socket(home)
@@ -739,7 +746,7 @@ def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
         _log(f"supervisor {os.getpid()}: no validation service ({exc})")
         return None
     command = [sys.executable, "-m", VALIDATION_MARKER, "--socket", str(path)]
-    service = _spawn([*command, "--parent-pid", str(os.getpid())])
+    service = spawn_child([*command, "--parent-pid", str(os.getpid())])
     _log(f"supervisor {os.getpid()}: validation service pid {service.pid} on {path}")
     return service
 

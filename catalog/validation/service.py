@@ -96,15 +96,17 @@ def _configured_path() -> Path | None:
     return Path(value) if value else None
 
 
-def _start_marker(path: Path) -> Path:
+def start_marker(path: Path) -> Path:
     return path.with_name(path.name + ".starting")
 
 
-def write_start_marker(marker: Path) -> None:
-    """Name this process in ``marker``: written whole, then renamed into place, so a command never
-    reads a marker that exists but does not name the service yet (it would validate itself)."""
+def write_start_marker(marker: Path, *, pid: int | None = None) -> None:
+    """Name the service (this process, or ``pid`` for its launcher) in ``marker``: written whole,
+    then renamed into place, so a command never reads a marker that exists but does not name the
+    service yet (it would validate itself)."""
+    named = os.getpid() if pid is None else pid
     partial = marker.with_name(f"{marker.name}.{os.getpid()}")
-    partial.write_text(f"{os.getpid()}\n")
+    partial.write_text(f"{named}\n")
     os.replace(partial, marker)
 
 
@@ -112,7 +114,7 @@ def _starting(path: Path) -> bool:
     """The service of ``path`` is alive and importing GX: its start marker names a live process
     that is this socket's validation service (a marker left by a killed one is ignored)."""
     try:
-        pid = int(_start_marker(path).read_text().strip())
+        pid = int(start_marker(path).read_text().strip())
     except (OSError, ValueError):
         return False
     if not is_alive(pid):
@@ -184,7 +186,7 @@ def serve(path: Path, *, parent_pid: int) -> int:
         # below the commands and the Prefect server: on a fresh home the import runs while they
         # start, and it must not delay them (a request waits for this process anyway)
         os.nice(NICENESS)
-    marker = _start_marker(path)
+    marker = start_marker(path)
     with contextlib.suppress(OSError):  # best effort: without it commands import GX themselves
         write_start_marker(marker)  # they wait for this import instead
     try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -298,7 +299,20 @@ def serve(
             with operations.api() as client:
                 client.update_work_pool(POOL, WorkPoolUpdate(concurrency_limit=pool_limit))
         worker = subprocess.Popen(
-            [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--install-policy", "never"],
+            # as deploy/start-worker.sh runs it: a GX validation service beside the worker
+            [
+                str(BIN / "python"),
+                "-m",
+                "dprelease.flows.worker_host",
+                "--",
+                str(BIN / "prefect"),
+                "worker",
+                "start",
+                "--pool",
+                POOL,
+                "--install-policy",
+                "never",
+            ],
             env={**env, **(worker_env or {})},  # e.g. the service key's name, DPRELEASE_KEY
             cwd=base,
             stdout=worker_log,
@@ -607,6 +621,9 @@ def test_an_arrival_event_starts_a_release_for_that_file(ops: Operations) -> Non
     manifest = artifacts.read_manifest(Path(record.directory))
     assert manifest["input_files"] == ["2026-11.parquet"]
     assert record.input_fingerprint == manifest["input_fingerprint"]
+    # the run validated in the worker's GX service (flows/worker_host.py), not in its own process
+    worker_log = ops.logs["worker"].read_text()
+    assert re.search(r"validation service \d+: validated \d+ suite\(s\)", worker_log), worker_log
     _resume(ops, run.id, {"approve": False, "reviewer": "Grace", "note": "arrival test"})
     assert _wait_final(ops, run.id).state.is_completed()
     assert Catalog(ops.catalog_url).release(record.id).status == "rejected"
