@@ -10,6 +10,11 @@ run`` as a subprocess; then stdout, stderr and every file under the state home, 
 the user cache and the release directory are searched for the sentinels' decimal forms.
 ``test_no_leaks_deployed`` reuses the cases and the scanner for the watcher and the deployed flow.
 
+A series whose periods are a column's values plants them in its period column: 4421 rows of the
+undeclared period 6133 (refused under ``on_out_of_domain: error``) and, with 2861 null periods
+too, a period released under ``drop``; ``show``, ``budget`` and ``verify`` of that release are
+searched as well.
+
 The sentinels are real: ``dprelease check`` (the custodian's local view) prints each of them, and
 the scanner finds the old message format ("column 'age' has 7919 null value(s)"), so a leak would
 fail these tests.
@@ -28,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +44,15 @@ import pytest
 import yaml
 
 from dprelease.catalog.confidential.check import check_data, format_report
-from dprelease.catalog.confidential.source import count_cells
+from dprelease.catalog.confidential.source import (
+    CountResult,
+    check_period_values,
+    count_cells,
+    period_rows,
+)
 from dprelease.catalog.errors import DataError
 from dprelease.catalog.spec.load import load_spec
+from dprelease.catalog.spec.model import ReleaseSpec
 from tests.prefect_template import migrated_prefect_db
 
 NORMAL_ROWS = 1000  # in-domain rows in every file: ages 20..69, one person each
@@ -120,8 +131,49 @@ def cases() -> list[Case]:
     ]
 
 
+SERIES_YEARS = [2024, 2025, 2026]  # a column series' declared periods (public)
+
+
+def series_cases() -> list[Case]:
+    """A series whose periods are the values of column ``year`` (declared 2024..2026; 1000 rows of
+    2024): 4421 rows of the undeclared year 6133 refused under ``on_out_of_domain: error``; with
+    2861 null years too, period 2024 released under ``drop``."""
+
+    def table(years: list[Any]) -> pa.Table:
+        periods = pa.array(years + [SERIES_YEARS[0]] * NORMAL_ROWS, pa.int64())
+        return pa.table({"year": periods, "age": _ages([30] * len(years))})
+
+    spec = {
+        "dataset": {"budget": {"rho": 10.0}, "partitions": {"column": "year"}},
+        "privacy": {"rho": 0.5},
+        "series": {
+            "period": {"column": "year", "values": SERIES_YEARS},
+            "horizon": len(SERIES_YEARS),
+            "time_workload": ["period", "cumulative"],
+        },
+    }
+    return [
+        Case(
+            "series",
+            table([6133] * 4421),
+            (6133, 4421, 4421 + NORMAL_ROWS),
+            spec,
+            "column 'year' (series.period.column) has values that are not series.period.values",
+        ),
+        Case(
+            "series-drop",
+            table([6133] * 4421 + [None] * 2861),
+            (6133, 4421, 2861, 4421 + 2861, 4421 + 2861 + NORMAL_ROWS),
+            spec | {"on_out_of_domain": "drop"},
+            "",  # the undeclared and null years are left out, silently
+            unshown=(4421 + 2861,),
+        ),
+    ]
+
+
 CASES = cases()
-ALL_SENTINELS = sorted({s for case in CASES for s in case.sentinels})
+SERIES_CASES = series_cases()
+ALL_SENTINELS = sorted({s for case in (*CASES, *SERIES_CASES) for s in case.sentinels})
 
 
 @functools.cache
@@ -206,12 +258,13 @@ def write_case(
             "id": f"leak-{case.name}",
             "source": f"{case.name}.parquet" if spec_dir == folder else str(folder.resolve()),
             "budget": {"epsilon": 10.0},
-        },
+        }
+        | case.spec.get("dataset", {}),
         "domain": {"age": {"min": 0, "max": 99}},
         "workload": [{"name": "ages", "marginal": ["age"]}],
         "mechanism": "identity",
         "privacy": {"epsilon": 1.0},
-        **case.spec,
+        **{key: value for key, value in case.spec.items() if key != "dataset"},
         **({"trigger": trigger} if trigger else {}),
     }
     path = spec_dir / f"{case.name}.yaml"
@@ -249,7 +302,7 @@ def test_the_scanner_reads_a_databases_rows_including_its_write_ahead_log(tmp_pa
     assert leaks_in({p: c for p, c in files.items() if p.name == "state.db [rows]"})
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", [*CASES, *SERIES_CASES], ids=lambda c: c.name)
 def test_the_custodian_check_shows_every_sentinel(tmp_path: Path, case: Case) -> None:
     """Power: the planted figures are in the data and computable, so a leak is detectable."""
     report = format_report(check_data(load_spec(write_case(tmp_path, case))))
@@ -263,19 +316,28 @@ def test_the_custodian_check_shows_every_sentinel(tmp_path: Path, case: Case) ->
 # --- the counting code path (in process) -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def count_as_a_run_does(spec: ReleaseSpec) -> CountResult:
+    """The cells a run counts: the whole source, or a column series' first period (its period
+    column checked first, as the series reader does)."""
+    if spec.series is None:
+        return count_cells(spec)
+    check_period_values(spec)
+    return count_cells(spec, rows=period_rows(spec, 0))
+
+
+@pytest.mark.parametrize("case", [*CASES, *SERIES_CASES], ids=lambda c: c.name)
 def test_counting_errors_carry_no_sentinel(
     tmp_path: Path, case: Case, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = load_spec(write_case(tmp_path, case))
     caplog.set_level(logging.DEBUG)
     if not case.rule:
-        result = count_cells(spec)
+        result = count_as_a_run_does(spec)
         assert not leaks(repr(result).encode(), case.sentinels)
         assert not leaks(caplog.text.encode(), case.sentinels)
         return
     with pytest.raises(DataError) as raised:
-        count_cells(spec)
+        count_as_a_run_does(spec)
     error = raised.value
     for text in (str(error), repr(error), repr(error.args), caplog.text):
         assert not leaks(text.encode(), case.sentinels), text
@@ -297,6 +359,8 @@ class RunOutcome:
     returncode: int
     stdout: str
     stderr: str
+    audits: tuple[tuple[str, subprocess.CompletedProcess[str]], ...] = ()
+    """After a released series period: ``show``, ``budget`` and ``verify`` (command, result)."""
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -342,16 +406,32 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[
     shutil.copyfile(template, cached)
     outcomes = []
     try:
-        for case in CASES:
+        for case in (*CASES, *SERIES_CASES):
             spec = write_case(data, case)
             done = _dprelease(
                 "run", str(spec), "--out", str(root / "releases"), root=root, cwd=data
             )
             outcomes.append(RunOutcome(case, done.returncode, done.stdout, done.stderr))
+        outcomes[-1] = _audited(outcomes[-1], root=root, cwd=data)
     finally:
         # the shared server flushes and stops: the database is complete when scanned
         _dprelease("server", "stop", root=root, cwd=data)
     yield root, outcomes
+
+
+def _audited(outcome: RunOutcome, *, root: Path, cwd: Path) -> RunOutcome:
+    """The released series period as anyone may look at it: ``show``, ``budget`` of both series'
+    datasets (the refused one recorded its plan), ``verify`` of the release directory."""
+    if "release id:" not in outcome.stdout:
+        return outcome  # test_run_reports_each_problem_by_column_and_rule says why
+    release_id = outcome.stdout.split("release id:")[1].split()[0]
+    commands = [
+        ("show", release_id),
+        *(("budget", f"leak-{case.name}") for case in SERIES_CASES),
+        ("verify", str(root / "releases" / release_id)),
+    ]
+    audits = tuple((" ".join(args), _dprelease(*args, root=root, cwd=cwd)) for args in commands)
+    return replace(outcome, audits=audits)
 
 
 @pytest.mark.flow
@@ -379,6 +459,31 @@ def test_run_output_carries_no_sentinel(runs: tuple[Path, list[RunOutcome]]) -> 
 
 
 @pytest.mark.flow
+def test_show_budget_and_verify_of_a_column_period_name_it_and_carry_no_sentinel(
+    runs: tuple[Path, list[RunOutcome]],
+) -> None:
+    _, outcomes = runs
+    (released,) = [o for o in outcomes if o.case.name == "series-drop"]
+    assert [command.split()[0] for command, _ in released.audits] == [
+        "show",
+        "budget",
+        "budget",
+        "verify",
+    ]
+    for command, done in released.audits:
+        assert done.returncode == 0, f"{command}: {done.stdout}\n{done.stderr}"
+        for stream in (done.stdout, done.stderr):
+            assert not leaks(stream.encode()), f"{command}: {stream}"
+    shown, error_budget, drop_budget, _ = (" ".join(d.stdout.split()) for _, d in released.audits)
+    assert "period 1 of 3 (year=2024;" in shown, shown
+    # every declared period by its value: released (2024) and not yet released (2025, 2026)
+    assert all(f"year={year}" in drop_budget for year in SERIES_YEARS), drop_budget
+    assert "0 of 3 periods released" in error_budget, (
+        error_budget
+    )  # the refused run charged nothing
+
+
+@pytest.mark.flow
 def test_no_file_written_by_run_carries_a_sentinel(runs: tuple[Path, list[RunOutcome]]) -> None:
     root, _ = runs
     files = read_tree(root, exclude=(root / "data",))  # (the confidential input and the specs)
@@ -398,7 +503,8 @@ def test_no_file_written_by_run_carries_a_sentinel(runs: tuple[Path, list[RunOut
 
 
 def test_sentinels_are_distinct_from_the_normal_rows() -> None:
-    """No sentinel is a figure the normal part of a file produces (ages 20..69, 20 rows each)."""
-    normal = set(range(20, 70)) | {NORMAL_ROWS, NORMAL_ROWS // 50}
+    """No sentinel is a figure the normal part of a file produces (ages 20..69, 20 rows each) or
+    a declared (public) period of the series."""
+    normal = set(range(20, 70)) | {NORMAL_ROWS, NORMAL_ROWS // 50} | set(SERIES_YEARS)
     assert not normal & set(ALL_SENTINELS)
     assert np.all(np.asarray(ALL_SENTINELS) > 999)
