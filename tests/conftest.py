@@ -7,6 +7,7 @@ whole session, generous start-up timeout); pure code is tested without Prefect.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -34,6 +35,7 @@ os.environ.pop("PREFECT_API_URL", None)
 
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -173,11 +175,45 @@ def dask_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("dask")
 
 
-@pytest.fixture(scope="session")
-def dask_address(dask_logs: Path) -> Iterator[str]:
-    """A Dask scheduler and two 2 GB workers on loopback, started by the ``dask`` CLI for the
-    session and stopped by PID (:mod:`tests.dask_cluster`)."""
-    from tests.dask_cluster import dask_cluster
+_DASK: dict[str, Any] = {}  # this process's running cluster: its address and its ExitStack
 
-    with dask_cluster(dask_logs) as address:
-        yield address
+
+@pytest.fixture
+def dask_address(dask_logs: Path) -> str:
+    """A Dask scheduler and two 2 GB workers on loopback, started by the ``dask`` CLI
+    (:mod:`tests.dask_cluster`) for the first test that needs it and stopped by PID after the last
+    of a row of such tests (:func:`pytest_runtest_teardown`; under xdist they are one group on one
+    worker, so one cluster starts), not left idling until the session ends."""
+    if "address" not in _DASK:
+        from tests.dask_cluster import dask_cluster
+
+        stack = contextlib.ExitStack()
+        _DASK["address"] = stack.enter_context(dask_cluster(dask_logs))
+        _DASK["stack"] = stack
+    return str(_DASK["address"])
+
+
+def _stop_dask() -> None:
+    stack = _DASK.pop("stack", None)
+    _DASK.pop("address", None)
+    if stack is not None:
+        stack.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Stop the Dask cluster once the next test does not use it, after this test's fixtures
+    (a client of the cluster) were torn down."""
+    result = yield
+    if "address" in _DASK and (nextitem is None or "dask_address" not in _fixtures(nextitem)):
+        _stop_dask()
+    return result
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _stop_dask()
+
+
+def _fixtures(item: pytest.Item) -> tuple[str, ...]:
+    info = getattr(item, "_fixtureinfo", None)
+    return tuple(info.names_closure) if info is not None else ()

@@ -298,9 +298,9 @@ def test_a_shard_with_an_unknown_noise_kind_is_refused() -> None:
 # ---- on a real Dask cluster (two worker processes) ----------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client(dask_address: str) -> Iterator[Client]:
-    """A client of the session's CLI-started cluster (scheduler + two worker processes)."""
+    """A client of the CLI-started cluster (scheduler + two worker processes)."""
     with Client(dask_address, timeout=30, set_as_default=False) as dask_client:
         yield dask_client
 
