@@ -26,6 +26,7 @@ from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning.planner import Plan, make_plan
 from dprelease.catalog.spec.load import check_runnable_before_planning, load_spec
 from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.catalog.spec.series import arrival_source
 from dprelease.mechanisms.primitives.privacy import PrivacyCost
 from dprelease.mechanisms.primitives.protocol import Measurement
 
@@ -36,12 +37,14 @@ PLAN_CACHE_VERSION = "3"
 
 @task(name="load-spec", cache_policy=NO_CACHE, retries=0)
 def load_spec_task(spec_path: str, source_override: str | None = None) -> ReleaseSpec:
-    """The spec, with a newly arrived file as its source if given; refused from sizes alone (as
-    `dprelease run` refuses it) before the plan is made."""
+    """The spec, with a newly arrived file as its source if given (a column series keeps its
+    whole source: :func:`arrival_source`); refused from sizes alone (as `dprelease run` refuses
+    it) before the plan is made."""
     spec = load_spec(spec_path)
     if source_override is not None:
+        source = arrival_source(spec, source_override)
         spec = spec.model_copy(
-            update={"dataset": spec.dataset.model_copy(update={"source": source_override})}
+            update={"dataset": spec.dataset.model_copy(update={"source": source})}
         )
     check_runnable_before_planning(spec)
     return spec

@@ -248,3 +248,15 @@ def period_column_partition(spec: Any) -> str | None:
     if columns is None or partitions is None or partitions.column != columns.column:
         return None
     return columns.column
+
+
+def arrival_source(spec: Any, arrived: str) -> str:
+    """What a release started by the arrival of file ``arrived`` reads: that file (file periods:
+    it is the next period's file; any release without column periods), or, for column periods,
+    the spec's whole ``dataset.source`` (a period is the rows of its value wherever they lie in
+    the source: the past periods a release re-reads, hive folders ``NAME=<value>/``; the arrival
+    only starts the run, like a schedule's tick)."""
+    series = spec.series
+    if series is None or series.columns is None or spec.dataset.source is None:
+        return arrived
+    return str(spec.dataset.source)

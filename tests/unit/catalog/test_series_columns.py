@@ -10,6 +10,7 @@ period by its value, and the Dask reader publishes what the local reader publish
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
+import yaml
 from typer.testing import CliRunner
 
 from dprelease.catalog import partitions, release, series
@@ -30,8 +32,12 @@ from dprelease.catalog.ledger.store import Catalog, SkippedRelease
 from dprelease.catalog.planning.planner import make_plan
 from dprelease.catalog.planning.series import SeriesPlan, make_series_plan
 from dprelease.catalog.series_audit import series_problems, series_summary
-from dprelease.catalog.spec.load import parse_spec
+from dprelease.catalog.spec.load import load_spec, parse_spec
+from dprelease.catalog.watch_state import WatchState
 from dprelease.flows.cli import app
+from dprelease.flows.deployed_release import check_arrived_file_task
+from dprelease.flows.watch import ArrivalEvent, SpecResolver, Watcher, file_fingerprint
+from dprelease.tasks.stages import load_spec_task
 from tests.unit.catalog.test_series_report import run_period
 from tests.unit.catalog.test_spec_series import MONTHS, raw_column_series, raw_series_spec
 
@@ -465,3 +471,88 @@ def test_budget_names_a_person_level_column_period_before_and_after_its_release(
     assert [r["period_name"] for r in rows] == [f"month={m}" for m in MONTHS]
     text = " ".join(CliRunner().invoke(app, ["budget", "people"]).output.split())
     assert "month=2026-01 (whole dataset)" in text and "month=2026-02 (not released)" in text
+
+
+def _arrivals(watcher: Watcher) -> list[ArrivalEvent]:
+    """Two polls: a file is announced once its size and mtime held still across them."""
+    return watcher.poll() + watcher.poll()
+
+
+def _release_arrival(spec_path: Path, event: ArrivalEvent, catalog: Catalog, out: Path) -> int:
+    """What the arrival-triggered deployment runs before the period's stages: the announced
+    file's fingerprint checked, the spec loaded with the arrived file as its override."""
+    check_arrived_file_task.fn(event.path, event.fingerprint)
+    spec = load_spec_task.fn(str(spec_path), event.path)
+    return register_and_measure(spec, catalog, out).period
+
+
+def test_each_rewrite_of_one_export_is_announced_and_its_arrival_releases_the_next_month(
+    tmp_path: Path,
+) -> None:
+    landing, specs = tmp_path / "landing", tmp_path / "specs"
+    landing.mkdir()
+    specs.mkdir()
+    export = landing / "export.parquet"
+    raw = raw_column_series() | {"trigger": "arrival"}
+    raw["dataset"]["source"] = str(export)
+    raw["series"]["time_workload"] = ["period", "cumulative"]
+    spec_path = specs / "months.yaml"
+    spec_path.write_text(yaml.safe_dump(raw))
+    watcher = Watcher(
+        landing,
+        state=WatchState(f"sqlite:///{tmp_path / 'watch.db'}"),
+        emitter=lambda event: None,
+        resolve_datasets=SpecResolver(specs),
+    )
+    catalog = Catalog()
+    for count in (1, 2, 3):
+        write_months(export, count)  # re-written in place, one month more
+        mtime = export.stat().st_mtime_ns + count * 1_000_000  # a coarse clock: still a change
+        os.utime(export, ns=(mtime, mtime))
+        [event] = _arrivals(watcher)
+        assert (event.dataset_id, event.path) == ("monthly", str(export.resolve()))
+        assert _release_arrival(spec_path, event, catalog, tmp_path / "out") == count - 1
+        content = export.read_bytes()
+        export.write_bytes(content)  # the same export written again: nothing announced
+        os.utime(export, ns=(mtime + 500_000, mtime + 500_000))
+        assert _arrivals(watcher) == []
+    assert [p.file_name for p in series.recorded_periods(catalog, load_spec(spec_path))] == [
+        f"month={m}" for m in MONTHS
+    ]
+
+
+def test_an_arriving_file_starts_the_release_of_the_whole_source_of_a_column_series(
+    tmp_path: Path,
+) -> None:
+    """One new file per month (flat, or hive folders holding the period in their name): the
+    release reads the whole source, so the past months its strategy row needs are there."""
+    for layout in ("flat", "hive"):
+        source = tmp_path / layout
+        raw = raw_column_series() | {"trigger": "arrival"}
+        raw["dataset"] |= {"id": f"months-{layout}", "source": str(source)}
+        raw["series"]["time_workload"] = ["period", "cumulative"]
+        spec_path = tmp_path / f"{layout}.yaml"
+        spec_path.write_text(yaml.safe_dump(raw))
+        catalog = Catalog()
+        for period, month in enumerate(MONTHS[:2]):
+            rows = month_rows(month, seed=period)
+            if layout == "hive":
+                arrived = source / f"month={month}" / "part.parquet"
+                rows = rows.drop_columns(["month"])
+            else:
+                arrived = source / f"{month}.parquet"
+            arrived.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(rows, arrived)
+            event = ArrivalEvent(
+                dataset_id=f"months-{layout}",
+                path=str(arrived),
+                fingerprint=file_fingerprint(arrived),
+                size=arrived.stat().st_size,
+            )
+            assert _release_arrival(spec_path, event, catalog, tmp_path / "out") == period
+            loaded = load_spec_task.fn(str(spec_path), str(arrived))
+            assert loaded.dataset.source == str(source)
+    file_series = tmp_path / "files.yaml"  # file periods: the arrived file is the next period
+    file_series.write_text(yaml.safe_dump(raw_series_spec() | {"trigger": "arrival"}))
+    arrived = str(tmp_path / "landing" / "2026-03.parquet")
+    assert load_spec_task.fn(str(file_series), arrived).dataset.source == arrived
