@@ -365,16 +365,18 @@ def _partition(
     return released[s].file_name if s < len(released) else Path(path).name
 
 
+def _period_key(spec: ReleaseSpec, period: int) -> dict[str, Any]:
+    """The key of one period of the series (``series_claims`` and ``series_periods``)."""
+    return {"dataset_id": spec.dataset.id, "name": spec.name, "period": period}
+
+
 def _claim(catalog: Catalog, spec: ReleaseSpec, *, period: int, release_id: str) -> None:
     """Claim ``period`` for ``release_id`` (recorded before this call).  A claim by a release
     that is still measuring refuses this one (:class:`SpecError`); a claim by a failed or aborted
     release that recorded no measurement lapses.  The primary key makes two concurrent claims
     of one period impossible.  O(1)."""
-    where = (
-        series_claims.c.dataset_id == spec.dataset.id,
-        series_claims.c.name == spec.name,
-        series_claims.c.period == period,
-    )
+    key = _period_key(spec, period)
+    where = tuple(series_claims.c[column] == value for column, value in key.items())
     refused = SpecError(
         f"series {spec.name!r}: period {period + 1} is being released by another run; a "
         "period is released once, by one run (if that run crashed, `dprelease recover` marks "
@@ -391,13 +393,7 @@ def _claim(catalog: Catalog, spec: ReleaseSpec, *, period: int, release_id: str)
                     raise refused
                 conn.execute(sa.delete(series_claims).where(*where))  # the claim lapsed
             conn.execute(
-                series_claims.insert().values(
-                    dataset_id=spec.dataset.id,
-                    name=spec.name,
-                    period=period,
-                    release_id=release_id,
-                    claimed_at=now(),
-                )
+                series_claims.insert().values(**key, release_id=release_id, claimed_at=now())
             )
     except sa.exc.IntegrityError:
         raise refused from None
@@ -582,9 +578,7 @@ def _record_period(
     with _engine(catalog).begin() as conn:
         conn.execute(
             series_periods.insert().values(
-                dataset_id=spec.dataset.id,
-                name=spec.name,
-                period=period,
+                **_period_key(spec, period),
                 file_name=partition,
                 file_path=path,
                 input_fingerprint=fingerprint,
