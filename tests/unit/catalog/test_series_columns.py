@@ -5,7 +5,9 @@ alone (filtered in the scan), its keyed fingerprint is that of its counts (indep
 layout and row order), a changed past period is refused before any charge or noise, undeclared
 and null period values follow ``on_out_of_domain`` without naming a value, each release charges
 exactly its increments (event level) or the whole dataset (person level), show/verify name the
-period by its value, and the Dask reader publishes what the local reader publishes."""
+period by its value, budget names every declared period (released or not), the Dask reader
+publishes what the local reader publishes, and an arrival (one export re-written in place, or one
+new file per month, flat or in hive folders) releases the next month from the whole source."""
 
 from __future__ import annotations
 
