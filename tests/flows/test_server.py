@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -172,11 +173,17 @@ def test_orphan_alive_but_unhealthy_is_stopped_on_the_next_start(home: Path) -> 
     )
     try:
         home.mkdir(parents=True)
-        wedged = _record(
-            pid=orphan.pid, port=_unused_port(), started_at=datetime.now(UTC) - timedelta(hours=1)
-        )
-        (home / server.SERVER_FILE).write_text(json.dumps(wedged.as_dict()))
-        found = _connect()
+        # the recorded port stays bound (never listening) while the command connects: no server
+        # another test starts can take it and answer the health check in the orphan's place
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            wedged = _record(
+                pid=orphan.pid,
+                port=int(held.getsockname()[1]),
+                started_at=datetime.now(UTC) - timedelta(hours=1),
+            )
+            (home / server.SERVER_FILE).write_text(json.dumps(wedged.as_dict()))
+            found = _connect()
         assert found["started"] is True and found["pid"] != orphan.pid
         assert orphan.wait(timeout=30) == -signal.SIGTERM  # stopped by its process group
     finally:
