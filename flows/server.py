@@ -745,10 +745,18 @@ def _start_validation_service(home: Path) -> subprocess.Popen[bytes] | None:
     except OSError as exc:
         _log(f"supervisor {os.getpid()}: no validation service ({exc})")
         return None
-    command = [sys.executable, "-m", VALIDATION_MARKER, "--socket", str(path)]
-    service = spawn_child([*command, "--parent-pid", str(os.getpid())])
+    service = spawn_validation_service(path)
     _log(f"supervisor {os.getpid()}: validation service pid {service.pid} on {path}")
     return service
+
+
+def spawn_validation_service(path: Path) -> subprocess.Popen[bytes]:
+    """``python -m dprelease.catalog.validation.service`` on ``path``, a child that ends with this
+    process (and checks that this process stays its parent)."""
+    return spawn_child(
+        [sys.executable, "-m", VALIDATION_MARKER, "--socket", str(path), "--parent-pid",
+         str(os.getpid())]
+    )  # fmt: skip
 
 
 def _terminate(child: subprocess.Popen[bytes]) -> None:

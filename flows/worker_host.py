@@ -25,10 +25,9 @@ from pathlib import Path
 
 from dprelease.catalog.validation import service as validation_service
 from dprelease.flows.server import (
-    VALIDATION_MARKER,
     VALIDATION_SOCKET_ENV,
     service_enabled,
-    spawn_child,
+    spawn_validation_service,
     state_home,
     validation_socket,
 )
@@ -51,10 +50,7 @@ def main(argv: list[str]) -> int:
     if service_enabled():
         path = worker_socket(state_home(), os.getpid())
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        service = spawn_child(
-            [sys.executable, "-m", VALIDATION_MARKER, "--socket", str(path), "--parent-pid",
-             str(os.getpid())]
-        )  # fmt: skip
+        service = spawn_validation_service(path)
         # a flow run started before the service names itself waits for it instead of importing
         # GX beside it
         validation_service.write_start_marker(
