@@ -137,7 +137,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def prefect_harness() -> Iterator[None]:
     import prefect.testing.utilities as harness
 
-    from tests.prefect_template import seed_prefect_db
+    from tests.prefect_template import NO_BLOCK_REGISTRATION, seed_prefect_db
 
     def seeded_mkdtemp() -> str:
         # the harness keeps its SQLite database in a folder it makes with mkdtemp; the migrated
@@ -146,10 +146,13 @@ def prefect_harness() -> Iterator[None]:
         seed_prefect_db(Path(folder) / "prefect-test.db")
         return folder
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, contextlib.ExitStack() as stack:
         patch.setattr(harness, "mkdtemp", seeded_mkdtemp)
-        with harness.prefect_test_harness(server_startup_timeout=300):
-            yield
+        with pytest.MonkeyPatch.context() as starting:  # the server's environment only
+            for name, value in NO_BLOCK_REGISTRATION.items():
+                starting.setenv(name, value)
+            stack.enter_context(harness.prefect_test_harness(server_startup_timeout=300))
+        yield
 
 
 @pytest.fixture

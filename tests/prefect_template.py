@@ -15,6 +15,14 @@ import os
 import shutil
 from pathlib import Path
 
+# The test servers register a block type when a block is saved, as dprelease's own server does
+# (flows/server.py): registering every type at start costs 1.5 of a server's 4.5 CPU-s.
+# deploy/start-server.sh registers them, for the UI's block catalogue.
+NO_BLOCK_REGISTRATION = {
+    "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+    "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
+}
+
 
 def migrated_prefect_db() -> Path:
     """The template (made now if missing: one process migrates, the others wait on a lock)."""

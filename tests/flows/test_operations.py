@@ -48,7 +48,7 @@ import yaml
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.publishing import artifacts
 from dprelease.catalog.watch_state import ReviewRuns
-from tests.prefect_template import seed_prefect_db
+from tests.prefect_template import NO_BLOCK_REGISTRATION, seed_prefect_db
 
 pytestmark = [pytest.mark.flow]
 
@@ -248,7 +248,7 @@ def serve(
         "PREFECT_LOGGING_LEVEL": "INFO",
     }
     server_env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    server_env.update(quiet, PREFECT_HOME=str(base / "server-home"))
+    server_env.update(quiet, PREFECT_HOME=str(base / "server-home"), **NO_BLOCK_REGISTRATION)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DPRELEASE_"))}
     env.update(
         quiet,
