@@ -28,6 +28,10 @@ _LAMBDA_GRID = np.linspace(0.0, _LAMBDA_MAX, 100)
 _LAMBDA_GRID_STEP = _LAMBDA_MAX / 99
 _GOLDEN_ITERATIONS = 40
 _LAMBDA_CHUNK = 1 << 15
+_INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0
+# Levels with at most this many queried nodes run the golden section on Python floats: a step
+# then costs a few float operations per node instead of a dozen array calls for the level.
+_GOLDEN_PER_NODE_MAX_NODES = 32
 
 
 class _BucketPieces:
@@ -146,6 +150,53 @@ def _local_error(lam: np.ndarray, *, e: np.ndarray, mixed: np.ndarray, d: np.nda
     return (e - mixed * lam_sq / (keep_sq + lam_sq * d)) / keep_sq
 
 
+def _golden_section_per_node(
+    left: np.ndarray, right: np.ndarray, e: np.ndarray, mixed: np.ndarray, d: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Golden-section brackets after ``_GOLDEN_ITERATIONS`` steps, node by node on Python floats.
+
+    Same IEEE operations in the same order as :func:`_golden_section_on_arrays` (``x·x`` is what
+    ``x**2`` computes on arrays), so the same brackets; no per-step array call.
+    O(nodes · iterations)."""
+    inv_phi = _INV_PHI
+    final_left, final_right = [], []
+    for lo, hi, e_q, mixed_q, d_q in zip(
+        left.tolist(), right.tolist(), e.tolist(), mixed.tolist(), d.tolist(), strict=True
+    ):
+        for _ in range(_GOLDEN_ITERATIONS):
+            inner_left = hi - inv_phi * (hi - lo)
+            inner_right = lo + inv_phi * (hi - lo)
+            lam_sq, keep = inner_left * inner_left, 1.0 - inner_left
+            keep_sq = keep * keep
+            error_left = (e_q - mixed_q * lam_sq / (keep_sq + lam_sq * d_q)) / keep_sq
+            lam_sq, keep = inner_right * inner_right, 1.0 - inner_right
+            keep_sq = keep * keep
+            error_right = (e_q - mixed_q * lam_sq / (keep_sq + lam_sq * d_q)) / keep_sq
+            if error_left < error_right:
+                hi = inner_right
+            else:
+                lo = inner_left
+        final_left.append(lo)
+        final_right.append(hi)
+    return np.array(final_left, dtype=np.float64), np.array(final_right, dtype=np.float64)
+
+
+def _golden_section_on_arrays(
+    left: np.ndarray, right: np.ndarray, e: np.ndarray, mixed: np.ndarray, d: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Golden-section brackets after ``_GOLDEN_ITERATIONS`` steps, all nodes at once.
+    O(nodes · iterations)."""
+    for _ in range(_GOLDEN_ITERATIONS):
+        inner_left = right - _INV_PHI * (right - left)
+        inner_right = left + _INV_PHI * (right - left)
+        go_left = _local_error(inner_left, e=e, mixed=mixed, d=d) < _local_error(
+            inner_right, e=e, mixed=mixed, d=d
+        )
+        right = np.where(go_left, inner_right, right)
+        left = np.where(go_left, left, inner_left)
+    return left, right
+
+
 def _minimise_local_error(
     e: np.ndarray, a: np.ndarray, a_prime: np.ndarray, d: np.ndarray, mu: np.ndarray
 ) -> np.ndarray:
@@ -153,28 +204,24 @@ def _minimise_local_error(
     lam = np.zeros(e.size)
     for chunk in range(0, e.size, _LAMBDA_CHUNK):
         part = slice(chunk, chunk + _LAMBDA_CHUNK)
-        part_mu = mu[part]
+        part_e, part_d, part_mu = e[part], d[part], mu[part]
         mixed = part_mu * a[part] + (1.0 - part_mu) * a_prime[part]
-        terms = {"e": e[part], "mixed": mixed, "d": d[part]}
         on_grid = _local_error(
-            _LAMBDA_GRID[None, :], **{name: value[:, None] for name, value in terms.items()}
+            _LAMBDA_GRID[None, :], e=part_e[:, None], mixed=mixed[:, None], d=part_d[:, None]
         )
         pick = np.argmin(on_grid, axis=1)  # first minimum: λ = 0 wins ties
         grid_lam = _LAMBDA_GRID[pick]
         grid_value = on_grid[np.arange(pick.size), pick]
         left = np.maximum(grid_lam - _LAMBDA_GRID_STEP, 0.0)
         right = np.minimum(grid_lam + _LAMBDA_GRID_STEP, _LAMBDA_MAX)
-        inv_phi = (math.sqrt(5.0) - 1.0) / 2.0
-        for _ in range(_GOLDEN_ITERATIONS):
-            inner_left = right - inv_phi * (right - left)
-            inner_right = left + inv_phi * (right - left)
-            # Both inner points in one call (row 0 left, row 1 right): elementwise, same values.
-            inner = _local_error(np.stack((inner_left, inner_right)), **terms)
-            go_left = inner[0] < inner[1]
-            right = np.where(go_left, inner_right, right)
-            left = np.where(go_left, left, inner_left)
+        golden_section = (
+            _golden_section_per_node
+            if pick.size <= _GOLDEN_PER_NODE_MAX_NODES
+            else _golden_section_on_arrays
+        )
+        left, right = golden_section(left, right, part_e, mixed, part_d)
         refined = (left + right) / 2.0
-        better = _local_error(refined, **terms) < grid_value
+        better = _local_error(refined, e=part_e, mixed=mixed, d=part_d) < grid_value
         lam[part] = np.where(better, refined, grid_lam)
     return lam
 
