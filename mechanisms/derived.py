@@ -42,7 +42,7 @@ from typing import Literal
 
 import numpy as np
 
-from dprelease.mechanisms.primitives.intervals import laplace_quantile, normal_quantile
+from dprelease.mechanisms.primitives.intervals import laplace_quantile
 from dprelease.mechanisms.primitives.operators import Factor, Identity, MatrixFactor, Prefix, Total
 from dprelease.mechanisms.primitives.workload import WorkloadItem
 
@@ -53,7 +53,9 @@ LABEL_ORDER = ("noise", "noise+bias", "noise-only")
 QUANTILE_LABEL = "interval"
 """Uncertainty label of quantile rows: the interval is computed directly (CDF inversion) and
 ``std_error`` is its normal-equivalent half-width (see the module docstring)."""
-Z95 = normal_quantile(0.95)
+Z95 = 1.959963984540054
+"""``normal_quantile(0.95)`` as the float ``ndtri`` returns (a unit test keeps them equal), written
+out so that importing this module does not load ``scipy.special``."""
 Z95_LAPLACE = laplace_quantile(0.95)
 """``z`` of derived intervals under Laplace noise: the exact 95% quantile of one Laplace draw in
 standard deviations; a weighted sum of Laplace draws has lighter tails, so it is conservative

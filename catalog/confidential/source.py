@@ -20,12 +20,11 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from dprelease.catalog.confidential.choke_point import ProtectedCells
 from dprelease.catalog.errors import DataError
@@ -34,6 +33,9 @@ from dprelease.catalog.ledger.database import default_url
 from dprelease.catalog.spec.domain import Categorical, IntegerRange, NumericBins
 from dprelease.catalog.spec.load import check_runnable
 from dprelease.catalog.spec.model import ReleaseSpec
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
 
 CUSTODIAN_HINT = "as the data custodian, run `dprelease check SPEC` to see what is wrong"
 _ARROW_TYPES = {"integer": pa.int64(), "numeric": pa.float64(), "string": pa.string()}
@@ -116,6 +118,9 @@ def open_dataset(files: SourceFiles, spec: ReleaseSpec) -> ds.Dataset:
 
 def open_dataset_unchecked(files: SourceFiles, spec: ReleaseSpec) -> ds.Dataset:
     """:func:`open_dataset` without the checks: raises Arrow's own errors (``dprelease check``)."""
+    # imported here: 0.3 s (it loads pandas) that commands reading no data never need
+    import pyarrow.dataset as ds
+
     if files.partitioned_dir is not None:
         keys = _partition_keys(files)
         types = {name: _ARROW_TYPES[_expected_type(a)] for name, a in spec.domain.items()}
@@ -378,6 +383,8 @@ class PeriodRows:
     label: str
 
     def expression(self) -> ds.Expression:
+        import pyarrow.dataset as ds  # loaded already: a dataset is open
+
         return ds.field(self.column) == self.value
 
 

@@ -30,13 +30,15 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 
 from dprelease.catalog.processes import command_line, is_alive
 from dprelease.catalog.validation.gx import Jobs
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SOCKET_ENV = "DPRELEASE_VALIDATION_SOCKET"
 """Set by ``flows.server.connect`` for a command that uses the shared server: the socket to try

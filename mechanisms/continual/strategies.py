@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 from scipy.linalg import solve_triangular
-from scipy.optimize import minimize
 
 from dprelease.mechanisms.continual.factorisation import CausalFactorisation
 from dprelease.mechanisms.continual.workloads import positive_int
@@ -123,6 +122,8 @@ def optimised(workload: np.ndarray, *, objective: str = "worst") -> CausalFactor
     compared with the square root by the exact :func:`objective_value`, and the better is returned.
     Deterministic (no randomness); one BLAS thread.  O(:data:`MAX_ITERATIONS` · kT³) per surrogate.
     """
+    from scipy.optimize import minimize  # imported here: 0.2 s a recorded series plan never needs
+
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
     baseline = square_root(workload)

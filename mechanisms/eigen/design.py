@@ -34,7 +34,6 @@ from typing import Literal
 
 import numpy as np
 import scipy.linalg
-import scipy.optimize
 
 from dprelease.mechanisms.primitives.linalg import read_only
 from dprelease.mechanisms.primitives.lower_bound import svd_bound_gram, validate_gram
@@ -413,6 +412,8 @@ def _solve_weighting_dual(
     relative primal-dual gap is ``<= rtol``.  Each evaluation is O(n k).  ``initial_multipliers``
     are in the units of the original costs.
     """
+    import scipy.optimize  # imported here: 0.2 s that planning from the strategy store never needs
+
     scale = float(costs.max())
     normalised_costs = costs / scale
     exponent = 1.0 / (power + 1)

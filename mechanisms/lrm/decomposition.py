@@ -25,7 +25,6 @@ from numbers import Integral
 
 import numpy as np
 import scipy.linalg
-import scipy.optimize
 
 from dprelease.mechanisms.primitives.compute_limits import (
     DGEMM_FLOPS_PER_SECOND,
@@ -427,6 +426,8 @@ def _completion(
 
     root_b, root_r = scale ** (1 / 3), float(column_r2.sum()) ** (1 / 3)
     uniform = root_b / (root_b + root_r)
+    import scipy.optimize  # imported here: 0.2 s that planning from the strategy store never needs
+
     result = scipy.optimize.minimize_scalar(
         noise, bounds=(uniform * 1e-3, 1.0 - (1.0 - uniform) * 1e-3), method="bounded"
     )

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.linalg
-import scipy.optimize
 
 from dprelease.mechanisms.primitives.compute_limits import (
     DGEMM_FLOPS_PER_SECOND,
@@ -474,6 +473,10 @@ def optimize_weights(
     so far are kept (every term stays, so the workload stays supported), pruning is skipped and
     ``parameters["stopped_early"]`` is True.
     """
+    # imported here, before the time limit starts (0.2 s that planning from the strategy store
+    # never needs); _optimize_log_weights uses it
+    import scipy.optimize  # noqa: F401
+
     limit = WorkLimit(time_limit=time_limit)
 
     def optimise(candidate_terms: list[tuple[Factor, ...]]) -> tuple[np.ndarray, int, bool]:
@@ -532,6 +535,8 @@ def _optimize_log_weights(
     progress: Progress | None,
 ) -> tuple[np.ndarray, int, bool]:
     """(weights, evaluations, stopped early): L-BFGS-B on the log-weights from equal weights."""
+    import scipy.optimize  # already loaded by optimize_weights (outside its time limit)
+
     if len(terms) == 1:  # the objective is scale-free: nothing to optimise
         return np.ones(1), 0, False
     problem = _WeightProblem(workload, terms, noise=noise)

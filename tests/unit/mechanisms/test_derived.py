@@ -15,6 +15,7 @@ from dprelease.catalog.spec.load import parse_spec
 from dprelease.catalog.spec.model import derived_rows, item_num_queries
 from dprelease.mechanisms import derived
 from dprelease.mechanisms.derived import Z95, BinnedColumn
+from dprelease.mechanisms.primitives.intervals import normal_quantile
 from dprelease.mechanisms.primitives.operators import kron_dense
 from dprelease.mechanisms.primitives.protocol import ItemAnswers
 
@@ -307,3 +308,7 @@ def test_derived_tables_from_exact_answers() -> None:
         lo <= e <= hi
         for lo, e, hi in zip(median["ci_low"], median["estimate"], median["ci_high"], strict=True)
     )
+
+
+def test_z95_is_the_normal_quantile_written_out() -> None:
+    assert normal_quantile(0.95) == Z95  # the same float, not merely close
