@@ -357,21 +357,30 @@ def _least_cost_dyadic(costs: np.ndarray) -> np.ndarray:
             long_length = long_lengths[pick, 0]
         first = max(0, block_start - short_lengths[-1])
         local_best = best[first:block_start].tolist()
-        short_costs = [costs[k, first : ends[-1]].tolist() for k in range(n_short)]
-        for offset, end in enumerate(ends.tolist()):  # O(block · log block) Python steps
+        short_candidates = [
+            (length, costs[k, first : ends[-1]].tolist()) for k, length in enumerate(short_lengths)
+        ]
+        block_length = []
+        for end, long_value, long_size in zip(  # O(block · log block) Python steps
+            ends.tolist(), long_best.tolist(), long_length.tolist(), strict=True
+        ):
             value, length = math.inf, 0
-            for k, candidate_length in enumerate(short_lengths):
-                start = end - candidate_length
-                if start < 0:
+            relative_end = end - first
+            for candidate_length, cost_from in short_candidates:
+                if candidate_length > end:
                     break
-                total = local_best[start - first] + short_costs[k][start - first]
+                total = (
+                    local_best[relative_end - candidate_length]
+                    + cost_from[relative_end - candidate_length]
+                )
                 if total < value:
                     value, length = total, candidate_length
-            if long_best[offset] < value:
-                value, length = float(long_best[offset]), int(long_length[offset])
+            if long_value < value:
+                value, length = long_value, long_size
             local_best.append(value)
-            best[end] = value
-            last_length[end] = length
+            block_length.append(length)
+        best[ends] = local_best[-ends.size :]
+        last_length[ends] = block_length
     return _backtrack(last_length)
 
 
