@@ -164,8 +164,9 @@ def _golden_section_per_node(
         left.tolist(), right.tolist(), e.tolist(), mixed.tolist(), d.tolist(), strict=True
     ):
         for _ in range(_GOLDEN_ITERATIONS):
-            inner_left = hi - inv_phi * (hi - lo)
-            inner_right = lo + inv_phi * (hi - lo)
+            step = inv_phi * (hi - lo)
+            inner_left = hi - step
+            inner_right = lo + step
             lam_sq, keep = inner_left * inner_left, 1.0 - inner_left
             keep_sq = keep * keep
             error_left = (e_q - mixed_q * lam_sq / (keep_sq + lam_sq * d_q)) / keep_sq
@@ -266,7 +267,7 @@ class HierarchicalStrategy:
                 f"lambdas has {len(self.lambdas)} levels but level_bounds has {len(levels) - 1} "
                 "above the leaves"
             )
-        lambdas = []
+        lambdas, group_sizes = [], [np.zeros(0, dtype=np.int64)]
         for level in range(1, len(levels)):
             if not np.all(np.isin(levels[level], levels[level - 1])):
                 raise ValueError(f"level_bounds[{level}] must be nested in level {level - 1}")
@@ -277,7 +278,8 @@ class HierarchicalStrategy:
                 )
             if np.any((lam < 0) | (lam >= 1)) or not np.all(np.isfinite(lam)):
                 raise ValueError(f"lambdas[{level - 1}] must lie in [0, 1)")
-            if np.any(lam[_group_sizes(levels, level) < 2] != 0):
+            group_sizes.append(_group_sizes(levels, level))
+            if np.any(lam[group_sizes[level] < 2] != 0):
                 raise ValueError(f"lambdas[{level - 1}] must be 0 at carried (single-child) nodes")
             lambdas.append(read_only(lam))
         object.__setattr__(self, "level_bounds", levels)
@@ -288,7 +290,7 @@ class HierarchicalStrategy:
         for level in range(len(levels) - 1, 0, -1):
             lam = lambdas[level - 1]
             fractions[level] = read_only(lam * reaching)
-            reaching = np.repeat(reaching * (1.0 - lam), _group_sizes(levels, level))
+            reaching = np.repeat(reaching * (1.0 - lam), group_sizes[level])
         fractions[0] = read_only(reaching)
         object.__setattr__(self, "fractions", tuple(fractions))
 
