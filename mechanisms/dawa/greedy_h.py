@@ -188,8 +188,9 @@ def _golden_section_on_arrays(
     """Golden-section brackets after ``_GOLDEN_ITERATIONS`` steps, all nodes at once.
     O(nodes · iterations)."""
     for _ in range(_GOLDEN_ITERATIONS):
-        inner_left = right - _INV_PHI * (right - left)
-        inner_right = left + _INV_PHI * (right - left)
+        step = _INV_PHI * (right - left)
+        inner_left = right - step
+        inner_right = left + step
         go_left = _local_error(inner_left, e=e, mixed=mixed, d=d) < _local_error(
             inner_right, e=e, mixed=mixed, d=d
         )
