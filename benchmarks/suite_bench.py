@@ -21,12 +21,14 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from count_bench import print_table  # benchmarks/ is on sys.path when run as a script
@@ -57,22 +59,21 @@ def run_selection(
     return wall, cpu, done.returncode == 0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", required=True, help="git revision to compare against")
-    parser.add_argument("selection", nargs="*", default=["tests/statistical"])
-    args = parser.parse_args()
+@contextlib.contextmanager
+def baseline_tree(baseline: str) -> Iterator[tuple[str, Path, str]]:
+    """``(commit, worktree, PYTHONPATH)`` of revision ``baseline``: a detached ``git worktree`` in
+    a temporary folder, importable as ``dprelease`` ahead of the editable install; removed after."""
     revision = subprocess.run(
-        ["git", "rev-parse", "--verify", f"{args.baseline}^{{commit}}"],
+        ["git", "rev-parse", "--verify", f"{baseline}^{{commit}}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
     if revision.returncode != 0:
-        raise SystemExit(f"--baseline {args.baseline!r} is not a commit of this repository")
+        raise SystemExit(f"--baseline {baseline!r} is not a commit of this repository")
     commit = revision.stdout.strip()
-    with tempfile.TemporaryDirectory(prefix="suite-bench-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bench-baseline-") as scratch:
         tree = Path(scratch) / "tree"
         subprocess.run(
             ["git", "worktree", "add", "--detach", "--quiet", str(tree), commit],
@@ -84,19 +85,25 @@ def main() -> None:
             imports = Path(scratch) / "imports"
             imports.mkdir()
             (imports / "dprelease").symlink_to(tree)
-            rows = []
-            results = {}
-            for label, root, path in (
-                ("baseline", tree, f"{imports}{os.pathsep}{tree}"),
-                ("now", ROOT, None),
-            ):
-                wall, cpu, passed = run_selection(root, args.selection, pythonpath=path)
-                results[label] = (wall, cpu)
-                rows.append([label, f"{wall:.1f}", f"{cpu:.1f}", "yes" if passed else "NO"])
+            yield commit, tree, f"{imports}{os.pathsep}{tree}"
         finally:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False
             )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", required=True, help="git revision to compare against")
+    parser.add_argument("selection", nargs="*", default=["tests/statistical"])
+    args = parser.parse_args()
+    rows = []
+    results = {}
+    with baseline_tree(args.baseline) as (commit, tree, path):
+        for label, root, pythonpath in (("baseline", tree, path), ("now", ROOT, None)):
+            wall, cpu, passed = run_selection(root, args.selection, pythonpath=pythonpath)
+            results[label] = (wall, cpu)
+            rows.append([label, f"{wall:.1f}", f"{cpu:.1f}", "yes" if passed else "NO"])
     for row, label in zip(rows, ("baseline", "now"), strict=True):
         row.append(f"{results[label][1] / results['baseline'][1]:.2f}x")
     print(f"selection: {' '.join(args.selection)}; baseline {args.baseline} ({commit[:10]})")
