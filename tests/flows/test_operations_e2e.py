@@ -288,7 +288,9 @@ def _scenario(stack: Stack) -> None:
         )
         time.sleep(1.0)
 
-    # every run that started ends (its review, if any, is under way): bounded wait
+    # every run that started ends and its process exits (its review, if any, is under way):
+    # bounded wait; a finished run's process still flushing its logs and events is not one that
+    # stop.sh left behind
     from prefect.client.schemas.objects import StateType
 
     deadline = time.monotonic() + SETTLE_TIMEOUT
@@ -302,11 +304,18 @@ def _scenario(stack: Stack) -> None:
             and not run.state.is_final()
         ]
         arrived = catalog.releases(dataset_id=stack.arrival_dataset)
-        if not unfinished and len(arrived) == 2 and all(r.status != "staged" for r in arrived):
+        exiting = [
+            pid
+            for pid, (start, _) in stack.flow_processes.items()
+            if (stat := _stat(pid)) is not None and stat[0] == start
+        ]
+        reviewed = len(arrived) == 2 and all(r.status != "staged" for r in arrived)
+        if not unfinished and not exiting and reviewed:
             break
         assert time.monotonic() < deadline, (
             "runs not finished: "
             + ", ".join(f"{run.name} {run.state.name}" for run in unfinished)
+            + f"; flow-run processes alive: {exiting}"
             + f"; arrival releases {[r.status for r in arrived]}\n{stack.diagnostics()}"
         )
         time.sleep(1.0)
