@@ -49,6 +49,7 @@ EVERY_MINUTE = "* * * * *"
 SETUP_TIMEOUT = 300.0  # server start (16-34 s measured, two at once on 2 shared cores) + deploy
 OBSERVE_TIMEOUT = (TICKS + 3) * 60.0  # first tick within a minute of deploying, plus slack
 SETTLE_TIMEOUT = 180.0  # started runs end after the last tick (a run: 16-30 s measured)
+EXIT_GRACE = 30.0  # seconds a process may take to exit once stop.sh returned
 REVIEW_TIMEOUT = 600  # seconds a deployed run waits for its reviewer
 
 
@@ -288,9 +289,7 @@ def _scenario(stack: Stack) -> None:
         )
         time.sleep(1.0)
 
-    # every run that started ends and its process exits (its review, if any, is under way):
-    # bounded wait; a finished run's process still flushing its logs and events is not one that
-    # stop.sh left behind
+    # every run that started ends (its review, if any, is under way): bounded wait
     from prefect.client.schemas.objects import StateType
 
     deadline = time.monotonic() + SETTLE_TIMEOUT
@@ -304,18 +303,11 @@ def _scenario(stack: Stack) -> None:
             and not run.state.is_final()
         ]
         arrived = catalog.releases(dataset_id=stack.arrival_dataset)
-        exiting = [
-            pid
-            for pid, (start, _) in stack.flow_processes.items()
-            if (stat := _stat(pid)) is not None and stat[0] == start
-        ]
-        reviewed = len(arrived) == 2 and all(r.status != "staged" for r in arrived)
-        if not unfinished and not exiting and reviewed:
+        if not unfinished and len(arrived) == 2 and all(r.status != "staged" for r in arrived):
             break
         assert time.monotonic() < deadline, (
             "runs not finished: "
             + ", ".join(f"{run.name} {run.state.name}" for run in unfinished)
-            + f"; flow-run processes alive: {exiting}"
             + f"; arrival releases {[r.status for r in arrived]}\n{stack.diagnostics()}"
         )
         time.sleep(1.0)
@@ -352,20 +344,29 @@ def _stop_everything(stack: Stack) -> None:
     groups |= {pgid for _, pgid in stack.flow_processes.values()}
     groups.discard(os.getpgrp())  # never this test's own group
     stack.script("stop.sh", timeout=180.0)
-    left = [
-        f"{name} (pid {pid})"
-        for name, (pid, start) in recorded.items()
-        if (stat := _stat(pid)) is not None and stat[0] == start
-    ]
-    left += [
-        f"flow run (pid {pid})"
-        for pid, (start, _) in stack.flow_processes.items()
-        if (stat := _stat(pid)) is not None and stat[0] == start
-    ]
-    for entry in Path("/proc").iterdir():
-        stat = _stat(int(entry.name)) if entry.name.isdigit() else None
-        if stat is not None and stat[1] in groups:
-            left.append(f"pid {entry.name} of process group {stat[1]}")
+
+    def left_behind() -> list[str]:
+        left = [
+            f"{name} (pid {pid})"
+            for name, (pid, start) in recorded.items()
+            if (stat := _stat(pid)) is not None and stat[0] == start
+        ]
+        left += [
+            f"flow run (pid {pid})"
+            for pid, (start, _) in stack.flow_processes.items()
+            if (stat := _stat(pid)) is not None and stat[0] == start
+        ]
+        for entry in Path("/proc").iterdir():
+            stat = _stat(int(entry.name)) if entry.name.isdigit() else None
+            if stat is not None and stat[1] in groups:
+                left.append(f"pid {entry.name} of process group {stat[1]}")
+        return left
+
+    # a finished run's process may still be flushing its logs and events when stop.sh returns
+    # (seen once under load): it must be gone within EXIT_GRACE, not at the same instant
+    deadline = time.monotonic() + EXIT_GRACE
+    while (left := left_behind()) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert not left, f"left behind after deploy/stop.sh: {left}\n{stack.diagnostics()}"
 
 
