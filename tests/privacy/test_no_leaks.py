@@ -28,6 +28,7 @@ import os
 import pickle
 import re
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -188,10 +189,28 @@ def _sentinel_pattern(sentinels: tuple[int, ...]) -> re.Pattern[bytes]:
     return re.compile(rb"(?=\d)(?<![0-9A-Za-z._\-])(?:" + alternatives + rb")(?![0-9A-Za-z_\-])")
 
 
+# Process ids are public, and on Linux they share the sentinels' range (pid_max 32768 by default), so
+# a run's own pid once matched a sentinel.  Masked only where dprelease names a process as one: its
+# server log ("supervisor 8919:", "prefect server pid 8919", "validation service 8919:"), messages
+# ("(pid 8919", "its process 8919 on"), registry files ('"pid": 8919') and Prefect's
+# "<host>:<pid>" infrastructure id.  A sentinel anywhere else is still a leak.
+PROCESS_ID_PHRASES = re.compile(
+    rb"(?<=supervisor )\d+(?=:)|(?<=validation service )\d+(?=:)|(?<=server pid )\d+"
+    rb"|(?<=service pid )\d+|(?<=\(pid )\d+|(?<=its process )\d+(?= on )|(?<=\"pid\": )\d+"
+    + rb"|(?<="
+    + re.escape(socket.gethostname().encode())
+    + rb":)\d+"
+)
+PROCESS_ID_COLUMNS = {"releases": ("owner_pid", "owner_start"), "flow_run": ("infrastructure_pid",)}
+"""Columns that hold a process's identity (pid, start time), set to NULL in :func:`sqlite_rows`."""
+
+
 def leaks(data: bytes, sentinels: tuple[int, ...] | list[int] = ALL_SENTINELS) -> list[str]:
     """Every decimal form ("7919", "7,919", "7 919", "7_919") of a sentinel standing alone: not
-    inside a longer number, word, hex id or UUID (where 4 digits turn up by chance)."""
+    inside a longer number, word, hex id or UUID (where 4 digits turn up by chance), nor where a
+    process id is named as one (:data:`PROCESS_ID_PHRASES`)."""
     found = []
+    data = PROCESS_ID_PHRASES.sub(b"<pid>", data)
     for match in _sentinel_pattern(tuple(sorted(sentinels))).finditer(data):
         context = data[max(0, match.start() - 60) : match.end() + 60]
         found.append(f"{match.group().decode()}: ...{context!r}...")
@@ -208,6 +227,10 @@ def sqlite_rows(path: Path) -> bytes:
                 shutil.copyfile(f"{path}{suffix}", Path(scratch) / f"copy.db{suffix}")
         connection = sqlite3.connect(Path(scratch) / "copy.db")
         try:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+            for table, columns in PROCESS_ID_COLUMNS.items():
+                if table in tables:  # positional in the dump, so no phrase names them
+                    connection.execute(f"UPDATE {table} SET {' = NULL, '.join(columns)} = NULL")
             return "\n".join(connection.iterdump()).encode()
         finally:
             connection.close()
@@ -280,6 +303,29 @@ def test_the_scanner_finds_a_count_in_the_old_message_format() -> None:
     assert leaks(b'{"null_rows": 7919}')
     assert leaks(b"out of domain: 3,313 rows, e.g. 4242")
     assert not leaks(b"uuid 0a1b6661-6661-4c3d-8e9f-000000006661 sha 0f6661ab 0.66610 16661")
+
+
+def test_the_scanner_passes_a_process_id_only_where_it_is_named_as_one(tmp_path: Path) -> None:
+    host = socket.gethostname()
+    for named in (
+        b"2026-11-29T13:53:51+00:00 dprelease supervisor 8919: prefect server pid 7919 on port 45745",
+        b"dprelease validation service 8919: validated 1 suite(s); validation service pid 7919",
+        b"run of s.yaml (pid 8919, its process 7919 on vm is gone",
+        b'{"pid": 8919, "start": "2961932"} ' + f"{host}:7919".encode(),
+    ):
+        assert not leaks(named), named
+    for leaked in (b"supervisor 8919 rows", b"pid 7919", b"7919: null rows", b"process 7919"):
+        assert leaks(leaked), leaked
+    database = tmp_path / "catalog.db"
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE releases (id TEXT, owner_pid INTEGER, owner_start TEXT)")
+        connection.execute("INSERT INTO releases VALUES ('r1', 8919, '2961932')")
+        connection.execute("CREATE TABLE notes (id TEXT, figure INTEGER)")
+        connection.execute("INSERT INTO notes VALUES ('r1', 7919)")
+    connection.close()
+    rows = sqlite_rows(database)
+    assert b"8919" not in rows and b"'r1',NULL,NULL" in rows
+    assert [hit.split(":")[0] for hit in leaks(rows)] == ["7919"]  # the same number as a figure
 
 
 def test_the_scanner_reads_a_databases_rows_including_its_write_ahead_log(tmp_path: Path) -> None:
