@@ -73,8 +73,9 @@ registered() {
   return 1
 }
 
-# stop_registered NAME LABEL -> SIGTERM, then SIGINT (a Prefect worker ignores SIGTERM), then
-# SIGKILL, to the recorded process only (never one it cannot prove it started)
+# stop_registered NAME LABEL -> SIGTERM, then SIGINT (a Prefect worker does not stop on SIGTERM;
+# on a second interrupt it SIGKILLs itself), then SIGKILL, to the recorded process only (never
+# one it cannot prove it started)
 stop_registered() {
   local name="$1" label="$2" pid step signal ticks
   if ! registered "$name"; then
