@@ -153,7 +153,7 @@ def _children(pid: int) -> list[int]:
 
 
 def _stop(process: subprocess.Popen[bytes], *, grace: tuple[float, float] = (5.0, 20.0)) -> None:
-    """SIGTERM, then SIGINT (a Prefect worker ignores SIGTERM), then SIGKILL; bounded waits."""
+    """SIGTERM, then SIGINT (a Prefect worker does not stop on SIGTERM), then SIGKILL; bounded waits."""
     for sig, wait in ((signal.SIGTERM, grace[0]), (signal.SIGINT, grace[1])):
         if process.poll() is not None:
             return
