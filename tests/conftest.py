@@ -87,6 +87,7 @@ SERVICE_MODULES = frozenset(
 
 SLOW = (  # nodeid prefixes
     "tests/unit/catalog/test_validation_batches.py",  # Great Expectations suites
+    "tests/unit/catalog/test_docs_views.py",
     "tests/unit/catalog/test_validation_intervals.py",
     "tests/unit/catalog/test_pgm_release.py",  # releases, then synthetic data
     "tests/unit/catalog/test_artifacts.py",  # a release built once for the module

@@ -92,12 +92,14 @@ def run_suites_here(jobs: Jobs, *, docs_dir: Path | None = None) -> dict[str, di
         )
         definitions.append((name, frame, definition))
     if docs_dir is not None:
+        from dprelease.catalog.validation.docs_views import site_views
+
         docs_dir.mkdir(parents=True, exist_ok=True)
         context.add_data_docs_site(
             site_name="release_docs",
             site_config={
                 "class_name": "SiteBuilder",
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+                **site_views(),  # GX's views, each template compiled once per process
                 "store_backend": {
                     "class_name": "TupleFilesystemStoreBackend",
                     "base_directory": str(docs_dir),

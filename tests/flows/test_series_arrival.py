@@ -29,7 +29,7 @@ from tests.flows.test_operations import (
     RUN_TIMEOUT,
     Operations,
     _deployment,
-    _runs_of,
+    _runs_with,
     _stop,
     _wait_for,
     serve,
@@ -98,12 +98,13 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
 
 def _finished(ops: Operations, count: int) -> list[Any]:
     deployment = _deployment(ops, DATASET)
+    with ops.api() as client:  # one client for the whole wait
 
-    def done() -> list[Any] | None:
-        runs = [run for run in _runs_of(ops, deployment.id) if run.state.is_final()]
-        return runs if len(runs) >= count else None
+        def done() -> list[Any] | None:
+            runs = [run for run in _runs_with(client, deployment.id) if run.state.is_final()]
+            return runs if len(runs) >= count else None
 
-    return _wait_for(done, what=f"{count} finished runs", timeout=RUN_TIMEOUT)
+        return _wait_for(done, what=f"{count} finished runs", timeout=RUN_TIMEOUT)
 
 
 def _digests(directory: Path) -> dict[str, str]:
