@@ -19,7 +19,8 @@ from dprelease.catalog.validation.gx import run_suites_here
 # what differs between two builds of the same results: element ids, run times
 VOLATILE = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\d{8}T\d{6}\.\d{6}Z"
-    r"|\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC|'_run_time_sort': [0-9.]+"
+    r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z| UTC|[+-]\d{2}:\d{2})?"
+    r"|'_run_time_sort': [0-9.]+"
 )
 
 
