@@ -23,6 +23,7 @@ from typing import Any
 from dprelease.catalog.errors import SpecError
 from dprelease.catalog.spec.load import load_spec
 from dprelease.catalog.spec.model import ReleaseSpec
+from dprelease.flows import flow_run_process
 from dprelease.flows.deployed_release import (
     DEFAULT_REVIEW_TIMEOUT_SECONDS,
     ensure_dataset_limit,
@@ -137,6 +138,7 @@ def build_deployment(
         work_pool_name=settings.work_pool,
         work_queue_name=dataset_queue_name(spec.dataset.id),
         entrypoint_type=EntrypointType.MODULE_PATH,  # the installed package, any working directory
+        job_variables={"command": flow_run_process.COMMAND},  # no workspace supervisor per run
     )
 
 

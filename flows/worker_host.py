@@ -57,6 +57,13 @@ def main(argv: list[str]) -> int:
             validation_service.start_marker(path), pid=service.pid
         )
         os.environ[VALIDATION_SOCKET_ENV] = str(path)
+    # ``python`` in the deployments' command (flows/flow_run_process.py) is this interpreter
+    os.environ["PATH"] = os.pathsep.join(
+        [
+            os.path.dirname(sys.executable),
+            *filter(None, os.environ.get("PATH", "").split(os.pathsep)),
+        ]
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvp(command[0], command)  # the worker keeps this pid; the service stays its child

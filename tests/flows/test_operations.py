@@ -48,6 +48,7 @@ import yaml
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.publishing import artifacts
 from dprelease.catalog.watch_state import ReviewRuns
+from dprelease.flows.flow_run_process import COMMAND
 from tests.prefect_template import NO_BLOCK_REGISTRATION, seed_prefect_db
 
 pytestmark = [pytest.mark.flow]
@@ -369,6 +370,7 @@ def test_each_spec_becomes_a_deployment_with_its_schedule_trigger_pool_and_param
     assert deployment.full_name == "release-deployment/monthly"
     assert deployment.entrypoint == "dprelease.flows.deployed_release.release_deployment_flow"
     assert deployment.work_pool_name == POOL
+    assert deployment.job_variables == {"command": COMMAND}  # the engine without a supervisor
     assert "dataset:census" in deployment.tags
     cron, interval = (s.schedule for s in deployment.schedules)
     assert (cron.cron, cron.timezone) == ("0 6 1 * *", "Europe/Paris")
@@ -407,6 +409,7 @@ def test_deploy_prefect_yaml_matches_the_example_specs_and_the_flow() -> None:
         path, function = entry["entrypoint"].split(":")
         assert (ROOT / path).is_file() and function == release_deployment_flow.fn.__name__
         assert entry["work_pool"]["name"] == POOL
+        assert entry["work_pool"]["job_variables"] == {"command": COMMAND}
         spec = load_spec(ROOT / entry["parameters"]["spec_path"])
         assert entry["name"] == spec.name
         assert set(entry["parameters"]) <= flow_parameters

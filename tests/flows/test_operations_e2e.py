@@ -69,6 +69,7 @@ class Stack:
     max_flow_processes: int = 0
     seen_paused: set[UUID] = field(default_factory=set)
     flow_processes: dict[int, tuple[str, int]] = field(default_factory=dict)  # pid -> (start, pgid)
+    engine_groups: dict[int, int] = field(default_factory=dict)  # pid -> pgid, once it runs
     reviews: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
 
     def script(self, name: str, *args: str, timeout: float = 240.0) -> str:
@@ -131,6 +132,13 @@ def _stat(pid: int) -> tuple[str, int] | None:
     except OSError:
         return None
     return fields[19], int(fields[2])
+
+
+def _runs_the_engine(pid: int) -> bool:
+    try:
+        return b"prefect.engine" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _make_stack(label: str, base: Path, catalog_url: str | None) -> Stack:
@@ -236,6 +244,8 @@ def _observe(stack: Stack, client: Any, deployments: dict[str, UUID], worker_pid
         stat = _stat(pid)
         if stat is not None:
             stack.flow_processes.setdefault(pid, stat)
+            if _runs_the_engine(pid):  # after flows/flow_run_process.py's setsid and exec
+                stack.engine_groups.setdefault(pid, stat[1])
     awaiting = ReviewRuns(stack.catalog_url)
     for record in Catalog(stack.catalog_url).releases(status="staged"):
         run = awaiting.get(record.id)
@@ -313,6 +323,10 @@ def _scenario(stack: Stack) -> None:
             )
             time.sleep(1.0)
 
+    # each flow-run process leads a process group of its own (flows/flow_run_process.py)
+    assert stack.engine_groups and all(pgid == pid for pid, pgid in stack.engine_groups.items()), (
+        stack.engine_groups
+    )
     # no pile-up: never two runs of the cron dataset pending or running at once
     assert stack.max_active_cron_runs == 1, stack.max_active_cron_runs
     failed = [run for run in runs if run.state is not None and run.state.is_final()]

@@ -35,6 +35,7 @@ print(json.dumps({
     "socket": os.environ.get("DPRELEASE_VALIDATION_SOCKET"),
     "gx_here": "great_expectations" in sys.modules,
     "success": summaries["t"]["success"],
+    "path": os.environ["PATH"],
 }))
 """
 
@@ -64,6 +65,8 @@ def test_the_command_keeps_the_pid_and_validates_in_the_service(tmp_path: Path) 
     assert report["socket"] == str(worker_socket(home, pid))
     assert report["success"] is True
     assert report["gx_here"] is False  # validated in the service: GX never imported here
+    # `python` in the deployments' command (flows/flow_run_process.py) is the worker's interpreter
+    assert report["path"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert "validated 1 suite(s)" in done.stderr  # the service's log line (no table value)
     deadline = time.monotonic() + 30
     while Path(report["socket"]).exists():  # the service ends with its parent, socket removed
@@ -79,6 +82,29 @@ def test_with_the_service_off_the_command_runs_alone(tmp_path: Path) -> None:
     assert report["socket"] is None
     assert report["gx_here"] is True  # no service: validated in its own process
     assert report["success"] is True
+
+
+def test_a_flow_runs_process_leads_its_own_session_and_execs_the_engine() -> None:
+    """flows/flow_run_process.py (the deployments' ``command``): setsid, then ``python -m
+    prefect.engine`` with the same interpreter (``execv`` stubbed to report instead)."""
+    probe = (
+        "import json, os, sys\n"
+        "from dprelease.flows import flow_run_process\n"
+        "def report(path, argv):\n"
+        "    print(json.dumps({'leader': os.getsid(0) == os.getpid() == os.getpgid(0),"
+        " 'path': path, 'argv': argv}))\n"
+        "    sys.exit(0)\n"
+        "os.execv = report\n"
+        "flow_run_process.main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["leader"] is True
+    assert report["path"] == sys.executable
+    assert report["argv"] == [sys.executable, "-m", "prefect.engine"]
 
 
 def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
