@@ -81,6 +81,18 @@ def timed(function: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
+def median_rows(
+    results: dict[str, list[float]], *, baseline: str, digits: int = 2
+) -> list[list[str]]:
+    """One row per label: median, range and the median's ratio to the ``baseline`` label's."""
+    reference = statistics.median(results[baseline])
+    return [
+        [label, f"{statistics.median(s):.{digits}f}", f"{min(s):.{digits}f}-{max(s):.{digits}f}",
+         f"{statistics.median(s) / reference:.2f}x"]
+        for label, s in results.items()
+    ]  # fmt: skip
+
+
 def print_table(headers: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     print("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))

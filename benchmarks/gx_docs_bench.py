@@ -13,7 +13,6 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from count_bench import print_table  # benchmarks/ is on sys.path when run as a script
+from count_bench import median_rows, print_table  # benchmarks/ is on sys.path when run as a script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -69,12 +68,8 @@ def main() -> None:
             work, builds=args.builds, before=lambda: None, docs=True
         ),
     }
-    baseline = statistics.median(results["Data Docs, templates compiled each build (GX's views)"])
-    rows = [
-        [label, f"{statistics.median(s):.3f}", f"{min(s):.3f}-{max(s):.3f}",
-         f"{statistics.median(s) / baseline:.2f}x"]
-        for label, s in results.items()
-    ]  # fmt: skip
+    baseline = "Data Docs, templates compiled each build (GX's views)"
+    rows = median_rows(results, baseline=baseline, digits=3)
     print(f"validation of {args.suites} suite(s), CPU s per build, median of {args.builds}")
     print_table(["validation", "CPU s", "range", "vs compiling each build"], rows)
 

@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from count_bench import print_table  # benchmarks/ is on sys.path when run as a script
+from count_bench import median_rows, print_table  # benchmarks/ is on sys.path when run as a script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -83,12 +82,7 @@ def main() -> None:
     results = {}
     for label, extra in (("registers block types", {}), ("skips them", NO_BLOCK_REGISTRATION)):
         results[label] = [start_cpu(template, extra) for _ in range(args.repeats)]
-    baseline = statistics.median(results["registers block types"])
-    rows = [
-        [label, f"{statistics.median(s):.2f}", f"{min(s):.2f}-{max(s):.2f}",
-         f"{statistics.median(s) / baseline:.2f}x"]
-        for label, s in results.items()
-    ]  # fmt: skip
+    rows = median_rows(results, baseline="registers block types")
     print(f"prefect server start on the migrated template, median of {args.repeats}")
     print_table(["start", "CPU s", "range", "vs registering"], rows)
 
