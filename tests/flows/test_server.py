@@ -30,6 +30,9 @@ pytestmark = pytest.mark.flow
 ROOT = Path(__file__).resolve().parents[2]
 CONNECT = "import json; from flows import server; c = server.connect(); print(json.dumps({'pid': c.record.pid, 'url': c.url, 'started': c.started}))"
 EXIT_WAIT_SECONDS = 10.0  # a stopped server's last process has gone within this (bounded wait)
+# for tests about finding, sharing or seeding a server, not about its processes: the validation
+# service's import of Great Expectations (seconds of CPU) is left out
+NO_SERVICE = {"DPRELEASE_VALIDATION_SERVICE": "off"}
 
 
 @pytest.fixture(scope="session")
@@ -123,7 +126,7 @@ def test_the_validation_service_can_be_switched_off(home: Path) -> None:
 
 
 def test_two_commands_starting_at_once_share_one_server(home: Path) -> None:
-    env = {**os.environ}
+    env = {**os.environ, **NO_SERVICE}
     racers = [
         subprocess.Popen(
             [sys.executable, "-c", CONNECT],
@@ -153,7 +156,7 @@ def test_stale_record_of_a_dead_process_is_replaced(home: Path) -> None:
     home.mkdir(parents=True)
     stale = _record(pid=dead.pid, port=9, started_at=datetime.now(UTC) - timedelta(hours=2))
     (home / server.SERVER_FILE).write_text(json.dumps(stale.as_dict()))
-    found = _connect()
+    found = _connect(**NO_SERVICE)
     assert found["started"] is True and found["pid"] != dead.pid
     assert server.read_record() is not None and server.read_record().pid == found["pid"]
 
@@ -202,7 +205,7 @@ def test_a_live_process_that_is_not_ours_is_never_signalled(home: Path) -> None:
             started_at=datetime.now(UTC) - timedelta(hours=1),
         )
         (home / server.SERVER_FILE).write_text(json.dumps(reused.as_dict()))
-        found = _connect()
+        found = _connect(**NO_SERVICE)
         assert found["started"] is True
         assert bystander.poll() is None  # a reused pid: the record was dropped, the process kept
     finally:
@@ -308,7 +311,7 @@ def test_prepare_migrates_once_and_a_new_home_starts_from_it(
     again = runner.invoke(app, ["server", "prepare"])
     assert again.exit_code == 0 and f"already prepared: {template}" in again.stdout
     assert template.read_bytes() == before
-    started = _connect(DPRELEASE_CACHE_DIR=str(cache))
+    started = _connect(DPRELEASE_CACHE_DIR=str(cache), **NO_SERVICE)
     assert started["started"] is True
     assert server.healthy(str(started["url"]))
     assert (home / "prefect" / "prefect.db").is_file()
@@ -334,7 +337,7 @@ def test_the_shared_server_registers_no_block_types_and_a_saved_block_loads(home
     (1.5-1.9 s of its start); the one block type dprelease uses registers itself when saved."""
     result = subprocess.run(
         [sys.executable, "-c", NOTIFY_ROUND_TRIP],
-        env={k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")},
+        env={k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")} | NO_SERVICE,
         cwd=ROOT,
         capture_output=True,
         text=True,
