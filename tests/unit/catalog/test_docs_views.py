@@ -67,7 +67,9 @@ def test_a_second_build_compiles_no_template(
     compiled: list[str | None] = []
     compile_source = jinja2.Environment.compile
 
-    def counting(self: jinja2.Environment, source: Any, name: str | None = None, *a: Any, **k: Any):
+    def counting(
+        self: jinja2.Environment, source: Any, name: str | None = None, *a: Any, **k: Any
+    ) -> Any:
         compiled.append(name)
         return compile_source(self, source, name, *a, **k)
 
