@@ -7,13 +7,22 @@ process, so a recycled pid never passes for the recorded one.  A zombie or dead 
 alive.  Without procfs (not Linux) only ``kill(pid, 0)`` can be checked and is trusted.  Each call
 costs one ``kill(pid, 0)`` and one or two small procfs reads; :func:`live_processes` reads every
 ``/proc/PID/stat`` (O(processes)).
+
+The local services (the validation service, the run starter) log with :func:`service_log` and
+answer a request with one JSON line (:func:`send_line`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
+import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 PROC = Path("/proc")
 _GONE_STATES = ("Z", "X")  # zombie or dead: it will never run again
@@ -86,3 +95,16 @@ def live_processes() -> Iterator[tuple[int, list[str]]]:
         fields = stat_fields(int(entry.name))
         if fields is not None and fields[0] not in _GONE_STATES:
             yield int(entry.name), fields
+
+
+def service_log(service: str, message: str) -> None:
+    """``<UTC time> dprelease <service> <pid>: <message>`` on stderr (public words only)."""
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    sys.stderr.write(f"{stamp} dprelease {service} {os.getpid()}: {message}\n")
+    sys.stderr.flush()
+
+
+def send_line(connection: socket.socket, message: dict[str, Any]) -> None:
+    """One JSON line to a requester; one that went away meanwhile is not an error."""
+    with contextlib.suppress(OSError):
+        connection.sendall(json.dumps(message).encode() + b"\n")

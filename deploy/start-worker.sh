@@ -3,7 +3,9 @@
 # created if missing).  It inherits this environment: DPRELEASE_HOME / DPRELEASE_CATALOG_URL
 # decide which catalog the releases charge.  Flow-run logs go to $DPRELEASE_HOME/run/worker.log.
 # The worker runs with a Great Expectations validation service beside it (flows/worker_host.py:
-# GX imported once per worker, not in every flow run; DPRELEASE_VALIDATION_SERVICE=off: none).
+# GX imported once per worker, not in every flow run; DPRELEASE_VALIDATION_SERVICE=off: none)
+# and a run starter that forks each flow-run process from imports done once
+# (flows/run_starter.py; DPRELEASE_RUN_STARTER=off: every run starts a fresh interpreter).
 #   deploy/start-worker.sh              # in the background (recorded in $DPRELEASE_RUN_REGISTRY)
 #   deploy/start-worker.sh --foreground
 set -euo pipefail

@@ -13,6 +13,11 @@ checks its parent pid every second.  ``DPRELEASE_VALIDATION_SERVICE=off`` (a hos
 memory GX keeps) runs the command alone; a run then validates in its own process, as it does
 whenever the service is missing, still importing past its wait, or fails.
 
+Beside the service it starts the run starter (``flows/run_starter.py``, socket in
+``DPRELEASE_RUN_STARTER_SOCKET``): a process that has imported Prefect's engine and the deployed
+flow once and forks each flow-run process from that state.  ``DPRELEASE_RUN_STARTER=off`` leaves it
+out; every run then starts a fresh interpreter.
+
 The launcher is replaced by the worker at once; it imports only ``flows.server`` and the
 service's marker helpers.
 """
@@ -24,9 +29,11 @@ import sys
 from pathlib import Path
 
 from dprelease.catalog.validation import service as validation_service
+from dprelease.flows import run_starter
 from dprelease.flows.server import (
     VALIDATION_SOCKET_ENV,
     service_enabled,
+    spawn_child,
     spawn_validation_service,
     state_home,
     validation_socket,
@@ -37,6 +44,11 @@ def worker_socket(home: Path, pid: int) -> Path:
     """``home/run/worker-<pid>-validation.sock`` (or its short stand-in): one per worker, so two
     workers of one home, or a worker beside the shared server's service, never share a socket."""
     return validation_socket(home / "run", name=f"worker-{pid}-validation.sock")
+
+
+def starter_socket(home: Path, pid: int) -> Path:
+    """``home/run/worker-<pid>-starter.sock`` (or its short stand-in): the worker's run starter."""
+    return validation_socket(home / "run", name=f"worker-{pid}-starter.sock")
 
 
 def main(argv: list[str]) -> int:
@@ -64,6 +76,15 @@ def main(argv: list[str]) -> int:
             *filter(None, os.environ.get("PATH", "").split(os.pathsep)),
         ]
     )
+    if run_starter.enabled():
+        path = starter_socket(state_home(), os.getpid())
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # set before the spawn: the starter's environment is the one the worker gives its runs
+        os.environ[run_starter.SOCKET_ENV] = str(path)
+        spawn_child(
+            [sys.executable, "-m", "dprelease.flows.run_starter", "--socket", str(path),
+             "--parent-pid", str(os.getpid())]
+        )  # fmt: skip
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvp(command[0], command)  # the worker keeps this pid; the service stays its child

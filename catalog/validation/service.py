@@ -28,13 +28,12 @@ import signal
 import socket
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from dprelease.catalog.processes import command_line, is_alive
+from dprelease.catalog.processes import command_line, is_alive, send_line, service_log
 from dprelease.catalog.validation.gx import Jobs
 
 if TYPE_CHECKING:
@@ -249,14 +248,11 @@ def _answer(connection: socket.socket) -> None:
     except Exception as exc:  # the client validates in its own process, which reports the error
         reply = {"ok": False, "error": type(exc).__name__}
         _log(f"request failed with {type(exc).__name__}")  # the type only: no value, no message
-    with contextlib.suppress(OSError):
-        connection.sendall(json.dumps(reply).encode() + b"\n")
+    send_line(connection, reply)
 
 
 def _log(message: str) -> None:
-    stamp = datetime.now(UTC).isoformat(timespec="seconds")
-    sys.stderr.write(f"{stamp} dprelease validation service {os.getpid()}: {message}\n")
-    sys.stderr.flush()
+    service_log("validation service", message)
 
 
 def _main(argv: list[str]) -> int:

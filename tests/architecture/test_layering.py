@@ -110,8 +110,20 @@ def _banned_calls(path: Path) -> list[str]:
     ("package", "path"), _all_modules(), ids=[str(p.relative_to(ROOT)) for _, p in _all_modules()]
 )
 def test_no_global_randomness_numpy_noise_or_asserts(package: str, path: Path) -> None:
-    found = _banned_calls(path)
+    found = [
+        call
+        for call in _banned_calls(path)
+        if (str(path.relative_to(ROOT)), call.split(": ", 1)[1]) not in GLOBAL_RANDOMNESS_ALLOWED
+    ]
     assert not found, f"{path.relative_to(ROOT)}: {found}"
+
+
+GLOBAL_RANDOMNESS_ALLOWED = {
+    ("flows/run_starter.py", "numpy.random.seed"): (
+        "reseeds numpy's legacy global state from OS entropy in each forked run, so that no two "
+        "runs share it (a new process gets its own at import); nothing draws from it"
+    ),
+}
 
 
 def test_the_banned_api_check_can_fail(tmp_path: Path) -> None:

@@ -323,7 +323,8 @@ def serve(
         yield operations
     finally:
         if worker is not None:
-            flow_processes = _children(worker.pid)
+            children = _children(worker.pid)  # flow-run processes, the run starter and its runs
+            flow_processes = [*children, *(run for pid in children for run in _children(pid))]
             _stop(worker)
             for pid in flow_processes:  # flow runs the worker started and left behind
                 with contextlib.suppress(ProcessLookupError):

@@ -70,6 +70,7 @@ class Stack:
     seen_paused: set[UUID] = field(default_factory=set)
     flow_processes: dict[int, tuple[str, int]] = field(default_factory=dict)  # pid -> (start, pgid)
     engine_groups: dict[int, int] = field(default_factory=dict)  # pid -> pgid, once it runs
+    forked_runs: set[int] = field(default_factory=set)  # runs the worker's run starter forked
     reviews: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
 
     def script(self, name: str, *args: str, timeout: float = 240.0) -> str:
@@ -137,6 +138,13 @@ def _stat(pid: int) -> tuple[str, int] | None:
 def _runs_the_engine(pid: int) -> bool:
     try:
         return b"prefect.engine" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _is_run_starter(pid: int) -> bool:
+    try:
+        return b"dprelease.flows.run_starter" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -246,6 +254,14 @@ def _observe(stack: Stack, client: Any, deployments: dict[str, UUID], worker_pid
             stack.flow_processes.setdefault(pid, stat)
             if _runs_the_engine(pid):  # after flows/flow_run_process.py's setsid and exec
                 stack.engine_groups.setdefault(pid, stat[1])
+            if _is_run_starter(pid):  # its children are the runs it forked (flows/run_starter.py)
+                for run in _children(pid):
+                    if (run_stat := _stat(run)) is not None:
+                        stack.flow_processes.setdefault(run, run_stat)
+                        # the latest sample: a run seen in the instant between fork and setsid
+                        # is still in the starter's group
+                        stack.engine_groups[run] = run_stat[1]
+                        stack.forked_runs.add(run)
     awaiting = ReviewRuns(stack.catalog_url)
     for record in Catalog(stack.catalog_url).releases(status="staged"):
         run = awaiting.get(record.id)
@@ -323,10 +339,12 @@ def _scenario(stack: Stack) -> None:
             )
             time.sleep(1.0)
 
-    # each flow-run process leads a process group of its own (flows/flow_run_process.py)
+    # each flow-run process leads a process group of its own (flows/flow_run_process.py), and the
+    # runs are forked by the worker's run starter (flows/run_starter.py)
     assert stack.engine_groups and all(pgid == pid for pid, pgid in stack.engine_groups.items()), (
         stack.engine_groups
     )
+    assert stack.forked_runs, stack.engine_groups
     # no pile-up: never two runs of the cron dataset pending or running at once
     assert stack.max_active_cron_runs == 1, stack.max_active_cron_runs
     failed = [run for run in runs if run.state is not None and run.state.is_final()]

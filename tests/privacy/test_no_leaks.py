@@ -197,6 +197,8 @@ def _sentinel_pattern(sentinels: tuple[int, ...]) -> re.Pattern[bytes]:
 PROCESS_ID_PHRASES = re.compile(
     rb"(?<=supervisor )\d+(?=:)|(?<=validation service )\d+(?=:)|(?<=server pid )\d+"
     rb"|(?<=service pid )\d+|(?<=\(pid )\d+|(?<=its process )\d+(?= on )|(?<=\"pid\": )\d+"
+    rb"|(?<=run starter )\d+(?=:)|(?<=flow-run process )\d+(?=:)|(?<=of run process )\d+(?= )"
+    rb"|(?<=before run process )\d+(?=:)"
     + rb"|(?<="
     + re.escape(socket.gethostname().encode())
     + rb":)\d+"
@@ -312,9 +314,14 @@ def test_the_scanner_passes_a_process_id_only_where_it_is_named_as_one(tmp_path:
         b"dprelease validation service 8919: validated 1 suite(s); validation service pid 7919",
         b"run of s.yaml (pid 8919, its process 7919 on vm is gone",
         b'{"pid": 8919, "start": "2961932"} ' + f"{host}:7919".encode(),
+        b"dprelease run starter 8919: the requester of run process 7919 ended: run process killed",
+        b"dprelease flow-run process 8919: the run starter ended before run process 7919: waiting",
     ):
         assert not leaks(named), named
-    for leaked in (b"supervisor 8919 rows", b"pid 7919", b"7919: null rows", b"process 7919"):
+    for leaked in (
+        b"supervisor 8919 rows", b"pid 7919", b"7919: null rows", b"process 7919",
+        b"run starter 7919 rows", b"run process 7919",
+    ):  # fmt: skip
         assert leaks(leaked), leaked
     database = tmp_path / "catalog.db"
     with sqlite3.connect(database) as connection:

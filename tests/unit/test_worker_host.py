@@ -95,7 +95,7 @@ def test_a_flow_runs_process_leads_its_own_session_and_execs_the_engine() -> Non
         " 'path': path, 'argv': argv}))\n"
         "    sys.exit(0)\n"
         "os.execv = report\n"
-        "flow_run_process.main()\n"
+        "flow_run_process.main([])\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
