@@ -82,6 +82,7 @@ SERVICE_MODULES = frozenset(
         "tests/unit/catalog/test_validation_service.py",  # the GX validation service
         "tests/unit/catalog/test_engine.py",  # local Dask clusters
         "tests/unit/test_pg_server.py",  # PostgreSQL
+        "tests/unit/test_run_starter.py",  # the run starter
     }
 )
 

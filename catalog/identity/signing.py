@@ -192,17 +192,6 @@ class SignedAccountant(DatasetAccountant):
         return receipt
 
 
-@dataclass(frozen=True, kw_only=True)
-class SignedStep:
-    """A step's signature as verified: which key, at which point of the chain."""
-
-    step: str
-    receipt_id: str | None
-    key_id: str
-    ledger_seq: int
-    signed_at: str
-
-
 def steps(catalog: Catalog, release_id: str) -> list[Any]:
     """The stored signed-step rows of ``release_id`` in the order they were signed."""
     with _engine(catalog).connect() as conn:
