@@ -73,19 +73,17 @@ def run_through_starter(path: Path, module: str) -> int | None:
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(CONNECT_TIMEOUT_SECONDS)
-        reply: dict[str, Any] | None = None
         try:
             connection.connect(str(path))
             request = {"module": module, "cwd": os.getcwd(), "env": dict(os.environ)}
             payload = json.dumps(request).encode() + b"\n"
             sent = socket.send_fds(connection, [payload], [0, 1, 2])
             connection.sendall(payload[sent:])
-            reply = _read_message(connection)
+            reply = _read_message(connection) or {"refused": f"no answer from {path}"}
         except OSError as exc:
-            _note(f"no run starter at {path} ({type(exc).__name__}): the engine starts here")
-        if reply is None or not isinstance(reply.get("pid"), int):
-            if reply is not None:
-                _note(f"the run starter refused ({reply.get('refused')}): the engine starts here")
+            reply = {"refused": f"no answer from {path}: {type(exc).__name__}"}
+        if not isinstance(reply.get("pid"), int):
+            _note(f"the run starter did not fork ({reply.get('refused')}): the engine starts here")
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             for signum in pending:  # a signal meant for a run that never started
@@ -105,13 +103,17 @@ def run_through_starter(path: Path, module: str) -> int | None:
 
 
 def _read_message(connection: socket.socket) -> dict[str, Any] | None:
+    """The starter's next JSON line; None when it closed, broke the connection or sent garbage."""
     data = b""
-    while not data.endswith(b"\n"):
-        chunk = connection.recv(4096)
-        if not chunk:
-            return None
-        data += chunk
-    message = json.loads(data)
+    try:
+        while not data.endswith(b"\n"):
+            chunk = connection.recv(4096)
+            if not chunk:
+                return None
+            data += chunk
+        message = json.loads(data)
+    except (OSError, ValueError):
+        return None
     return message if isinstance(message, dict) else None
 
 

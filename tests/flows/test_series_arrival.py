@@ -1,5 +1,5 @@
 """A 24-period series released on arrival (real ``prefect server``, ``dprelease deploy``, a process
-worker, one ``dprelease watch`` polling every second): 24 monthly Parquet files arrive one by one,
+worker, one ``dprelease watch`` polling every 0.5 s): 24 monthly Parquet files arrive one by one,
 each announced once by the watcher; each triggered run
 releases its period, charges each period it reads exactly its increment (checked per partition in
 the ledger), publishes its period's rows; earlier releases' files stay byte-identical, and after
@@ -86,7 +86,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
         with open(operations.logs["watcher"], "wb") as log:
             watcher = subprocess.Popen(
                 [str(BIN / "dprelease"), "watch", str(landing), "--spec-dir", str(specs_dir),
-                 "--interval", "1"],
+                 "--interval", "0.5"],
                 env=operations.env, cwd=base, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip

@@ -187,7 +187,7 @@ def test_without_a_starter_the_engine_starts_in_the_requester(folder: Path, tmp_
     assert done.returncode == 5
     report = json.loads(done.stdout)
     assert report["leader"] is True
-    assert "no run starter at" in done.stderr
+    assert "did not fork (no answer from" in done.stderr and "FileNotFoundError" in done.stderr
 
 
 def test_a_starter_with_a_thread_running_refuses_to_fork(folder: Path, tmp_path: Path) -> None:
@@ -223,3 +223,36 @@ def test_the_environment_check_ignores_only_per_run_variables() -> None:
 def test_a_malformed_request_is_refused_with_its_rule(raw: bytes, rule: str) -> None:
     with pytest.raises(ValueError, match=rule):
         parse_request(raw)
+
+
+def test_a_starter_that_answers_nothing_leaves_the_run_to_the_requester(
+    folder: Path, tmp_path: Path
+) -> None:
+    """A socket that takes the request and closes: the engine starts in the requester."""
+    import socket
+    import threading
+
+    path = folder / "mute.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def close_at_once() -> None:
+        connection, _ = listener.accept()
+        connection.close()
+
+    closer = threading.Thread(target=close_at_once, daemon=True)
+    closer.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DPRELEASE_"))}
+    env.update(PYTHONPATH=str(ROOT), PREFECT__TEST_EXIT="6", **{SOCKET_ENV: str(path)})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dprelease.flows.flow_run_process", TARGET],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=WAIT, check=False,
+        )  # fmt: skip
+    finally:
+        closer.join(timeout=WAIT)
+        listener.close()
+    assert done.returncode == 6
+    assert json.loads(done.stdout)["leader"] is True
+    assert "did not fork (no answer from" in done.stderr  # a closed or broken connection
