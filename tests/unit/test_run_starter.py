@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dprelease.catalog.processes import is_alive
 from dprelease.flows.run_starter import SOCKET_ENV, differing_variables, parse_request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,14 +39,6 @@ def _wait(check: object, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {WAIT:.0f} s waiting for {what}")
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _start(folder: Path, *preload: str) -> Starter:
@@ -140,7 +133,7 @@ def test_a_signal_to_the_requester_reaches_the_run_and_ends_both_alike(
     client.send_signal(signal.SIGTERM)  # what Prefect sends to cancel a run
     client.communicate(timeout=WAIT)
     assert client.returncode == -signal.SIGTERM
-    _wait(lambda: not _alive(run_pid), "the run to end")
+    _wait(lambda: not is_alive(run_pid), "the run to end")
 
 
 def test_a_killed_requester_takes_its_run_with_it(starter: Starter, tmp_path: Path) -> None:
@@ -148,7 +141,7 @@ def test_a_killed_requester_takes_its_run_with_it(starter: Starter, tmp_path: Pa
     run_pid = int(_report(client)["pid"])  # type: ignore[call-overload]
     client.kill()  # Prefect's SIGKILL after a cancellation's grace period
     client.communicate(timeout=WAIT)
-    _wait(lambda: not _alive(run_pid), "the starter to kill the run")
+    _wait(lambda: not is_alive(run_pid), "the starter to kill the run")
     assert "ended: run process killed" in starter.log.read_text()
 
 
@@ -158,10 +151,10 @@ def test_a_stopped_starter_leaves_its_runs_running_and_the_requester_waits(
     client = _request(starter, tmp_path, PREFECT__TEST_SLEEP="2", PREFECT__TEST_EXIT="0")
     run_pid = int(_report(client)["pid"])  # type: ignore[call-overload]
     _stop(starter)  # as when its worker stops: a paused run outlives it
-    assert _alive(run_pid)
+    assert is_alive(run_pid)
     _, err = client.communicate(timeout=WAIT)
     assert client.returncode == 1  # its code went with the starter
-    assert not _alive(run_pid)
+    assert not is_alive(run_pid)
     assert "waiting for the run" in err
 
 
