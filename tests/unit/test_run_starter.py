@@ -249,3 +249,20 @@ def test_a_starter_that_answers_nothing_leaves_the_run_to_the_requester(
     assert done.returncode == 6
     assert json.loads(done.stdout)["leader"] is True
     assert "did not fork (no answer from" in done.stderr  # a closed or broken connection
+
+
+def test_the_default_preload_leaves_opendp_out_and_no_thread_running() -> None:
+    """Each run imports the noise library itself, so its randomness is its own; the preload must
+    leave one thread, or every run would start fresh."""
+    check = (
+        "import importlib, sys, threading\n"
+        "from dprelease.flows.run_starter import PRELOAD\n"
+        "for name in PRELOAD: importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'opendp'), "
+        "threading.active_count())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=WAIT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "1"], done.stdout
