@@ -12,10 +12,16 @@ CPU is the pytest process's user + system time including the processes it waited
 (``RUSAGE_CHILDREN``); a test that starts daemons (servers) is not fully counted, so the default
 selection has none.  Each row also says whether the selection passed.
 
+With ``--workers N,M,...`` it compares instead the README's test command (or a selection) run
+with ``-n N``, ``-n M``, ... in the working tree, one after the other: wall time, the machine's
+busy CPU over the run (``/proc/stat``, so servers and flow runs count) and the most memory in use
+(``MemTotal - MemAvailable``, sampled each second).  It takes as long as the suite, per row.
+
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/suite_bench.py --baseline b91977f
     .venv/bin/python benchmarks/suite_bench.py --baseline HEAD~3 tests/statistical/test_interval_coverage.py
+    .venv/bin/python benchmarks/suite_bench.py --workers 3,4
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +64,70 @@ def run_selection(
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, done.returncode == 0
+
+
+def busy_jiffies() -> int:
+    """Busy time of all CPUs since boot, in clock ticks (``/proc/stat``: all but idle, iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+def memory_in_use_mb() -> float:
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) / 1024
+
+
+def run_with_workers(workers: int, selection: list[str]) -> tuple[float, float, float, bool]:
+    """(wall s, machine busy CPU s, most memory in use MB, passed) of ``pytest -n workers``."""
+    peak = [memory_in_use_mb()]
+    done_event = threading.Event()
+
+    def sample() -> None:
+        while not done_event.wait(1.0):
+            peak.append(memory_in_use_mb())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    ticks = os.sysconf("SC_CLK_TCK")
+    before, started = busy_jiffies(), time.perf_counter()
+    sampler.start()
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-n",
+                str(workers),
+                *selection,
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    finally:
+        done_event.set()
+        sampler.join()
+    wall = time.perf_counter() - started
+    return wall, (busy_jiffies() - before) / ticks, max(peak), done.returncode == 0
+
+
+def compare_workers(counts: list[int], selection: list[str]) -> None:
+    rows, first = [], None
+    for workers in counts:
+        wall, cpu, memory, passed = run_with_workers(workers, selection)
+        first = first or wall
+        rows.append(
+            [f"-n {workers}", f"{wall:.1f}", f"{cpu:.0f}", f"{memory:.0f}",
+             "yes" if passed else "NO", f"{wall / first:.2f}x"]
+        )  # fmt: skip
+    print(f"selection: {' '.join(selection) or 'the README test command'}; one run each")
+    headers = ["workers", "wall s", "busy CPU s", "memory in use MB", "passed", "wall vs first"]
+    print_table(headers, rows)
 
 
 @contextlib.contextmanager
@@ -94,9 +165,23 @@ def baseline_tree(baseline: str) -> Iterator[tuple[str, Path, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", required=True, help="git revision to compare against")
-    parser.add_argument("selection", nargs="*", default=["tests/statistical"])
+    parser.add_argument("--baseline", help="git revision to compare against")
+    parser.add_argument(
+        "--workers", help="comma-separated pytest -n counts to compare instead, e.g. 3,4"
+    )
+    parser.add_argument(
+        "selection", nargs="*", help="default: tests/statistical; all with --workers"
+    )
     args = parser.parse_args()
+    if args.workers is not None:
+        counts = args.workers.split(",")
+        if not all(c.strip().isdigit() for c in counts):
+            raise SystemExit(f"--workers ({args.workers!r}) must be comma-separated counts >= 0")
+        compare_workers([int(c) for c in counts], args.selection)
+        return
+    if args.baseline is None:
+        raise SystemExit("--baseline is required (or --workers)")
+    args.selection = args.selection or ["tests/statistical"]
     rows = []
     results = {}
     with baseline_tree(args.baseline) as (commit, tree, path):

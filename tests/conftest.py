@@ -44,13 +44,16 @@ from _pytest.nodeid import coerce_node_id  # noqa: E402
 # a real PostgreSQL server for the session, and catalog URLs on both backends (tests/pg_server.py)
 from tests.pg_server import catalog_url, postgres_server  # noqa: E402, F401
 
-# --- parallel runs (pytest-xdist, ``-n 3 --dist loadgroup --no-loadscope-reorder`` in addopts) -----
+# --- parallel runs (pytest-xdist, ``-n 4 --dist loadgroup --no-loadscope-reorder`` in addopts) -----
 # Each worker is its own process with its own temporary home, Prefect test server, PostgreSQL and
 # Dask cluster (session-scoped fixtures are per worker).  Tests go one at a time to whichever worker
 # is free, except: a module with a module- or class-scoped fixture (a started server, a release
 # built once) runs on one worker, so that set-up is paid once; the tests that use the session's
 # Dask cluster share one worker, so one cluster starts.  The longest tests are handed out first
-# (a long test started last is the run's tail).
+# (a long test started last is the run's tail).  The two longest mostly wait (on cron minutes, on
+# deployed runs), so the next worker gets CPU-bound work meanwhile: the unit tests, then the
+# modules with a server of their own, then the flow tests, and last the short privacy,
+# statistical and architecture tests, so the run ends on short tests (``AFTER_LONGEST_FIRST``).
 LONGEST_FIRST = (
     "tests/flows/test_series_arrival.py",  # 24 arrivals, one deployed run each
     "tests/flows/test_operations_e2e.py::test_scheduled_",  # ≥ 5 cron ticks of one minute
@@ -59,6 +62,7 @@ LONGEST_FIRST = (
     "tests/statistical/test_interval_coverage.py::test_lrm_",
     "tests/statistical/test_derived_std_error.py",
 )
+AFTER_LONGEST_FIRST = ("tests/unit/", "grouped", "tests/flows/", "tests/")
 
 
 def _group(item: pytest.Item) -> str | None:
@@ -130,7 +134,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         hits = [i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)]
         if hits:
             return hits[0]
-        return len(LONGEST_FIRST) + (0 if _group(item) is not None else 1)
+        kind = "grouped" if _group(item) is not None else item.nodeid
+        after = next(i for i, start in enumerate(AFTER_LONGEST_FIRST) if kind.startswith(start))
+        return len(LONGEST_FIRST) + after
 
     items.sort(key=rank)  # stable: the collection order within a rank
 

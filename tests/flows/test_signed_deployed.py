@@ -82,7 +82,10 @@ def test_a_worker_with_a_service_key_runs_and_two_reviewer_keys_publish(
     assert watched.returncode == 0 and "announced 1 file(s)" in watched.stdout, watched.stderr
     deployment = _deployment(ops, "ops-signed")
     [created] = _wait_for(
-        lambda: _runs_of(ops, deployment.id), what="the triggered run", timeout=RUN_TIMEOUT, ops=ops
+        lambda: _runs_of(ops, deployment.id, scheduled=True),
+        what="the triggered run",
+        timeout=RUN_TIMEOUT,
+        ops=ops,
     )
     assert created.parameters["source_override"].endswith("2026-11.parquet")
     _wait_paused(ops, created.id)
