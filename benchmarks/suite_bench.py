@@ -113,6 +113,9 @@ def run_with_workers(workers: int, selection: list[str]) -> tuple[float, float, 
         done_event.set()
         sampler.join()
     wall = time.perf_counter() - started
+    if done.returncode != 0:  # what failed, from pytest's short summary
+        failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+        print(f"-n {workers}: exit {done.returncode}", *failed, sep="\n", file=sys.stderr)
     return wall, (busy_jiffies() - before) / ticks, max(peak), done.returncode == 0
 
 

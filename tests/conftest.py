@@ -44,7 +44,7 @@ from _pytest.nodeid import coerce_node_id  # noqa: E402
 # a real PostgreSQL server for the session, and catalog URLs on both backends (tests/pg_server.py)
 from tests.pg_server import catalog_url, postgres_server  # noqa: E402, F401
 
-# --- parallel runs (pytest-xdist, ``-n 4 --dist loadgroup --no-loadscope-reorder`` in addopts) -----
+# --- parallel runs (pytest-xdist, ``-n 3 --dist loadgroup --no-loadscope-reorder`` in addopts) -----
 # Each worker is its own process with its own temporary home, Prefect test server, PostgreSQL and
 # Dask cluster (session-scoped fixtures are per worker).  Tests go one at a time to whichever worker
 # is free, except: a module with a module- or class-scoped fixture (a started server, a release
