@@ -53,7 +53,7 @@ from tests.pg_server import catalog_url, postgres_server  # noqa: E402, F401
 # (a long test started last is the run's tail).  The two longest mostly wait (on cron minutes, on
 # deployed runs), so the next worker gets CPU-bound work meanwhile: the unit tests, then the
 # modules with a server of their own, then the flow tests, and last the short privacy,
-# statistical and architecture tests, so the run ends on short tests (``AFTER_LONGEST_FIRST``).
+# statistical and architecture tests, so the run ends on short tests.
 LONGEST_FIRST = (
     "tests/flows/test_series_arrival.py",  # 24 arrivals, one deployed run each
     "tests/flows/test_operations_e2e.py::test_scheduled_",  # ≥ 5 cron ticks of one minute
@@ -62,7 +62,6 @@ LONGEST_FIRST = (
     "tests/statistical/test_interval_coverage.py::test_lrm_",
     "tests/statistical/test_derived_std_error.py",
 )
-AFTER_LONGEST_FIRST = ("tests/unit/", "grouped", "tests/flows/", "tests/")
 
 
 def _group(item: pytest.Item) -> str | None:
@@ -134,9 +133,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         hits = [i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)]
         if hits:
             return hits[0]
-        kind = "grouped" if _group(item) is not None else item.nodeid
-        after = next(i for i, start in enumerate(AFTER_LONGEST_FIRST) if kind.startswith(start))
-        return len(LONGEST_FIRST) + after
+        grouped = _group(item) is not None
+        if item.nodeid.startswith("tests/unit/") and not grouped:
+            return len(LONGEST_FIRST)
+        if grouped:
+            return len(LONGEST_FIRST) + 1
+        return len(LONGEST_FIRST) + (2 if item.nodeid.startswith("tests/flows/") else 3)
 
     items.sort(key=rank)  # stable: the collection order within a rank
 
