@@ -37,7 +37,13 @@ import yaml
 
 from dprelease.catalog.ledger.store import Catalog
 from dprelease.catalog.watch_state import ReviewRuns
-from tests.flows.test_operations import _children, _free_port, _spec, _write_tiny_parquet
+from tests.flows.test_operations import (
+    _children,
+    _free_port,
+    _runs_with,
+    _spec,
+    _write_tiny_parquet,
+)
 from tests.prefect_template import migrated_prefect_db
 
 pytestmark = [pytest.mark.flow]
@@ -228,20 +234,9 @@ def _observe(stack: Stack, client: Any, deployments: dict[str, UUID], worker_pid
     is paused.  The scheduler keeps an hour of every-minute runs ahead (about 60 Scheduled runs per
     cron deployment); none of them is ever asserted on, and reading them each second cost more CPU
     than the rest of the test's sampling."""
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterDeploymentId,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-    )
     from prefect.client.schemas.objects import StateType
 
-    runs = client.read_flow_runs(
-        flow_run_filter=FlowRunFilter(
-            deployment_id=FlowRunFilterDeploymentId(any_=list(deployments.values())),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(not_any_=[StateType.SCHEDULED])),
-        )
-    )
+    runs = _runs_with(client, *deployments.values())
     cron_ids = {deployments["e2e-cron-a"], deployments["e2e-cron-b"]}
     for run in runs:
         if run.state is not None and run.state.is_paused():
