@@ -78,7 +78,8 @@ def run_through_starter(path: Path, module: str) -> int | None:
             request = {"module": module, "cwd": os.getcwd(), "env": dict(os.environ)}
             payload = json.dumps(request).encode() + b"\n"
             sent = socket.send_fds(connection, [payload], [0, 1, 2])
-            connection.sendall(payload[sent:])
+            if sent < len(payload):  # never an empty send: the starter may have answered and
+                connection.sendall(payload[sent:])  # closed, and that send would fail (EPIPE)
             reply = _read_message(connection) or {"refused": f"no answer from {path}"}
         except OSError as exc:
             reply = {"refused": f"no answer from {path}: {type(exc).__name__}"}

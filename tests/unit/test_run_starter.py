@@ -266,3 +266,52 @@ def test_the_default_preload_leaves_opendp_out_and_no_thread_running() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["[]", "1"], done.stdout
+
+
+def test_a_refusal_sent_before_the_request_call_returns_still_reaches_the_requester(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A starter that refuses at once may answer and close before the requester's send returns;
+    the requester must then read the reason, not break on a second, empty send (EPIPE)."""
+    import socket
+    import threading
+
+    from dprelease.catalog.processes import send_line
+    from dprelease.flows import flow_run_process
+
+    path = folder / "quick.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    answered = threading.Event()
+
+    def refuse_at_once() -> None:
+        connection, _ = listener.accept()
+        data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+        while not data.endswith(b"\n"):
+            data += connection.recv(1 << 20)
+        for fd in fds:
+            os.close(fd)
+        send_line(connection, {"refused": "threads run after the preload: forking is unsafe"})
+        connection.close()
+        answered.set()
+
+    send_fds = socket.send_fds
+
+    def send_then_wait_for_the_answer(*args: object, **kwargs: object) -> int:
+        sent = send_fds(*args, **kwargs)  # type: ignore[arg-type]
+        answered.wait(WAIT)  # the order that the race produces now and then
+        return sent
+
+    monkeypatch.setattr(flow_run_process.socket, "send_fds", send_then_wait_for_the_answer)
+    refuser = threading.Thread(target=refuse_at_once, daemon=True)
+    refuser.start()
+    try:
+        assert flow_run_process.run_through_starter(path, TARGET) is None
+    finally:
+        refuser.join(timeout=WAIT)
+        listener.close()
+    assert answered.is_set()
+    assert (
+        "did not fork (threads run after the preload: forking is unsafe)" in capsys.readouterr().err
+    )
