@@ -136,9 +136,13 @@ def _current_run() -> Any | None:
         return client.read_flow_run(UUID(str(run_id)))
 
 
-@task(name="check-arrived-file", cache_policy=NO_CACHE, retries=0)
-def check_arrived_file_task(path: str, expected_fingerprint: str) -> None:
-    """Refuse a file whose bytes changed since the watcher announced them (reads bytes, no rows)."""
+def check_arrived_file(path: str, expected_fingerprint: str) -> None:
+    """Refuse a file whose bytes changed since the watcher announced them (reads bytes, no rows).
+
+    A plain call, not a Prefect task: a task's run events, written by a SQLite Prefect server just
+    as this run takes the dataset's concurrency slot and starts its subflow, made one of those
+    writes fail (SQLITE_BUSY_SNAPSHOT, HTTP 503) on most arrival runs, and the client retried it
+    about 2 s later.  A failed check fails the flow run with this message, as the task did."""
     if not Path(path).is_file():
         raise DataError(f"announced file {path!r} no longer exists")
     if file_fingerprint(path) != expected_fingerprint:
@@ -200,7 +204,7 @@ def release_deployment_flow(
     flow_run_id = None if run is None else str(run.id)
     policy = on_unchanged or unchanged_policy(spec.on_unchanged, started)
     if source_override is not None and expected_fingerprint is not None:
-        check_arrived_file_task(source_override, expected_fingerprint)
+        check_arrived_file(source_override, expected_fingerprint)
     limit = ensure_dataset_limit(spec.dataset.id)
     waited = time.perf_counter()
     with concurrency(limit, occupy=1, strict=True):  # one running release per dataset id

@@ -37,7 +37,7 @@ from dprelease.catalog.series_audit import series_problems, series_summary
 from dprelease.catalog.spec.load import load_spec, parse_spec
 from dprelease.catalog.watch_state import WatchState
 from dprelease.flows.cli import app
-from dprelease.flows.deployed_release import check_arrived_file_task
+from dprelease.flows.deployed_release import check_arrived_file
 from dprelease.flows.watch import ArrivalEvent, SpecResolver, Watcher, file_fingerprint
 from dprelease.tasks.stages import load_spec_task
 from tests.unit.catalog.test_series_report import run_period
@@ -483,7 +483,7 @@ def _arrivals(watcher: Watcher) -> list[ArrivalEvent]:
 def _release_arrival(spec_path: Path, event: ArrivalEvent, catalog: Catalog, out: Path) -> int:
     """What the arrival-triggered deployment runs before the period's stages: the announced
     file's fingerprint checked, the spec loaded with the arrived file as its override."""
-    check_arrived_file_task.fn(event.path, event.fingerprint)
+    check_arrived_file(event.path, event.fingerprint)
     spec = load_spec_task.fn(str(spec_path), event.path)
     return register_and_measure(spec, catalog, out).period
 
