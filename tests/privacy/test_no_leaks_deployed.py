@@ -12,8 +12,9 @@ input, so the published copy exists too.
 Then the events, the watch state, every log record (Prefect's loggers at DEBUG, also sent to the
 server) and every file under the state home, the Prefect home, result storage, the cache, the
 test server's SQLite database (``prefect_test_harness`` keeps it, with its -wal file, in its own
-temporary folder named by ``PREFECT_SERVER_DATABASE_CONNECTION_URL``), and the release and
-publish folders are searched for the sentinels.
+temporary folder named by ``PREFECT_SERVER_DATABASE_CONNECTION_URL``; compacted before this
+module's runs: :func:`_compact`), and the release and publish folders are searched for the
+sentinels.
 
 The scan can fail: figures planted through the same channels (an exception that fails a flow
 run, a run log line, an event payload) are found in the database files it reads, and the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -233,6 +235,21 @@ def _release_each_announcement(
     return outcomes
 
 
+def _compact(database: Path) -> None:
+    """Rewrite the session's test server database without free space and empty its -wal file,
+    so the raw-byte scan reads what this module's runs leave (live rows, and the pages and frames
+    they free or supersede), not fragments of earlier modules' timestamps, where any 4-digit
+    figure turns up by chance (a CI run once found "1871" between two index cells).  Bounded:
+    the checkpoint is retried while the server is writing."""
+    with contextlib.closing(sqlite3.connect(database, timeout=60)) as db:
+        db.execute("VACUUM")
+        deadline = time.monotonic() + 60
+        while db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] != 0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{database}: its -wal file stayed busy for 60 s")
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Deployed:
     from prefect.events.worker import EventsWorker
@@ -241,6 +258,8 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Deployed:
 
     from dprelease.flows.cli import app
 
+    database = Path(PREFECT_SERVER_DATABASE_CONNECTION_URL.value().split(":///", 1)[1])
+    _compact(database)
     root = tmp_path_factory.mktemp("leaks-deployed")
     landing, specs = root / "landing", root / "specs"
     for case in CASES:
@@ -280,7 +299,6 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Deployed:
             what="the server to store the runs' events, logs and task runs",
             timeout=SETTLE_TIMEOUT_SECONDS,
         )
-    database = Path(PREFECT_SERVER_DATABASE_CONNECTION_URL.value().split(":///", 1)[1])
     homes = ("DPRELEASE_HOME", "PREFECT_HOME", "PREFECT_RESULTS_LOCAL_STORAGE_PATH")
     files = read_tree(
         *(Path(os.environ[name]) for name in (*homes, "DPRELEASE_CACHE_DIR")),
