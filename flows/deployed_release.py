@@ -192,7 +192,11 @@ def release_deployment_flow(
 
     Privacy: the subflow charges the ledger before noise; the review never refunds.
     """
-    from prefect.settings import PREFECT_API_URL
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
 
     if review_timeout_seconds < 1:
         raise ValueError(f"review_timeout_seconds ({review_timeout_seconds}) must be >= 1")
@@ -207,7 +211,12 @@ def release_deployment_flow(
         check_arrived_file(source_override, expected_fingerprint)
     limit = ensure_dataset_limit(spec.dataset.id)
     waited = time.perf_counter()
-    with concurrency(limit, occupy=1, strict=True):  # one running release per dataset id
+    with (
+        concurrency(limit, occupy=1, strict=True),  # one running release per dataset id
+        # this run's heartbeats speak for the process; the subflow's own would only add the join
+        # of Prefect's heartbeat thread (it sleeps in 1 s steps) to every release's end
+        temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
         logger.info(
             "holding %s after %.1f s; running the release", limit, time.perf_counter() - waited
         )

@@ -29,6 +29,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -563,6 +564,18 @@ def _resume(ops: Operations, run_id: UUID, run_input: dict[str, Any]) -> None:
         resume_flow_run(run_id, run_input=run_input)
 
 
+def _heartbeats(ops: Operations, run_id: UUID) -> int:
+    """How many ``prefect.flow-run.heartbeat`` events of ``run_id`` the server stored."""
+    database = ops.base / "server-home" / "prefect.db"
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+        [(count,)] = db.execute(
+            "SELECT count(*) FROM events WHERE event = 'prefect.flow-run.heartbeat' "
+            "AND resource_id = ?",
+            (f"prefect.flow-run.{run_id}",),
+        )
+    return int(count)
+
+
 def _only_release(ops: Operations, dataset_id: str) -> Any:
     [record] = Catalog(ops.catalog_url).releases(dataset_id=dataset_id)
     return record
@@ -643,6 +656,17 @@ def test_an_arrival_event_starts_a_release_for_that_file(ops: Operations) -> Non
     assert run.parameters["source_override"] == str(arrived)
     assert run.parameters["expected_fingerprint"] == fingerprint
     _wait_paused(ops, run.id)
+    # the deployed run heartbeats for its process; its release subflow sends none of its own
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    _wait_for(lambda: _heartbeats(ops, run.id), what="the run's heartbeat", timeout=60, ops=ops)
+    with ops.api() as client:
+        [subflow] = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])
+            )
+        )
+    assert subflow.state.is_completed() and _heartbeats(ops, subflow.id) == 0
     record = _only_release(ops, "ops-arrival")
     manifest = artifacts.read_manifest(Path(record.directory))
     assert manifest["input_files"] == ["2026-11.parquet"]
