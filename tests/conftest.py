@@ -162,6 +162,11 @@ def prefect_harness() -> Iterator[None]:
             for name, value in NO_BLOCK_REGISTRATION.items():
                 starting.setenv(name, value)
             stack.enter_context(harness.prefect_test_harness(server_startup_timeout=300))
+        # in-process flow runs go as in `dprelease run` and a deployed run's release subflow:
+        # without heartbeats, whose thread sleeps in 1 s steps and is joined at each run's end
+        from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+        stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         yield
 
 

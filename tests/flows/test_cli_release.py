@@ -53,7 +53,11 @@ def test_a_command_runs_its_flow_without_heartbeats(
 ) -> None:
     """A flow run inside `run`/`demo` sends no Prefect heartbeats (joining their thread cost
     ~0.5-1 s per command); the setting is changed for that flow only."""
-    from prefect.settings import get_current_settings
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
 
     import dprelease.flows.release_flow
 
@@ -63,10 +67,13 @@ def test_a_command_runs_its_flow_without_heartbeats(
         seen["heartbeat"] = get_current_settings().flows.heartbeat_frequency
         raise RuntimeError("stopped by the test")
 
-    default = get_current_settings().flows.heartbeat_frequency
     monkeypatch.setattr(dprelease.flows.release_flow, "run_release", record_settings)
     spec_path = write_spec(tmp_path, tiny_dataset, mechanism="identity")
-    result = runner.invoke(app, ["run", str(spec_path), "--out", str(tmp_path / "out")])
+    # the harness runs its flows without heartbeats: this test restores Prefect's default
+    with temporary_settings(restore_defaults={PREFECT_FLOWS_HEARTBEAT_FREQUENCY}):
+        default = get_current_settings().flows.heartbeat_frequency
+        result = runner.invoke(app, ["run", str(spec_path), "--out", str(tmp_path / "out")])
+        after = get_current_settings().flows.heartbeat_frequency
     assert result.exit_code != 0 and "internal error: RuntimeError" in result.output
     assert seen == {"heartbeat": None}
-    assert default is not None and get_current_settings().flows.heartbeat_frequency == default
+    assert default is not None and after == default
