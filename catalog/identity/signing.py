@@ -24,7 +24,7 @@ from dprelease.catalog.identity.dsse import Envelope, sign_envelope, verify_enve
 from dprelease.catalog.identity.keys import IdentityError, SigningKey, load_signing_key
 from dprelease.catalog.identity.roles import Roster, requires_signatures, roster
 from dprelease.catalog.ledger.budget import DatasetAccountant
-from dprelease.catalog.ledger.schema import ledger, now, with_tables
+from dprelease.catalog.ledger.schema import ledger, now, release_rows, with_tables
 from dprelease.catalog.ledger.store import Catalog
 
 KEY_ENV = "DPRELEASE_KEY"
@@ -194,14 +194,7 @@ class SignedAccountant(DatasetAccountant):
 
 def steps(catalog: Catalog, release_id: str) -> list[Any]:
     """The stored signed-step rows of ``release_id`` in the order they were signed."""
-    with _engine(catalog).connect() as conn:
-        return list(
-            conn.execute(
-                sa.select(signed_steps)
-                .where(signed_steps.c.release_id == release_id)
-                .order_by(signed_steps.c.id)
-            ).all()
-        )
+    return release_rows(_engine(catalog), signed_steps, release_id)
 
 
 def operator_keys(catalog: Catalog, release_id: str) -> set[str]:

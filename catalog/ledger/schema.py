@@ -161,6 +161,14 @@ def with_tables(engine: Engine, tables: sa.MetaData) -> Engine:
     return engine
 
 
+def release_rows(engine: Engine, table: sa.Table, release_id: str) -> list[Any]:
+    """The rows of ``table`` (a module's own table with ``release_id`` and an ``id`` counter) that
+    belong to ``release_id``, in the order they were recorded. O(rows)."""
+    query = sa.select(table).where(table.c.release_id == release_id).order_by(table.c.id)
+    with engine.connect() as conn:
+        return list(conn.execute(query).all())
+
+
 def chain_rows(conn: Connection) -> list[Any]:
     """Every ledger row in ``seq`` order: what the hash chain verifies. O(entries)."""
     return list(conn.execute(sa.select(ledger).order_by(ledger.c.seq)).all())

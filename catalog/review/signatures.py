@@ -39,7 +39,7 @@ from dprelease.catalog.identity.roles import (
     roster,
 )
 from dprelease.catalog.identity.signing import operator_keys, step_problems
-from dprelease.catalog.ledger.schema import ledger, now, with_tables
+from dprelease.catalog.ledger.schema import ledger, now, release_rows, with_tables
 from dprelease.catalog.ledger.store import Catalog, ReviewRecord
 
 # the catalog's decision words and the attestation's
@@ -159,14 +159,7 @@ class AcceptedSignature:
 
 def signatures(catalog: Catalog, release_id: str) -> list[Any]:
     """The recorded signature rows of ``release_id``, in the order they were recorded."""
-    with _engine(catalog).connect() as conn:
-        return list(
-            conn.execute(
-                sa.select(review_signatures)
-                .where(review_signatures.c.release_id == release_id)
-                .order_by(review_signatures.c.id)
-            ).all()
-        )
+    return release_rows(_engine(catalog), review_signatures, release_id)
 
 
 def _signer_refusal(
