@@ -76,7 +76,8 @@ def _run_release(
 
             # No flow-run heartbeats for a run inside this command (the user sees it end or
             # crash): Prefect's heartbeat thread sleeps in 1 s steps and is joined at the flow's
-            # end, up to one step of every command.  Deployed runs keep them (crash detection).
+            # end, up to one step of every command.  A deployed run keeps them (crash detection)
+            # for its process; its release subflow, like this run, has none.
             with (
                 InterruptGuard(write=lambda text: console.print(text)),
                 temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
