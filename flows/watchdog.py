@@ -168,6 +168,8 @@ class RunWatchdog:
     def close(self) -> None:
         """Stop the monitor, give the wake-up fd back and remove the run record."""
         self._closed.set()
+        if self._signals is not None:
+            self._signals.wake()  # the monitor may be in select() for up to a tick
         self._monitor.join(timeout=2 * MONITOR_TICK_SECONDS + 1.0)
         if self._signals is not None:
             self._signals.close()  # armed only when nobody else held the fd: it goes back to -1
@@ -268,6 +270,11 @@ class StopSignals:
         except OSError:
             return None
         return bytes([signal.SIGINT]) in data or bytes([signal.SIGTERM]) in data
+
+    def wake(self) -> None:
+        """End a waiting :meth:`received` now (with a byte that is no stop signal)."""
+        with contextlib.suppress(OSError):  # full: a byte is already waiting
+            self._writer.send(b"\0")
 
     def close(self) -> None:
         """Give the wake-up fd back to its previous owner."""

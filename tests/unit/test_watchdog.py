@@ -157,6 +157,29 @@ def test_a_stop_signal_the_flow_does_not_act_on_ends_the_process(tmp_path: Path)
     assert took < CASE_SECONDS / 2
 
 
+def test_close_wakes_a_monitor_waiting_for_stop_signals(tmp_path: Path) -> None:
+    """In a process's main thread the monitor waits for SIGTERM/SIGINT in ``select``, a tick at a
+    time; closing the watchdog wakes it, so a run does not end a tick late.  The tick is 30 s
+    here: a close that waited it out would take about 30 s."""
+    result, _ = _run_case(
+        tmp_path,
+        """
+        import json
+        assert dog._signals is not None  # the main thread of a fresh process owns the fd
+        watchdog.MONITOR_TICK_SECONDS = 30.0
+        time.sleep(1.0)  # the monitor's next wait is a 30 s select
+        started = time.monotonic()
+        dog.close()
+        alive = [t.name for t in threading.enumerate() if t.name == "dprelease-stage-watchdog"]
+        print(json.dumps({"seconds": time.monotonic() - started, "alive": alive}))
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    closed = json.loads(result.stdout)
+    assert closed["alive"] == []
+    assert closed["seconds"] < 10.0, closed
+
+
 def _write_record(home: Path, record: RunRecord) -> Path:
     folder = home / "run" / "releases"
     folder.mkdir(parents=True, exist_ok=True)
