@@ -52,7 +52,8 @@ from dprelease.flows.watch import file_fingerprint
 
 DATASET_LIMIT_PREFIX = "dprelease-dataset-"
 DEFAULT_REVIEW_TIMEOUT_SECONDS = 24 * 3600
-REVIEW_POLL_SECONDS = 2
+REVIEW_POLL_SECONDS = 1  # a paused run reads its flow run once a second for a decision
+RESUME_POLL_SECONDS = 0.25  # `dprelease review` reads the catalog for the decision it sent
 
 
 def ensure_dataset_limit(dataset_id: str) -> str:
@@ -471,4 +472,4 @@ def resume_review(
                 f"resumed flow run {run.flow_run_id}, but release {run.release_id} is still "
                 f"{record.status} after {wait_seconds:.0f} s; check the run in the Prefect UI"
             )
-        time.sleep(1.0)
+        time.sleep(RESUME_POLL_SECONDS)
