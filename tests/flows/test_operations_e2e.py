@@ -227,13 +227,22 @@ def _start(stack: Stack) -> dict[str, UUID]:
         }
 
 
-def _observe(stack: Stack, client: Any, deployments: dict[str, UUID], worker_pid: int) -> list[Any]:
-    """One sample (one a second, with the ``client`` of :meth:`Stack.api` kept open: a new client
-    per sample cost 45 ms of CPU): runs of the stack's deployments that left the Scheduled state;
-    records what the assertions need and starts ``dprelease review`` for every release whose run
-    is paused.  The scheduler keeps an hour of every-minute runs ahead (about 60 Scheduled runs per
-    cron deployment); none of them is ever asserted on, and reading them each second cost more CPU
-    than the rest of the test's sampling."""
+def _observe(
+    stack: Stack,
+    client: Any,
+    deployments: dict[str, UUID],
+    worker_pid: int,
+    *,
+    catalog: Catalog,
+    awaiting: ReviewRuns,
+) -> list[Any]:
+    """One sample (one a second; ``client``, ``catalog`` and ``awaiting`` stay open across samples:
+    a new client cost 45 ms of CPU, a new catalog object opens and checks its database, on
+    PostgreSQL in a new server process): runs of the stack's deployments that left the Scheduled
+    state; records what the assertions need and starts ``dprelease review`` for every release whose
+    run is paused.  The scheduler keeps an hour of every-minute runs ahead (about 60 Scheduled runs
+    per cron deployment); none of them is ever asserted on, and reading them each second cost more
+    CPU than the rest of the test's sampling."""
     from prefect.client.schemas.objects import StateType
 
     runs = _runs_with(client, *deployments.values())
@@ -266,8 +275,7 @@ def _observe(stack: Stack, client: Any, deployments: dict[str, UUID], worker_pid
                         # is still in the starter's group
                         stack.engine_groups[run] = run_stat[1]
                         stack.forked_runs.add(run)
-    awaiting = ReviewRuns(stack.catalog_url)
-    for record in Catalog(stack.catalog_url).releases(status="staged"):
+    for record in catalog.releases(status="staged"):
         run = awaiting.get(record.id)
         if (
             record.id not in stack.reviews
@@ -300,13 +308,16 @@ def _scenario(stack: Stack) -> None:
     deployments = _start(stack)
     worker_pid = _registered(stack)["worker"][0]
     catalog = Catalog(stack.catalog_url)
+    awaiting = ReviewRuns(stack.catalog_url)
     arrivals = [stack.landing / stack.arrival_dataset / f"day-{day}.parquet" for day in (1, 2)]
     _write_tiny_parquet(arrivals[0], seed=21)
     with stack.api() as client:  # one client for every sample
         spent_after_first_releases: float | None = None
         deadline = time.monotonic() + OBSERVE_TIMEOUT
         while True:
-            runs = _observe(stack, client, deployments, worker_pid)
+            runs = _observe(
+                stack, client, deployments, worker_pid, catalog=catalog, awaiting=awaiting
+            )
             ticks = min(_ticks_done(runs, deployments[n]) for n in ("e2e-cron-a", "e2e-cron-b"))
             published = catalog.releases(dataset_id=stack.cron_dataset, status="published")
             if spent_after_first_releases is None and len(published) == 2:
@@ -323,7 +334,9 @@ def _scenario(stack: Stack) -> None:
         # every run that started (left Scheduled) ends (its review, if any, is under way)
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while True:
-            runs = _observe(stack, client, deployments, worker_pid)
+            runs = _observe(
+                stack, client, deployments, worker_pid, catalog=catalog, awaiting=awaiting
+            )
             unfinished = [run for run in runs if run.state is not None and not run.state.is_final()]
             arrived = catalog.releases(dataset_id=stack.arrival_dataset)
             if not unfinished and len(arrived) == 2 and all(r.status != "staged" for r in arrived):
