@@ -35,6 +35,8 @@ from pathlib import Path
 from count_bench import print_table  # benchmarks/ is on sys.path when run as a script
 from suite_bench import ROOT, baseline_tree, busy_jiffies
 
+from dprelease.catalog.processes import command_line, live_processes
+
 KINDS = (  # (kind, pattern in the command line); the first that matches names the process
     ("flow run", r"prefect\.engine|flow_run_process|run_starter"),
     ("Prefect server", r"server start|uvicorn|prefect\.server"),
@@ -57,14 +59,6 @@ def kind_of(command: str) -> str:
     return "other (kernel, system)"
 
 
-def _cpu_ticks(pid: str) -> tuple[str, int]:
-    """``(pid:start time, utime + stime)`` of ``pid`` in clock ticks (``/proc/PID/stat`` fields
-    22, 14 and 15): the start time tells a reused PID from the process that had it before."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return f"{pid}:{fields[19]}", int(fields[11]) + int(fields[12])
-
-
 class ProcessSampler:
     """Once a second, every process's CPU ticks and command line, keyed by PID and start time.
     CPU a process had before the first read is not counted.  O(processes) /proc reads a second."""
@@ -77,14 +71,14 @@ class ProcessSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _read(self, *, initial: bool) -> None:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                process, ticks = _cpu_ticks(pid)
-                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except (OSError, ValueError, IndexError):
-                continue  # gone between listdir and the read
-            if raw:  # the latest: a child read between fork and exec shows its parent's
-                self.command[process] = raw.replace(b"\0", b" ").decode(errors="replace")
+        for pid, fields in live_processes():
+            command = command_line(pid)
+            if command is None:
+                continue  # gone since its stat was read
+            process = f"{pid}:{fields[19]}"  # with the start time: a reused pid is another process
+            ticks = int(fields[11]) + int(fields[12])  # utime + stime
+            if command:  # the latest: a child read between fork and exec shows its parent's
+                self.command[process] = command
             if initial:
                 self.first[process] = ticks
             self.last[process] = ticks
